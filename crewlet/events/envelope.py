@@ -1,0 +1,215 @@
+"""The event envelope (design: Event Schema) and its wire encoding.
+
+The JSON keys are wire contracts. A registered type's typed fields are
+marshalled flat beside the envelope's; keys this build does not know are kept
+verbatim, in order, and written back, so an event from a newer build
+round-trips losslessly.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, ClassVar, Optional, TypeVar
+
+# Envelope keys, in wire order.
+K_ID = "id"
+K_TYPE = "type"
+K_TIMESTAMP = "timestamp"
+K_SOURCE = "source"
+K_PAYLOAD = "payload"
+K_TRACE_ID = "trace_id"
+K_SPAN_ID = "span_id"
+K_PARENT_SPAN_ID = "parent_span_id"
+K_DELEGATION_DEPTH = "delegation_depth"
+K_PARENT_TURN_ID = "parent_turn_id"
+K_DELEGATION_CHAIN = "delegation_chain"
+K_NODE = "node"
+
+ENVELOPE_KEYS: tuple[str, ...] = (
+    K_ID,
+    K_TYPE,
+    K_TIMESTAMP,
+    K_SOURCE,
+    K_PAYLOAD,
+    K_TRACE_ID,
+    K_SPAN_ID,
+    K_PARENT_SPAN_ID,
+    K_DELEGATION_DEPTH,
+    K_PARENT_TURN_ID,
+    K_DELEGATION_CHAIN,
+    K_NODE,
+)
+
+_REGISTRY: dict[str, type] = {}
+T = TypeVar("T")
+
+
+def register(type_name: str) -> Callable[[type[T]], type[T]]:
+    """Register a dataclass as the typed body of ``type_name``."""
+
+    def deco(cls: type[T]) -> type[T]:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls.__name__} must be a dataclass to be an event body")
+        if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
+            raise ValueError(f"event type {type_name!r} is registered twice")
+        _REGISTRY[type_name] = cls
+        cls.event_type = type_name  # type: ignore[attr-defined]
+        return cls
+
+    return deco
+
+
+def registered_type(type_name: str) -> Optional[type]:
+    return _REGISTRY.get(type_name)
+
+
+def registered_types() -> dict[str, type]:
+    return dict(_REGISTRY)
+
+
+def format_timestamp(ts: datetime) -> str:
+    """RFC 3339, UTC, microseconds: the store's own resolution."""
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=timezone.utc)
+    return ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_timestamp(text: str) -> datetime:
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    # Go writes nanoseconds; Python keeps microseconds.
+    if "." in value:
+        head, _, rest = value.partition(".")
+        digits = ""
+        i = 0
+        while i < len(rest) and rest[i].isdigit():
+            digits += rest[i]
+            i += 1
+        value = f"{head}.{(digits + '000000')[:6]}{rest[i:]}"
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass
+class Event:
+    """One thing that happened, or one piece of work, as it crosses the broker.
+
+    ``data`` is the typed body when ``type`` is registered in this build
+    (encoded flat beside the envelope); ``extra`` holds every key this build
+    does not know, verbatim and in order.
+    """
+
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    id: str = field(default_factory=_new_id)
+    timestamp: datetime = field(default_factory=_now)
+    source: str = ""
+    trace_id: str = ""
+    span_id: str = ""
+    parent_span_id: str = ""
+    delegation_depth: int = 0
+    parent_turn_id: str = ""
+    delegation_chain: list[str] = field(default_factory=list)
+    node: str = ""
+    data: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # The timestamp text as decoded, so a finer-than-microsecond stamp from
+    # another build is written back exactly while the timestamp is unchanged.
+    _timestamp_text: Optional[tuple[datetime, str]] = field(default=None, repr=False, compare=False)
+
+    ENVELOPE_KEYS: ClassVar[tuple[str, ...]] = ENVELOPE_KEYS
+
+    def to_dict(self) -> dict[str, Any]:
+        if self._timestamp_text is not None and self._timestamp_text[0] == self.timestamp:
+            ts_text = self._timestamp_text[1]
+        else:
+            ts_text = format_timestamp(self.timestamp)
+        out: dict[str, Any] = {
+            K_ID: self.id,
+            K_TYPE: self.type,
+            K_TIMESTAMP: ts_text,
+            K_SOURCE: self.source,
+            K_PAYLOAD: self.payload if self.payload is not None else {},
+            K_TRACE_ID: self.trace_id,
+            K_SPAN_ID: self.span_id,
+            K_PARENT_SPAN_ID: self.parent_span_id,
+            K_DELEGATION_DEPTH: self.delegation_depth,
+            K_PARENT_TURN_ID: self.parent_turn_id,
+            K_DELEGATION_CHAIN: list(self.delegation_chain),
+        }
+        if self.node:
+            out[K_NODE] = self.node
+        if self.data is not None:
+            for f in dataclasses.fields(self.data):
+                if f.name in out or f.name == K_NODE:
+                    continue  # the envelope owns its keys; a colliding field is dropped
+                out[f.name] = getattr(self.data, f.name)
+        for key, value in self.extra.items():
+            if key not in out and key != K_NODE:
+                out[key] = value
+        return out
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Event":
+        if not isinstance(raw, dict):
+            raise ValueError("an event is a JSON object")
+        rest = dict(raw)
+        etype = rest.pop(K_TYPE, None)
+        if not isinstance(etype, str) or not etype:
+            raise ValueError("an event needs a non-empty string 'type'")
+        ts_text = rest.pop(K_TIMESTAMP, None)
+        timestamp = parse_timestamp(ts_text) if isinstance(ts_text, str) and ts_text else _now()
+        payload = rest.pop(K_PAYLOAD, None)
+        event = cls(
+            type=etype,
+            payload=payload if isinstance(payload, dict) else {},
+            id=str(rest.pop(K_ID, "") or _new_id()),
+            timestamp=timestamp,
+            source=str(rest.pop(K_SOURCE, "") or ""),
+            trace_id=str(rest.pop(K_TRACE_ID, "") or ""),
+            span_id=str(rest.pop(K_SPAN_ID, "") or ""),
+            parent_span_id=str(rest.pop(K_PARENT_SPAN_ID, "") or ""),
+            delegation_depth=int(rest.pop(K_DELEGATION_DEPTH, 0) or 0),
+            parent_turn_id=str(rest.pop(K_PARENT_TURN_ID, "") or ""),
+            delegation_chain=list(rest.pop(K_DELEGATION_CHAIN, None) or []),
+            node=str(rest.pop(K_NODE, "") or ""),
+        )
+        if isinstance(ts_text, str) and ts_text:
+            event._timestamp_text = (timestamp, ts_text)
+        body_cls = _REGISTRY.get(etype)
+        if body_cls is not None:
+            kwargs = {}
+            for f in dataclasses.fields(body_cls):
+                if f.name in rest:
+                    kwargs[f.name] = rest.pop(f.name)
+            event.data = body_cls(**kwargs)
+        event.extra = rest
+        return event
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "Event":
+        if isinstance(raw, (bytes, bytearray, memoryview)):
+            raw = bytes(raw).decode("utf-8")
+        return cls.from_dict(json.loads(raw))
+
+    def copy(self) -> "Event":
+        """A deep copy the caller may mutate freely."""
+        return copy.deepcopy(self)

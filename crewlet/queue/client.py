@@ -1,0 +1,678 @@
+"""The one implementation of the queue contract's semantics, over any Transport.
+
+Both certified backends are this client over their own broker primitives, so
+the gates (quiesce, holds, pause, detach), the batch drain, the delivery budget,
+the dead-letter decision, node stamping and publish listeners are decided in
+exactly one place. A backend cannot model them differently because it does not
+model them at all.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any, Awaitable, Callable, Optional, Union
+
+from crewlet.events import Event
+from crewlet.queue import topics
+from crewlet.queue.contract import (
+    MAX_PAYLOAD_BYTES,
+    BatchHandler,
+    BatchOptions,
+    Closable,
+    DeadLetter,
+    Delivery,
+    Handler,
+    Outcome,
+    Partition,
+    PublishListener,
+    StreamHandler,
+    SubscriptionRef,
+    Timings,
+    remaining_after,
+)
+from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, TooLarge, Unavailable
+from crewlet.queue.transport import (
+    H_DLQ_DELIVERIES,
+    H_DLQ_GROUP,
+    H_DLQ_TOPIC,
+    Puller,
+    RawMessage,
+    Transport,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Spacing between attempts to reach a broker that is away.
+_UNAVAILABLE_RETRY_S = 0.2
+#: How long close() waits for a running handler before cancelling its loop.
+_CLOSE_GRACE_S = 10.0
+
+
+def _validate_group(group: str) -> str:
+    if not isinstance(group, str) or not group or not group.strip() or any(ord(c) < 32 for c in group):
+        raise InvalidArgument(f"group={group!r}: must be a non-empty printable string")
+    return group
+
+
+def _outcome(result: Any) -> Outcome:
+    if result is None:
+        return Outcome.ACK
+    if isinstance(result, Outcome):
+        return result
+    logger.warning("queue_handler_bad_outcome", extra={"returned": repr(result)[:200]})
+    return Outcome.NAK
+
+
+class _Pair:
+    """This client's view of one durable (topic, group): its holds and attachments."""
+
+    __slots__ = ("topic", "group", "holds", "attachments")
+
+    def __init__(self, topic: str, group: str) -> None:
+        self.topic = topic
+        self.group = group
+        self.holds: set[str] = set()
+        self.attachments: list[_Attachment] = []
+
+
+class _Attachment:
+    """One consume loop: fetch when the gate is open, dispatch, settle."""
+
+    def __init__(
+        self,
+        client: "QueueClient",
+        pair: _Pair,
+        puller: Puller,
+        handler: Union[Handler, BatchHandler],
+        options: Optional[BatchOptions],
+    ) -> None:
+        self.client = client
+        self.pair = pair
+        self.puller = puller
+        self.handler = handler
+        self.options = options
+        self.quiesced = False
+        self.detached = False
+        self.wake = asyncio.Event()
+        self.task: Optional[asyncio.Task[None]] = None
+
+    # -- the gate -----------------------------------------------------------
+
+    def ready(self) -> bool:
+        c = self.client
+        return not (self.detached or self.quiesced or self.pair.holds or c._paused or c._closed)
+
+    def poke(self) -> None:
+        """The gate may have changed: wake the loop, and end a waiting fetch if it closed."""
+        self.wake.set()
+        if not self.ready():
+            self.puller.interrupt()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"queue-consume:{self.pair.topic}:{self.pair.group}"
+        )
+
+    # -- the loop -------------------------------------------------------------
+
+    async def _run(self) -> None:
+        topic, group = self.pair.topic, self.pair.group
+        try:
+            while not self.detached and not self.client._closed:
+                if not self.ready():
+                    self.wake.clear()
+                    if not self.ready():
+                        await self.wake.wait()
+                    continue
+                max_n = 1 if self.options is None else self.options.effective_max_batch()
+                try:
+                    msgs = await self.puller.fetch(max_n, self.client._transport.poll_s, self.ready)
+                except Unavailable:
+                    await asyncio.sleep(_UNAVAILABLE_RETRY_S)
+                    continue
+                except Gone:
+                    logger.warning("queue_subscription_gone", extra={"topic": topic, "group": group})
+                    self.client._detach_attachments(self.pair, [self])
+                    break
+                if not msgs:
+                    continue
+                if self.options is None:
+                    await self._deliver_one(msgs)
+                else:
+                    await self._drain(msgs)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the loop must never die silently
+            logger.exception("queue_consume_loop_failed", extra={"topic": topic, "group": group})
+        finally:
+            try:
+                await self.puller.close()
+            except Exception:
+                logger.debug("queue_puller_close_failed", exc_info=True)
+
+    async def _deliver_one(self, msgs: list[RawMessage]) -> None:
+        for i, msg in enumerate(msgs):
+            if not self.ready():
+                for rest in msgs[i:]:
+                    await self.client._hand_back(self.pair, rest)
+                return
+            event = self.client._decode_or_bury(self.pair, msg)
+            if event is None:
+                await self.client._bury(self.pair, msg, reason="undecodable")
+                continue
+            delivery = Delivery(event=event, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
+            outcome = await self.client._call(self.handler, delivery)
+            await self._settle([msg], outcome)
+
+    async def _drain(self, first: list[RawMessage]) -> None:
+        """Steps 1-4 of the batch drain (design: Inbox Batching & Coalescing)."""
+        assert self.options is not None
+        opts = self.options
+        cap = opts.effective_max_batch()
+        linger = opts.effective_linger_s()
+        msgs = list(first[:cap])
+        for extra in first[cap:]:  # a backend that overdelivered: give the surplus back untouched
+            await self.client._hand_back(self.pair, extra)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + linger
+        while len(msgs) < cap and self.ready():
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                more = await self.puller.fetch(cap - len(msgs), min(left, self.client._transport.poll_s), self.ready)
+            except (Unavailable, Gone):
+                break
+            msgs.extend(more)
+        if not self.ready():
+            # A pause, hold, quiesce or detach taken during collection: nothing
+            # collected may start a turn. Being drained was the delivery.
+            for msg in msgs:
+                await self.client._hand_back(self.pair, msg)
+            return
+
+        decoded: list[tuple[int, RawMessage, Event]] = []
+        for idx, msg in enumerate(msgs):
+            event = self.client._decode_or_bury(self.pair, msg)
+            if event is None:
+                await self.client._bury(self.pair, msg, reason="undecodable")
+                continue
+            decoded.append((idx, msg, event))
+        partitions = partition_drain(opts, decoded)
+
+        for pi, (key, items) in enumerate(partitions):
+            if not self.ready():
+                for _, rest in partitions[pi:]:
+                    for _, msg, _ in rest:
+                        await self.client._hand_back(self.pair, msg)
+                return
+            partition = Partition(
+                key=key,
+                deliveries=tuple(
+                    Delivery(event=ev, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
+                    for _, msg, ev in items
+                ),
+            )
+            outcome = await self.client._call(self.handler, partition)
+            await self._settle([msg for _, msg, _ in items], outcome)
+
+    async def _settle(self, msgs: list[RawMessage], outcome: Outcome) -> None:
+        client = self.client
+        if outcome is Outcome.ACK:
+            for msg in msgs:
+                await client._ack(msg)
+        elif outcome is Outcome.NAK:
+            for msg in msgs:
+                await client._nak(self.pair, msg)
+        else:  # DEFER: back at the head, and this attachment stops taking work
+            self.quiesced = True
+            for msg in msgs:
+                await client._hand_back(self.pair, msg)
+
+
+def partition_drain(
+    options: BatchOptions, items: list[tuple[int, RawMessage, Event]]
+) -> list[tuple[str, list[tuple[int, RawMessage, Event]]]]:
+    """Group a drain by key; oldest conversation first; events in timestamp order.
+
+    Ties keep arrival order (the index). Ordering uses the events' own
+    timestamps, never how the drain was assembled, so a redelivered event
+    rejoins its conversation where it belongs.
+    """
+    by_key: dict[str, list[tuple[int, RawMessage, Event]]] = {}
+    for item in items:
+        by_key.setdefault(options.key_of(item[2]), []).append(item)
+    parts = []
+    for key, members in by_key.items():
+        members.sort(key=lambda it: (it[2].timestamp, it[0]))
+        oldest = members[0]
+        parts.append(((oldest[2].timestamp, min(it[0] for it in members)), key, members))
+    parts.sort(key=lambda p: p[0])
+    return [(key, members) for _, key, members in parts]
+
+
+class _SubscriptionHandle:
+    """The :class:`~crewlet.queue.contract.Subscription` a subscribe call returns."""
+
+    def __init__(self, client: "QueueClient", attachment: _Attachment) -> None:
+        self._client = client
+        self._att = attachment
+        self.ref = SubscriptionRef(attachment.pair.topic, attachment.pair.group)
+
+    @property
+    def options(self) -> Optional[BatchOptions]:
+        return self._att.options
+
+    async def quiesce(self) -> bool:
+        self._client._live()
+        if self._att.detached:
+            return False
+        self._att.quiesced = True
+        self._att.poke()
+        return True
+
+    async def unquiesce(self) -> bool:
+        self._client._live()
+        if self._att.detached or not self._att.quiesced:
+            return False
+        self._att.quiesced = False
+        self._att.poke()
+        return True
+
+    async def detach(self) -> bool:
+        self._client._live()
+        return self._client._detach_attachments(self._att.pair, [self._att])
+
+    async def hold(self, key: str) -> None:
+        await self._client.hold(self.ref.topic, self.ref.group, key)
+
+    async def release(self, key: str) -> None:
+        await self._client.release(self.ref.topic, self.ref.group, key)
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.ref.topic} {self.ref.group}>"
+
+
+class _Broadcast:
+    def __init__(self, client: "QueueClient", inner: Closable) -> None:
+        self._client = client
+        self._inner = inner
+        self._closed = False
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._client._closables.discard(self)
+        await self._inner.close()
+
+
+class QueueClient:
+    """An :class:`~crewlet.queue.contract.EventQueue` over one Transport."""
+
+    def __init__(self, transport: Transport, *, node: str = "", timings: Timings = Timings()) -> None:
+        self._transport = transport
+        self._node = node or ""
+        self._timings = timings
+        self._listeners: list[PublishListener] = []
+        self._pairs: dict[tuple[str, str], _Pair] = {}
+        self._paused = False
+        self._closed = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closables: set[Any] = set()
+
+    # -- identity -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._transport.name
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+    @property
+    def timings(self) -> Timings:
+        return self._timings
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    def _live(self) -> None:
+        if self._closed:
+            raise NotLive()
+
+    # -- publishing -----------------------------------------------------------
+
+    def encode(self, topic: str, event: Event) -> tuple[Event, bytes]:
+        """Validate and stamp: the copy the broker gets, never the caller's object."""
+        if not isinstance(event, Event):
+            raise InvalidArgument(f"publish to {topic!r}: an Event is required, got {type(event).__name__}")
+        topics.validate_subject(topic)
+        stamped = event if (event.node or not self._node) else dataclasses.replace(event, node=self._node)
+        data = stamped.to_json()
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise TooLarge(f"event {event.id} is {len(data)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
+        return stamped, data
+
+    async def publish(self, topic: str, event: Event) -> None:
+        self._live()
+        _, data = self.encode(topic, event)
+        await self._transport.publish(topic, data)
+        if self._listeners:
+            stamped = Event.from_json(data)
+            for fn in list(self._listeners):
+                try:
+                    await fn(topic, stamped)
+                except Exception:  # telemetry must not be able to fail a publish
+                    logger.exception("queue_publish_listener_failed", extra={"topic": topic, "event_id": event.id})
+
+    def add_publish_listener(self, fn: PublishListener) -> None:
+        self._live()
+        self._listeners.append(fn)
+
+    # -- durable subscriptions -----------------------------------------------
+
+    async def ensure_subscription(self, topic: str, group: str) -> bool:
+        self._live()
+        topics.validate_subject(topic)
+        _validate_group(group)
+        return await self._transport.ensure_consumer(topic, group)
+
+    async def delete_subscription(self, topic: str, group: str) -> bool:
+        self._live()
+        topics.validate_subject(topic)
+        _validate_group(group)
+        pair = self._pairs.get((topic, group))
+        if pair is not None:
+            self._detach_attachments(pair, list(pair.attachments))
+        return await self._transport.delete_consumer(topic, group)
+
+    async def list_subscriptions(self, pattern: str) -> list[SubscriptionRef]:
+        self._live()
+        topics.validate_pattern(pattern)
+        refs = await self._transport.list_consumers(pattern)
+        return sorted(set(refs), key=lambda r: (r.topic, r.group))
+
+    async def backlog(self, topic: str, group: str) -> int:
+        self._live()
+        return await self._transport.backlog(topic, group)
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        self._live()
+        return await self._transport.dead_letters(limit)
+
+    async def subscribe(self, topic: str, group: str, handler: Handler) -> _SubscriptionHandle:
+        return await self._attach(topic, group, handler, None)
+
+    async def subscribe_batch(
+        self, topic: str, group: str, options: BatchOptions, handler: BatchHandler
+    ) -> _SubscriptionHandle:
+        if not isinstance(options, BatchOptions):
+            raise InvalidArgument("subscribe_batch needs BatchOptions")
+        return await self._attach(topic, group, handler, options)
+
+    async def _attach(
+        self, topic: str, group: str, handler: Any, options: Optional[BatchOptions]
+    ) -> _SubscriptionHandle:
+        self._live()
+        topics.validate_subject(topic)
+        _validate_group(group)
+        if not callable(handler):
+            raise InvalidArgument("handler must be an async callable")
+        await self._transport.ensure_consumer(topic, group)
+        puller = await self._transport.open_puller(topic, group)
+        if self._closed:
+            await puller.close()
+            raise NotLive()
+        pair = self._pair(topic, group)
+        att = _Attachment(self, pair, puller, handler, options)
+        pair.attachments.append(att)
+        att.start()
+        return _SubscriptionHandle(self, att)
+
+    def _pair(self, topic: str, group: str) -> _Pair:
+        pair = self._pairs.get((topic, group))
+        if pair is None:
+            pair = self._pairs[(topic, group)] = _Pair(topic, group)
+        return pair
+
+    # -- letting go -------------------------------------------------------------
+
+    def _detach_attachments(self, pair: _Pair, atts: list[_Attachment]) -> bool:
+        found = False
+        for att in atts:
+            if att.detached:
+                continue
+            found = True
+            att.detached = True
+            att.poke()
+            if att in pair.attachments:
+                pair.attachments.remove(att)
+        if found:
+            pair.holds.clear()
+        return found
+
+    async def detach(self, topic: str, group: str) -> bool:
+        self._live()
+        pair = self._pairs.get((topic, group))
+        if pair is None:
+            return False
+        return self._detach_attachments(pair, list(pair.attachments))
+
+    async def quiesce(self, topic: str, group: str) -> bool:
+        self._live()
+        pair = self._pairs.get((topic, group))
+        if pair is None or not pair.attachments:
+            return False
+        for att in pair.attachments:
+            att.quiesced = True
+            att.poke()
+        return True
+
+    async def unquiesce(self, topic: str, group: str) -> bool:
+        self._live()
+        pair = self._pairs.get((topic, group))
+        changed = False
+        for att in pair.attachments if pair else []:
+            if att.quiesced:
+                att.quiesced = False
+                att.poke()
+                changed = True
+        return changed
+
+    async def hold(self, topic: str, group: str, key: str) -> None:
+        self._live()
+        pair = self._pair(topic, group)
+        pair.holds.add(key)
+        for att in pair.attachments:
+            att.poke()
+
+    async def release(self, topic: str, group: str, key: str) -> None:
+        self._live()
+        pair = self._pairs.get((topic, group))
+        if pair is None or key not in pair.holds:
+            return
+        pair.holds.discard(key)
+        for att in pair.attachments:
+            att.poke()
+
+    def held(self, topic: str, group: str) -> frozenset[str]:
+        """The hold keys this client has on the pair (for the dashboard's seat state)."""
+        pair = self._pairs.get((topic, group))
+        return frozenset(pair.holds) if pair else frozenset()
+
+    async def pause_delivery(self) -> None:
+        self._live()
+        self._paused = True
+        self._poke_all()
+
+    async def resume_delivery(self) -> None:
+        self._live()
+        self._paused = False
+        self._poke_all()
+
+    def _poke_all(self) -> None:
+        for pair in self._pairs.values():
+            for att in pair.attachments:
+                att.poke()
+
+    # -- handlers in flight -----------------------------------------------------
+
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=max(timeout_s, 0))
+        except asyncio.TimeoutError:
+            return self._in_flight == 0
+        return True
+
+    async def _call(self, fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Outcome:
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return _outcome(await fn(arg))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("queue_handler_failed")
+            return Outcome.NAK
+        finally:
+            self._in_flight = max(self._in_flight - 1, 0)
+            if self._in_flight == 0:
+                self._idle.set()
+
+    # -- settling (the delivery budget lives here) -------------------------------
+
+    def _decode_or_bury(self, pair: _Pair, msg: RawMessage) -> Optional[Event]:
+        try:
+            return Event.from_json(msg.data)
+        except Exception:
+            logger.error(
+                "queue_message_undecodable",
+                extra={"topic": pair.topic, "group": pair.group, "bytes": len(msg.data)},
+            )
+            return None
+
+    async def _ack(self, msg: RawMessage) -> None:
+        try:
+            await msg.ack()
+        except QueueError:
+            logger.warning("queue_ack_failed", exc_info=True)
+
+    async def _nak(self, pair: _Pair, msg: RawMessage) -> None:
+        """A failure: behind the waiting mail after the backoff, or the dead letter."""
+        if remaining_after(msg.delivered) == 0:
+            await self._bury(pair, msg, reason="max_deliveries")
+            return
+        try:
+            await msg.nak(self._timings.backoff_s(msg.delivered))
+        except QueueError:
+            logger.warning("queue_nak_failed", exc_info=True)
+
+    async def _hand_back(self, pair: _Pair, msg: RawMessage) -> None:
+        """A hand-back: at the head at once; it spent a delivery like any other."""
+        if remaining_after(msg.delivered) == 0:
+            await self._bury(pair, msg, reason="max_deliveries")
+            return
+        try:
+            await msg.nak_head()
+        except QueueError:
+            logger.warning("queue_hand_back_failed", exc_info=True)
+
+    async def _bury(self, pair: _Pair, msg: RawMessage, *, reason: str) -> None:
+        """Copy to CREWLET_DLQ, then terminate; if the copy fails, keep the message."""
+        headers = {
+            H_DLQ_TOPIC: pair.topic,
+            H_DLQ_GROUP: pair.group,
+            H_DLQ_DELIVERIES: str(msg.delivered),
+        }
+        try:
+            await self._transport.publish(topics.dlq(pair.topic, pair.group), msg.data, headers)
+        except QueueError:
+            logger.error("queue_dead_letter_failed", extra={"topic": pair.topic, "group": pair.group})
+            try:
+                await msg.nak(self._timings.backoff_cap_s)
+            except QueueError:
+                pass
+            return
+        logger.warning(
+            "queue_dead_lettered",
+            extra={"topic": pair.topic, "group": pair.group, "deliveries": msg.delivered, "reason": reason},
+        )
+        try:
+            await msg.term()
+        except QueueError:
+            logger.warning("queue_term_failed", exc_info=True)
+
+    # -- broadcast and scatter ---------------------------------------------------
+
+    async def subscribe_stream(self, pattern: str, handler: StreamHandler) -> _Broadcast:
+        self._live()
+        topics.streams_for_pattern(pattern)  # refuses a pattern spanning every namespace
+
+        async def on_message(subject: str, data: bytes) -> None:
+            try:
+                event = Event.from_json(data)
+            except Exception:
+                logger.warning("queue_stream_undecodable", extra={"subject": subject})
+                return
+            try:
+                await handler(subject, event)
+            except Exception:
+                logger.exception("queue_stream_handler_failed", extra={"subject": subject})
+
+        inner = await self._transport.open_broadcast(pattern, on_message)
+        sub = _Broadcast(self, inner)
+        self._closables.add(sub)
+        return sub
+
+    async def ask(self, subject: str, request: bytes, want: int, timeout_s: float) -> list[bytes]:
+        self._live()
+        topics.validate_subject(subject)
+        if len(request) > MAX_PAYLOAD_BYTES:
+            raise TooLarge(f"request of {len(request)} bytes is over {MAX_PAYLOAD_BYTES}")
+        if want <= 0:
+            return []
+        return await self._transport.ask(subject, bytes(request), int(want), max(float(timeout_s), 0.0))
+
+    async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> _Broadcast:
+        self._live()
+        topics.validate_subject(subject)
+        inner = await self._transport.serve(subject, answer)
+        sub = _Broadcast(self, inner)
+        self._closables.add(sub)
+        return sub
+
+    # -- closing -------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = []
+        for pair in list(self._pairs.values()):
+            for att in list(pair.attachments):
+                att.poke()
+                if att.task is not None and att.task is not asyncio.current_task():
+                    tasks.append(att.task)
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=_CLOSE_GRACE_S)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        for closable in list(self._closables):
+            try:
+                await closable.close()
+            except Exception:
+                logger.debug("queue_close_closable_failed", exc_info=True)
+        self._pairs.clear()
+        self._listeners.clear()
+        await self._transport.close()

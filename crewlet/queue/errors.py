@@ -1,0 +1,34 @@
+"""The queue's one error tree.
+
+Backends translate their third-party exceptions at the boundary
+(``raise Unavailable(...) from e``) so that nothing above ``crewlet.queue``
+ever sees a ``nats`` type.
+"""
+from __future__ import annotations
+
+
+class QueueError(Exception):
+    """Base of every error the queue raises."""
+
+
+class TooLarge(QueueError):
+    """The encoded event is over MAX_PAYLOAD_BYTES. Permanent: retrying cannot help."""
+
+
+class NotLive(QueueError):
+    """The client was closed. Permanent: every verb of a closed client raises this."""
+
+    def __init__(self, message: str = "queue client is not live (closed)") -> None:
+        super().__init__(message)
+
+
+class Unavailable(QueueError):
+    """The broker cannot be reached right now. Retryable (a webhook edge answers 503)."""
+
+
+class InvalidArgument(QueueError, ValueError):
+    """The caller asked for something the contract refuses (no event, bad pattern, ...)."""
+
+
+class Gone(QueueError):
+    """The durable subscription an attachment was bound to no longer exists (deleted)."""

@@ -1,0 +1,106 @@
+"""What a backend has to provide: the broker primitives under the shared client.
+
+The contract's semantics (gates, holds, batching, the delivery budget, the
+dead-letter decision, node stamping, listeners) live once, in
+``crewlet.queue.client.QueueClient``. A backend supplies only these
+primitives, so the two certified backends cannot drift apart on behaviour the
+client decides. Every primitive raises only ``crewlet.queue.errors`` types.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Awaitable, Callable, Mapping, Optional, Protocol
+
+from crewlet.queue.contract import Closable, DeadLetter, SubscriptionRef
+
+#: Header names a dead letter carries, so an operator sees where it came from.
+H_DLQ_TOPIC = "Crewlet-Dlq-Topic"
+H_DLQ_GROUP = "Crewlet-Dlq-Group"
+H_DLQ_DELIVERIES = "Crewlet-Dlq-Deliveries"
+H_MSG_ID = "Nats-Msg-Id"
+
+
+class RawMessage(Protocol):
+    """One fetched, unsettled message."""
+
+    data: bytes
+    #: Deliveries of this message including this one (1 on the first).
+    delivered: int
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay_s: float) -> None:
+        """Failed: return after ``delay_s``, behind mail that is waiting meanwhile."""
+
+    async def nak_head(self) -> None:
+        """Handed back: return at once, at the head, ahead of never-delivered mail."""
+
+    async def term(self) -> None:
+        """Never deliver again (after the dead-letter copy was published)."""
+
+
+class Puller(Protocol):
+    """A pull consumer bound to one durable (topic, group)."""
+
+    async def fetch(self, max_n: int, timeout_s: float, ready: Callable[[], bool]) -> list[RawMessage]:
+        """Wait up to ``timeout_s`` for the first message; return what is available, at most ``max_n``.
+
+        Returns ``[]`` on timeout. ``ready()`` is the caller's gate: a backend
+        that can check it atomically with taking messages does so (the twin);
+        one that cannot (a pull request already on the wire) may return
+        messages the caller will hand back.
+        """
+
+    def interrupt(self) -> None:
+        """The caller's gate closed or it is detaching: end a waiting fetch early if possible."""
+
+    async def close(self) -> None: ...
+
+
+class Transport(abc.ABC):
+    """The broker primitives of one backend."""
+
+    name: str = ""
+    #: How long one fetch may wait before the loop looks at its gate again.
+    poll_s: float = 1.0
+
+    @abc.abstractmethod
+    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
+        """Store ``data`` on ``subject``; raise Unavailable or TooLarge."""
+
+    @abc.abstractmethod
+    async def ensure_consumer(self, topic: str, group: str) -> bool:
+        """Create the durable consumer detached at DeliverAll with the pair in its metadata."""
+
+    @abc.abstractmethod
+    async def delete_consumer(self, topic: str, group: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def list_consumers(self, pattern: str) -> list[SubscriptionRef]: ...
+
+    @abc.abstractmethod
+    async def open_puller(self, topic: str, group: str) -> Puller:
+        """Bind to an existing durable consumer (the client ensures it first)."""
+
+    @abc.abstractmethod
+    async def open_broadcast(
+        self, pattern: str, on_message: Callable[[str, bytes], Awaitable[None]]
+    ) -> Closable:
+        """Deliver-new, ack-none consumer of every message matching ``pattern``."""
+
+    @abc.abstractmethod
+    async def ask(self, subject: str, request: bytes, want: int, timeout_s: float) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> Closable: ...
+
+    @abc.abstractmethod
+    async def backlog(self, topic: str, group: str) -> int:
+        """Unacked messages retained for the durable (topic, group); 0 when it does not exist."""
+
+    @abc.abstractmethod
+    async def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """Entries of CREWLET_DLQ, oldest first, with the Crewlet-Dlq-* headers parsed."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
