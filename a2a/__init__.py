@@ -1,0 +1,1 @@
+"""a2a: channels, ask/answer, sweep."""

@@ -1,0 +1,237 @@
+"""The engine worker: one asyncio loop that owns the queue connection and the services on it.
+
+``manage.py up`` and ``manage.py runconsumers`` are thin shells around
+:meth:`Engine.run`. The engine connects the queue (starting the embedded broker
+when ``stream.type`` is ``embedded``), starts every registered service as a
+task, and on SIGTERM/SIGINT drains: it stops fetching, waits for handlers in
+flight, cancels the services, closes the queue and stops the broker. Later
+issues plug the inbox loops, sweeps and the scheduler in with
+:meth:`Engine.add_service`; nothing here knows what they are.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Awaitable, Callable, Optional, Protocol
+
+from crewlet.conf import EngineSettings, redact_url
+from crewlet.queue.contract import EventQueue, Timings
+
+log = logging.getLogger("crewlet.engine")
+
+#: A service: given the running engine, a coroutine that runs until cancelled
+#: (or returns early when it only had set-up to do).
+ServiceFactory = Callable[["Engine"], Awaitable[None]]
+
+
+class Broker(Protocol):
+    """What the engine needs of ``crewlet.queue.broker.EmbeddedBroker``."""
+
+    @property
+    def client_url(self) -> str:
+        """Where it listens, without the credential."""
+
+    async def stop(self) -> None: ...
+
+
+class Connect(Protocol):
+    """The signature of ``crewlet.queue.broker.connect_queue``."""
+
+    def __call__(
+        self,
+        *,
+        stream_type: str,
+        url: str,
+        store_dir: str,
+        node: str,
+        timings: Timings,
+        event_retention_hours: float,
+    ) -> Awaitable[tuple[EventQueue, Optional[Broker]]]: ...
+
+
+def _default_connect() -> Connect:
+    # Imported on first use: the engine module stays importable (Django checks,
+    # settings tests) without loading nats-py or the broker code.
+    from crewlet.queue.broker import connect_queue
+
+    return connect_queue
+
+
+class Engine:
+    """Runs the engine for one node until told to stop, then drains.
+
+    ``connect`` and ``timings`` are injectable so tests run the real lifecycle
+    against a twin in seconds; production uses the defaults.
+    """
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        *,
+        timings: Optional[Timings] = None,
+        drain_timeout_s: float = 30.0,
+        connect: Optional[Connect] = None,
+    ) -> None:
+        self.settings = settings
+        self.timings = timings or Timings()
+        self.drain_timeout_s = drain_timeout_s
+        self._connect = connect
+        self._factories: list[tuple[str, ServiceFactory]] = []
+        self._services: list[asyncio.Task[None]] = []
+        self._stop: Optional[asyncio.Event] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._signals = 0
+        self._drain_task: Optional[asyncio.Task[bool]] = None
+        self._failed = False
+        self.queue: Optional[EventQueue] = None
+        self.broker: Optional[Broker] = None
+
+    # -- registry ---------------------------------------------------------
+
+    def add_service(self, factory: ServiceFactory, *, name: Optional[str] = None) -> None:
+        """Register a long-running duty, started once the queue is connected.
+
+        A service that raises stops the engine with a failure: a duty that died
+        silently would leave a node that looks healthy and does nothing.
+        """
+        if self._stop is not None:
+            raise RuntimeError("add_service() must be called before the engine starts")
+        self._factories.append((name or getattr(factory, "__name__", repr(factory)), factory))
+
+    # -- lifecycle --------------------------------------------------------
+
+    def run(self) -> int:
+        """Own a fresh event loop until stopped; returns the process exit status (0 = clean)."""
+        return asyncio.run(self.serve())
+
+    def stop(self) -> None:
+        """Ask a serving engine to stop and drain; safe from any thread or signal handler."""
+        loop = self._loop
+        if loop is None or self._stop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._stop.set()
+        else:
+            loop.call_soon_threadsafe(self._stop.set)
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("engine_stopping", extra={"signal": signal.Signals(signum).name})
+            self.stop()
+        elif self._drain_task is not None and not self._drain_task.done():
+            # A second signal means "now": stop waiting for handlers in flight.
+            log.warning("engine_drain_skipped", extra={"signal": signal.Signals(signum).name})
+            self._drain_task.cancel()
+
+    async def serve(self) -> int:
+        """Connect, run the services, wait for a stop, drain. Returns the exit status."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        installed = self._install_signal_handlers()
+        node = self.settings.node.id
+        stream = self.settings.stream
+        try:
+            try:
+                connect = self._connect or _default_connect()
+                self.queue, self.broker = await connect(
+                    stream_type=stream.type,
+                    url=stream.url,
+                    store_dir=stream.store_dir,
+                    node=node,
+                    timings=self.timings,
+                    event_retention_hours=stream.event_retention_hours,
+                )
+            except Exception:
+                # connect_queue stops a broker it started before failing; nothing to tear down here.
+                log.exception("engine_start_failed", extra={"node": node, "stream_type": stream.type})
+                return 1
+
+            log.info(
+                "engine_started",
+                extra={
+                    "node": node,
+                    "stream_type": stream.type,
+                    "broker_url": self._broker_url(),
+                    "store_dir": stream.store_dir or "(memory)",
+                    "backend": self.queue.name,
+                    "services": len(self._factories),
+                },
+            )
+            for name, factory in self._factories:
+                self._services.append(asyncio.create_task(self._run_service(name, factory), name=f"service:{name}"))
+            await self._stop.wait()
+            await self._shutdown()
+            log.info("engine_stopped", extra={"node": node, "clean": not self._failed})
+            return 1 if self._failed else 0
+        finally:
+            for signum in installed:
+                self._loop.remove_signal_handler(signum)
+
+    async def _run_service(self, name: str, factory: ServiceFactory) -> None:
+        try:
+            await factory(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("engine_service_failed", extra={"service": name})
+            self._failed = True
+            self.stop()
+
+    async def _shutdown(self) -> None:
+        """Drain in the order that loses nothing: stop fetching, let handlers finish, then tear down."""
+        queue = self.queue
+        assert queue is not None
+        try:
+            await queue.pause_delivery()
+            self._drain_task = asyncio.create_task(queue.wait_idle(self.drain_timeout_s))
+            idle = await self._drain_task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the engine itself is being cancelled, not just the drain
+            idle = False
+        except Exception:
+            log.exception("engine_drain_failed")
+            idle = False
+        if not idle:
+            log.warning("engine_drain_incomplete", extra={"in_flight": queue.in_flight(), "timeout_s": self.drain_timeout_s})
+
+        for task in self._services:
+            task.cancel()
+        if self._services:
+            await asyncio.gather(*self._services, return_exceptions=True)
+        try:
+            await queue.close()
+        except Exception:
+            log.exception("engine_queue_close_failed")
+        await self._stop_broker()
+
+    async def _stop_broker(self) -> None:
+        if self.broker is None:
+            return
+        try:
+            await self.broker.stop()
+        except Exception:
+            log.exception("engine_broker_stop_failed")
+
+    def _broker_url(self) -> str:
+        """Where the queue connected, without credentials (redacted here too: a URL may carry them)."""
+        url = self.broker.client_url if self.broker is not None else self.settings.stream.url
+        return redact_url(url)
+
+    def _install_signal_handlers(self) -> list[int]:
+        assert self._loop is not None
+        installed = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._loop.add_signal_handler(signum, self._on_signal, signum)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue  # not the main thread (tests drive stop() instead)
+            installed.append(signum)
+        return installed

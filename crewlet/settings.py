@@ -1,0 +1,203 @@
+"""Django settings for Crewlet.
+
+Web/ORM settings only. The engine's own settings (stream.*, node.*) are typed
+and validated in :mod:`crewlet.conf`; nothing here duplicates them.
+
+Environment:
+  CREWLET_DATABASE      sqlite (default, solo) | postgres (fleets, the test suite)
+  CREWLET_PG_HOST/PORT/USER/PASSWORD, CREWLET_PG_DBNAME, CREWLET_PG_EVENTS_DBNAME
+  CREWLET_VAR_DIR       where SQLite files and local state live (default ./var)
+  CREWLET_SECRET_KEY    required to be shared by every node of a fleet
+  CREWLET_DEBUG, CREWLET_ALLOWED_HOSTS, CREWLET_LOG_LEVEL, CREWLET_LOG_FORMAT (kv|json)
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Mapping
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("CREWLET_VAR_DIR") or BASE_DIR / "var").resolve()
+
+
+def _flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _secret_key() -> str:
+    """The env key when given (a fleet must share one), else a per-install key kept in var/.
+
+    Never a constant in the repository: that would sign every laptop's
+    sessions with a key anyone can read.
+    """
+    key = os.environ.get("CREWLET_SECRET_KEY", "")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    # Written aside, then linked into place: a process starting at the same
+    # moment sees either no file or the whole key, and both end up with one key.
+    tmp = path.with_name(f".secret_key.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key + "\n")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        key = path.read_text().strip()
+    finally:
+        tmp.unlink()
+    return key
+
+
+def database_settings(env: Mapping[str, str], var_dir: Path) -> dict[str, dict[str, Any]]:
+    """The two aliases: ``default`` (coordination store) and ``events`` (this node's event store).
+
+    Solo: two SQLite files under ``var_dir`` (two files, so a write on one
+    alias never waits for the other's lock), WAL so the web and engine
+    processes read while the other writes, and IMMEDIATE transactions so a
+    writer takes the lock up front instead of failing on upgrade.
+    PostgreSQL: one server, two databases, each with its own test database
+    name so pytest-django creates both.
+    """
+    kind = env.get("CREWLET_DATABASE", "") or "sqlite"
+    if kind == "sqlite":
+        def sqlite(name: str) -> dict[str, Any]:
+            return {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": str(var_dir / name),
+                "OPTIONS": {
+                    "timeout": 20,
+                    "transaction_mode": "IMMEDIATE",
+                    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                },
+            }
+
+        return {"default": sqlite("crewlet.sqlite3"), "events": sqlite("events.sqlite3")}
+    if kind == "postgres":
+        def postgres(name: str) -> dict[str, Any]:
+            return {
+                "ENGINE": "django.db.backends.postgresql",
+                "HOST": env.get("CREWLET_PG_HOST", "/var/run/postgresql"),
+                "PORT": env.get("CREWLET_PG_PORT", ""),
+                # Empty means libpq's default: the OS user (root on these machines).
+                "USER": env.get("CREWLET_PG_USER", ""),
+                "PASSWORD": env.get("CREWLET_PG_PASSWORD", ""),
+                "NAME": name,
+                "CONN_HEALTH_CHECKS": True,
+                "TEST": {"NAME": f"test_{name}"},
+            }
+
+        return {
+            "default": postgres(env.get("CREWLET_PG_DBNAME", "") or "crewlet"),
+            "events": postgres(env.get("CREWLET_PG_EVENTS_DBNAME", "") or "crewlet_events"),
+        }
+    raise ImproperlyConfigured(f"CREWLET_DATABASE={kind!r}: must be one of sqlite, postgres")
+
+
+SECRET_KEY = _secret_key()
+DEBUG = _flag("CREWLET_DEBUG")
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("CREWLET_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+    if host.strip()
+]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "crewlet",
+    "seats",
+    "notifications",
+    "eventstore",
+    "a2a",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "crewlet.urls"
+WSGI_APPLICATION = "crewlet.wsgi.application"
+ASGI_APPLICATION = "crewlet.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = database_settings(os.environ, VAR_DIR)
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    VAR_DIR.mkdir(parents=True, exist_ok=True)  # sqlite3 cannot create the directory itself
+DATABASE_ROUTERS = ["crewlet.db_router.EventStoreRouter"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Structured logs on stderr: one line per record, the message is the event name
+# (e.g. engine_started) and `extra={...}` fields are rendered as keys.
+LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "kv": {"()": "crewlet.logfmt.KeyValueFormatter"},
+        "json": {"()": "crewlet.logfmt.JsonFormatter"},
+    },
+    "handlers": {
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if os.environ.get("CREWLET_LOG_FORMAT", "kv") == "json" else "kv",
+        },
+    },
+    "root": {"handlers": ["stderr"], "level": os.environ.get("CREWLET_LOG_LEVEL", "INFO").upper()},
+    "loggers": {
+        # Django logs request errors itself; keep its chatter at WARNING.
+        "django": {"level": "WARNING", "propagate": True},
+        "asyncio": {"level": "WARNING", "propagate": True},
+        "nats": {"level": "WARNING", "propagate": True},
+    },
+}

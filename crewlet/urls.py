@@ -1,0 +1,9 @@
+"""URL routes. The admin now; later issues add /api/* and the dashboard."""
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,10 @@
+"""WSGI entry point, for tooling that expects one; Crewlet itself serves over ASGI."""
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
+
+application = get_wsgi_application()

@@ -1,0 +1,2 @@
+"""No models yet: later issues add them."""
+from __future__ import annotations

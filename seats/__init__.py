@@ -1,0 +1,1 @@
+"""seats: seat state, mailboxes, inbox dispatch, completion ledger, holds, pauses, turn runner seam, retirement."""

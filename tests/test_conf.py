@@ -1,0 +1,321 @@
+"""crewlet.conf: every engine setting's default, range, type, env override and error message."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crewlet.conf import (
+    EngineSettings,
+    NodeSettings,
+    SettingsError,
+    StreamSettings,
+    default_node_id,
+    known_settings,
+    load_settings,
+    redact_url,
+)
+
+HOST = "testhost"
+
+
+def load(mapping: Any = None, env: dict[str, str] | None = None, **kw: Any) -> EngineSettings:
+    """Load with an explicit (default empty) environment, so the machine's env never leaks in."""
+    return load_settings({} if mapping is None else mapping, env or {}, hostname=HOST, **kw)
+
+
+def error(mapping: Any = None, env: dict[str, str] | None = None, **kw: Any) -> SettingsError:
+    with pytest.raises(SettingsError) as info:
+        load(mapping, env, **kw)
+    return info.value
+
+
+# -- defaults ---------------------------------------------------------------
+
+
+def test_every_default() -> None:
+    s = load()
+    assert s.stream.type == "embedded"
+    assert s.stream.url == ""
+    assert s.stream.store_dir == ""
+    assert s.stream.event_retention_hours == 720.0
+    assert s.node.id == HOST  # resolved from the hostname when nothing sets it
+    assert s.node.max_concurrent == 4
+
+
+def test_known_settings_lists_every_key_with_its_env_var() -> None:
+    table = {name: f.metadata["env"] for name, f, _ in known_settings()}
+    assert table == {
+        "stream.type": "CREWLET_STREAM_TYPE",
+        "stream.url": "CREWLET_STREAM_URL",
+        "stream.store_dir": "CREWLET_STREAM_STORE_DIR",
+        "stream.event_retention_hours": "CREWLET_EVENT_RETENTION_HOURS",
+        "node.id": "CREWLET_NODE_ID",
+        "node.max_concurrent": "CREWLET_NODE_MAX_CONCURRENT",
+    }
+
+
+def test_settings_are_immutable() -> None:
+    s = load()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.node.id = "other"  # type: ignore[misc]
+
+
+def test_direct_construction_is_validated_too() -> None:
+    with pytest.raises(SettingsError, match=r"^node\.max_concurrent=0: must be between 1 and 64$"):
+        NodeSettings(max_concurrent=0)
+    assert StreamSettings(event_retention_hours=2).event_retention_hours == 2.0
+
+
+# -- stream.type / stream.url ----------------------------------------------
+
+
+def test_stream_type_choices() -> None:
+    assert load({"stream": {"type": "nats", "url": "nats://broker:4222"}}).stream.type == "nats"
+    assert str(error({"stream": {"type": "kafka"}})) == "stream.type='kafka': must be one of embedded, nats"
+    assert str(error({"stream": {"type": 1}})) == "stream.type=1: must be a string"
+
+
+def test_stream_url_required_for_nats() -> None:
+    e = error({"stream": {"type": "nats"}})
+    assert (e.field, e.value) == ("stream.url", "")
+    assert str(e).startswith("stream.url='': required when stream.type is nats")
+
+
+@pytest.mark.parametrize("url", ["nats://127.0.0.1:4222", "tls://nats.example.com:4443", "nats://user:pw@h"])
+def test_stream_url_accepted(url: str) -> None:
+    assert load({"stream": {"type": "nats", "url": url}}).stream.url == url
+
+
+@pytest.mark.parametrize("url", ["http://h:4222", "127.0.0.1:4222", "nats://", "nats://h:notaport", "h"])
+def test_stream_url_refused(url: str) -> None:
+    e = error({"stream": {"type": "nats", "url": url}})
+    assert e.field == "stream.url"
+
+
+def test_stream_url_error_never_shows_the_password() -> None:
+    e = error({"stream": {"type": "nats", "url": "http://user:s3cret@h:4222"}})
+    assert "s3cret" not in str(e)
+    assert str(e) == "stream.url='http://user:***@h:4222': must start with nats:// or tls:// and name a host"
+
+
+def test_redact_url() -> None:
+    assert redact_url("nats://u:p@h:1") == "nats://u:***@h:1"
+    assert redact_url("nats://token@h:1") == "nats://***@h:1"
+    assert redact_url("nats://h:1") == "nats://h:1"
+
+
+def test_store_dir_is_a_string() -> None:
+    assert load({"stream": {"store_dir": "/var/lib/crewlet"}}).stream.store_dir == "/var/lib/crewlet"
+    assert str(error({"stream": {"store_dir": 5}})) == "stream.store_dir=5: must be a string"
+
+
+# -- stream.event_retention_hours ------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1, 1.0, 24.5, 8760, 8760.0])
+def test_retention_edges_accepted(value: float) -> None:
+    assert load({"stream": {"event_retention_hours": value}}).stream.event_retention_hours == float(value)
+
+
+@pytest.mark.parametrize("value, shown", [(0, "0"), (0.999, "0.999"), (8760.5, "8760.5"), (-1, "-1"), (100000, "100000")])
+def test_retention_out_of_range(value: float, shown: str) -> None:
+    e = error({"stream": {"event_retention_hours": value}})
+    assert str(e) == f"stream.event_retention_hours={shown}: must be between 1 and 8760"
+    assert (e.field, e.reason) == ("stream.event_retention_hours", "must be between 1 and 8760")
+
+
+@pytest.mark.parametrize("value", ["720", True, None, [720], math.nan, math.inf])
+def test_retention_bad_types(value: Any) -> None:
+    e = error({"stream": {"event_retention_hours": value}})
+    assert e.field == "stream.event_retention_hours"
+    assert e.reason == "must be a number between 1 and 8760"
+
+
+def test_the_message_format_from_the_brief() -> None:
+    assert str(error({"stream": {"event_retention_hours": 0}})) == "stream.event_retention_hours=0: must be between 1 and 8760"
+
+
+# -- node.id / node.max_concurrent -------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1, 64, 8])
+def test_max_concurrent_edges_accepted(value: int) -> None:
+    assert load({"node": {"max_concurrent": value}}).node.max_concurrent == value
+
+
+@pytest.mark.parametrize("value", [0, 65, -3])
+def test_max_concurrent_out_of_range(value: int) -> None:
+    assert str(error({"node": {"max_concurrent": value}})) == f"node.max_concurrent={value}: must be between 1 and 64"
+
+
+@pytest.mark.parametrize("value, shown", [(4.0, "4"), ("4", "'4'"), (True, "True"), (None, "None")])
+def test_max_concurrent_bad_types(value: Any, shown: str) -> None:
+    assert str(error({"node": {"max_concurrent": value}})) == f"node.max_concurrent={shown}: must be an integer between 1 and 64"
+
+
+@pytest.mark.parametrize("value", ["n1", "node-7", "a_b", "X" * 63, "9"])
+def test_node_id_accepted(value: str) -> None:
+    assert load({"node": {"id": value}}).node.id == value
+
+
+@pytest.mark.parametrize("value", ["has space", "a.b", "-lead", "x" * 64, "n>", "é"])
+def test_node_id_refused(value: str) -> None:
+    e = error({"node": {"id": value}})
+    assert e.field == "node.id" and e.value == value
+    assert "must be 1 to 63 letters" in str(e)
+
+
+def test_node_id_type() -> None:
+    assert str(error({"node": {"id": 7}})) == "node.id=7: must be a string"
+
+
+def test_node_id_resolution_order() -> None:
+    assert load().node.id == HOST
+    assert load(env={"CREWLET_NODE_ID": "from-env"}).node.id == "from-env"
+    assert load({"node": {"id": "from-file"}}).node.id == "from-file"
+    assert load({"node": {"id": "from-file"}}, {"CREWLET_NODE_ID": "from-env"}).node.id == "from-env"
+    assert load({"node": {"id": "f"}}, {"CREWLET_NODE_ID": "e"}, overrides={"node.id": "flag"}).node.id == "flag"
+
+
+@pytest.mark.parametrize(
+    "hostname, expected",
+    [("web-1", "web-1"), ("web-1.prod.example.com", "web-1"), ("My Laptop", "My-Laptop"), ("___", "node"), ("", "node"), ("h" * 80, "h" * 63)],
+)
+def test_default_node_id_from_hostname(hostname: str, expected: str) -> None:
+    assert default_node_id(hostname) == expected
+    NodeSettings(id=default_node_id(hostname))  # always a valid id
+
+
+def test_default_node_id_uses_this_machine() -> None:
+    assert load_settings({}, {}).node.id == default_node_id()
+
+
+# -- unknown keys and shapes --------------------------------------------------
+
+
+def test_unknown_top_level_key() -> None:
+    e = error({"strem": {"type": "nats"}})
+    assert e.field == "strem"
+    assert "unknown setting; known sections: stream, node" in str(e)
+
+
+def test_unknown_nested_key() -> None:
+    e = error({"stream": {"replicas": 3}})
+    assert str(e) == (
+        "stream.replicas=3: unknown setting; known: "
+        "stream.type, stream.url, stream.store_dir, stream.event_retention_hours"
+    )
+    assert error({"node": {"name": "x"}}).field == "node.name"
+
+
+def test_unknown_override() -> None:
+    assert error(overrides={"node.name": "x"}).field == "node.name"
+
+
+def test_section_must_be_a_mapping() -> None:
+    assert str(error({"node": "n1"})) == "node='n1': must be a mapping"
+    assert load({"node": None}).node.max_concurrent == 4  # an empty YAML section
+
+
+def test_document_must_be_a_mapping() -> None:
+    assert error(["stream"]).field == "settings"
+
+
+# -- environment --------------------------------------------------------------
+
+ENV_CASES = [
+    ("CREWLET_STREAM_TYPE", "nats", ("stream", "type"), "nats"),
+    ("CREWLET_STREAM_URL", "nats://b:4222", ("stream", "url"), "nats://b:4222"),
+    ("CREWLET_STREAM_STORE_DIR", "/data/js", ("stream", "store_dir"), "/data/js"),
+    ("CREWLET_EVENT_RETENTION_HOURS", "48.5", ("stream", "event_retention_hours"), 48.5),
+    ("CREWLET_NODE_ID", "n9", ("node", "id"), "n9"),
+    ("CREWLET_NODE_MAX_CONCURRENT", "16", ("node", "max_concurrent"), 16),
+]
+
+
+@pytest.mark.parametrize("var, raw, where, expected", ENV_CASES)
+def test_env_override(var: str, raw: str, where: tuple[str, str], expected: Any) -> None:
+    env = {var: raw}
+    if var == "CREWLET_STREAM_TYPE":
+        env["CREWLET_STREAM_URL"] = "nats://b:4222"
+    section, key = where
+    assert getattr(getattr(load(env=env), section), key) == expected
+
+
+def test_env_beats_file_and_flags_beat_env() -> None:
+    file = {"stream": {"event_retention_hours": 10}, "node": {"max_concurrent": 2}}
+    env = {"CREWLET_EVENT_RETENTION_HOURS": "20", "CREWLET_NODE_MAX_CONCURRENT": "3"}
+    s = load(file, env)
+    assert (s.stream.event_retention_hours, s.node.max_concurrent) == (20.0, 3)
+    s = load(file, env, overrides={"node.max_concurrent": 5})
+    assert s.node.max_concurrent == 5
+
+
+def test_empty_env_var_counts_as_unset() -> None:
+    s = load({"node": {"max_concurrent": 7}}, {"CREWLET_NODE_MAX_CONCURRENT": "", "CREWLET_STREAM_TYPE": ""})
+    assert (s.node.max_concurrent, s.stream.type) == (7, "embedded")
+
+
+@pytest.mark.parametrize(
+    "var, raw, message",
+    [
+        ("CREWLET_EVENT_RETENTION_HOURS", "0", "stream.event_retention_hours=0: must be between 1 and 8760 (from CREWLET_EVENT_RETENTION_HOURS)"),
+        ("CREWLET_EVENT_RETENTION_HOURS", "8761", "stream.event_retention_hours=8761: must be between 1 and 8760 (from CREWLET_EVENT_RETENTION_HOURS)"),
+        ("CREWLET_EVENT_RETENTION_HOURS", "week", "stream.event_retention_hours='week': must be a number between 1 and 8760 (from CREWLET_EVENT_RETENTION_HOURS)"),
+        ("CREWLET_EVENT_RETENTION_HOURS", "nan", "stream.event_retention_hours='nan': must be a number between 1 and 8760 (from CREWLET_EVENT_RETENTION_HOURS)"),
+        ("CREWLET_NODE_MAX_CONCURRENT", "65", "node.max_concurrent=65: must be between 1 and 64 (from CREWLET_NODE_MAX_CONCURRENT)"),
+        ("CREWLET_NODE_MAX_CONCURRENT", "2.5", "node.max_concurrent='2.5': must be an integer between 1 and 64 (from CREWLET_NODE_MAX_CONCURRENT)"),
+        ("CREWLET_STREAM_TYPE", "kafka", "stream.type='kafka': must be one of embedded, nats (from CREWLET_STREAM_TYPE)"),
+        ("CREWLET_NODE_ID", "a b", "node.id='a b': must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit (from CREWLET_NODE_ID)"),
+    ],
+)
+def test_bad_env_value_names_its_variable(var: str, raw: str, message: str) -> None:
+    assert str(error(env={var: raw})) == message
+
+
+# -- the settings file --------------------------------------------------------
+
+
+def test_yaml_file_from_env(tmp_path: Path) -> None:
+    path = tmp_path / "crewlet.yaml"
+    path.write_text("stream:\n  store_dir: /srv/js\n  event_retention_hours: 48\nnode:\n  id: n2\n  max_concurrent: 8\n")
+    s = load_settings(None, {"CREWLET_SETTINGS_FILE": str(path)}, hostname=HOST)
+    assert s == EngineSettings(StreamSettings(store_dir="/srv/js", event_retention_hours=48), NodeSettings(id="n2", max_concurrent=8))
+
+
+def test_no_file_means_defaults() -> None:
+    assert load_settings(None, {}, hostname=HOST) == load()
+
+
+def test_empty_file_means_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_settings(None, {"CREWLET_SETTINGS_FILE": str(path)}, hostname=HOST) == load()
+
+
+def test_bad_value_in_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "crewlet.yaml"
+    path.write_text("stream:\n  event_retention_hours: 0\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings(None, {"CREWLET_SETTINGS_FILE": str(path)}, hostname=HOST)
+    assert str(info.value) == f"stream.event_retention_hours=0: must be between 1 and 8760 (from {path})"
+
+
+def test_unknown_key_in_file(tmp_path: Path) -> None:
+    path = tmp_path / "crewlet.yaml"
+    path.write_text("node:\n  maxconcurrent: 3\n")
+    with pytest.raises(SettingsError, match=r"^node\.maxconcurrent=3: unknown setting"):
+        load_settings(None, {"CREWLET_SETTINGS_FILE": str(path)}, hostname=HOST)
+
+
+def test_missing_or_invalid_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"^CREWLET_SETTINGS_FILE='.*nope\.yaml': cannot be read"):
+        load_settings(None, {"CREWLET_SETTINGS_FILE": str(tmp_path / "nope.yaml")})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stream: [unclosed\n")
+    with pytest.raises(SettingsError, match=r"is not valid YAML"):
+        load_settings(None, {"CREWLET_SETTINGS_FILE": str(bad)})
