@@ -2,7 +2,8 @@
 
 Sources, lowest to highest precedence: field defaults, the YAML file named by
 ``CREWLET_SETTINGS_FILE`` (or a mapping passed in), environment variables,
-then explicit overrides (command-line flags). A bad value fails the load with
+then explicit overrides (command-line flags). One exception, from the design:
+the node id is ``node.id``, then ``CREWLET_NODE_ID``, then the hostname. A bad value fails the load with
 a :class:`SettingsError` that names the dotted field, the value and what is
 allowed, so an operator fixes it from one line instead of from a traceback
 deep inside the broker.
@@ -27,6 +28,8 @@ from urllib.parse import urlsplit
 import yaml
 
 SETTINGS_FILE_ENV = "CREWLET_SETTINGS_FILE"
+#: Keys whose environment variable is a fallback for the file rather than an override.
+ENV_YIELDS_TO_FILE = frozenset({"node.id"})
 NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 STREAM_TYPES = ("embedded", "nats")
 URL_SCHEMES = ("nats", "tls")
@@ -296,6 +299,8 @@ def load_settings(
 
     known = {dotted: (f, kind) for dotted, f, kind in known_settings()}
     for dotted, (f, kind) in known.items():
+        if dotted in ENV_YIELDS_TO_FILE and dotted in values:
+            continue  # design: node.id, then CREWLET_NODE_ID, then the default
         var = f.metadata.get("env")
         raw = env.get(var, "") if var else ""
         if raw != "":

@@ -173,11 +173,11 @@ def test_node_id_type() -> None:
     assert str(error({"node": {"id": 7}})) == "node.id=7: must be a string"
 
 
-def test_node_id_resolution_order() -> None:
+def test_the_node_id_is_node_id_then_the_environment_then_the_hostname() -> None:
     assert load().node.id == HOST
     assert load(env={"CREWLET_NODE_ID": "from-env"}).node.id == "from-env"
     assert load({"node": {"id": "from-file"}}).node.id == "from-file"
-    assert load({"node": {"id": "from-file"}}, {"CREWLET_NODE_ID": "from-env"}).node.id == "from-env"
+    assert load({"node": {"id": "from-file"}}, {"CREWLET_NODE_ID": "from-env"}).node.id == "from-file"
     assert load({"node": {"id": "f"}}, {"CREWLET_NODE_ID": "e"}, overrides={"node.id": "flag"}).node.id == "flag"
 
 
