@@ -13,7 +13,10 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence, TypeVar
+
+if TYPE_CHECKING:  # pragma: no cover - hints only; tracing is imported where it is used
+    from crewlet.tracing import Trace
 
 # Envelope keys, in wire order.
 K_ID = "id"
@@ -95,6 +98,21 @@ def parse_timestamp(text: str) -> datetime:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return parsed.astimezone(timezone.utc)
+
+
+SYSTEM_ACTOR = "system"
+
+
+def default_actor(role: Any, source: Any, agent_id: Any) -> str:
+    """Who did it, by the design's precedence: role, then source, then agent id, then "system".
+
+    One function so a typed body and an event of a type this build does not
+    know name their actor by the same rule.
+    """
+    for candidate in (role, source, agent_id):
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate.strip()
+    return SYSTEM_ACTOR
 
 
 def _now() -> datetime:
@@ -213,3 +231,75 @@ class Event:
     def copy(self) -> "Event":
         """A deep copy the caller may mutate freely."""
         return copy.deepcopy(self)
+
+    def _loose(self, name: str) -> Any:
+        """A body field of an untyped event: a kept unknown key, else the free-form payload."""
+        if name in self.extra:
+            return self.extra[name]
+        return self.payload.get(name) if isinstance(self.payload, dict) else None
+
+    def actor(self) -> str:
+        """Who did this: the typed body's answer, else role, source, agent id, "system"."""
+        if self.data is not None and callable(getattr(self.data, "actor", None)):
+            return self.data.actor(self)
+        return default_actor(self._loose("role"), self.source, self._loose("agent_id"))
+
+    def summary(self) -> str:
+        """One line in a person's words; an unknown type still says who and what happened."""
+        if self.data is not None and callable(getattr(self.data, "summary", None)):
+            return self.data.summary(self)
+        what = self.type.replace("_", " ").replace(".", " ").strip()
+        return f"{self.actor()}: {what}"
+
+
+def new(
+    payload: Any,
+    trace: "Trace",
+    *,
+    source: str = "",
+    extras: Optional[dict[str, Any]] = None,
+    delegation_depth: int = 0,
+    parent_turn_id: str = "",
+    delegation_chain: Optional[Sequence[str]] = None,
+    event_id: Optional[str] = None,
+    timestamp: Optional[datetime] = None,
+) -> Event:
+    """Build an event from a typed body and the trace it belongs to (``events.New``).
+
+    ``payload`` is an instance of a registered event class; its wire type is
+    the one it was registered under. ``trace`` is a ``crewlet.tracing.Trace``
+    the caller derived (normally ``trace_of()``) and is copied onto the
+    envelope as given: nothing here reads an ambient span, because an event
+    whose trace depended on the frame that built it would hang off the wrong
+    work. ``extras`` fills the envelope's free-form ``payload`` map.
+    ``event_id`` and ``timestamp`` exist for an event that must be repeated
+    exactly (a run's ending recorded on its row is re-published under the same
+    id and instant); ``node`` is never set here — the queue stamps it.
+    """
+    from crewlet.tracing import Trace  # lazy: the envelope must not need OpenTelemetry to decode
+
+    if not isinstance(trace, Trace):
+        raise TypeError(
+            "new() needs a crewlet.tracing.Trace (derive one with crewlet.tracing.trace_of()), "
+            f"not {type(trace).__name__}"
+        )
+    etype = getattr(type(payload), "event_type", None)
+    if not isinstance(etype, str) or _REGISTRY.get(etype) is not type(payload):
+        raise TypeError(f"new() needs an instance of a registered event class, not {type(payload).__name__}")
+    event = Event(
+        type=etype,
+        payload=dict(extras or {}),
+        source=source,
+        trace_id=trace.trace_id,
+        span_id=trace.span_id,
+        parent_span_id=trace.parent_span_id,
+        delegation_depth=delegation_depth,
+        parent_turn_id=parent_turn_id,
+        delegation_chain=list(delegation_chain or []),
+        data=payload,
+    )
+    if event_id is not None:
+        event.id = event_id
+    if timestamp is not None:
+        event.timestamp = timestamp
+    return event
