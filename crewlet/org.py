@@ -1,0 +1,418 @@
+"""The company: its seats, providers, surfaces and schedules, read from YAML.
+
+Routing is an org function, not a process-local one: every producer resolves
+its recipient from the organization current when it handles an event (a
+handle, a role, an agent id or a surface identity to a seat) and never from
+which seats this node runs. Agent ids are derived, not assigned
+(``agent_id_for`` is a uuid5 over the org name and the handle), so every node
+computes the same id with no database.
+
+A bad company file is refused at load with the field, the value and what is
+allowed, exactly like a bad engine setting.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from crewlet.queue.contract import MAX_LINGER_SECONDS
+
+#: The namespace every node derives agent ids in. Never change it: ids are wire facts.
+AGENT_ID_NAMESPACE = uuid.UUID("6f1d7c0e-3b0a-5c55-9d55-6372657765c1")
+
+SEAT_KINDS = ("agent", "human")
+SURFACES = ("slack", "github", "jira", "confluence", "mattermost")
+#: Which key names the secret's environment variable, per surface.
+SURFACE_SECRET_KEYS = {
+    "slack": "signing_secret_env",
+    "github": "secret_env",
+    "jira": "secret_env",
+    "confluence": "secret_env",
+    "mattermost": "token_env",
+}
+PROVIDER_KINDS = ("echo", "openai")
+COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
+COALESCE_MAX_BATCH_RANGE = (1, 100)
+MAX_CONCURRENT_RANGE = (1, 64)
+EXAMPLE_COMPANY = Path(__file__).resolve().parent / "companies" / "example.yaml"
+
+_HANDLE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class CompanyError(ValueError):
+    """A company file that cannot be served; names the field, the value and what is allowed."""
+
+    def __init__(self, field_name: str, value: Any, allowed: str, source: Optional[str] = None) -> None:
+        self.field = field_name
+        self.value = value
+        self.allowed = allowed
+        self.source = source
+        where = f" (in {source})" if source else ""
+        super().__init__(f"{field_name}={value!r}: {allowed}{where}")
+
+
+def agent_id_for(org: str, handle: str) -> str:
+    """The seat's agent id: the same on every node, derived from names alone."""
+    return str(uuid.uuid5(AGENT_ID_NAMESPACE, f"{org}/{handle}"))
+
+
+def parse_duration_s(text: Any, field_name: str) -> float:
+    """``90s``, ``15m``, ``24h``, ``7d`` as float seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
+        return float(text)
+    m = _DURATION.match(str(text).strip()) if isinstance(text, str) else None
+    if not m or float(m.group(1)) <= 0:
+        raise CompanyError(field_name, text, "must be a positive duration like 90s, 15m, 24h or 7d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Provider:
+    kind: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """A stable name for fallback events: kind, and model where there is one."""
+        model = self.options.get("model")
+        return f"{self.kind}:{model}" if model else self.kind
+
+
+@dataclass(frozen=True)
+class Surface:
+    name: str
+    secret_env: str = ""
+    verify: bool = True
+
+
+@dataclass(frozen=True)
+class Seat:
+    handle: str
+    kind: str
+    role: str
+    display_name: str
+    identities: Mapping[str, str]
+    agent_id: str
+
+    @property
+    def is_agent(self) -> bool:
+        return self.kind == "agent"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    seat: str
+    every_s: float
+    task: str
+
+
+@dataclass(frozen=True)
+class Organization:
+    """One validated company; immutable, swapped whole when a revision applies."""
+
+    org: str
+    providers: tuple[Provider, ...]
+    max_concurrent: int
+    coalesce_window_s: float
+    coalesce_max_batch: int
+    rate_limit_per_s: float
+    surfaces: Mapping[str, Surface]
+    seats: tuple[Seat, ...]
+    schedules: tuple[Schedule, ...]
+    source_text: str = ""
+
+    def agent_id_for(self, handle: str) -> str:
+        return agent_id_for(self.org, handle)
+
+    def seat_by_handle(self, handle: str) -> Optional[Seat]:
+        return next((s for s in self.seats if s.handle == handle), None)
+
+    def seat_by_id(self, agent_id: str) -> Optional[Seat]:
+        return next((s for s in self.seats if s.agent_id == agent_id), None)
+
+    def seat_by_role(self, role: str) -> Optional[Seat]:
+        return next((s for s in self.seats if s.role == role), None)
+
+    def seat_by_identity(self, surface: str, identity: str) -> Optional[Seat]:
+        return next((s for s in self.seats if s.identities.get(surface) == identity), None)
+
+    def resolve(self, ref: str) -> Optional[Seat]:
+        """A handle, an agent id or a role name to its seat."""
+        return self.seat_by_handle(ref) or self.seat_by_id(ref) or self.seat_by_role(ref)
+
+    def agent_seats(self) -> tuple[Seat, ...]:
+        return tuple(s for s in self.seats if s.is_agent)
+
+    @property
+    def has_provider(self) -> bool:
+        return bool(self.providers)
+
+
+# ---------------------------------------------------------------------------
+# Parsing
+
+
+def _mapping(value: Any, name: str, source: Optional[str]) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise CompanyError(name, value, "must be a mapping", source)
+    return value
+
+
+def _known(body: Mapping[str, Any], prefix: str, allowed: tuple[str, ...], source: Optional[str]) -> None:
+    for key in body:
+        if key not in allowed:
+            raise CompanyError(f"{prefix}{key}", body[key], f"unknown key; allowed: {', '.join(allowed)}", source)
+
+
+def _number(value: Any, name: str, lo: float, hi: Optional[float], integer: bool, source: Optional[str]) -> Any:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        what = "a whole number" if integer else "a number"
+        bound = f"between {lo:g} and {hi:g}" if hi is not None else f">= {lo:g}"
+        raise CompanyError(name, value, f"must be {what} {bound}", source)
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo:g} and {hi:g}" if hi is not None else f">= {lo:g}"
+        raise CompanyError(name, value, f"must be {bound}", source)
+    return int(value) if integer else float(value)
+
+
+def _string(value: Any, name: str, source: Optional[str], pattern: Optional[re.Pattern[str]] = None, what: str = "") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise CompanyError(name, value, "must be a non-empty string", source)
+    if pattern is not None and not pattern.fullmatch(value):
+        raise CompanyError(name, value, what or f"must match {pattern.pattern}", source)
+    return value
+
+
+_TOP_KEYS = (
+    "org",
+    "providers",
+    "node",
+    "notification_coalesce_window_seconds",
+    "notification_coalesce_max_batch",
+    "notification_rate_limit",
+    "surfaces",
+    "seats",
+    "schedules",
+)
+
+
+def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") -> Organization:
+    """Validate a decoded company document; raises :class:`CompanyError`."""
+    if not isinstance(data, Mapping):
+        raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(_TOP_KEYS), source)
+    _known(data, "", _TOP_KEYS, source)
+    org = _string(data.get("org"), "org", source, _ORG, "must be 1-63 letters, digits, '.', '_' or '-'")
+
+    providers_body = _mapping(data.get("providers"), "providers", source)
+    _known(providers_body, "providers.", ("llm",), source)
+    llm = providers_body.get("llm", [])
+    if llm is None:
+        llm = []
+    if not isinstance(llm, list):
+        raise CompanyError("providers.llm", llm, "must be a list (empty = a company with no model provider)", source)
+    providers = []
+    for i, entry in enumerate(llm):
+        name = f"providers.llm[{i}]"
+        entry = _mapping(entry, name, source)
+        kind = entry.get("kind")
+        if kind not in PROVIDER_KINDS:
+            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(PROVIDER_KINDS)}", source)
+        options = {k: v for k, v in entry.items() if k != "kind"}
+        if kind == "echo":
+            _known(options, f"{name}.", ("delay_s", "fail"), source)
+            if "delay_s" in options:
+                options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", 0.0, 3600.0, False, source)
+            if "fail" in options and not isinstance(options["fail"], bool):
+                raise CompanyError(f"{name}.fail", options["fail"], "must be true or false", source)
+        else:
+            _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens"), source)
+            base_url = _string(options.get("base_url"), f"{name}.base_url", source)
+            if not re.match(r"^https?://", base_url):
+                raise CompanyError(f"{name}.base_url", base_url, "must be an http:// or https:// URL", source)
+            _string(options.get("model"), f"{name}.model", source)
+            if "api_key_env" in options:
+                _string(options["api_key_env"], f"{name}.api_key_env", source, _ENV, "must be an environment variable name")
+            if "timeout_s" in options:
+                options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", 0.1, 3600.0, False, source)
+            if "max_tokens" in options:
+                options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
+        providers.append(Provider(kind=kind, options=options))
+
+    node_body = _mapping(data.get("node"), "node", source)
+    _known(node_body, "node.", ("max_concurrent",), source)
+    max_concurrent = _number(node_body.get("max_concurrent", 4), "node.max_concurrent", *MAX_CONCURRENT_RANGE, True, source)
+
+    window = _number(
+        data.get("notification_coalesce_window_seconds", 0),
+        "notification_coalesce_window_seconds",
+        *COALESCE_WINDOW_RANGE,
+        False,
+        source,
+    )
+    max_batch = _number(
+        data.get("notification_coalesce_max_batch", 20),
+        "notification_coalesce_max_batch",
+        *COALESCE_MAX_BATCH_RANGE,
+        True,
+        source,
+    )
+    rate = _number(data.get("notification_rate_limit", 0), "notification_rate_limit", 0.0, None, False, source)
+
+    surfaces_body = _mapping(data.get("surfaces"), "surfaces", source)
+    _known(surfaces_body, "surfaces.", SURFACES, source)
+    surfaces: dict[str, Surface] = {}
+    for name in SURFACES:
+        body = _mapping(surfaces_body.get(name), f"surfaces.{name}", source)
+        key = SURFACE_SECRET_KEYS[name]
+        _known(body, f"surfaces.{name}.", (key, "verify"), source)
+        env = body.get(key, "")
+        if env:
+            _string(env, f"surfaces.{name}.{key}", source, _ENV, "must be an environment variable name")
+        verify = body.get("verify", True)
+        if not isinstance(verify, bool):
+            raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
+        surfaces[name] = Surface(name=name, secret_env=env or "", verify=verify)
+
+    seats_raw = data.get("seats", [])
+    if not isinstance(seats_raw, list):
+        raise CompanyError("seats", seats_raw, "must be a list of seats", source)
+    seats: list[Seat] = []
+    seen: dict[str, str] = {}
+    for i, entry in enumerate(seats_raw):
+        name = f"seats[{i}]"
+        entry = _mapping(entry, name, source)
+        _known(entry, f"{name}.", ("handle", "kind", "role", "display_name", "identities"), source)
+        handle = _string(
+            entry.get("handle"), f"{name}.handle", source, _HANDLE, "must be 1-63 lowercase letters, digits, '_' or '-'"
+        )
+        if handle in seen:
+            raise CompanyError(f"{name}.handle", handle, "must be unique; already used by another seat", source)
+        seen[handle] = name
+        kind = entry.get("kind", "agent")
+        if kind not in SEAT_KINDS:
+            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(SEAT_KINDS)}", source)
+        role = entry.get("role", "") or ""
+        if not isinstance(role, str):
+            raise CompanyError(f"{name}.role", role, "must be a string", source)
+        display = entry.get("display_name", "") or handle.capitalize()
+        if not isinstance(display, str):
+            raise CompanyError(f"{name}.display_name", display, "must be a string", source)
+        idents = _mapping(entry.get("identities"), f"{name}.identities", source)
+        _known(idents, f"{name}.identities.", SURFACES, source)
+        identities = {}
+        for surface, ident in idents.items():
+            identities[surface] = _string(str(ident) if isinstance(ident, int) else ident, f"{name}.identities.{surface}", source)
+        seats.append(
+            Seat(
+                handle=handle,
+                kind=kind,
+                role=role,
+                display_name=display,
+                identities=identities,
+                agent_id=agent_id_for(org, handle),
+            )
+        )
+    for surface in SURFACES:
+        owners: dict[str, str] = {}
+        for seat in seats:
+            ident = seat.identities.get(surface)
+            if ident is None:
+                continue
+            if ident in owners:
+                raise CompanyError(
+                    f"seats.{seat.handle}.identities.{surface}", ident, f"already belongs to seat {owners[ident]}", source
+                )
+            owners[ident] = seat.handle
+
+    schedules_raw = data.get("schedules", [])
+    if not isinstance(schedules_raw, list):
+        raise CompanyError("schedules", schedules_raw, "must be a list of schedules", source)
+    schedules = []
+    names = set()
+    for i, entry in enumerate(schedules_raw):
+        name = f"schedules[{i}]"
+        entry = _mapping(entry, name, source)
+        _known(entry, f"{name}.", ("name", "seat", "every", "task"), source)
+        sname = _string(entry.get("name"), f"{name}.name", source)
+        if sname in names:
+            raise CompanyError(f"{name}.name", sname, "must be unique", source)
+        names.add(sname)
+        seat_handle = _string(entry.get("seat"), f"{name}.seat", source)
+        target = next((s for s in seats if s.handle == seat_handle), None)
+        if target is None or not target.is_agent:
+            agents = ", ".join(s.handle for s in seats if s.is_agent) or "none"
+            raise CompanyError(f"{name}.seat", seat_handle, f"must be an agent seat of this company ({agents})", source)
+        schedules.append(
+            Schedule(
+                name=sname,
+                seat=seat_handle,
+                every_s=parse_duration_s(entry.get("every"), f"{name}.every"),
+                task=_string(entry.get("task"), f"{name}.task", source),
+            )
+        )
+
+    return Organization(
+        org=org,
+        providers=tuple(providers),
+        max_concurrent=max_concurrent,
+        coalesce_window_s=window,
+        coalesce_max_batch=max_batch,
+        rate_limit_per_s=rate,
+        surfaces=surfaces,
+        seats=tuple(seats),
+        schedules=tuple(schedules),
+        source_text=text,
+    )
+
+
+def parse_company_text(text: str, *, source: Optional[str] = None) -> Organization:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CompanyError("company", (source or "text"), f"is not valid YAML ({exc})", source) from None
+    return parse_company(data, source=source, text=text)
+
+
+def load_company(path: str | Path = EXAMPLE_COMPANY) -> Organization:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CompanyError("company", str(p), f"cannot be read ({exc.strerror})") from None
+    return parse_company_text(text, source=str(p))
+
+
+class CompanyHolder:
+    """The organization current right now. Producers call ``current()`` per event, never keep one."""
+
+    def __init__(self, org: Organization) -> None:
+        self._org = org
+        self._lock = threading.Lock()
+        self._epoch = 1
+
+    def current(self) -> Organization:
+        return self._org
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def swap(self, org: Organization) -> Organization:
+        with self._lock:
+            previous, self._org = self._org, org
+            self._epoch += 1
+        return previous
