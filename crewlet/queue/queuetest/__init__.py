@@ -1,0 +1,1 @@
+"""The one conformance suite: every case runs against every backend (conformance.md)."""

@@ -1,0 +1,210 @@
+"""Backends under test, behind one harness, plus the waiting helpers every case uses.
+
+Waits are for conditions with deadlines, never bare sleeps. The one deliberate
+pause is ``quiet()``: a short "must not arrive" window, as conformance.md allows.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from typing import Any, Awaitable, Callable, Optional
+
+from crewlet.events import Event
+from crewlet.queue.contract import EventQueue, Timings
+
+#: Shrunk production durations: every code path runs, in milliseconds.
+TEST_TIMINGS = Timings(backoff_base_s=0.005, backoff_cap_s=0.02, ack_wait_s=30.0)
+
+_names = itertools.count(1)
+
+
+class Harness:
+    """One backend: a broker plus as many clients as a case needs."""
+
+    name: str = ""
+    #: How long a "must not arrive" window lasts on this backend.
+    quiet_s: float = 0.15
+    #: Deadline for any awaited condition.
+    wait_s: float = 10.0
+    #: What this backend can do; a case needing more skips, naming the capability.
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, timings: Timings = TEST_TIMINGS) -> None:
+        self.timings = timings
+        self._clients: list[EventQueue] = []
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        for client in self._clients:
+            try:
+                await client.close()
+            except Exception:
+                pass
+
+    async def new_client(self, node: str) -> EventQueue:
+        raise NotImplementedError
+
+    async def client(self, node: str = "n1") -> EventQueue:
+        client = await self.new_client(node)
+        self._clients.append(client)
+        return client
+
+    async def go_away(self) -> None:
+        """Make the broker unreachable."""
+        raise NotImplementedError
+
+    async def come_back(self) -> None:
+        raise NotImplementedError
+
+    async def with_timings(self, timings: Timings) -> "Harness":
+        """A second harness of the same backend with other durations (e.g. a short ack clock)."""
+        other = type(self)(timings)
+        await other.start()
+        return other
+
+
+class MemoryHarness(Harness):
+    name = "memory"
+    quiet_s = 0.15
+    capabilities = frozenset({"outage", "ack_clock"})
+
+    async def start(self) -> None:
+        from crewlet.queue.memory import MemoryBroker
+
+        self.broker = MemoryBroker(self.timings)
+
+    async def new_client(self, node: str) -> EventQueue:
+        return self.broker.client(node=node)
+
+    async def go_away(self) -> None:
+        self.broker.go_away()
+
+    async def come_back(self) -> None:
+        self.broker.come_back()
+
+
+class JetStreamHarness(Harness):
+    name = "jetstream"
+    quiet_s = 0.4
+    capabilities = frozenset({"outage", "ack_clock"})
+
+    async def start(self) -> None:
+        from crewlet.queue.broker import EmbeddedBroker
+
+        self.broker = EmbeddedBroker(store_dir=None)
+        await self.broker.start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self.broker.stop()
+
+    async def new_client(self, node: str) -> EventQueue:
+        from crewlet.queue.jetstream import JetStreamQueue
+
+        return await JetStreamQueue.connect(self.broker.url, node=node, timings=self.timings)
+
+    async def go_away(self) -> None:
+        await self.broker.stop()
+
+    async def come_back(self) -> None:
+        await self.broker.start()
+
+
+def needs(harness: Harness, capability: str) -> None:
+    """Skip, naming the capability, where the backend declares it lacks one."""
+    import pytest
+
+    if capability not in harness.capabilities:
+        pytest.skip(f"{harness.name} backend lacks capability {capability!r}")
+
+
+HARNESSES: dict[str, type[Harness]] = {"memory": MemoryHarness, "jetstream": JetStreamHarness}
+
+
+# ---------------------------------------------------------------------------
+# Names and events
+
+
+def uniq(prefix: str = "t") -> str:
+    """A subject-safe token unique within the run."""
+    return f"{prefix}{next(_names)}{uuid.uuid4().hex[:6]}"
+
+
+def inbox(label: str = "") -> tuple[str, str]:
+    """A fresh (topic, group) in the mailbox (interest) namespace."""
+    handle = uniq(label or "seat")
+    return f"crewlet.agent.{handle}.inbox", f"agent-{handle}"
+
+
+def ev(i: Any = 0, **payload: Any) -> Event:
+    return Event(type="conformance_probe", payload={"i": i, **payload})
+
+
+# ---------------------------------------------------------------------------
+# Waiting
+
+
+async def eventually(cond: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until truthy; fail with ``what`` at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = cond()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+class Collector:
+    """Records what a handler saw and lets a case wait for it."""
+
+    def __init__(self, harness: Harness, outcome: Optional[Callable[[Any], Any]] = None) -> None:
+        self.harness = harness
+        self.items: list[Any] = []
+        self._outcome = outcome
+        self._changed = asyncio.Event()
+
+    async def __call__(self, item: Any) -> Any:
+        self.items.append(item)
+        self._changed.set()
+        if self._outcome is not None:
+            result = self._outcome(item)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        return None
+
+    async def stream_handler(self, topic: str, event: Event) -> None:
+        await self.__call__((topic, event))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    async def wait_for(self, n: int, timeout_s: Optional[float] = None) -> list[Any]:
+        await eventually(lambda: len(self.items) >= n, timeout_s or self.harness.wait_s, f"{n} deliveries (have {len(self.items)})")
+        return self.items
+
+    async def quiet(self, expect: Optional[int] = None) -> None:
+        """Assert nothing beyond ``expect`` (default: what has arrived so far) arrives in the quiet window."""
+        count = len(self.items) if expect is None else expect
+        await asyncio.sleep(self.harness.quiet_s)
+        assert len(self.items) == count, f"expected {count} deliveries, got {len(self.items)}: {self.items!r}"
+
+    # Convenience views
+    def payloads(self, key: str = "i") -> list[Any]:
+        out = []
+        for item in self.items:
+            event = getattr(item, "event", None)
+            if event is None and isinstance(item, tuple):
+                event = item[1]
+            out.append(event.payload.get(key) if event is not None else None)
+        return out
+
+
+Waitable = Callable[[], Awaitable[Any]]

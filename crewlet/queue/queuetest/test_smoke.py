@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from crewlet.queue.queuetest.harness import Collector, ev, inbox
+
+
+async def test_a_published_event_reaches_its_subscriber(harness, queue):
+    topic, group = inbox()
+    col = Collector(harness)
+    await queue.subscribe(topic, group, col)
+    await queue.publish(topic, ev(1))
+    items = await col.wait_for(1)
+    assert items[0].event.payload == {"i": 1}
+    assert items[0].topic == topic
+    await col.quiet()
