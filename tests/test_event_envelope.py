@@ -69,3 +69,11 @@ def test_a_field_that_collides_with_the_envelope_is_dropped_in_favour_of_the_env
 def test_a_body_that_is_not_an_event_is_refused(bad):
     with pytest.raises(ValueError):
         Event.from_json(bad)
+
+
+def test_go_zero_time_round_trips_with_a_four_digit_year():
+    e = Event.from_json(b'{"id":"1","type":"x","timestamp":"0001-01-01T00:00:00Z"}')
+    assert e.timestamp.year == 1
+    again = Event.from_json(Event(type="x", timestamp=e.timestamp).to_json())
+    assert again.timestamp == e.timestamp
+    assert json.loads(Event(type="x", timestamp=e.timestamp).to_json())["timestamp"].startswith("0001-01-01T")

@@ -78,7 +78,9 @@ def format_timestamp(ts: datetime) -> str:
     """RFC 3339, UTC, microseconds: the store's own resolution."""
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=timezone.utc)
-    return ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    ts = ts.astimezone(timezone.utc)
+    # strftime's %Y does not zero-pad years below 1000 (Go's zero time is year 1).
+    return f"{ts.year:04d}-{ts.month:02d}-{ts.day:02d}T{ts.hour:02d}:{ts.minute:02d}:{ts.second:02d}.{ts.microsecond:06d}Z"
 
 
 def parse_timestamp(text: str) -> datetime:

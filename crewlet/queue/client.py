@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Optional, Union
 
 from crewlet.events import Event
@@ -240,14 +241,21 @@ def partition_drain(
     timestamps, never how the drain was assembled, so a redelivered event
     rejoins its conversation where it belongs.
     """
+    drained_at = datetime.now(timezone.utc)
+
+    def age(item: tuple[int, RawMessage, Event]) -> tuple[datetime, int]:
+        # An unusable stamp (Go's zero time from another build) counts as drained
+        # now: it must neither jump every queue nor switch aging off.
+        ts = item[2].timestamp
+        return (ts if ts.year > 1 else drained_at, item[0])
+
     by_key: dict[str, list[tuple[int, RawMessage, Event]]] = {}
     for item in items:
         by_key.setdefault(options.key_of(item[2]), []).append(item)
     parts = []
     for key, members in by_key.items():
-        members.sort(key=lambda it: (it[2].timestamp, it[0]))
-        oldest = members[0]
-        parts.append(((oldest[2].timestamp, min(it[0] for it in members)), key, members))
+        members.sort(key=age)
+        parts.append(((age(members[0])[0], min(it[0] for it in members)), key, members))
     parts.sort(key=lambda p: p[0])
     return [(key, members) for _, key, members in parts]
 

@@ -209,6 +209,16 @@ def is_subset(pattern: str, of: str) -> bool:
     return len(p) == len(s)
 
 
+async def ordered_flush(nc: NatsClient, timeout_s: float = 5.0) -> None:
+    """Push the write buffer out, then PING/PONG: everything written before is at the server.
+
+    nats-py's ``flush()`` writes its PING straight to the socket, so on its own
+    it can overtake a SUB or a NAK still sitting in the client's buffer.
+    """
+    await nc._flush_pending(force_flush=True)
+    await nc.flush(timeout=timeout_s)
+
+
 def _num_delivered(reply: str) -> int:
     """Deliveries including this one, from a ``$JS.ACK.…`` reply subject (both token layouts)."""
     toks = reply.split(".")
@@ -298,7 +308,7 @@ class JetStreamMessage:
         if not self._nc.is_connected:
             return  # buffered; it goes out on reconnect
         try:
-            await self._nc.flush(timeout=5)
+            await ordered_flush(self._nc, 5)
         except _NATS_ERRORS as e:
             raise Unavailable(f"flushing a hand-back failed: {e!r}") from e
 
@@ -732,7 +742,12 @@ class _Server:
         self._closed = False
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(self.subject, cb=self._on_request)
+        """Returns once the server knows the subscription, so the next ask reaches it."""
+        try:
+            self._sub = await self._nc.subscribe(self.subject, cb=self._on_request)
+            await ordered_flush(self._nc, 5)
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"serving {self.subject!r} failed: {e!r}") from e
 
     async def _on_request(self, msg: Msg) -> None:
         if self._closed:

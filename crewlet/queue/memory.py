@@ -63,6 +63,9 @@ class _Consumer:
         self.group = group
         self.stream = stream
         self.available: deque[int] = deque()
+        #: How many entries at the front of ``available`` are redeliveries (hand-backs
+        #: and expired acks): JetStream's redelivery queue, served first and in FIFO order.
+        self.head = 0
         self.delivered: dict[int, int] = {}
         #: seq -> (delivery token, ack deadline on the monotonic clock)
         self.inflight: dict[int, tuple[int, float]] = {}
@@ -136,9 +139,12 @@ class MemoryBroker:
                 consumer.inflight.pop(seq, None)
                 consumer.delivered.pop(seq, None)
                 try:
-                    consumer.available.remove(seq)
+                    index = consumer.available.index(seq)
                 except ValueError:
-                    pass
+                    continue
+                del consumer.available[index]
+                if index < consumer.head:
+                    consumer.head -= 1
 
     def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
         self._reach()
@@ -221,9 +227,9 @@ class MemoryBroker:
         """
         now = time.monotonic()
         expired = sorted(seq for seq, (_, deadline) in consumer.inflight.items() if deadline <= now)
-        for seq in reversed(expired):
+        for seq in expired:
             consumer.inflight.pop(seq)
-            consumer.available.appendleft(seq)
+            self._to_head(consumer, seq)
         if expired:
             consumer.signal.fire()
         return min((d for _, d in consumer.inflight.values()), default=None)
@@ -232,6 +238,8 @@ class MemoryBroker:
         out = []
         while consumer.available and len(out) < max_n:
             seq = consumer.available.popleft()
+            if consumer.head:
+                consumer.head -= 1
             stored = consumer.stream.messages.get(seq)
             if stored is None:
                 continue
@@ -255,8 +263,14 @@ class MemoryBroker:
         if how == "nak":
             consumer.available.append(msg.seq)  # the backoff, modelled: behind the waiting mail
         else:
-            consumer.available.appendleft(msg.seq)  # a hand-back keeps its place
+            self._to_head(consumer, msg.seq)  # a hand-back keeps its place
         consumer.signal.fire()
+
+    @staticmethod
+    def _to_head(consumer: _Consumer, seq: int) -> None:
+        """Ahead of never-delivered mail, behind earlier redeliveries (FIFO, as JetStream does)."""
+        consumer.available.insert(consumer.head, seq)
+        consumer.head += 1
 
     def backlog(self, topic: str, group: str) -> int:
         self._reach()

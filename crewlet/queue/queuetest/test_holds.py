@@ -1,0 +1,298 @@
+"""Holds, pausing, and handlers in flight (conformance.md, Core delivery).
+
+A held (topic, group) is handed nothing: its mail waits on the broker with its
+order and its delivery count intact, and nothing goes round the broker again
+while it waits (design: "A held seat costs nothing while it waits").
+"""
+from __future__ import annotations
+
+import asyncio
+
+from crewlet.queue.contract import MAX_DELIVERIES, Outcome
+from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox
+
+FIRST = MAX_DELIVERIES - 1
+
+
+async def written(queue, *pairs) -> tuple:
+    """What a negative case must leave unchanged: backlogs, dead letters, the listing."""
+    return (
+        [await queue.backlog(t, g) for t, g in pairs],
+        [d.ref for d in await queue.dead_letters()],
+        await queue.list_subscriptions(">"),
+    )
+
+
+async def settled(queue, topic: str, group: str, harness) -> None:
+    async def empty() -> bool:
+        return await queue.backlog(topic, group) == 0
+
+    await eventually(empty, harness.wait_s, f"an empty backlog on {topic}")
+
+
+def payloads(col: Collector) -> list:
+    return col.payloads()
+
+
+async def test_a_held_subscription_keeps_its_mail_while_other_topics_flow_and_flushes_in_order_on_release(
+    harness, queue
+):
+    held_topic, held_group = inbox("held")
+    free_topic, free_group = inbox("free")
+    held, free = Collector(harness), Collector(harness)
+    wire = Collector(harness)  # every message the broker stores on the held topic
+    stream = await queue.subscribe_stream(held_topic, wire.stream_handler)
+    await queue.subscribe(held_topic, held_group, held)
+    await queue.subscribe(free_topic, free_group, free)
+    await queue.hold(held_topic, held_group, "sandbox")
+    for i in (1, 2, 3):
+        await queue.publish(held_topic, ev(i))
+        await queue.publish(free_topic, ev(10 + i))
+    await free.wait_for(3)
+    assert payloads(free) == [11, 12, 13]
+    await wire.wait_for(3)
+    # Nothing handed over, and nothing parked, requeued or republished.
+    await asyncio.gather(held.quiet(expect=0), wire.quiet(expect=3))
+    backlogs, dead, listing = await written(queue, (held_topic, held_group))
+    assert backlogs == [3] and dead == []
+    await queue.release(held_topic, held_group, "sandbox")
+    await held.wait_for(3)
+    assert payloads(held) == [1, 2, 3]
+    # It waited on the broker, so no delivery was spent while it was held.
+    assert [d.remaining for d in held.items] == [FIRST] * 3
+    await asyncio.gather(held.quiet(), wire.quiet(expect=3))
+    await settled(queue, held_topic, held_group, harness)
+    assert await queue.list_subscriptions(">") == listing
+    await stream.close()
+
+
+async def test_a_hold_taken_before_attaching_gates_the_attachment_from_the_start(harness, queue):
+    topic, group = inbox()
+    await queue.ensure_subscription(topic, group)
+    await queue.publish(topic, ev(1))
+    await queue.hold(topic, group, "recovered-run")
+    col = Collector(harness)
+    await queue.subscribe(topic, group, col)
+    await queue.publish(topic, ev(2))
+    await col.quiet(expect=0)
+    backlogs, dead, _ = await written(queue, (topic, group))
+    assert backlogs == [2] and dead == []
+    await queue.release(topic, group, "recovered-run")
+    await col.wait_for(2)
+    assert payloads(col) == [1, 2]
+    assert [d.remaining for d in col.items] == [FIRST, FIRST]
+    await col.quiet()
+    await settled(queue, topic, group, harness)
+
+
+async def test_holds_are_scoped_by_key_so_releasing_one_of_two_keeps_the_gate(harness, queue):
+    topic, group = inbox()
+    col = Collector(harness)
+    sub = await queue.subscribe(topic, group, col)
+    await sub.hold("sandbox")
+    await sub.hold("no-provider")
+    await queue.publish(topic, ev(1))
+    await queue.release(topic, group, "sandbox")
+    await col.quiet(expect=0)  # "no-provider" still holds it
+    before = await written(queue, (topic, group))
+    assert before[0] == [1] and before[1] == []
+    await sub.release("no-provider")
+    await col.wait_for(1)
+    assert payloads(col) == [1]
+    assert col.items[0].remaining == FIRST
+    await col.quiet()
+    await settled(queue, topic, group, harness)
+
+
+async def test_holding_the_same_key_twice_is_one_hold(harness, queue):
+    topic, group = inbox()
+    col = Collector(harness)
+    sub = await queue.subscribe(topic, group, col)
+    await sub.hold("sandbox")
+    await queue.hold(topic, group, "sandbox")
+    await queue.publish(topic, ev(1))
+    await col.quiet(expect=0)
+    await sub.release("sandbox")  # one release lifts it
+    await col.wait_for(1)
+    assert payloads(col) == [1]
+    await col.quiet()
+    await settled(queue, topic, group, harness)
+
+
+async def test_holds_are_scoped_by_the_topic_group_pair_so_a_sibling_group_is_not_gated(harness, queue):
+    topic, group = inbox()
+    sibling_group = group + "-audit"
+    other_topic = topic.replace(".inbox", ".control")
+    held, sibling, same_group_other_topic = Collector(harness), Collector(harness), Collector(harness)
+    await queue.subscribe(topic, group, held)
+    await queue.subscribe(topic, sibling_group, sibling)
+    await queue.subscribe(other_topic, group, same_group_other_topic)
+    await queue.hold(topic, group, "sandbox")
+    await queue.publish(topic, ev(1))
+    await queue.publish(other_topic, ev(2))
+    await sibling.wait_for(1)
+    await same_group_other_topic.wait_for(1)
+    assert payloads(sibling) == [1] and payloads(same_group_other_topic) == [2]
+    await held.quiet(expect=0)
+    assert await queue.backlog(topic, group) == 1
+    await queue.release(topic, group, "sandbox")
+    await held.wait_for(1)
+    assert payloads(held) == [1]
+    await held.quiet()
+    for t, g in ((topic, group), (topic, sibling_group), (other_topic, group)):
+        await settled(queue, t, g, harness)
+
+
+async def test_releasing_an_unheld_pair_is_a_no_op(harness, queue):
+    topic, group = inbox()
+    never_held_topic, never_held_group = inbox("never")
+    col = Collector(harness)
+    sub = await queue.subscribe(topic, group, col)
+    before = await written(queue, (topic, group), (never_held_topic, never_held_group))
+    await queue.release(never_held_topic, never_held_group, "sandbox")  # a pair this client never touched
+    await queue.release(topic, group, "sandbox")  # attached, never held
+    await sub.release("sandbox")
+    assert await written(queue, (topic, group), (never_held_topic, never_held_group)) == before
+    await queue.publish(topic, ev(1))
+    await col.wait_for(1)  # still ungated
+    await sub.hold("sandbox")
+    await sub.release("other-key")  # a key that is not held releases nothing
+    await queue.publish(topic, ev(2))
+    await col.quiet(expect=1)
+    await sub.release("sandbox")
+    await col.wait_for(2)
+    assert payloads(col) == [1, 2]
+    await col.quiet()
+    await settled(queue, topic, group, harness)
+
+
+async def test_pausing_all_delivery_still_accepts_publishes(harness, queue):
+    pairs = [inbox("a"), inbox("b")]
+    cols = [Collector(harness), Collector(harness)]
+    for (topic, group), col in zip(pairs, cols):
+        await queue.subscribe(topic, group, col)
+    await queue.pause_delivery()
+    for i, (topic, _) in enumerate(pairs):
+        await queue.publish(topic, ev(i))
+        await queue.publish(topic, ev(i + 10))
+    await asyncio.gather(*(col.quiet(expect=0) for col in cols))
+    backlogs, dead, _ = await written(queue, *pairs)
+    assert backlogs == [2, 2] and dead == []
+    await queue.resume_delivery()
+    for i, col in enumerate(cols):
+        await col.wait_for(2)
+        assert payloads(col) == [i, i + 10]
+        assert [d.remaining for d in col.items] == [FIRST, FIRST]
+    await asyncio.gather(*(col.quiet() for col in cols))
+    for topic, group in pairs:
+        await settled(queue, topic, group, harness)
+
+
+async def test_pausing_is_idempotent(harness, queue):
+    topic, group = inbox()
+    col = Collector(harness)
+    await queue.subscribe(topic, group, col)
+    await queue.pause_delivery()
+    await queue.pause_delivery()
+    await queue.publish(topic, ev(1))
+    await col.quiet(expect=0)
+    assert await queue.backlog(topic, group) == 1
+    await queue.resume_delivery()  # one resume undoes any number of pauses
+    await col.wait_for(1)
+    await queue.resume_delivery()  # and resuming twice is harmless
+    await queue.publish(topic, ev(2))
+    await col.wait_for(2)
+    assert payloads(col) == [1, 2]
+    await col.quiet()
+    await settled(queue, topic, group, harness)
+
+
+# ---------------------------------------------------------------------------
+# Handlers in flight
+
+
+async def test_handlers_in_flight_can_be_counted_and_waited_for(harness, queue):
+    gate = asyncio.Event()
+    started = Collector(harness)
+
+    async def blocking(item):
+        await started(item)
+        await gate.wait()
+
+    assert queue.in_flight() == 0
+    assert await queue.wait_idle(0) is True
+    pairs = [inbox("a"), inbox("b")]
+    for topic, group in pairs:
+        await queue.subscribe(topic, group, blocking)
+        await queue.publish(topic, ev(topic))
+    await started.wait_for(2)
+    assert queue.in_flight() == 2
+    assert await queue.wait_idle(0.05) is False  # the deadline passes first
+    assert queue.in_flight() == 2  # and waiting disturbed nothing
+    waiter = asyncio.ensure_future(queue.wait_idle(harness.wait_s))
+    gate.set()
+    assert await waiter is True
+    assert queue.in_flight() == 0
+    for topic, group in pairs:
+        await settled(queue, topic, group, harness)
+
+
+async def test_a_handler_that_fails_or_hands_back_leaves_the_count(harness, queue):
+    topic, group = inbox()
+    seen = []
+
+    async def handler(delivery):
+        seen.append(queue.in_flight())
+        if len(seen) == 1:
+            raise RuntimeError("boom")
+        if len(seen) == 2:
+            return Outcome.NAK
+        return None
+
+    await queue.subscribe(topic, group, handler)
+    await queue.publish(topic, ev(1))
+    await eventually(lambda: len(seen) >= 3, harness.wait_s, "three deliveries")
+    assert seen == [1, 1, 1]
+    assert await queue.wait_idle(harness.wait_s) is True
+    assert queue.in_flight() == 0
+    await settled(queue, topic, group, harness)
+
+
+async def test_a_drain_racing_new_handlers_never_counts_below_zero(harness, queue):
+    pairs = [inbox(f"r{i}") for i in range(3)]
+    done = Collector(harness)
+    inside: list[int] = []  # the count as a running handler sees it
+    outside: list[int] = []  # the count as a drain racing them sees it
+
+    async def handler(item):
+        inside.append(queue.in_flight())
+        if item.event.payload["i"] % 3 == 0 and item.remaining == FIRST:
+            raise RuntimeError("a failing handler still leaves the count")
+        await done(item)
+
+    for topic, group in pairs:
+        await queue.subscribe(topic, group, handler)
+    per_pair = 8
+    stop = asyncio.Event()
+
+    async def drainer() -> None:
+        while not stop.is_set():
+            outside.append(queue.in_flight())
+            await queue.wait_idle(0.01)
+            outside.append(queue.in_flight())
+
+    task = asyncio.ensure_future(drainer())
+    try:
+        for i in range(1, per_pair + 1):
+            for topic, _ in pairs:
+                await queue.publish(topic, ev(i))
+        await done.wait_for(len(pairs) * per_pair)
+    finally:
+        stop.set()
+        await task
+    assert await queue.wait_idle(harness.wait_s) is True
+    assert queue.in_flight() == 0
+    assert min(outside) >= 0, outside
+    assert min(inside) >= 1 and max(inside) <= len(pairs), inside
+    for topic, group in pairs:
+        await settled(queue, topic, group, harness)
