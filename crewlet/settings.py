@@ -99,10 +99,11 @@ def database_settings(env: Mapping[str, str], var_dir: Path) -> dict[str, dict[s
                 "TEST": {"NAME": f"test_{name}"},
             }
 
-        return {
-            "default": postgres(env.get("CREWLET_PG_DBNAME", "") or "crewlet"),
-            "events": postgres(env.get("CREWLET_PG_EVENTS_DBNAME", "") or "crewlet_events"),
-        }
+        events = postgres(env.get("CREWLET_PG_EVENTS_DBNAME", "") or "crewlet_events")
+        # The event store runs a few fixed statements very often (the writer's insert,
+        # a page of events): parameters bound server-side, so psycopg can prepare them.
+        events["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+        return {"default": postgres(env.get("CREWLET_PG_DBNAME", "") or "crewlet"), "events": events}
     raise ImproperlyConfigured(f"CREWLET_DATABASE={kind!r}: must be one of sqlite, postgres")
 
 
@@ -121,6 +122,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
     "crewlet",
     "seats",
     "notifications",
@@ -174,6 +177,28 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+
+# /api/*: an operator token (Authorization: Bearer) or a signed-in staff
+# session, else 401 (eventstore.auth). JSON only; OpenAPI at /api/schema/.
+REST_FRAMEWORK: dict[str, Any] = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "eventstore.auth.OperatorTokenAuthentication",  # first: its challenge makes a refusal a 401
+        "eventstore.auth.StaffSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["eventstore.auth.IsOperator"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNICODE_JSON": False,  # \u-escaped: the C encoder's fast path, and still exactly the same JSON values
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "eventstore.api.exception_handler",
+}
+SPECTACULAR_SETTINGS: dict[str, Any] = {
+    "TITLE": "Crewlet API",
+    "DESCRIPTION": "Reads of the company's event history. Every route needs an operator token or a staff session.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["eventstore.auth.IsOperator"],
+}
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"

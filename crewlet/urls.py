@@ -1,9 +1,10 @@
-"""URL routes. The admin now; later issues add /api/* and the dashboard."""
+"""URL routes: the admin and the /api/ reads (OpenAPI at /api/schema/); later issues add the dashboard."""
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", include("eventstore.urls")),
 ]

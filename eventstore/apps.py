@@ -1,3 +1,4 @@
+"""eventstore: event rows, publish-listener writer, retention, REST API, /ws/stream, live projection, fleet reads (routed to the events database)."""
 from __future__ import annotations
 
 from django.apps import AppConfig
@@ -5,3 +6,6 @@ from django.apps import AppConfig
 
 class EventStoreConfig(AppConfig):
     name = "eventstore"
+
+    def ready(self) -> None:
+        from eventstore import schema  # noqa: F401  (registers the OpenAPI auth extensions)

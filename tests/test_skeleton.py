@@ -79,7 +79,8 @@ def test_migrations_follow_the_router() -> None:
     default_tables = set(connections["default"].introspection.table_names())
     events_tables = set(connections["events"].introspection.table_names())
     assert {"auth_user", "django_session", "django_migrations"} <= default_tables
-    assert events_tables <= {"django_migrations"}, events_tables
+    assert "eventstore_event" in events_tables and "eventstore_event" not in default_tables
+    assert all(t == "django_migrations" or t.startswith("eventstore_") for t in events_tables), events_tables
 
 
 @pytest.mark.postgres

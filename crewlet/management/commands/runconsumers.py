@@ -34,10 +34,28 @@ class Command(BaseCommand):
             settings = load_settings(overrides=overrides)
         except SettingsError as exc:
             raise CommandError(str(exc)) from None
-        return Engine(settings)
+        engine = Engine(settings)
+        import eventstore  # the store's writer and retention duty
+
+        eventstore.install(engine)
+        return engine
+
+    def seed_operator_token(self) -> None:
+        """CREWLET_OPERATOR_TOKEN, when set, becomes an operator token before anything serves."""
+        from django.db import DatabaseError
+
+        from eventstore.auth import seed_operator_token_from_env
+
+        try:
+            seed_operator_token_from_env()
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        except DatabaseError as exc:
+            raise CommandError(f"could not store CREWLET_OPERATOR_TOKEN ({exc}); run manage.py migrate first") from None
 
     def handle(self, *args: Any, **options: Any) -> None:
         engine = self.engine(options)
+        self.seed_operator_token()
         self.stdout.write(
             f"Crewlet node {engine.settings.node.id} starting "
             f"({engine.settings.stream.type} broker); SIGTERM or Ctrl-C stops it."

@@ -1,0 +1,273 @@
+"""The HTTP side of the history reads: query parameters in, a question asked, the answer out.
+
+The HTTP layer is the asker: it reads the clock once per request (the
+question's ``at``), turns the query string into a :class:`~eventstore.questions.Question`
+— refusing a bad or unknown parameter with 400, the parameter and the reason
+— and asks this node (the fleet issue scatters the same question instead).
+Nothing here touches SQL; the answers are :mod:`eventstore.questions`'.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import QueryDict
+from rest_framework import exceptions, status
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from crewlet.conf import SettingsError, load_settings
+from crewlet.events import CATEGORIES, parse_timestamp
+from eventstore import questions as qs
+from eventstore.questions import Filters, NodeScope, Question
+
+#: Filters every events read and series takes.
+EVENT_FILTERS: frozenset[str] = frozenset(
+    {"category", "type", "seat", "trace_id", "conversation_key", "partition_key", "node", "since", "until", "feed_only"}
+)
+EVENTS_PARAMS = EVENT_FILTERS | {"limit", "cursor"}
+SERIES_PARAMS = EVENT_FILTERS | {"window", "bucket"}
+TURNS_PARAMS = frozenset({"seat", "node", "trace_id", "conversation_key", "since", "until", "limit", "cursor"})
+
+DEFAULT_WINDOW = "24h"
+DEFAULT_BUCKET = "1h"
+
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|z|[+-]\d{2}:\d{2})")
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+#: A filter value longer than this cannot be a tag the store holds.
+MAX_VALUE_LENGTH = 1000
+
+
+class BadParameter(exceptions.APIException):
+    """400: ``{"error": "bad_parameter", "param": ..., "reason": ...}``."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "bad_parameter"
+
+    def __init__(self, param: str, reason: str) -> None:
+        self.param = param
+        self.reason = reason
+        super().__init__({"error": "bad_parameter", "param": param, "reason": reason})
+        # APIException coerces a dict detail's values to ErrorDetail; keep plain strings.
+        self.detail = {"error": "bad_parameter", "param": param, "reason": reason}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
+    return drf_exception_handler(exc, context)
+
+
+# -- the asker's instant and this node ---------------------------------------------------
+
+
+def clock() -> datetime:
+    """The wall clock, read once per question (tests replace it)."""
+    return datetime.now(timezone.utc)
+
+
+@functools.lru_cache(maxsize=1)
+def _scope_from_settings() -> NodeScope:
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        raise ImproperlyConfigured(f"engine settings: {exc}") from None
+    return NodeScope(node_id=settings.node.id, retention_hours=settings.stream.event_retention_hours)
+
+
+def node_scope() -> NodeScope:
+    """This node as the per-node answers see it: its id and its retention bound."""
+    return _scope_from_settings()
+
+
+def ask(question: Question) -> dict[str, Any]:
+    """Ask this node; a refusal comes back named in the coverage rather than as an error."""
+    scope = node_scope()
+    try:
+        return qs.answer(question, scope)
+    except qs.BadQuestion as exc:
+        raise BadParameter("query", str(exc)) from None
+    except qs.QuestionRefused as exc:
+        return qs.refusal(question, scope, exc)
+
+
+# -- query parameters ----------------------------------------------------------------------------
+
+
+def check_params(query: QueryDict, allowed: Iterable[str], *, multi: Iterable[str] = ()) -> None:
+    """Refuse a parameter the route does not know (a typo must not widen the answer) or one given twice."""
+    allowed = set(allowed)
+    multi = set(multi)
+    for name in query.keys():
+        if name not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise BadParameter(name, f"unknown parameter; this route takes: {known}")
+        if name not in multi and len(query.getlist(name)) > 1:
+            raise BadParameter(name, "given more than once")
+
+
+def _text(query: QueryDict, name: str) -> str:
+    value = query.get(name)
+    if value is None:
+        return ""
+    if value == "":
+        raise BadParameter(name, "must not be empty")
+    if len(value) > MAX_VALUE_LENGTH:
+        raise BadParameter(name, f"longer than {MAX_VALUE_LENGTH} characters")
+    return value
+
+
+def _timestamp(query: QueryDict, name: str) -> Optional[datetime]:
+    value = query.get(name)
+    if value is None:
+        return None
+    if not _RFC3339.fullmatch(value.strip()):
+        raise BadParameter(name, "must be an RFC 3339 timestamp with a time zone, e.g. 2025-01-31T09:30:00Z")
+    try:
+        return parse_timestamp(value)
+    except ValueError:
+        raise BadParameter(name, "is not a valid date and time") from None
+
+
+def _bool(query: QueryDict, name: str) -> bool:
+    value = query.get(name)
+    if value is None:
+        return False
+    parsed = _BOOLS.get(value.strip().lower())
+    if parsed is None:
+        raise BadParameter(name, "must be true or false")
+    return parsed
+
+
+def _limit(query: QueryDict) -> int:
+    value = query.get("limit")
+    if value is None:
+        return qs.DEFAULT_LIMIT
+    if not re.fullmatch(r"[0-9]{1,6}", value.strip()):
+        raise BadParameter("limit", f"must be a whole number from 1 to {qs.MAX_LIMIT}")
+    limit = int(value)
+    if not 1 <= limit <= qs.MAX_LIMIT:
+        raise BadParameter("limit", f"must be from 1 to {qs.MAX_LIMIT}")
+    return limit
+
+
+def _cursor(query: QueryDict, tag: str) -> str:
+    value = query.get("cursor")
+    if value is None:
+        return ""
+    try:
+        qs.decode_cursor(tag, value)
+    except qs.BadQuestion as exc:
+        raise BadParameter("cursor", str(exc)) from None
+    return value
+
+
+def _categories(query: QueryDict) -> tuple[str, ...]:
+    out: list[str] = []
+    for value in query.getlist("category"):
+        for name in value.split(","):
+            name = name.strip()
+            if name not in CATEGORIES:
+                raise BadParameter("category", f"{name!r} is not a category; the set is: {', '.join(CATEGORIES)}")
+            if name not in out:
+                out.append(name)
+    return tuple(out)
+
+
+def filters_from(query: QueryDict, *, turns: bool = False) -> Filters:
+    since = _timestamp(query, "since")
+    until = _timestamp(query, "until")
+    if since is not None and until is not None and since > until:
+        raise BadParameter("since", "must not be after until")
+    common = dict(
+        seat=_text(query, "seat"),
+        trace_id=_text(query, "trace_id"),
+        conversation_key=_text(query, "conversation_key"),
+        node=_text(query, "node"),
+        since=since,
+        until=until,
+    )
+    if turns:
+        return Filters(**common)
+    return Filters(
+        categories=_categories(query),
+        type=_text(query, "type"),
+        partition_key=_text(query, "partition_key"),
+        feed_only=_bool(query, "feed_only"),
+        **common,
+    )
+
+
+def _duration(query: QueryDict, name: str, default: str) -> tuple[str, int]:
+    text = query.get(name, default)
+    try:
+        return text, qs.parse_duration(text)
+    except ValueError as exc:
+        raise BadParameter(name, str(exc)) from None
+
+
+# -- one function per route: query in, answer out ------------------------------------------------
+
+
+def events_page(query: QueryDict) -> dict[str, Any]:
+    check_params(query, EVENTS_PARAMS, multi={"category"})
+    question = Question(
+        kind=qs.EVENTS,
+        at=qs.instant(clock()),
+        filters=filters_from(query),
+        limit=_limit(query),
+        cursor=_cursor(query, "e"),
+    )
+    return ask(question)
+
+
+def event_detail(query: QueryDict, event_id: str) -> dict[str, Any]:
+    check_params(query, ())
+    return ask(Question(kind=qs.EVENT, at=qs.instant(clock()), key=event_id))
+
+
+def event_series(query: QueryDict) -> dict[str, Any]:
+    check_params(query, SERIES_PARAMS, multi={"category"})
+    window_text, window_us = _duration(query, "window", DEFAULT_WINDOW)
+    bucket_text, bucket_us = _duration(query, "bucket", DEFAULT_BUCKET)
+    if bucket_us > window_us:
+        raise BadParameter("bucket", "must not be longer than the window")
+    at = qs.instant(clock())
+    _, _, bars = qs.series_grid(at, window_us, bucket_us, node_scope().retention_hours)
+    if bars > qs.MAX_BARS:
+        raise BadParameter("bucket", f"makes {bars} bars over the window; at most {qs.MAX_BARS}")
+    question = Question(
+        kind=qs.EVENT_SERIES,
+        at=at,
+        filters=filters_from(query),
+        window_us=window_us,
+        bucket_us=bucket_us,
+    )
+    answer = qs.finish_series(ask(question))
+    answer["window"] = window_text
+    answer["bucket"] = bucket_text
+    answer.pop("window_us", None)
+    answer.pop("bucket_us", None)
+    return answer
+
+
+def trace(query: QueryDict, trace_id: str) -> dict[str, Any]:
+    check_params(query, ())
+    return ask(Question(kind=qs.TRACE, at=qs.instant(clock()), key=trace_id))
+
+
+def turns_page(query: QueryDict) -> dict[str, Any]:
+    check_params(query, TURNS_PARAMS)
+    question = Question(
+        kind=qs.TURNS,
+        at=qs.instant(clock()),
+        filters=filters_from(query, turns=True),
+        limit=_limit(query),
+        cursor=_cursor(query, "t"),
+    )
+    return ask(question)
+
+
+def turn_detail(query: QueryDict, turn_id: str) -> dict[str, Any]:
+    check_params(query, ())
+    return ask(Question(kind=qs.TURN, at=qs.instant(clock()), key=turn_id))

@@ -1,0 +1,151 @@
+"""Response shapes of the /api/ reads, declared for the OpenAPI schema.
+
+The views build their answers as plain dicts (eventstore.questions) and do
+not run these serializers over every row: a page of 500 rows is on the hot
+path and the answer is already exactly what goes on the wire. These classes
+are the schema's description of that wire shape, nothing more.
+"""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from crewlet.events import CATEGORIES
+
+
+class NodeCoverageSerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="node id")
+    answered = serializers.BooleanField()
+    error = serializers.CharField(help_text="why the node did not answer; empty when it did")
+
+
+class CoverageSerializer(serializers.Serializer):
+    nodes = NodeCoverageSerializer(many=True)
+    complete = serializers.BooleanField(help_text="true only when every live node answered")
+
+
+class AnswerSerializer(serializers.Serializer):
+    coverage = CoverageSerializer()
+    at = serializers.CharField(help_text="the asker's instant (RFC 3339, microseconds) every node answered as of")
+
+
+class EventRowSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    timestamp = serializers.CharField(help_text="RFC 3339, UTC, microseconds")
+    type = serializers.CharField(help_text="the row's label: the event type, or an inbound delivery's own label")
+    category = serializers.ChoiceField(choices=list(CATEGORIES) + [""])
+    node = serializers.CharField()
+    source = serializers.CharField()
+    trace_id = serializers.CharField()
+    span_id = serializers.CharField()
+    parent_span_id = serializers.CharField()
+    seat = serializers.CharField()
+    turn_id = serializers.CharField()
+    conversation_key = serializers.CharField()
+    partition_key = serializers.CharField()
+    actor_seat = serializers.CharField()
+    tool = serializers.CharField()
+    dir = serializers.CharField()
+    delegation_depth = serializers.IntegerField()
+    parent_turn_id = serializers.CharField()
+    failed = serializers.BooleanField()
+    actor = serializers.CharField()
+    summary = serializers.CharField()
+
+
+class EventPageSerializer(AnswerSerializer):
+    events = EventRowSerializer(many=True)
+    next_cursor = serializers.CharField(allow_null=True, help_text="pass as cursor for the next (older) page; null at the end")
+
+
+class EventDetailRowSerializer(EventRowSerializer):
+    wire = serializers.DictField(help_text="the whole event exactly as it was published")
+    provider_body = serializers.CharField(required=False, help_text="inbound deliveries: the provider's exact bytes")
+    provider_body_encoding = serializers.CharField(required=False, help_text='"" (UTF-8 text) or "base64"')
+
+
+class EventDetailSerializer(AnswerSerializer):
+    event = EventDetailRowSerializer()
+
+
+class SeriesBarSerializer(serializers.Serializer):
+    start = serializers.CharField()
+    end = serializers.CharField(help_text="the bar's end, cut at the asker's instant for the last bar")
+    total = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    by_category = serializers.DictField(child=serializers.IntegerField())
+
+
+class SeriesSerializer(AnswerSerializer):
+    bars = SeriesBarSerializer(many=True)
+    window = serializers.CharField()
+    bucket = serializers.CharField()
+
+
+class SpanSerializer(serializers.Serializer):
+    span_id = serializers.CharField()
+    parent_span_id = serializers.CharField()
+    events = EventRowSerializer(many=True)
+    children = serializers.ListField(child=serializers.DictField(), help_text="spans, recursively")
+
+
+class TraceSerializer(AnswerSerializer):
+    trace_id = serializers.CharField()
+    total = serializers.IntegerField()
+    truncated = serializers.BooleanField()
+    spans = SpanSerializer(many=True, help_text="root spans")
+
+
+class TriggerSerializer(serializers.Serializer):
+    type = serializers.CharField()
+    event_id = serializers.CharField()
+
+
+class TokensSerializer(serializers.Serializer):
+    input = serializers.IntegerField()
+    output = serializers.IntegerField()
+    total = serializers.IntegerField()
+
+
+class TurnSerializer(serializers.Serializer):
+    turn_id = serializers.CharField()
+    seat = serializers.CharField()
+    nodes = serializers.ListField(child=serializers.CharField())
+    conversation_key = serializers.CharField()
+    trace_id = serializers.CharField()
+    trigger = TriggerSerializer(allow_null=True)
+    work_item = serializers.DictField(allow_null=True)
+    started = serializers.CharField(allow_null=True)
+    ended = serializers.CharField(allow_null=True)
+    duration_ms = serializers.IntegerField(allow_null=True)
+    outcome = serializers.ChoiceField(choices=["ok", "failed", "stopped", "suspended", "running"])
+    segments = serializers.IntegerField()
+    phases = serializers.IntegerField()
+    tokens = TokensSerializer()
+
+
+class TurnListedSerializer(TurnSerializer):
+    listed_at = serializers.CharField(help_text="where the page lists the turn: its earliest start passing the filters")
+
+
+class TurnPageSerializer(AnswerSerializer):
+    turns = TurnListedSerializer(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+
+
+class TurnDetailRowSerializer(TurnSerializer):
+    events = EventRowSerializer(many=True)
+    truncated = serializers.BooleanField()
+
+
+class TurnDetailSerializer(AnswerSerializer):
+    turn = TurnDetailRowSerializer()
+
+
+class BadParameterSerializer(serializers.Serializer):
+    error = serializers.CharField(default="bad_parameter")
+    param = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class DetailSerializer(serializers.Serializer):
+    detail = serializers.CharField()

@@ -1,0 +1,17 @@
+"""/api/ routes (mounted by crewlet.urls). Every one needs an operator token or a staff session."""
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+
+from eventstore import views
+
+urlpatterns = [
+    path("events", views.EventsView.as_view(), name="api-events"),
+    path("events/series", views.EventSeriesView.as_view(), name="api-event-series"),
+    path("events/<str:event_id>", views.EventView.as_view(), name="api-event"),
+    path("traces/<str:trace_id>", views.TraceView.as_view(), name="api-trace"),
+    path("turns", views.TurnsView.as_view(), name="api-turns"),
+    path("turns/<str:turn_id>", views.TurnView.as_view(), name="api-turn"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+]

@@ -1,0 +1,188 @@
+"""The event store writer: a publish listener that writes one row per stored event, inline.
+
+Design (Publish Listeners): the store is written at publish time on the node
+that published, not by a subscription — so no consumer group can let two nodes
+write one row or lose one in a rebalance, and each node's store holds exactly
+what that node published. The listener is handed the event as the queue
+stamped it, so the row carries the node the wire copy does. The publish awaits
+the listener, so when ``publish`` returns the row is committed.
+
+Idempotent on the event id (``INSERT ... ON CONFLICT (id) DO NOTHING``): an
+event republished under its own id — a run's ending repeated by the node that
+finishes it, a parked delivery handed back — stays one row.
+
+The queue awaits listeners on the event loop, which must never block on a
+database. On PostgreSQL the writer therefore keeps its own asyncio psycopg
+connection (server-side binding, the insert prepared after a few uses) and
+awaits the insert on the loop itself: no thread hand-off per event, and no
+queueing behind every other ``sync_to_async`` caller in the process. Elsewhere
+(SQLite, solo) it runs the insert on a thread of its own with Django's
+connection. A failure is raised to the queue, which logs it and never fails the
+publish (telemetry must not be able to); a broken connection is replaced on the
+next event.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional, Sequence
+
+from django.db import connections
+
+from crewlet.db_router import EVENTS_ALIAS
+from crewlet.events import Event
+from crewlet.queue.contract import EventQueue
+from eventstore.rows import COLUMNS, row_for
+
+log = logging.getLogger("crewlet.eventstore.writer")
+
+TABLE = "eventstore_event"
+#: How the writer's own connection shows in pg_stat_activity.
+APPLICATION_NAME = "crewlet-eventstore-writer"
+_TS = COLUMNS.index("ts")
+
+
+def insert_sql(table: str = TABLE) -> str:
+    """The one statement the writer runs (the benchmark's raw baseline runs it too)."""
+    cols = ", ".join(COLUMNS)
+    marks = ", ".join(["%s"] * len(COLUMNS))
+    return f"INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING"
+
+
+class StoreUnavailable(RuntimeError):
+    """The writer could not reach its store a moment ago and is not trying again yet."""
+
+
+class _PostgresSink:
+    """Inserts on the event loop over the writer's own ``psycopg.AsyncConnection``.
+
+    A publish awaits its listener, so the writer bounds how long it can hold
+    one: connecting gives up after CONNECT_TIMEOUT_S, a statement after
+    STATEMENT_TIMEOUT_MS, and after a failed connect the writer does not try
+    again for RETRY_AFTER_S — events in that window fail at once (the queue
+    logs them) instead of each waiting out a dead server.
+    """
+
+    CONNECT_TIMEOUT_S = 5
+    STATEMENT_TIMEOUT_MS = 5000
+    RETRY_AFTER_S = 5.0
+
+    def __init__(self, using: str) -> None:
+        params = dict(connections[using].get_connection_params())
+        params.pop("cursor_factory", None)  # Django's sync cursor class; the async default binds server-side
+        params.pop("context", None)  # Django's loaders; the writer reads nothing back
+        params["prepare_threshold"] = params.get("prepare_threshold") or 5
+        params["application_name"] = APPLICATION_NAME
+        params.setdefault("connect_timeout", self.CONNECT_TIMEOUT_S)
+        params["options"] = f"{params.get('options', '')} -c statement_timeout={self.STATEMENT_TIMEOUT_MS}".strip()
+        self._params = params
+        self._conn: Any = None
+        self._retry_at = 0.0
+        self._sql = insert_sql()
+
+    async def _connect(self) -> Any:
+        import psycopg
+
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._retry_at:
+            raise StoreUnavailable("the event store was unreachable a moment ago; not retrying yet")
+        try:
+            return await psycopg.AsyncConnection.connect(autocommit=True, **self._params)
+        except Exception:
+            self._retry_at = loop.time() + self.RETRY_AFTER_S
+            raise
+
+    async def insert(self, row: Sequence[Any]) -> None:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = await self._connect()
+        try:
+            await conn.execute(self._sql, row)
+        except Exception:
+            if conn.closed or conn.broken:
+                self._conn = None  # the next event connects afresh
+                await conn.close()
+            raise
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+
+class _ThreadSink:
+    """Inserts with Django's connection on a thread of the writer's own (one connection, no loop blocking)."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._sql = insert_sql()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventstore-writer")
+
+    async def insert(self, row: Sequence[Any]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._insert, row)
+
+    def _insert(self, row: Sequence[Any]) -> None:
+        connection = connections[self.using]
+        params = list(row)
+        # SQLite stores a naive UTC string; PostgreSQL takes the aware datetime as is.
+        params[_TS] = connection.ops.adapt_datetimefield_value(params[_TS])
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(self._sql, params)
+        except Exception:
+            # A long-running engine has no request cycle to replace a broken
+            # connection; do it here so the next event gets a fresh one.
+            connection.close_if_unusable_or_obsolete()
+            raise
+
+    def _close(self) -> None:
+        connections[self.using].close()  # looked up here: a connection belongs to its thread
+
+    async def aclose(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._close)
+        finally:
+            self._executor.shutdown(wait=False)
+
+
+class EventWriter:
+    """The publish listener: ``await writer(topic, event)`` writes the event's row, if it has one.
+
+    ``threaded`` forces the thread sink (True) or the PostgreSQL loop sink
+    (False); by default PostgreSQL gets the loop sink and everything else the thread.
+    """
+
+    def __init__(self, using: str = EVENTS_ALIAS, *, threaded: Optional[bool] = None) -> None:
+        self.using = using
+        if threaded is None:
+            threaded = connections[using].vendor != "postgresql"
+        self._sink: Optional[_PostgresSink | _ThreadSink] = _ThreadSink(using) if threaded else _PostgresSink(using)
+
+    @property
+    def threaded(self) -> bool:
+        return isinstance(self._sink, _ThreadSink)
+
+    async def __call__(self, topic: str, event: Event) -> None:
+        row = row_for(topic, event)
+        if row is None:
+            return
+        sink = self._sink
+        if sink is None:
+            log.warning("eventstore_writer_closed", extra={"event_id": event.id, "type": event.type})
+            return
+        await sink.insert(row)
+
+    async def aclose(self) -> None:
+        """Close the writer's connection; later events are logged and skipped."""
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            await sink.aclose()
+
+
+def attach(queue: EventQueue, *, using: str = EVENTS_ALIAS, threaded: Optional[bool] = None) -> EventWriter:
+    """Register the writer as ``queue``'s publish listener; returns it (``aclose()`` on shutdown)."""
+    writer = EventWriter(using=using, threaded=threaded)
+    queue.add_publish_listener(writer)
+    log.info("eventstore_writer_attached", extra={"node": queue.node, "backend": queue.name, "threaded": writer.threaded})
+    return writer

@@ -1,0 +1,325 @@
+"""The event store writer: a publish listener writing one row per stored event, on PostgreSQL."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any, AsyncIterator
+
+import pytest
+from asgiref.sync import sync_to_async
+
+import eventstore
+from crewlet.conf import load_settings
+from crewlet.engine import Engine
+from crewlet.events import NOT_STORED, Event, registered_type
+from crewlet.queue import topics
+from crewlet.queue.memory import MemoryBroker
+from eventstore.models import EventRow
+from eventstore.rows import is_failed, row_for
+from eventstore import writer as writer_module
+from eventstore.writer import EventWriter
+from eventstore_support import NODE, make_event, trace
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+
+T0 = datetime(2025, 3, 10, 9, 0, 0, 123456, tzinfo=timezone.utc)
+
+
+@pytest.fixture(params=[False, True], ids=["loop-sink", "thread-sink"])
+def threaded(request: Any) -> bool:
+    """Both ways the writer inserts: on the loop (PostgreSQL's) and on its own thread (SQLite's)."""
+    return request.param
+
+
+@pytest.fixture
+async def queue() -> AsyncIterator[Any]:
+    """A node's queue on the memory twin, with the writer attached as its publish listener."""
+    client = MemoryBroker().client(node=NODE)
+    writer = eventstore.attach(client)
+    assert not writer.threaded  # PostgreSQL: the loop sink
+    try:
+        yield client
+    finally:
+        await writer.aclose()
+        await client.close()
+
+
+@pytest.fixture
+async def either_queue(threaded: bool) -> AsyncIterator[Any]:
+    client = MemoryBroker().client(node=NODE)
+    writer = eventstore.attach(client, threaded=threaded)
+    try:
+        yield client
+    finally:
+        await writer.aclose()
+        await client.close()
+
+
+@pytest.fixture(autouse=True)
+async def _close_reader_connections() -> AsyncIterator[None]:
+    """The reads below run on asgiref's thread; leave no connection open there for teardown."""
+    yield
+    from django.db import connections
+
+    await sync_to_async(connections.close_all)()
+
+
+@sync_to_async
+def rows() -> list[EventRow]:
+    return list(EventRow.objects.order_by("ts", "id"))
+
+
+@sync_to_async
+def row(event_id: str) -> EventRow:
+    return EventRow.objects.get(id=event_id)
+
+
+def _publishable(event: Event) -> Event:
+    """The event as a publisher hands it over: the queue stamps the node, never the caller."""
+    event.node = ""
+    return event
+
+
+async def test_a_published_event_becomes_one_row_carrying_its_envelope_and_promoted_tags(either_queue: Any) -> None:
+    queue = either_queue
+    span = trace(7)
+    event = _publishable(
+        make_event(
+            "agent_turn_completed", T0, span=span, seat="grace", role="engineer", turn_id="turn-1", conversation_key="jira:POC-7",
+            input_tokens=120, output_tokens=30, tool_calls=2,
+        )
+    )
+    await queue.publish(topics.event(event.type), event)
+
+    got = await row(event.id)
+    assert got.node == NODE  # stamped by the queue, as on the wire
+    assert got.ts == T0  # microseconds kept
+    assert (got.type, got.category) == ("agent_turn_completed", "system")
+    assert (got.trace_id, got.span_id, got.parent_span_id) == (span.trace_id, span.span_id, "")
+    assert (got.seat, got.turn_id, got.conversation_key) == ("grace", "turn-1", "jira:POC-7")
+    assert (got.input_tokens, got.output_tokens, got.failed) == (120, 30, False)
+    assert (got.actor, got.summary) == ("engineer", "engineer finished a turn (150 tokens, 2 tool calls)")
+    stamped = event.copy()
+    stamped.node = NODE
+    assert got.body == stamped.to_json().decode()  # the wire text itself, key order and all
+
+
+async def test_publishing_the_same_event_id_twice_leaves_one_row(either_queue: Any) -> None:
+    queue = either_queue
+    event = _publishable(make_event("sandbox_run_failed", T0, seat="grace", run_id="r1", error="lost"))
+    await queue.publish(topics.event(event.type), event)
+    await queue.publish(topics.event(event.type), event)
+    # The same event republished to another subject (a relay) is still the same row.
+    await queue.publish(topics.agent_inbox("grace"), event)
+
+    assert [r.id for r in await rows()] == [event.id]
+
+
+async def test_the_writer_called_again_with_a_changed_copy_keeps_the_first_row(threaded: bool) -> None:
+    writer = EventWriter(threaded=threaded)
+    try:
+        first = make_event("seat_paused", T0, seat="grace", reason="first")
+        await writer(topics.event(first.type), first)
+        again = make_event("seat_paused", T0 + timedelta(seconds=1), event_id=first.id, seat="grace", reason="second")
+        await writer(topics.event(again.type), again)
+    finally:
+        await writer.aclose()
+    got = await row(first.id)
+    assert got.ts == T0 and "first" in got.summary
+
+
+@pytest.mark.parametrize("etype", sorted(NOT_STORED))
+async def test_a_type_that_is_not_stored_leaves_no_row(queue: Any, etype: str) -> None:
+    cls = registered_type(etype)
+    assert cls is not None
+    event = _publishable(make_event(etype, T0))
+    await queue.publish(topics.event(etype), event)
+    assert await rows() == []
+
+
+async def test_memory_rows_and_dead_letters_are_not_records(queue: Any) -> None:
+    event = _publishable(make_event("seat_paused", T0, seat="grace"))
+    assert row_for(topics.memory("grace", "episodes", "k"), event) is None
+    assert row_for("dlq.crewlet.agent.grace.inbox.g.abc", event) is None
+    assert row_for(topics.event("seat_paused"), event) is not None
+
+
+async def test_an_inbound_delivery_is_filed_under_its_own_label_with_the_providers_exact_bytes(queue: Any) -> None:
+    raw = b'{"action": "opened",  "n": 1}\n'  # spacing and the newline are the provider's
+    event = make_event("inbound_delivery", T0, surface="forge", event_name="pull_request", provider="github", seat="grace")
+    event.data.set_raw_bytes(raw)
+    binary = make_event("inbound_delivery", T0 + timedelta(seconds=1), surface="socket", event_name="")
+    binary.data.set_raw_bytes(b"\xff\x00posted")
+    await queue.publish(topics.NOTIFICATIONS_INBOUND, _publishable(event))
+    await queue.publish(topics.NOTIFICATIONS_INBOUND, _publishable(binary))
+
+    first, second = await row(event.id), await row(binary.id)
+    assert (first.type, first.category, first.seat) == ("forge:pull_request", "webhook", "grace")
+    assert second.type == "socket:posted"
+    restored = Event.from_json(first.body)
+    assert restored.data.raw_bytes() == raw
+    assert Event.from_json(second.body).data.raw_bytes() == b"\xff\x00posted"
+
+
+async def test_the_runtime_audit_tags_and_the_batch_partition_are_promoted(queue: Any) -> None:
+    acted = make_event("operator_acted", T0, token="ops-laptop", actor_seat="ada", tool="pause_seat", outcome="ok")
+    backup = make_event("backup_requested", T0, dir="/backups/2025-03-10", finished=True, streams=3)
+    merged = make_event("notifications_coalesced", T0, seat="grace", partition_key="slack:C9:1718.001", count=3)
+    for event in (acted, backup, merged):
+        await queue.publish(topics.event(event.type), _publishable(event))
+
+    assert ((await row(acted.id)).actor_seat, (await row(acted.id)).tool) == ("ada", "pause_seat")
+    assert (await row(acted.id)).actor == "ops-laptop"
+    assert (await row(backup.id)).dir == "/backups/2025-03-10"
+    got = await row(merged.id)
+    assert (got.partition_key, got.conversation_key) == ("slack:C9:1718.001", "")
+
+
+async def test_a_type_this_build_does_not_know_is_still_stored_verbatim(queue: Any) -> None:
+    event = Event.from_dict(
+        {"id": "future-1", "type": "quantum_leap", "timestamp": "2025-03-10T09:00:00.123456789Z", "seat": "grace", "warp": 9}
+    )
+    await queue.publish(topics.event("quantum_leap"), event)
+    got = await row("future-1")
+    assert (got.type, got.category, got.seat) == ("quantum_leap", "", "grace")
+    assert json.loads(got.body)["warp"] == 9
+    assert json.loads(got.body)["timestamp"] == "2025-03-10T09:00:00.123456789Z"
+
+
+@pytest.mark.parametrize(
+    "etype, fields, failed",
+    [
+        ("sandbox_run_failed", {"error": "lost"}, True),
+        ("turn.guard_breach", {"guard": "stall"}, True),
+        ("llm_unavailable", {}, True),
+        ("budget_exhausted", {}, True),
+        ("agent_turn_completed", {"failed": True, "error": "boom"}, True),
+        ("agent_turn_completed", {"stopped": True}, False),
+        ("agent_phase_completed", {"failed": True, "error_kind": "max_tokens"}, True),
+        ("config_revision_applied", {"outcome": "failed", "error": "bad yaml"}, True),
+        ("config_revision_applied", {"outcome": "applied"}, False),
+        ("provider_fallback", {"error": "429", "to_provider_key": "b"}, False),
+    ],
+)
+def test_one_rule_says_which_rows_are_failures(etype: str, fields: dict[str, Any], failed: bool) -> None:
+    assert is_failed(make_event(etype, T0, **fields)) is failed
+
+
+async def test_a_failing_write_never_fails_the_publish(queue: Any, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    async def broken(self: Any, row: Any) -> None:
+        raise RuntimeError("the store is down")
+
+    monkeypatch.setattr(writer_module._PostgresSink, "insert", broken)
+    event = _publishable(make_event("seat_paused", T0, seat="grace"))
+    with caplog.at_level(logging.ERROR):
+        await queue.publish(topics.event(event.type), event)  # returns: telemetry cannot fail a publish
+    assert "queue_publish_listener_failed" in caplog.text
+    assert await rows() == []
+
+
+@sync_to_async
+def _terminate_writer_backends() -> int:
+    from django.db import connections
+
+    with connections["events"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
+            [writer_module.APPLICATION_NAME],
+        )
+        return cursor.fetchone()[0]
+
+
+async def test_the_writer_reconnects_after_the_server_drops_its_connection() -> None:
+    writer = EventWriter()
+    try:
+        first = make_event("seat_paused", T0, seat="grace")
+        await writer(topics.event(first.type), first)
+        assert await _terminate_writer_backends() == 1
+        second = make_event("seat_resumed", T0 + timedelta(seconds=1), seat="grace")
+        with pytest.raises(Exception):
+            await writer(topics.event(second.type), second)  # the queue would log this one
+        third = make_event("seat_paused", T0 + timedelta(seconds=2), seat="grace")
+        await writer(topics.event(third.type), third)
+    finally:
+        await writer.aclose()
+    assert [r.id for r in await rows()] == [first.id, third.id]
+
+
+async def test_an_unreachable_store_fails_events_fast_until_the_retry_window_passes() -> None:
+    import psycopg
+
+    writer = EventWriter()
+    sink = writer._sink
+    assert isinstance(sink, writer_module._PostgresSink)
+    good = dict(sink._params)
+    sink._params.update(host="127.0.0.1", port=1)  # nothing listens there: refused at once
+    try:
+        event = make_event("seat_paused", T0, seat="grace")
+        with pytest.raises(psycopg.OperationalError):
+            await writer(topics.event(event.type), event)
+        with pytest.raises(writer_module.StoreUnavailable):
+            await writer(topics.event(event.type), event)  # no second connect inside the window
+        sink._params = good
+        sink._retry_at = 0.0  # the window has passed
+        await writer(topics.event(event.type), event)
+    finally:
+        await writer.aclose()
+    assert [r.id for r in await rows()] == [event.id]
+
+
+async def test_the_threaded_writer_replaces_a_broken_connection() -> None:
+    writer = EventWriter(threaded=True)
+    sink = writer._sink
+    assert isinstance(sink, writer_module._ThreadSink)
+    try:
+        first = make_event("seat_paused", T0, seat="grace")
+        await writer(topics.event(first.type), first)
+
+        def sever() -> None:
+            from django.db import connections
+
+            connections["events"].connection.close()  # the connection dies under the writer
+
+        await asyncio.get_running_loop().run_in_executor(sink._executor, sever)
+        second = make_event("seat_resumed", T0 + timedelta(seconds=1), seat="grace")
+        with pytest.raises(Exception):
+            await writer(topics.event(second.type), second)
+        third = make_event("seat_paused", T0 + timedelta(seconds=2), seat="grace")
+        await writer(topics.event(third.type), third)
+    finally:
+        await writer.aclose()
+    assert [r.id for r in await rows()] == [first.id, third.id]
+
+
+async def test_a_closed_writer_skips_events_without_raising(caplog: Any) -> None:
+    writer = EventWriter()
+    await writer.aclose()
+    with caplog.at_level(logging.WARNING):
+        await writer(topics.event("seat_paused"), make_event("seat_paused", T0))
+    assert "eventstore_writer_closed" in caplog.text
+    assert await rows() == []
+
+
+async def test_the_engine_writes_what_its_queue_publishes_once_the_store_is_installed() -> None:
+    broker = MemoryBroker()
+
+    async def connect(**kwargs: Any) -> Any:
+        return broker.client(node=kwargs["node"]), None
+
+    engine = Engine(load_settings({}, env={}, overrides={"node.id": "n9"}), connect=connect)
+    eventstore.install(engine)
+    serving = asyncio.create_task(engine.serve())
+    try:
+        while engine.queue is None or not engine.queue._listeners:  # the writer service has attached
+            await asyncio.sleep(0)
+        # Stamped now: the engine's retention duty sweeps at start, and T0 may be past its bound.
+        event = _publishable(make_event("org_started", datetime.now(timezone.utc)))
+        await engine.queue.publish(topics.event("org_started"), event)
+    finally:
+        engine.stop()
+        assert await serving == 0
+    got = await row(event.id)
+    assert (got.node, got.category) == ("n9", "lifecycle")
