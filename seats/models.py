@@ -102,3 +102,4 @@ class OperatorToken(models.Model):
             return
         type(self).objects.filter(pk=self.pk).update(last_used_at=now)
         self.last_used_at = now
+from seats.delivery_models import *  # noqa: F401,F403

@@ -1,0 +1,339 @@
+"""A person pausing and resuming a seat: compare-and-set in the coordination store, announced after commit.
+
+Each change is one conditional UPDATE on ``SeatPause.version``: whoever's
+update matched the version they read made the change, and only that caller
+publishes ``seat_paused`` / ``seat_resumed`` — so a second pause of a paused
+seat is no change and no event, however many people or nodes clicked at once.
+A pause amended to stop the running turn is a change and is re-announced.
+
+Publishing happens after the change committed (``transaction.on_commit`` on
+the sync path, after the store call returned on the async one): an event for a
+change that rolled back would tell the dashboard something that never
+happened. Then the runtime hook applies the hold on the seat's inbox in this
+process; a node that did not take the call learns it from its pause reconcile
+(and the dispatch-time store check), because the row, not the event, is the
+state.
+
+Callers: the HTTP API and the admin action (sync: :func:`pause_seat`,
+:func:`resume_seat`, which hand the publish to the engine's loop) and async
+code (:func:`apause_seat`, :func:`aresume_seat`). Both find the queue and the
+hook through :func:`bind`, which the running :class:`~seats.runtime.SeatRuntime`
+calls; an async caller may pass its own queue instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Awaitable, Callable, Optional
+
+from django.db import transaction
+from django.utils import timezone
+
+from crewlet import events
+from crewlet.events.types import SeatPaused, SeatResumed
+from crewlet.org import CompanyHolder
+from crewlet.queue import topics
+from crewlet.queue.contract import EventQueue
+from crewlet.queue.errors import InvalidArgument
+from crewlet.tracing import trace_of
+from seats.delivery_models import SeatPause
+from seats.ledger import in_store
+
+log = logging.getLogger("crewlet.seats.actions")
+
+#: How long the sync path waits for the engine loop to publish and apply a change.
+ANNOUNCE_TIMEOUT_S = 10.0
+#: Compare-and-set attempts before giving up to whoever keeps changing the row.
+_CAS_ATTEMPTS = 8
+
+
+class SeatNotFound(LookupError):
+    """The handle names no agent seat of the active company: there is nothing to pause."""
+
+
+@dataclass(frozen=True)
+class PauseChange:
+    """One won compare-and-set: what changed, by whom, and (for a resume) the pause it ended."""
+
+    handle: str
+    paused: bool
+    version: int
+    by: str
+    by_seat: str
+    reason: str
+    stop_running: bool
+    at: datetime
+    paused_by: str = ""
+    paused_at: Optional[datetime] = None
+
+    def event(self) -> events.Event:
+        if self.paused:
+            body: Any = SeatPaused(
+                seat=self.handle,
+                paused_by=self.by,
+                paused_by_seat=self.by_seat,
+                reason=self.reason,
+                stop_running=self.stop_running,
+                paused_at=events.format_timestamp(self.paused_at or self.at),
+            )
+        else:
+            body = SeatResumed(
+                seat=self.handle,
+                resumed_by=self.by,
+                resumed_by_seat=self.by_seat,
+                paused_by=self.paused_by,
+                paused_at=events.format_timestamp(self.paused_at) if self.paused_at else "",
+            )
+        return events.new(body, trace_of(), source="operator")
+
+
+PauseHook = Callable[[PauseChange], Awaitable[None]]
+
+
+@dataclass
+class _Binding:
+    queue: EventQueue
+    loop: asyncio.AbstractEventLoop
+    hook: Optional[PauseHook]
+    holder: Optional[CompanyHolder]
+
+
+_binding: Optional[_Binding] = None
+_bind_lock = threading.Lock()
+
+
+def bind(
+    queue: EventQueue,
+    *,
+    hook: Optional[PauseHook] = None,
+    holder: Optional[CompanyHolder] = None,
+    loop: Optional[asyncio.AbstractEventLoop] = None,
+) -> None:
+    """Make ``queue`` (on ``loop``, default the running one) where this process announces changes."""
+    global _binding
+    with _bind_lock:
+        _binding = _Binding(queue, loop or asyncio.get_running_loop(), hook, holder)
+
+
+def unbind(queue: Optional[EventQueue] = None) -> None:
+    """Forget the binding (only if it is ``queue``'s, when given)."""
+    global _binding
+    with _bind_lock:
+        if _binding is not None and (queue is None or _binding.queue is queue):
+            _binding = None
+
+
+def bound() -> bool:
+    return _binding is not None
+
+
+# -- the compare-and-set ----------------------------------------------------------
+
+
+def _check(handle: str, holder: Optional[CompanyHolder]) -> None:
+    try:
+        topics.agent_inbox(handle)
+    except InvalidArgument:
+        raise SeatNotFound(f"seat={handle!r}: not a seat handle") from None
+    if holder is not None:
+        seat = holder.current().seat_by_handle(handle)
+        if seat is None or not seat.is_agent:
+            raise SeatNotFound(f"seat={handle!r}: not an agent seat of the active company")
+
+
+def _row(handle: str) -> SeatPause:
+    row, _ = SeatPause.objects.get_or_create(handle=handle)
+    return row
+
+
+def pause_cas(handle: str, by: str, by_seat: str, reason: str, stop_running: bool) -> Optional[PauseChange]:
+    """Pause ``handle`` unless it already is (with at least this ``stop_running``); the change when won."""
+    for _ in range(_CAS_ATTEMPTS):
+        row = _row(handle)
+        if row.paused and (row.stop_running or not stop_running):
+            return None
+        now = timezone.now()
+        amend = row.paused  # only an upgrade to stop_running reaches here while paused
+        paused_at = row.paused_at if amend and row.paused_at else now
+        won = SeatPause.objects.filter(pk=row.pk, version=row.version).update(
+            paused=True,
+            paused_by=by,
+            paused_by_seat=by_seat,
+            reason=reason if (reason or not amend) else row.reason,
+            stop_running=bool(stop_running),
+            paused_at=paused_at,
+            version=row.version + 1,
+        )
+        if won:
+            return PauseChange(
+                handle=handle,
+                paused=True,
+                version=row.version + 1,
+                by=by,
+                by_seat=by_seat,
+                reason=reason if (reason or not amend) else row.reason,
+                stop_running=bool(stop_running),
+                at=now,
+                paused_by=by,
+                paused_at=paused_at,
+            )
+    log.warning("seat_pause_cas_exhausted", extra={"seat": handle})
+    return None
+
+
+def resume_cas(handle: str, by: str, by_seat: str) -> Optional[PauseChange]:
+    """Resume ``handle`` if it is paused; the change (naming the pause it ended) when won."""
+    for _ in range(_CAS_ATTEMPTS):
+        row = _row(handle)
+        if not row.paused:
+            return None
+        now = timezone.now()
+        won = SeatPause.objects.filter(pk=row.pk, version=row.version).update(
+            paused=False, stop_running=False, resumed_by=by, resumed_at=now, version=row.version + 1
+        )
+        if won:
+            return PauseChange(
+                handle=handle,
+                paused=False,
+                version=row.version + 1,
+                by=by,
+                by_seat=by_seat,
+                reason="",
+                stop_running=False,
+                at=now,
+                paused_by=row.paused_by,
+                paused_at=row.paused_at,
+            )
+    log.warning("seat_resume_cas_exhausted", extra={"seat": handle})
+    return None
+
+
+def pause_states(handles: Optional[list[str]] = None) -> dict[str, SeatPause]:
+    """The pause rows of ``handles`` (every row when None): what a runtime reconciles its holds to."""
+    rows = SeatPause.objects.all() if handles is None else SeatPause.objects.filter(handle__in=handles)
+    return {row.handle: row for row in rows}
+
+
+apause_cas = in_store(pause_cas)
+aresume_cas = in_store(resume_cas)
+apause_states = in_store(pause_states)
+
+
+# -- announcing -----------------------------------------------------------------------
+
+
+async def _announce(queue: EventQueue, change: PauseChange, hook: Optional[PauseHook]) -> None:
+    """Publish the change's event, then let this process's runtime apply the hold."""
+    event = change.event()
+    try:
+        await queue.publish(topics.event(event.type), event)
+    except Exception:
+        log.error("seat_pause_publish_failed", extra={"seat": change.handle, "type": event.type}, exc_info=True)
+    if hook is not None:
+        try:
+            await hook(change)
+        except Exception:
+            log.exception("seat_pause_hook_failed", extra={"seat": change.handle})
+    log.info(
+        "seat_paused" if change.paused else "seat_resumed",
+        extra={"seat": change.handle, "by": change.by, "version": change.version, "stop_running": change.stop_running},
+    )
+
+
+def _resolve(queue: Optional[EventQueue]) -> tuple[EventQueue, Optional[PauseHook], Optional[CompanyHolder]]:
+    b = _binding
+    if queue is not None:
+        same = b is not None and b.queue is queue
+        return queue, (b.hook if same else None), (b.holder if same else None)
+    if b is None:
+        raise RuntimeError("no queue to announce seat pauses on: pass queue= or run a SeatRuntime in this process")
+    return b.queue, b.hook, b.holder
+
+
+async def apause_seat(
+    handle: str,
+    by: str,
+    reason: str = "",
+    stop_running: bool = False,
+    *,
+    by_seat: str = "",
+    queue: Optional[EventQueue] = None,
+) -> bool:
+    """Pause a seat; True when this call made the change (and so announced it)."""
+    q, hook, holder = _resolve(queue)
+    _check(handle, holder)
+    change = await apause_cas(handle, by, by_seat, reason, stop_running)
+    if change is None:
+        return False
+    await _announce(q, change, hook)
+    return True
+
+
+async def aresume_seat(handle: str, by: str, *, by_seat: str = "", queue: Optional[EventQueue] = None) -> bool:
+    """Resume a paused seat; True when this call made the change."""
+    q, hook, holder = _resolve(queue)
+    _check(handle, holder)
+    change = await aresume_cas(handle, by, by_seat)
+    if change is None:
+        return False
+    await _announce(q, change, hook)
+    return True
+
+
+def _sync(cas: Callable[[], Optional[PauseChange]]) -> bool:
+    b = _binding
+    if b is None:
+        raise RuntimeError("no running SeatRuntime in this process to announce seat pauses on")
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not None:
+        raise RuntimeError("pause_seat/resume_seat block: from async code call apause_seat/aresume_seat")
+
+    def announce(change: PauseChange) -> None:
+        # The change is committed whatever happens here: a failed announcement is logged, and
+        # every node's pause reconcile still applies the row.
+        try:
+            future = asyncio.run_coroutine_threadsafe(_announce(b.queue, change, b.hook), b.loop)
+            future.result(timeout=ANNOUNCE_TIMEOUT_S)
+        except Exception:
+            log.error("seat_pause_announce_failed", extra={"seat": change.handle}, exc_info=True)
+
+    with transaction.atomic(using="default"):
+        change = cas()
+        if change is not None:
+            transaction.on_commit(lambda: announce(change), using="default")
+    return change is not None
+
+
+def pause_seat(handle: str, by: str, reason: str = "", stop_running: bool = False, *, by_seat: str = "") -> bool:
+    """Sync pause (API view, admin action); the announcement runs on the engine's loop after commit."""
+    _check(handle, _binding.holder if _binding else None)
+    return _sync(lambda: pause_cas(handle, by, by_seat, reason, stop_running))
+
+
+def resume_seat(handle: str, by: str, *, by_seat: str = "") -> bool:
+    """Sync resume; see :func:`pause_seat`."""
+    _check(handle, _binding.holder if _binding else None)
+    return _sync(lambda: resume_cas(handle, by, by_seat))
+
+
+__all__ = [
+    "PauseChange",
+    "SeatNotFound",
+    "apause_seat",
+    "apause_states",
+    "aresume_seat",
+    "bind",
+    "bound",
+    "pause_cas",
+    "pause_seat",
+    "pause_states",
+    "resume_cas",
+    "resume_seat",
+    "unbind",
+]

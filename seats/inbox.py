@@ -1,0 +1,492 @@
+"""The inbox loop: one per claimed seat, turning drained partitions into turns.
+
+``subscribe_batch`` does the draining (linger, cap, partitions, settling); the
+handler here decides, per partition, in this order (design: Inbox Batching,
+"Busy agents queue; held agents wait on the broker"):
+
+1. the right to work — a seat this node no longer owns, or that is no longer
+   an agent seat, is handed back (DEFER) rather than worked;
+2. same-id duplicates dropped before anything else (an at-least-once edge and
+   the requeue machinery both produce them);
+3. the local holds — a paused seat, or a company with no model provider —
+   take the hold on the inbox FIRST and then hand the delivery back, so the
+   mail waits on the broker with its order intact and nothing is fetched
+   until the hold lifts;
+4. one trip to the coordination store: the completion ledger and the seat's
+   pause row (authoritative; the hold is only this node's gate). A trigger
+   already worked is acked without a turn and ``turn_trigger_skipped`` says
+   so, with the turn that worked it;
+5. the per-node concurrency gate: past ``node.max_concurrent`` a turn waits
+   here, in this process, holding its delivery — never handed back;
+6. the turn, under the first event's restored trace, so its span is a child
+   of the delivery's; its triggers go to the ledger when it completes (or a
+   person stopped it), and a failed turn NAKs its partition, which returns
+   behind newer mail of the same conversation.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable, Optional, Protocol, Sequence
+
+from crewlet import events
+from crewlet.events import Event
+from crewlet.events.types import NotificationsCoalesced, TurnTriggerSkipped
+from crewlet.org import CompanyHolder, Organization, Seat
+from crewlet.queue import topics
+from crewlet.queue.contract import BatchOptions, EventQueue, Outcome, Partition, Subscription, unique_partition_key
+from crewlet.queue.errors import QueueError
+from crewlet.tracing import child_span, trace_of
+from django.db import DatabaseError
+from seats.ledger import SKIP_ALREADY_WORKED, arecord, ascreen, field_of, trigger_identity
+from seats.ownership import Ownership
+from seats.turns import OUTCOME_STOPPED, Trigger, TurnResult, TurnRunner
+
+log = logging.getLogger("crewlet.seats.inbox")
+
+#: Hold keys this module takes on a seat's inbox.
+HOLD_PAUSED = "paused"
+HOLD_NO_PROVIDER = "no_provider"
+#: How long after a coordination-store failure a deferred inbox tries again.
+STORE_RETRY_S = 1.0
+#: How many recent deliveries a loop's stats remember.
+STATS_KEEP = 256
+
+
+def partition_key_of(event: Event) -> str:
+    """The wake's ``partition_key`` field, else its own id: a wake naming no conversation is never coalesced."""
+    key = field_of(event, "partition_key")
+    return key if isinstance(key, str) and key else unique_partition_key(event)
+
+
+def batch_options(org: Organization) -> BatchOptions:
+    """The coalesce knobs as the batch layer reads them (mutated in place on apply)."""
+    return BatchOptions(
+        partition_key=partition_key_of, linger_s=org.coalesce_window_s, max_batch=org.coalesce_max_batch
+    )
+
+
+class Merge(Protocol):
+    """The digest seam: ``notifications.coalescer.dispatch`` has this shape.
+
+    Given a multi-event partition, it merges the wakes and calls ``run`` once —
+    with the merged trigger, or (degraded, after requeueing the tail) with the
+    first event alone — and returns what ``run`` returned. Without one, the
+    loop runs the partition's events as one trigger, each as its own line.
+    """
+
+    def __call__(
+        self,
+        queue: EventQueue,
+        handle: str,
+        evs: Sequence[Event],
+        run: Callable[[Event], Awaitable[Optional[TurnResult]]],
+        *,
+        role: str = "",
+        agent_id: str = "",
+    ) -> Awaitable[Optional[TurnResult]]: ...
+
+
+class ConcurrencyGate:
+    """The per-node gate: at most ``limit`` turns at once, the rest wait here.
+
+    Resizable while work waits (an applied company changes
+    ``node.max_concurrent``): growing it lets waiters in at once, shrinking
+    it lets running turns finish and admits nobody until below the new size.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = max(int(limit), 1)
+        self._active = 0
+        self._waiting = 0
+        self._peak = 0
+        self._cond: Optional[asyncio.Condition] = None
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def peak(self) -> int:
+        """The most turns that ever ran at once (a gauge for the dashboard and the tests)."""
+        return self._peak
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def resize(self, limit: int) -> None:
+        cond = self._condition()
+        async with cond:
+            self._limit = max(int(limit), 1)
+            cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        cond = self._condition()
+        async with cond:
+            self._waiting += 1
+            try:
+                await cond.wait_for(lambda: self._active < self._limit)
+            finally:
+                self._waiting -= 1
+            self._active += 1
+            self._peak = max(self._peak, self._active)
+        try:
+            yield
+        finally:
+            async with cond:
+                self._active -= 1
+                cond.notify_all()
+
+
+@dataclass
+class LoopStats:
+    """What one loop saw, for health, the dashboard and the tests."""
+
+    #: (event id, deliveries remaining) of the latest deliveries handed to the handler.
+    deliveries: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=STATS_KEEP))
+    turns: int = 0
+    skipped: int = 0
+    duplicates: int = 0
+    deferred: int = 0
+    failed: int = 0
+
+
+class InboxLoop:
+    """One claimed seat's attachment to its inbox, and the handler it runs."""
+
+    def __init__(
+        self,
+        queue: EventQueue,
+        holder: CompanyHolder,
+        handle: str,
+        *,
+        gate: ConcurrencyGate,
+        runner: TurnRunner,
+        ownership: Ownership,
+        options: BatchOptions,
+        store_retry_s: float = STORE_RETRY_S,
+        merge: Optional[Merge] = None,
+    ) -> None:
+        self.queue = queue
+        self.merge = merge
+        self.holder = holder
+        self.handle = handle
+        self.gate = gate
+        self.runner = runner
+        self.ownership = ownership
+        self.options = options
+        self.store_retry_s = store_retry_s
+        self.topic = topics.agent_inbox(handle)
+        self.group = topics.agent_inbox_group(handle)
+        self.stats = LoopStats()
+        self._sub: Optional[Subscription] = None
+        self._paused = False
+        self._pause_version = -1
+        self._turn_task: Optional[asyncio.Task[TurnResult]] = None
+        self._stop_request: Optional[tuple[str, str, str]] = None
+        self._retry: Optional[asyncio.Task[None]] = None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        return self._sub is not None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def turn_running(self) -> bool:
+        return self._turn_task is not None and not self._turn_task.done()
+
+    async def start(self) -> None:
+        """Take whatever holds apply BEFORE attaching, so not even one delivery is spent on them."""
+        if self._sub is not None:
+            return
+        if not self.holder.current().has_provider:
+            await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
+        if self._paused:
+            await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
+        self._sub = await self.queue.subscribe_batch(self.topic, self.group, self.options, self._handle)
+        log.info("seat_inbox_attached", extra={"seat": self.handle, "paused": self._paused})
+
+    async def stop(self) -> None:
+        """Detach: the mailbox and its mail stay for whoever runs the seat next."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.detach()
+            except QueueError:
+                log.warning("seat_inbox_detach_failed", extra={"seat": self.handle}, exc_info=True)
+            log.info("seat_inbox_detached", extra={"seat": self.handle})
+
+    # -- holds -------------------------------------------------------------------
+
+    async def pause(
+        self, *, stop_running: bool = False, by: str = "", by_seat: str = "", reason: str = "", version: int = -1
+    ) -> None:
+        """Hold the inbox (a pause taken mid-drain hands the drain back); optionally end the running turn."""
+        self._paused = True
+        self._pause_version = max(self._pause_version, version)
+        await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
+        if stop_running and self.turn_running:
+            assert self._turn_task is not None
+            self._stop_request = (by, by_seat, reason)
+            self._turn_task.cancel()
+            log.info("seat_turn_stop_requested", extra={"seat": self.handle, "by": by})
+
+    async def resume(self, *, version: int = -1) -> None:
+        self._paused = False
+        self._pause_version = max(self._pause_version, version)
+        await self.queue.release(self.topic, self.group, HOLD_PAUSED)
+        await self.reopen()
+
+    @property
+    def pause_version(self) -> int:
+        return self._pause_version
+
+    async def provider_changed(self, org: Organization) -> None:
+        """Hold while the company has no model provider; lift it the moment one appears."""
+        if org.has_provider:
+            await self.queue.release(self.topic, self.group, HOLD_NO_PROVIDER)
+            await self.reopen()
+        else:
+            await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
+
+    async def reopen(self) -> None:
+        """Fetch again after a hand-back (which quiesced the attachment), unless a reason still stands."""
+        if self._sub is None or self._paused or not self.ownership.owns(self.handle):
+            return
+        if not self.holder.current().has_provider:
+            return
+        if await self._sub.unquiesce():
+            log.info("seat_inbox_reopened", extra={"seat": self.handle})
+
+    def _retry_later(self) -> None:
+        if self._retry is not None and not self._retry.done():
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(self.store_retry_s)
+            await self.reopen()
+
+        self._retry = asyncio.get_running_loop().create_task(later(), name=f"seat-inbox-retry:{self.handle}")
+
+    async def _refusal(self) -> Optional[str]:
+        """A local reason not to start a turn; takes the matching hold so nothing more is fetched."""
+        if self._paused:
+            await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
+            return HOLD_PAUSED
+        if not self.holder.current().has_provider:
+            await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
+            return HOLD_NO_PROVIDER
+        return None
+
+    def _defer(self, why: str, partition: Partition) -> Outcome:
+        self.stats.deferred += 1
+        log.info("seat_delivery_deferred", extra={"seat": self.handle, "why": why, "events": len(partition.deliveries)})
+        return Outcome.DEFER
+
+    # -- the handler ---------------------------------------------------------------
+
+    async def _handle(self, partition: Partition) -> Outcome:
+        for d in partition.deliveries:
+            self.stats.deliveries.append((d.event.id, d.remaining))
+        if not self.ownership.owns(self.handle):
+            return self._defer("not_owned", partition)
+        seat = self.holder.current().seat_by_handle(self.handle)
+        if seat is None or not seat.is_agent:
+            # The apply that removed (or flipped) the seat stops this loop; until then its mail waits.
+            return self._defer("not_an_agent_seat", partition)
+
+        fresh_events: list[Event] = []
+        identities: dict[str, str] = {}
+        seen_ids: set[str] = set()
+        for ev in partition.events:
+            ident = trigger_identity(ev)
+            if ev.id in seen_ids or ident in identities.values():
+                self.stats.duplicates += 1
+                log.debug("seat_duplicate_dropped", extra={"seat": self.handle, "event_id": ev.id, "trigger": ident})
+                continue
+            seen_ids.add(ev.id)
+            identities[ev.id] = ident
+            fresh_events.append(ev)
+
+        refusal = await self._refusal()
+        if refusal is not None:
+            return self._defer(refusal, partition)
+
+        try:
+            done, pause_row = await ascreen(self.handle, identities.values())
+        except DatabaseError:
+            log.error("seat_store_unavailable", extra={"seat": self.handle}, exc_info=True)
+            self._retry_later()
+            return self._defer("store_unavailable", partition)
+        if pause_row is not None and pause_row.version >= self._pause_version:  # older than a resume seen here: stale
+            await self.pause(version=pause_row.version)
+            return self._defer(HOLD_PAUSED, partition)
+
+        fresh: list[Event] = []
+        for ev in fresh_events:
+            ident = identities[ev.id]
+            if ident in done:
+                await self._skipped(seat, ev, ident, done[ident])
+            else:
+                fresh.append(ev)
+        if not fresh:
+            return Outcome.ACK
+
+        async with self.gate.slot():
+            refusal = await self._refusal()
+            if refusal is not None:
+                return self._defer(refusal, partition)
+            if not self.ownership.owns(self.handle):
+                return self._defer("not_owned", partition)
+            seat = self.holder.current().seat_by_handle(self.handle) or seat
+            return await self._run_turn(seat, partition.key, fresh, {ev.id: identities[ev.id] for ev in fresh})
+
+    async def _run_turn(self, seat: Seat, key: str, fresh: list[Event], identities: dict[str, str]) -> Outcome:
+        """Run the partition's turn and settle it: ledger on success (or a person's stop), NAK on failure."""
+        covered: list[Event] = list(fresh)
+        turn_ids: list[str] = []
+
+        async def run_one(trigger_event: Event) -> Optional[TurnResult]:
+            """One trigger's turn; what it covers is the partition, or that one event on a degraded merge."""
+            nonlocal covered
+            covered = [trigger_event] if trigger_event.id in identities else list(fresh)
+            trigger = self._trigger([trigger_event], key)
+            turn_ids.append(trigger.turn_id)
+            return await self._turn(seat, trigger)
+
+        self.stats.turns += 1
+        with child_span(fresh[0], "seat.turn", attributes={"crewlet.seat": seat.handle, "crewlet.partition": key}):
+            if self.merge is not None and len(fresh) > 1:
+                try:
+                    result = await self.merge(self.queue, seat.handle, fresh, run_one, role=seat.role, agent_id=seat.agent_id)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # e.g. the degrade path's requeue failed: nothing ran, so all of it goes back
+                    log.exception("seat_merge_failed", extra={"seat": seat.handle, "events": len(fresh)})
+                    result = None
+            else:
+                trigger = self._trigger(fresh, key)
+                turn_ids.append(trigger.turn_id)
+                if len(fresh) > 1:
+                    await self._emit(
+                        NotificationsCoalesced(
+                            seat=seat.handle,
+                            role=seat.role,
+                            agent_id=seat.agent_id,
+                            partition_key=key,
+                            count=len(fresh),
+                            event_ids=[ev.id for ev in fresh],
+                        )
+                    )
+                result = await self._turn(seat, trigger)
+
+        turn_id = turn_ids[-1] if turn_ids else ""
+        if result is None or not (result.ok or result.outcome == OUTCOME_STOPPED):
+            self.stats.failed += 1
+            log.warning(
+                "seat_turn_failed",
+                extra={
+                    "seat": seat.handle,
+                    "turn_id": turn_id,
+                    "error_kind": result.error_kind if result else "crashed",
+                    "events": len(fresh),
+                },
+            )
+            return Outcome.NAK
+        try:
+            await arecord(seat.handle, turn_id, [(identities[ev.id], ev.id) for ev in covered if ev.id in identities])
+        except DatabaseError:
+            # The turn happened; redoing it would be the duplicate the ledger exists to prevent.
+            log.error("seat_ledger_record_failed", extra={"seat": seat.handle, "turn_id": turn_id}, exc_info=True)
+        return Outcome.ACK
+
+    @staticmethod
+    def _trigger(evs: list[Event], key: str) -> Trigger:
+        conversation = field_of(evs[0], "conversation_identity")
+        return Trigger(events=evs, partition_key=key, conversation_key=conversation if isinstance(conversation, str) else "")
+
+    async def _turn(self, seat: Seat, trigger: Trigger) -> Optional[TurnResult]:
+        """The runner in its own task, so a person's stop_running can end it; None when it crashed."""
+        task = asyncio.get_running_loop().create_task(
+            self.runner.run(seat, trigger), name=f"seat-turn:{seat.handle}:{trigger.turn_id}"
+        )
+        self._turn_task = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            stop = self._stop_request
+            if stop is None or not task.cancelled() or (me is not None and me.cancelling()):
+                task.cancel()
+                raise
+            by, by_seat, reason = stop
+            return await self.runner.stopped(seat, trigger, by=by, by_seat=by_seat, reason=reason)
+        except Exception:
+            log.exception("seat_turn_crashed", extra={"seat": seat.handle, "turn_id": trigger.turn_id})
+            return None
+        finally:
+            self._turn_task = None
+            self._stop_request = None
+
+    async def _skipped(self, seat: Seat, ev: Event, identity: str, worked_by: str) -> None:
+        """Ack without a turn, and say so under the skipped event's own trace."""
+        self.stats.skipped += 1
+        conversation = field_of(ev, "conversation_identity")
+        with child_span(ev, "seat.trigger_skipped", attributes={"crewlet.seat": seat.handle}):
+            await self._emit(
+                TurnTriggerSkipped(
+                    seat=seat.handle,
+                    role=seat.role,
+                    agent_id=seat.agent_id,
+                    trigger_event_id=ev.id,
+                    turn_id=worked_by,
+                    conversation_key=conversation if isinstance(conversation, str) else "",
+                    reason=SKIP_ALREADY_WORKED,
+                    detail=f"{identity} was worked by turn {worked_by}",
+                )
+            )
+        log.info(
+            "turn_trigger_skipped",
+            extra={"seat": seat.handle, "event_id": ev.id, "trigger": identity, "worked_by": worked_by},
+        )
+
+    async def _emit(self, body: object) -> None:
+        event = events.new(body, trace_of())
+        try:
+            await self.queue.publish(topics.event(event.type), event)
+        except QueueError:
+            log.warning("seat_event_publish_failed", extra={"type": event.type, "seat": self.handle}, exc_info=True)
+
+
+__all__ = [
+    "Merge",
+    "HOLD_NO_PROVIDER",
+    "HOLD_PAUSED",
+    "ConcurrencyGate",
+    "InboxLoop",
+    "LoopStats",
+    "batch_options",
+    "partition_key_of",
+]

@@ -1,0 +1,156 @@
+"""The completion ledger: which triggers a seat's finished turns already worked.
+
+A drain whose turn outlasts the ack window, a node that stopped between a
+turn's end and its ack, an edge that re-sent a webhook: each comes back as a
+redelivery, and the ledger is what makes it a skip rather than a second turn
+(design: Inbox Batching § The ack budget). It lives in the coordination store
+because the redelivery may reach another node.
+
+A trigger's identity is the provider's own id for the message where the wake
+carries one (``message_id`` — the message on its chat backend, however many
+deliveries brought it — then ``delivery_id``), namespaced by the wake's
+source, else the event id: a provider's retry is a new event with the same
+delivery, and only the provider's id says it is the same message.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from datetime import datetime, timedelta
+from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import InterfaceError, OperationalError, connections, router
+from django.utils import timezone
+
+from crewlet.events import Event
+from seats.delivery_models import LedgerEntry, SeatPause
+
+log = logging.getLogger("crewlet.seats.ledger")
+
+#: ``turn_trigger_skipped`` reasons this module decides; wire phrases a reader matches exactly.
+SKIP_ALREADY_WORKED = "already worked"
+#: The payload keys that carry a provider's identity for the message, in precedence order.
+IDENTITY_KEYS: tuple[str, ...] = ("message_id", "delivery_id")
+#: How long a ledger row is kept. Far past any redelivery: 25 deliveries of
+#: a 30-minute ack window is half a day, and held mail waits on the broker.
+LEDGER_KEEP_S = 30 * 86400.0
+
+T = TypeVar("T")
+
+
+def in_store(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """Run a coordination-store function off the event loop.
+
+    A connection the database dropped (a restart, an idle timeout) is closed
+    on the way out so the next call reconnects instead of failing forever:
+    the engine is a long-running process with no request cycle to do it.
+    """
+
+    def guarded(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except (OperationalError, InterfaceError):
+            alias = router.db_for_write(LedgerEntry) or "default"
+            try:
+                connections[alias].close()
+            except Exception:  # pragma: no cover - best effort
+                log.debug("store_connection_close_failed", exc_info=True)
+            raise
+
+    functools.update_wrapper(guarded, fn)
+    return sync_to_async(guarded, thread_sensitive=True)
+
+
+def field_of(event: Event, name: str) -> Any:
+    """A wake's field wherever this build keeps it: the typed body, the payload map, or kept extras."""
+    if event.data is not None and hasattr(event.data, name):
+        value = getattr(event.data, name)
+        if value not in (None, ""):
+            return value
+    if isinstance(event.payload, dict) and event.payload.get(name) not in (None, ""):
+        return event.payload.get(name)
+    return event.extra.get(name)
+
+
+def trigger_identity(event: Event) -> str:
+    """``message:<source>:<id>`` / ``delivery:<source>:<id>`` when the provider named it, else ``event:<uuid>``."""
+    for key in IDENTITY_KEYS:
+        value = field_of(event, key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
+            kind = key.split("_", 1)[0]
+            scope = f"{event.source}:" if event.source else ""
+            return f"{kind}:{scope}{str(value).strip()}"[:255]
+    return f"event:{event.id}"
+
+
+def worked(seat: str, identities: Iterable[str]) -> dict[str, str]:
+    """The identities among ``identities`` the seat's turns already worked, each to the turn that did."""
+    wanted = list(dict.fromkeys(identities))
+    if not wanted:
+        return {}
+    return dict(LedgerEntry.objects.filter(seat=seat, trigger__in=wanted).values_list("trigger", "turn_id"))
+
+
+def screen(seat: str, identities: Iterable[str]) -> tuple[dict[str, str], Optional[SeatPause]]:
+    """What dispatch asks the store before a turn, in one hop: worked triggers and the seat's pause.
+
+    The pause row is authoritative; the inbox hold is only this node's cheap
+    gate, so a pause taken on another node is still honoured here.
+    """
+    done = worked(seat, identities)
+    pause = SeatPause.objects.filter(handle=seat, paused=True).first()
+    return done, pause
+
+
+def record(
+    seat: str,
+    turn_id: str,
+    identities: Iterable[tuple[str, str]],
+    *,
+    now: Optional[datetime] = None,
+) -> int:
+    """Record ``(identity, event_id)`` pairs as worked by ``turn_id``; returns rows written.
+
+    An identity already recorded keeps its first turn (``ignore_conflicts``):
+    the ledger answers "was this worked", and the first turn is the answer.
+    """
+    at = now or timezone.now()
+    rows = [
+        LedgerEntry(seat=seat, trigger=identity, turn_id=turn_id, event_id=event_id[:64], worked_at=at)
+        for identity, event_id in dict(identities).items()
+    ]
+    if not rows:
+        return 0
+    LedgerEntry.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
+
+
+def prune(*, older_than_s: float = LEDGER_KEEP_S, now: Optional[datetime] = None) -> int:
+    """Delete ledger rows older than ``older_than_s``; returns how many went."""
+    floor = (now or timezone.now()) - timedelta(seconds=older_than_s)
+    deleted, _ = LedgerEntry.objects.filter(worked_at__lt=floor).delete()
+    return deleted
+
+
+aworked = in_store(worked)
+ascreen = in_store(screen)
+arecord = in_store(record)
+aprune = in_store(prune)
+
+__all__ = [
+    "IDENTITY_KEYS",
+    "LEDGER_KEEP_S",
+    "SKIP_ALREADY_WORKED",
+    "aprune",
+    "arecord",
+    "ascreen",
+    "aworked",
+    "field_of",
+    "in_store",
+    "prune",
+    "record",
+    "screen",
+    "trigger_identity",
+    "worked",
+]

@@ -1,0 +1,352 @@
+"""The seat runtime: mailboxes, claims, inbox loops, the scheduler and the maintenance duty of one node.
+
+``start()`` does it in the order the design requires: record every seat and
+create every agent seat's mailbox FIRST (so a wake aimed at a seat nobody runs
+yet waits instead of vanishing), then claim seats through the ownership
+component, then attach one inbox loop per claimed seat (holds taken before
+attaching), then start the scheduler, the retirement sweep and the pause
+reconcile. ``apply(org)`` is an applied company change: swap the holder, walk
+the mailboxes again (a new seat's mailbox before its loop), hot-reload the
+coalesce knobs and the concurrency gate, stop loops of seats that are gone,
+start loops for new ones, and lift or take the no-provider holds.
+
+On an engine, :func:`install` registers it as a service; ``current()`` is the
+running instance (for ``/healthz`` and the pause API).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timedelta, timezone as dt_timezone
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+
+from crewlet import events
+from crewlet.events import Event
+from crewlet.events.types import AgentSpawned, AgentTerminated
+from crewlet.org import CompanyHolder, Organization
+from crewlet.queue import topics
+from crewlet.queue.contract import Closable, EventQueue
+from crewlet.queue.errors import QueueError
+from crewlet.tracing import trace_of
+from seats import actions
+from seats.inbox import STORE_RETRY_S, ConcurrencyGate, InboxLoop, Merge, batch_options
+from seats.ledger import LEDGER_KEEP_S, aprune
+from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
+from seats.ownership import Ownership, SeatOwnership
+from seats.scheduler import TICK_S, Scheduler, aprune_firings
+from seats.turns import TurnRunner
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine
+
+log = logging.getLogger("crewlet.seats.runtime")
+
+#: Production defaults of the runtime's own duties.
+SWEEP_EVERY_S = 3600.0
+PAUSE_POLL_S = 2.0
+
+_current: Optional["SeatRuntime"] = None
+
+
+def current() -> Optional["SeatRuntime"]:
+    """The runtime running in this process, if any."""
+    return _current
+
+
+class SeatRuntime:
+    """Everything this node does for the company's seats.
+
+    Every duration is injectable so tests run the real paths in seconds;
+    ``clock`` (epoch seconds) drives the scheduler's slots and the
+    retirement clock, so 24 hours can pass in a test without waiting for them.
+    """
+
+    def __init__(
+        self,
+        queue: EventQueue,
+        holder: CompanyHolder,
+        *,
+        node_id: str = "",
+        runner: Optional[TurnRunner] = None,
+        ownership: Optional[Ownership] = None,
+        absent_after_s: float = ABSENT_AFTER_S,
+        sweep_every_s: float = SWEEP_EVERY_S,
+        pause_poll_s: float = PAUSE_POLL_S,
+        scheduler_tick_s: float = TICK_S,
+        store_retry_s: float = STORE_RETRY_S,
+        ledger_keep_s: float = LEDGER_KEEP_S,
+        clock: Callable[[], float] = time.time,
+        run_scheduler: bool = True,
+        merge: Optional[Merge] = None,
+    ) -> None:
+        self.queue = queue
+        self.holder = holder
+        self.node_id = node_id or queue.node
+        self.runner = runner or TurnRunner(queue, holder)
+        self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
+        self.absent_after_s = absent_after_s
+        self.sweep_every_s = sweep_every_s
+        self.pause_poll_s = pause_poll_s
+        self.store_retry_s = store_retry_s
+        self.ledger_keep_s = ledger_keep_s
+        self.clock = clock
+        self.run_scheduler = run_scheduler
+        self.merge = merge
+        self.gate = ConcurrencyGate(holder.current().max_concurrent)
+        self.scheduler = Scheduler(queue, holder, node_id=self.node_id, clock=clock, tick_s=scheduler_tick_s)
+        self.loops: dict[str, InboxLoop] = {}
+        self._lock: Optional[asyncio.Lock] = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._nudges: list[Closable] = []
+        self._started = False
+        self._stopped = False
+
+    # -- time ---------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), dt_timezone.utc)
+
+    def _guard(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Mailboxes, then claims, then loops, then the duties. Idempotent."""
+        global _current
+        if self._started:
+            return
+        async with self._guard():
+            org = self.holder.current()
+            await ensure_mailboxes(self.queue, org, now=self.now())
+            await self._rebalance(org)
+            self._started = True
+        actions.bind(self.queue, hook=self.on_pause_change, holder=self.holder)
+        await self._subscribe_nudges()
+        loop = asyncio.get_running_loop()
+        if self.run_scheduler:
+            self._tasks.append(loop.create_task(self.scheduler.run(), name="seats:scheduler"))
+        self._tasks.append(loop.create_task(self._every(self.sweep_every_s, self.sweep, "sweep"), name="seats:retire"))
+        self._tasks.append(
+            loop.create_task(self._every(self.pause_poll_s, self.reconcile_pauses, "pauses"), name="seats:pauses")
+        )
+        _current = self
+        log.info(
+            "seat_runtime_started",
+            extra={"node": self.node_id, "org": org.org, "seats": len(self.loops), "max_concurrent": self.gate.limit},
+        )
+
+    async def stop(self) -> None:
+        """Stop the duties and detach every loop; mailboxes and their mail stay. Idempotent."""
+        global _current
+        if self._stopped:
+            return
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for nudge in self._nudges:
+            try:
+                await nudge.close()
+            except Exception:
+                log.debug("seat_nudge_close_failed", exc_info=True)
+        self._nudges.clear()
+        actions.unbind(self.queue)
+        async with self._guard():
+            for handle in list(self.loops):
+                await self._detach(handle, "node stopping")
+        if _current is self:
+            _current = None
+        log.info("seat_runtime_stopped", extra={"node": self.node_id})
+
+    def healthy(self) -> bool:
+        """Started, not stopped, every duty alive and every claimed seat's loop attached."""
+        if not self._started or self._stopped:
+            return False
+        if any(task.done() for task in self._tasks):
+            return False
+        return all(loop.attached for loop in self.loops.values())
+
+    # -- an applied company change ------------------------------------------------------
+
+    async def apply(self, org: Organization) -> None:
+        """Serve ``org`` from now on: mailboxes first, then knobs, loops and holds."""
+        async with self._guard():
+            previous = self.holder.swap(org)
+            await ensure_mailboxes(self.queue, org, now=self.now())
+            await self.gate.resize(org.max_concurrent)
+            for loop in self.loops.values():  # the batch layer reads these on its next cycle
+                loop.options.linger_s = org.coalesce_window_s
+                loop.options.max_batch = org.coalesce_max_batch
+            agents = {s.handle for s in org.agent_seats()}
+            for handle in [h for h in self.loops if h not in agents]:
+                await self._detach(handle, "seat removed")
+            await self._rebalance(org)
+            for loop in self.loops.values():
+                await loop.provider_changed(org)
+        log.info(
+            "seat_runtime_applied",
+            extra={
+                "org": org.org,
+                "seats": len(self.loops),
+                "max_concurrent": org.max_concurrent,
+                "providers": len(org.providers),
+                "had_providers": len(previous.providers),
+            },
+        )
+
+    async def rebalance(self) -> None:
+        """Claim every agent seat not yet run here (what a fleet's placement sweep will drive)."""
+        async with self._guard():
+            await self._rebalance(self.holder.current())
+
+    async def _rebalance(self, org: Organization) -> None:
+        for seat in org.agent_seats():
+            if seat.handle not in self.loops:
+                await self._attach(seat.handle, org)
+
+    async def _attach(self, handle: str, org: Organization) -> None:
+        if not await self.ownership.claim(handle):
+            return
+        loop = InboxLoop(
+            self.queue,
+            self.holder,
+            handle,
+            gate=self.gate,
+            runner=self.runner,
+            ownership=self.ownership,
+            options=batch_options(org),
+            store_retry_s=self.store_retry_s,
+            merge=self.merge,
+        )
+        row = (await actions.apause_states([handle])).get(handle)
+        if row is not None and row.paused:
+            await loop.pause(version=row.version)  # the hold is taken before the mailbox is attached
+        elif row is not None:
+            await loop.resume(version=row.version)
+        await loop.start()
+        self.loops[handle] = loop
+        seat = org.seat_by_handle(handle)
+        await self._emit(
+            AgentSpawned(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason="claimed")
+        )
+
+    async def _detach(self, handle: str, reason: str) -> None:
+        loop = self.loops.pop(handle, None)
+        if loop is not None:
+            await loop.stop()
+        await self.ownership.release(handle)
+        seat = self.holder.current().seat_by_handle(handle)
+        await self._emit(
+            AgentTerminated(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason=reason)
+        )
+
+    # -- pauses ---------------------------------------------------------------------------
+
+    async def on_pause_change(self, change: actions.PauseChange) -> None:
+        """The runtime hook: apply a won pause/resume to this node's loop for the seat, if it runs one."""
+        loop = self.loops.get(change.handle)
+        if loop is None:
+            return
+        if change.paused:
+            await loop.pause(
+                stop_running=change.stop_running,
+                by=change.by,
+                by_seat=change.by_seat,
+                reason=change.reason,
+                version=change.version,
+            )
+        else:
+            await loop.resume(version=change.version)
+
+    async def reconcile_pauses(self, handles: Optional[list[str]] = None) -> None:
+        """Bring this node's holds to the store's pause rows (the row is the state; events only nudge)."""
+        wanted = [h for h in (handles if handles is not None else list(self.loops)) if h in self.loops]
+        if not wanted:
+            return
+        rows = await actions.apause_states(wanted)
+        for handle in wanted:
+            loop, row = self.loops.get(handle), rows.get(handle)
+            if loop is None or row is None or row.version <= loop.pause_version:
+                continue
+            if row.paused:
+                await loop.pause(
+                    stop_running=row.stop_running,
+                    by=row.paused_by,
+                    by_seat=row.paused_by_seat,
+                    reason=row.reason,
+                    version=row.version,
+                )
+            else:
+                await loop.resume(version=row.version)
+
+    async def _subscribe_nudges(self) -> None:
+        async def nudge(_topic: str, event: Event) -> None:
+            seat = getattr(event.data, "seat", "")
+            if seat:
+                await self.reconcile_pauses([seat])
+
+        for etype in ("seat_paused", "seat_resumed"):
+            try:
+                self._nudges.append(await self.queue.subscribe_stream(topics.event(etype), nudge))
+            except QueueError:
+                # The poll is the authoritative path; a missing nudge costs one poll interval.
+                log.warning("seat_pause_nudge_unavailable", extra={"type": etype}, exc_info=True)
+
+    # -- the maintenance duty ----------------------------------------------------------------
+
+    async def sweep(self) -> SweepReport:
+        """Retire mailboxes absent past ``absent_after_s`` and prune the ledger."""
+        async with self._guard():
+            report = await retire_absent(
+                self.queue, self.holder.current(), absent_after_s=self.absent_after_s, now=self.now()
+            )
+        pruned = await aprune(older_than_s=self.ledger_keep_s, now=self.now())
+        pruned += await aprune_firings(self.now() - timedelta(seconds=self.ledger_keep_s))
+        if report.retired or report.found_unrecorded or pruned:
+            log.info(
+                "seat_sweep_done",
+                extra={"retired": report.retired, "unrecorded": report.found_unrecorded, "rows_pruned": pruned},
+            )
+        return report
+
+    async def _every(self, interval_s: float, duty: Callable[[], Awaitable[Any]], name: str) -> None:
+        """Run ``duty`` now and every ``interval_s``; a failing pass is logged and retried next time."""
+        while True:
+            try:
+                await duty()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("seat_duty_failed", extra={"duty": name})
+            await asyncio.sleep(interval_s)
+
+    async def _emit(self, body: Any) -> None:
+        event = events.new(body, trace_of())
+        try:
+            await self.queue.publish(topics.event(event.type), event)
+        except QueueError:
+            log.warning("seat_runtime_publish_failed", extra={"type": event.type}, exc_info=True)
+
+
+def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:
+    """Register the seat runtime as an engine service (started once the queue is connected)."""
+
+    async def seat_runtime_service(engine: "Engine") -> None:
+        assert engine.queue is not None
+        runtime = SeatRuntime(engine.queue, holder, node_id=engine.settings.node.id, **options)
+        await runtime.start()
+        try:
+            await asyncio.Event().wait()  # until the engine cancels its services
+        finally:
+            await runtime.stop()
+
+    engine.add_service(seat_runtime_service, name="seat_runtime")
+
+
+__all__ = ["PAUSE_POLL_S", "SWEEP_EVERY_S", "SeatRuntime", "current", "install"]

@@ -1,0 +1,227 @@
+"""Helpers the seat delivery tests share: companies, wakes, a recorder of what was published, brokers."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Union
+
+from crewlet import events
+from crewlet.events import Event
+from crewlet.events.types import ExternalNotification
+from crewlet.org import CompanyHolder, Organization, parse_company
+from crewlet.queue import topics
+from crewlet.queue.contract import EventQueue, Timings
+from crewlet.queue.memory import MemoryBroker
+from crewlet.tracing import Trace
+
+#: Shrunk delivery timings: the real paths, in milliseconds.
+FAST = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=30.0)
+
+
+def company(
+    *,
+    providers: Optional[list[dict[str, Any]]] = None,
+    max_concurrent: int = 4,
+    window_s: float = 0,
+    max_batch: int = 20,
+    seats: Optional[list[dict[str, Any]]] = None,
+    schedules: Optional[list[dict[str, Any]]] = None,
+) -> Organization:
+    """The test company: agents ada and linus, human grace, the echo model unless told otherwise."""
+    return parse_company(
+        {
+            "org": "acme",
+            "providers": {"llm": [{"kind": "echo"}] if providers is None else providers},
+            "node": {"max_concurrent": max_concurrent},
+            "notification_coalesce_window_seconds": window_s,
+            "notification_coalesce_max_batch": max_batch,
+            "seats": seats
+            if seats is not None
+            else [
+                {"handle": "ada", "kind": "agent", "role": "engineer"},
+                {"handle": "linus", "kind": "agent", "role": "reviewer"},
+                {"handle": "grace", "kind": "human", "role": "lead"},
+            ],
+            "schedules": schedules or [],
+        }
+    )
+
+
+def wake(
+    handle: str,
+    body: str,
+    *,
+    partition_key: str = "",
+    conversation: str = "",
+    delivery_id: str = "",
+    sender: str = "sam",
+    trace: Optional[Trace] = None,
+    event_id: Optional[str] = None,
+) -> Event:
+    """An inbox wake as the notification service publishes one."""
+    extras: dict[str, Any] = {"sender": sender, "body": body}
+    if partition_key:
+        extras["partition_key"] = partition_key
+    if conversation:
+        extras["conversation_identity"] = conversation
+    if delivery_id:
+        extras["delivery_id"] = delivery_id
+    return events.new(
+        ExternalNotification(seat=handle, sender=sender, body=body),
+        trace or Trace.root(),
+        source="slack",
+        extras=extras,
+        event_id=event_id,
+    )
+
+
+async def send(queue: EventQueue, handle: str, event: Event) -> Event:
+    await queue.publish(topics.agent_inbox(handle), event)
+    return event
+
+
+@dataclass
+class Recorder:
+    """Every event a queue client published, in order, as its publish listener saw it."""
+
+    seen: list[tuple[str, Event]] = field(default_factory=list)
+
+    async def __call__(self, topic: str, event: Event) -> None:
+        self.seen.append((topic, event))
+
+    def attach(self, *queues: EventQueue) -> "Recorder":
+        for q in queues:
+            q.add_publish_listener(self)
+        return self
+
+    def of(self, etype: str, **fields: Any) -> list[Event]:
+        out = []
+        for _, ev in self.seen:
+            if ev.type != etype:
+                continue
+            if all(getattr(ev.data, k, ev.payload.get(k)) == v for k, v in fields.items()):
+                out.append(ev)
+        return out
+
+    def types(self) -> list[str]:
+        return [ev.type for _, ev in self.seen]
+
+
+async def eventually(cond: Callable[[], Union[bool, Awaitable[bool]]], timeout: float = 10.0, what: str = "") -> None:
+    """Poll a condition until it holds; fail when the deadline passes first."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = cond()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s{': ' + what if what else ''}")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def memory_queues(*nodes: str) -> AsyncIterator[tuple[MemoryBroker, list[EventQueue]]]:
+    broker = MemoryBroker(FAST)
+    clients = [broker.client(node=n) for n in (nodes or ("n1",))]
+    try:
+        yield broker, clients
+    finally:
+        for c in clients:
+            await c.close()
+
+
+@contextlib.asynccontextmanager
+async def jetstream_queues(*nodes: str) -> AsyncIterator[list[EventQueue]]:
+    """A real nats-server (the embedded broker) and one JetStream client per node."""
+    from crewlet.queue.broker import EmbeddedBroker
+    from crewlet.queue.jetstream import JetStreamQueue
+
+    async with EmbeddedBroker(store_dir=None) as broker:
+        clients = [
+            await JetStreamQueue.connect(
+                broker.url, node=n, timings=FAST, event_retention_hours=2.0, memory_storage=broker.memory_storage
+            )
+            for n in (nodes or ("n1",))
+        ]
+        try:
+            yield clients
+        finally:
+            for c in clients:
+                await c.close()
+
+
+def holder(org: Optional[Organization] = None) -> CompanyHolder:
+    return CompanyHolder(org or company())
+
+
+# -- a local OpenAI-compatible endpoint ---------------------------------------------
+
+
+@dataclass
+class FakeModelServer:
+    """``POST /v1/chat/completions`` on loopback: answers, or fails with ``status``."""
+
+    status: int = 200
+    reply: str = "hello from the model"
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@contextlib.contextmanager
+def model_server(status: int = 200, reply: str = "hello from the model") -> Iterator[FakeModelServer]:
+    state = FakeModelServer(status=status, reply=reply)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            state.requests.append(body)
+            state.headers.append({k.lower(): v for k, v in self.headers.items()})
+            if self.path != "/v1/chat/completions":
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+            elif state.status != 200:
+                self._send(state.status, {"error": {"message": "the model is overloaded"}})
+            else:
+                self._send(
+                    200,
+                    {
+                        "id": "cmpl-1",
+                        "model": body.get("model", ""),
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": state.reply}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
+                    },
+                )
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,174 @@
+"""The delivery core on the shipped stack: a real nats-server (the embedded broker) and PostgreSQL."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import datetime, timedelta, timezone
+from typing import Any, AsyncIterator, Optional
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from crewlet.org import Organization
+from crewlet.queue import topics
+from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
+from seats.actions import apause_seat, aresume_seat
+from seats.inbox import HOLD_NO_PROVIDER
+from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
+from seats.runtime import SeatRuntime
+from seats_support import Recorder, company, eventually, holder, jetstream_queues, send, wake
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.integration,
+    pytest.mark.django_db(transaction=True, databases=["default", "events"]),
+]
+
+FIRST = MAX_DELIVERIES - 1
+T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture(autouse=True)
+async def _close_store_connections() -> AsyncIterator[None]:
+    yield
+    from django.db import connections
+
+    await sync_to_async(connections.close_all)()
+
+
+@contextlib.asynccontextmanager
+async def running(queue: EventQueue, org: Optional[Organization] = None, **options: Any) -> AsyncIterator[SeatRuntime]:
+    options.setdefault("run_scheduler", False)
+    runtime = SeatRuntime(queue, holder(org), **options)
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+
+
+def inbox(handle: str) -> tuple[str, str]:
+    return topics.agent_inbox(handle), topics.agent_inbox_group(handle)
+
+
+async def drained(q: EventQueue, handle: str) -> None:
+    async def empty() -> bool:
+        return await q.backlog(*inbox(handle)) == 0
+
+    await eventually(empty, what=f"{handle}'s mailbox drained")
+
+
+async def test_a_wake_sent_before_any_loop_runs_waits_on_the_broker_and_its_redelivery_is_skipped() -> None:
+    async with jetstream_queues() as [q]:
+        rec = Recorder().attach(q)
+        org = company()
+        await ensure_mailboxes(q, org)
+        sent = await send(q, "ada", wake("ada", "first thing", delivery_id="slack:Ev1"))
+        assert await q.backlog(*inbox("ada")) == 1  # interest retention kept it: the mailbox existed
+        async with running(q, org):
+            await eventually(lambda: rec.of("agent_turn_completed", seat="ada"), what="the waiting wake's turn")
+            await drained(q, "ada")
+            await send(q, "ada", sent)  # the same trigger comes round again
+            await eventually(lambda: rec.of("turn_trigger_skipped"), what="the skip")
+            await drained(q, "ada")
+        assert len(rec.of("agent_turn_started")) == 1
+        [skip] = rec.of("turn_trigger_skipped")
+        assert (skip.data.trigger_event_id, skip.data.reason) == (sent.id, "already worked")
+
+
+async def test_no_provider_holds_the_inbox_on_the_broker_until_an_apply_adds_one() -> None:
+    async with jetstream_queues() as [q]:
+        rec = Recorder().attach(q)
+        async with running(q, company(providers=[])) as rt:
+            await send(q, "ada", wake("ada", "queued while no model"))
+            assert HOLD_NO_PROVIDER in q.held(*inbox("ada"))
+            assert await q.backlog(*inbox("ada")) == 1
+            await rt.apply(company())
+            await eventually(lambda: rec.of("agent_turn_completed", seat="ada"))
+            await drained(q, "ada")
+            assert [r for _, r in rt.loops["ada"].stats.deliveries] == [FIRST]
+
+
+async def test_a_pause_during_the_linger_hands_the_drain_back_on_the_real_broker() -> None:
+    async with jetstream_queues() as [q]:
+        rec = Recorder().attach(q)
+        transport: Any = q.transport  # type: ignore[attr-defined]
+
+        async def consumer(field: str) -> int:
+            info = await transport.consumer_info(*inbox("ada"))
+            return int((info or {}).get(field, 0))
+
+        async with running(q, company(window_s=30)) as rt:
+            await send(q, "ada", wake("ada", "collect me"))
+            await eventually(lambda: _eq(consumer("num_ack_pending"), 1), what="the drain is lingering with the message")
+            assert await apause_seat("ada", by="grace") is True
+            # The held attachment stops asking: its pull request is gone from the broker. (A
+            # handed-back message stays in num_ack_pending until it is redelivered, so that
+            # count cannot show the hand-back; the delivery it spent, below, does.)
+            await eventually(lambda: _eq(consumer("num_waiting"), 0), what="the drain stopped fetching")
+            assert list(rt.loops["ada"].stats.deliveries) == [] and rec.of("agent_turn_started") == []
+            await rt.apply(company(window_s=0))
+            assert await aresume_seat("ada", by="grace") is True
+            await eventually(lambda: rec.of("agent_turn_completed", seat="ada"))
+            assert [r for _, r in rt.loops["ada"].stats.deliveries] == [FIRST - 1]
+            await drained(q, "ada")
+
+
+async def _eq(value: Any, expected: Any) -> bool:
+    return (await value) == expected
+
+
+async def test_the_gate_holds_the_second_seats_turn_in_process_and_a_failed_turn_comes_back() -> None:
+    async with jetstream_queues() as [q]:
+        rec = Recorder().attach(q)
+        org = company(max_concurrent=1, providers=[{"kind": "echo", "delay_s": 0.2}])
+        async with running(q, org) as rt:
+            await send(q, "ada", wake("ada", "one"))
+            await send(q, "linus", wake("linus", "two"))
+            await eventually(lambda: len(rec.of("agent_turn_completed")) == 2)
+            assert rt.gate.peak == 1
+            for handle in ("ada", "linus"):
+                assert [r for _, r in rt.loops[handle].stats.deliveries] == [FIRST]
+
+            healed = company()
+
+            async def heal(_topic: str, event: Any) -> None:
+                if event.type == "llm_unavailable":
+                    rt.holder.swap(healed)
+
+            q.add_publish_listener(heal)
+            rt.holder.swap(company(providers=[{"kind": "echo", "fail": True}]))
+            await send(q, "ada", wake("ada", "fails once"))
+            await eventually(lambda: len(rec.of("agent_turn_completed", seat="ada")) == 3)
+            assert [r for _, r in rt.loops["ada"].stats.deliveries][1:] == [FIRST, FIRST - 1]  # NAKed, redelivered
+            await drained(q, "ada")
+
+
+async def test_two_jetstream_nodes_fire_a_schedule_slot_once() -> None:
+    now = [T0.timestamp()]
+    schedules = [{"name": "standup", "seat": "ada", "every": "24h", "task": "Post the stand-up summary"}]
+    async with jetstream_queues("n1", "n2") as [q1, q2]:
+        rec = Recorder().attach(q1, q2)
+        runtimes = [
+            SeatRuntime(q, holder(company(schedules=schedules)), scheduler_tick_s=0.02, clock=lambda: now[0])
+            for q in (q1, q2)
+        ]
+        await asyncio.gather(*(rt.start() for rt in runtimes))
+        try:
+            await eventually(lambda: all(rt.scheduler.passes >= 3 for rt in runtimes))
+            await eventually(lambda: rec.of("agent_turn_completed", seat="ada"))
+            assert len(rec.of("task_assigned")) == 1 and len(rec.of("agent_turn_started")) == 1
+        finally:
+            await asyncio.gather(*(rt.stop() for rt in runtimes))
+
+
+async def test_retirement_finds_and_deletes_mailboxes_on_the_real_broker() -> None:
+    async with jetstream_queues() as [q]:
+        await ensure_mailboxes(q, company(), now=T0)
+        await send(q, "linus", wake("linus", "left behind"))
+        without_linus = company(seats=[{"handle": "ada", "kind": "agent"}, {"handle": "grace", "kind": "human"}])
+        await retire_absent(q, without_linus, now=T0)
+        report = await retire_absent(q, without_linus, now=T0 + timedelta(hours=24))
+        assert report.retired == ["linus"] and set(report.deleted) == set(mailbox_refs("linus"))
+        assert await q.list_subscriptions(topics.agent_pattern("linus")) == []
+        assert set(await q.list_subscriptions(topics.agent_pattern("ada"))) == set(mailbox_refs("ada"))
