@@ -226,13 +226,14 @@ def test_documented_fields_are_present():
 
 def test_skip_reasons_are_the_fixed_phrases():
     assert T.SKIP_REASONS == (
-        "payload unreadable",
-        "source disconnected",
-        "no parser for source",
-        "parser refused payload",
-        "no seat matches recipient",
-        "routing gate refused",
-        "rate limited",
+        "unreadable delivery payload",
+        "this source was disconnected",
+        "no parser for this source",
+        "parse failed",
+        "no seat matches this recipient",
+        "human seat",
+        "self-action: the recipient caused this event",
+        "rate limit exceeded",
     )
 
 
@@ -308,7 +309,7 @@ def test_summaries_read_like_a_person_wrote_them():
     answered = new(T.A2AChannelClosed(channel_id="c1", closed_by="grace", turn_id="t1"), t)
     assert answered.summary().startswith("grace closed")
     skipped = new(T.NotificationSkipped(reason=T.SKIP_NO_SEAT, recipient="bob"), t, source="slack")
-    assert "no seat matches recipient" in skipped.summary()
+    assert "no seat matches this recipient" in skipped.summary()
 
 
 def test_an_unknown_type_still_has_an_actor_and_a_summary():

@@ -37,21 +37,25 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # --- fixed phrase sets ------------------------------------------------------
 
-# notification_skipped reasons (design: Distributed Tracing). A reader matches
-# these exactly, so they are wire strings; the particulars go in ``detail``.
-SKIP_PAYLOAD_UNREADABLE = "payload unreadable"
-SKIP_SOURCE_DISCONNECTED = "source disconnected"
-SKIP_NO_PARSER = "no parser for source"
-SKIP_PARSER_REFUSED = "parser refused payload"
-SKIP_NO_SEAT = "no seat matches recipient"
-SKIP_ROUTING_GATE_REFUSED = "routing gate refused"
-SKIP_RATE_LIMITED = "rate limited"
+# notification_skipped reasons (design: Distributed Tracing; issue 5 fixes the
+# phrases). A reader matches these exactly, so they are wire strings, defined
+# here once; the particulars (a parser's error, the unmatched identity) go in
+# ``detail``.
+SKIP_PAYLOAD_UNREADABLE = "unreadable delivery payload"
+SKIP_SOURCE_DISCONNECTED = "this source was disconnected"
+SKIP_NO_PARSER = "no parser for this source"
+SKIP_PARSER_REFUSED = "parse failed"
+SKIP_NO_SEAT = "no seat matches this recipient"
+SKIP_HUMAN_SEAT = "human seat"  # an info-level skip, not an undeliverable warning
+SKIP_ROUTING_GATE_REFUSED = "self-action: the recipient caused this event"
+SKIP_RATE_LIMITED = "rate limit exceeded"
 SKIP_REASONS: tuple[str, ...] = (
     SKIP_PAYLOAD_UNREADABLE,
     SKIP_SOURCE_DISCONNECTED,
     SKIP_NO_PARSER,
     SKIP_PARSER_REFUSED,
     SKIP_NO_SEAT,
+    SKIP_HUMAN_SEAT,
     SKIP_ROUTING_GATE_REFUSED,
     SKIP_RATE_LIMITED,
 )

@@ -1,0 +1,116 @@
+"""The start hook the engine calls: ``NotifyService(queue, holder)`` with ``start()`` / ``stop()``.
+
+``start()`` warns about every surface the company left unverified (the
+example company does, so the README's curl example works), installs this
+process's webhook edge on ``queue`` (so ``POST /webhooks/<source>`` served by
+this process publishes through it), creates the fleet-wide ``notify`` group
+and attaches the router, and runs the hourly prune of old dedupe keys, rate
+windows and cold thread follows. ``stop()`` undoes all of it.
+
+Wiring (for the lead)::
+
+    holder = CompanyHolder(load_company(...))
+    notify = NotifyService(engine.queue, holder)
+    await notify.start()
+    ...
+    await notify.stop()
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Optional
+
+from django.db import DatabaseError
+
+from crewlet.org import CompanyHolder, Organization
+from crewlet.queue.contract import EventQueue
+from notifications import edge as edge_module
+from notifications import service, store
+
+log = logging.getLogger("crewlet.notifications")
+
+PRUNE_INTERVAL_S = 3600.0
+
+
+def unverified_surfaces(org: Organization) -> list[str]:
+    """The surfaces whose deliveries are accepted without verification (``verify: false``)."""
+    return [name for name, surface in org.surfaces.items() if not surface.verify]
+
+
+def warn_unverified(org: Organization) -> list[str]:
+    names = unverified_surfaces(org)
+    for name in names:
+        log.warning(
+            "webhook_surface_unverified",
+            extra={"surface": name, "hint": f"surfaces.{name}.verify is false: anyone who can reach /webhooks/{name} can wake a seat"},
+        )
+    return names
+
+
+class NotifyService:
+    """The notifications app's duties on one node: the edge, the router, the prune."""
+
+    def __init__(
+        self,
+        queue: EventQueue,
+        holder: CompanyHolder,
+        *,
+        install_edge: bool = True,
+        prune_interval_s: float = PRUNE_INTERVAL_S,
+        router: Optional[service.NotifyRouter] = None,
+        **edge_options: Any,
+    ) -> None:
+        self.queue = queue
+        self.holder = holder
+        self.install_edge = install_edge
+        self.prune_interval_s = prune_interval_s
+        self.router = router or service.NotifyRouter(queue, holder)
+        self.edge_options = edge_options
+        self.edge: Optional[edge_module.Edge] = None
+        self._prune: Optional[asyncio.Task[None]] = None
+
+    async def start(self) -> None:
+        warn_unverified(self.holder.current())
+        if self.install_edge:
+            self.edge = edge_module.install(self.queue, self.holder, **self.edge_options)
+        await self.router.start()
+        if self.prune_interval_s > 0 and self._prune is None:
+            self._prune = asyncio.get_running_loop().create_task(self._prune_loop(), name="notify-prune")
+
+    async def stop(self) -> None:
+        if self._prune is not None:
+            self._prune.cancel()
+            try:
+                await self._prune
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._prune = None
+        await self.router.stop()
+        if self.edge is not None:
+            edge_module.uninstall(self.edge)
+            self.edge = None
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.prune_interval_s)
+            try:
+                deleted = await store.aprune()
+            except DatabaseError:
+                log.warning("notify_prune_failed", exc_info=True)
+                continue
+            if any(deleted.values()):
+                log.info("notify_pruned", extra=deleted)
+
+
+async def serve(engine: Any, holder: CompanyHolder) -> None:
+    """An ``Engine.add_service`` factory body: run the notify duties until cancelled."""
+    notify = NotifyService(engine.queue, holder)
+    await notify.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await notify.stop()
+
+
+__all__ = ["NotifyService", "PRUNE_INTERVAL_S", "serve", "unverified_surfaces", "warn_unverified"]

@@ -1,0 +1,53 @@
+"""``POST /webhooks/<source>``: the Django face of :mod:`notifications.edge`.
+
+Thin on purpose: it reads the request, refuses an oversized body before
+reading it, and hands the rest to the process's installed :class:`~notifications.edge.Edge`
+(the engine installs it when it starts the notify service). No edge installed
+means this process has no broker connection: 503, so the vendor retries.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from notifications.edge import EdgeResponse, InboundRequest, current_edge
+
+log = logging.getLogger("crewlet.notifications.edge")
+
+
+def _respond(resp: EdgeResponse) -> JsonResponse:
+    out = JsonResponse(resp.body, status=resp.status)
+    for name, value in resp.headers.items():
+        out[name] = value
+    return out
+
+
+def _error(status: int, reason: str, **headers: str) -> JsonResponse:
+    return _respond(EdgeResponse(status, {"error": reason}, dict(headers)))
+
+
+@csrf_exempt
+async def webhook(request: HttpRequest, source: str) -> JsonResponse:
+    if request.method != "POST":
+        return _error(405, f"{request.method} is not accepted: webhooks are POSTed", Allow="POST")
+    edge = current_edge()
+    if edge is None:
+        return _error(503, "this process has no broker connection for webhooks (is the engine running?)", **{"Retry-After": "5"})
+    limit = edge.limit()
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        return _error(413, f"the body is {declared} bytes, over the {limit}-byte limit")
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        return _error(413, f"the body is over the {limit}-byte limit")
+    headers = {name.lower(): value for name, value in request.headers.items()}
+    query = {key: request.GET.get(key, "") for key in request.GET}
+    resp = await edge.receive(InboundRequest(source=source, body=body, headers=headers, query=query, route=request.path))
+    return _respond(resp)

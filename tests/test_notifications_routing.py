@@ -1,0 +1,506 @@
+"""The notify router on the memory twin and PostgreSQL: recipients, follows, every skip, the valve, retries, end to end."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+from typing import Any, AsyncIterator, Optional
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError
+from django.test import AsyncClient
+
+from crewlet.events import Event
+from crewlet.events.types import SKIP_REASONS, ExternalNotification, NotificationSkipped, TaskAssigned
+from crewlet.org import CompanyHolder, Organization
+from crewlet.queue import topics
+from crewlet.queue.contract import MAX_DELIVERIES, Delivery, EventQueue, Outcome
+from crewlet.queue.memory import MemoryBroker
+from notifications.models import SeenDelivery, ThreadFollow
+from notifications.parsers import WHY_ASSIGNEE, WHY_DM, WHY_FOLLOWER, WHY_MENTION, WHY_REVIEWER
+from notifications.service import NotifyRouter, RateValve, RouteResult
+from notifications_support import (
+    company,
+    fixture,
+    fixture_bytes,
+    holder,
+    raw_delivery,
+    slack_message,
+)
+from seats_support import Recorder, eventually, memory_queues
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default"])]
+
+AGENTS = ("ada", "linus")
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture(autouse=True)
+async def _close_store_connections() -> AsyncIterator[None]:
+    yield
+    from django.db import connections
+
+    await sync_to_async(connections.close_all)()
+
+
+@dataclasses.dataclass
+class Routed:
+    router: NotifyRouter
+    queue: EventQueue
+    broker: MemoryBroker
+    rec: Recorder
+    holder: CompanyHolder
+
+    async def route(self, source: str, body: Any, **kw: Any) -> RouteResult:
+        return await self.router.route(raw_delivery(source, body, **kw))
+
+    def skips(self) -> list[Event]:
+        return [ev for topic, ev in self.rec.seen if topic == topics.event("notification_skipped")]
+
+
+@contextlib.asynccontextmanager
+async def routing(org: Optional[Organization] = None, *, valve: Optional[RateValve] = None) -> AsyncIterator[Routed]:
+    async with memory_queues("n1") as (broker, (q,)):
+        for handle in AGENTS:
+            await q.ensure_subscription(topics.agent_inbox(handle), topics.agent_inbox_group(handle))
+        rec = Recorder().attach(q)
+        h = holder(org)
+        yield Routed(NotifyRouter(q, h, valve=valve or RateValve(clock=lambda: NOW)), q, broker, rec, h)
+
+
+def only_wake(result: RouteResult, handle: str) -> Event:
+    assert result.woken == [handle], (result.woken, result.reasons, result.filtered)
+    return result.wakes[0][1]
+
+
+@sync_to_async
+def follows() -> list[tuple[str, str]]:
+    return list(ThreadFollow.objects.order_by("seat", "conversation").values_list("seat", "conversation"))
+
+
+# -- recipients, per source ---------------------------------------------------------------
+
+
+async def test_a_slack_mention_wakes_the_mentioned_seat_with_the_keys_the_body_and_the_trace() -> None:
+    async with routing() as r:
+        inbound = raw_delivery("slack", fixture_bytes("slack", "event_callback-app_mention.json"))
+        result = await r.router.route(inbound)
+        wake = only_wake(result, "ada")
+        assert isinstance(wake.data, ExternalNotification)
+        assert wake.type == "external_notification" and wake.source == "slack"
+        assert wake.payload["partition_key"] == wake.payload["conversation_identity"] == "slack:C111:1595926230.009600"
+        assert wake.payload["sender"] == "W222" and wake.payload["body"] == "<@W111> Hi there!"
+        assert wake.payload["delivery_id"] == wake.data.delivery_id == "Ev111"
+        assert wake.payload["why"] == WHY_MENTION and wake.payload["direct"] is True
+        assert (wake.data.seat, wake.data.role, wake.data.agent_id) == ("ada", "engineer", r.holder.current().seat_by_handle("ada").agent_id)
+        assert wake.trace_id == inbound.trace_id and wake.parent_span_id and wake.span_id != inbound.span_id
+        assert wake.timestamp == inbound.timestamp
+        # the wake on ada's inbox, and the same event recorded beside it
+        assert [(t, e.id) for t, e in r.rec.seen] == [
+            (topics.agent_inbox("ada"), wake.id),
+            (topics.event("external_notification"), wake.id),
+        ]
+        assert await r.queue.backlog(topics.agent_inbox("ada"), topics.agent_inbox_group("ada")) == 1
+
+
+async def test_a_slack_dm_wakes_the_seat_the_event_is_authorized_for_partitioned_on_the_channel() -> None:
+    async with routing() as r:
+        top = only_wake(await r.route("slack", fixture_bytes("slack", "event_callback-message-im-toplevel.json")), "ada")
+        assert top.payload["why"] == WHY_DM and top.payload["partition_key"] == "slack:D111"
+        reply = fixture("slack", "event_callback-message-im-thread-reply.json")
+        reply["event_id"], reply["event"]["ts"] = "Ev-reply", "1726133705.000001"  # the fixtures share one ts
+        wake = only_wake(await r.route("slack", reply), "ada")
+        assert wake.payload["partition_key"] == "slack:D111:1726133698.626339"
+        assert wake.payload["conversation_identity"] == "slack:D111"
+
+
+async def test_a_github_review_request_wakes_the_reviewer_and_the_assignee_who_caused_it_is_a_self_action() -> None:
+    async with routing() as r:
+        result = await r.route("github", fixture_bytes("github", "pull_request-opened.json"), event_name="pull_request", delivery_id="gh-1")
+        wake = only_wake(result, "ada")
+        assert wake.payload["why"] == WHY_REVIEWER and wake.payload["partition_key"] == "github:Codertocat/Hello-World#2"
+        assert wake.payload["delivery_id"] == "gh-1"
+        assert result.reasons == ["self-action: the recipient caused this event"]
+        assert result.skips[0].data.seat == "linus"
+
+
+async def test_a_jira_mention_and_a_jira_assignment_each_wake_their_seat() -> None:
+    async with routing() as r:
+        comment = fixture("jira", "comment_created.json")
+        comment["comment"]["body"] = "[~accountid:acc-ada] could you take this?"
+        wake = only_wake(await r.route("jira", comment, delivery_id="j-1"), "ada")
+        assert wake.payload["partition_key"] == "jira:ZUL-1" and wake.payload["why"] == WHY_MENTION
+        updated = fixture("jira", "jira-issue_updated-status-change.json")
+        updated["issue"]["fields"]["assignee"] = {"accountId": "acc-linus", "displayName": "Linus"}
+        wake = only_wake(await r.route("jira", updated, delivery_id="j-2"), "linus")
+        assert wake.payload["why"] == WHY_ASSIGNEE and wake.payload["digest_body"].startswith("James Williams updated TEST-1")
+
+
+async def test_a_confluence_page_update_reaches_the_seat_that_follows_the_page() -> None:
+    async with routing() as r:
+        mention = fixture("confluence", "page_created.json")
+        mention["page"]["body"] = {"storage": {"value": '<p><ac:link><ri:user ri:account-id="acc-ada"/></ac:link> please review</p>'}}
+        only_wake(await r.route("confluence", mention, delivery_id="c-1"), "ada")
+        assert ("ada", "confluence:13139970") in await follows()
+        wake = only_wake(await r.route("confluence", fixture_bytes("confluence", "page_updated.json"), delivery_id="c-2"), "ada")
+        assert wake.payload["why"] == WHY_FOLLOWER and wake.payload["direct"] is False
+
+
+async def test_mattermost_wakes_the_dm_member_and_the_mentioned_seat() -> None:
+    async with routing() as r:
+        dm = only_wake(await r.route("mattermost", fixture_bytes("mattermost", "posted-dm-root.json")), "ada")
+        assert dm.payload["partition_key"] == "mattermost:4ckrmjaeeb8mbpodbmo6bknpge" and dm.payload["why"] == WHY_DM
+        assert dm.payload["delivery_id"] == "a4aurxyyc3yruntz4zfmdw75nr" and dm.payload["sender"] == "jay"
+        wake = only_wake(await r.route("mattermost", fixture_bytes("mattermost", "posted-channel-root-decoded.json")), "linus")
+        assert wake.payload["partition_key"] == "mattermost:4fgt3n51f7ftpff91gk1iy1zow:wqpuawcw3iym3pq63s5xi1776r"
+
+
+async def test_a_mattermost_username_mention_reaches_a_seat_known_by_username() -> None:
+    org = company()
+    seats = tuple(dataclasses.replace(s, identities={**s.identities, "mattermost": "ada.bot"}) if s.handle == "ada" else s for s in org.seats)
+    async with routing(dataclasses.replace(org, seats=seats)) as r:
+        payload = fixture("mattermost", "posted-channel-root-decoded.json")
+        payload["data"]["post"]["message"] = "hey @Ada.Bot"
+        payload["data"]["mentions"] = []
+        only_wake(await r.route("mattermost", payload), "ada")
+
+
+async def test_routing_reads_the_organization_current_at_that_moment() -> None:
+    async with routing() as r:
+        only_wake(await r.route("slack", slack_message("<@W111> one", event_id="Ev-a")), "ada")
+        org = r.holder.current()
+        swapped = tuple(
+            dataclasses.replace(s, identities={**s.identities, "slack": "U0LINUS" if s.handle == "ada" else "W111"})
+            if s.handle in AGENTS
+            else s
+            for s in org.seats
+        )
+        r.holder.swap(dataclasses.replace(org, seats=swapped))
+        only_wake(await r.route("slack", slack_message("<@W111> two", ts="1718000000.000200", event_id="Ev-b")), "linus")
+
+
+# -- following threads --------------------------------------------------------------------------
+
+
+async def test_a_seat_woken_in_a_thread_follows_it_and_a_later_reply_reaches_it_without_a_mention(caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="crewlet.notifications")
+    async with routing() as r:
+        only_wake(await r.route("slack", fixture_bytes("slack", "event_callback-app_mention.json")), "ada")
+        assert await follows() == [("ada", "slack:C111:1595926230.009600")]
+        reply = slack_message("any update?", channel="C111", ts="1595926300.000100", thread_ts="1595926230.009600", event_id="Ev-r")
+        wake = only_wake(await r.route("slack", reply), "ada")
+        assert wake.payload["why"] == WHY_FOLLOWER and wake.payload["direct"] is False
+        assert wake.payload["partition_key"] == "slack:C111:1595926230.009600"
+
+        other = slack_message("unrelated reply", channel="C111", ts="1595926400.000100", thread_ts="1595000000.000001", event_id="Ev-o")
+        result = await r.route("slack", other)
+        assert result.woken == [] and result.filtered == ["thread reply not followed"] and result.skips == []
+        assert any(rec.message == "slack_event_skipped" and rec.levelno == logging.DEBUG for rec in caplog.records)
+
+
+async def test_another_agents_post_reaches_followers_only_by_mention() -> None:
+    async with routing() as r:
+        only_wake(await r.route("slack", fixture_bytes("slack", "event_callback-app_mention.json")), "ada")
+        chatter = slack_message("I agree", channel="C111", ts="1595926300.000100", thread_ts="1595926230.009600", user="U0LINUS", event_id="Ev-l")
+        assert (await r.route("slack", chatter)).woken == []
+        ask = slack_message("<@W111> do you agree?", channel="C111", ts="1595926301.000100", thread_ts="1595926230.009600", user="U0LINUS", event_id="Ev-m")
+        only_wake(await r.route("slack", ask), "ada")
+
+
+# -- chat parser filtering is debug, never recorded ----------------------------------------------------
+
+
+async def test_a_seats_own_post_a_deleted_post_and_a_system_post_are_logged_at_debug_and_not_recorded(caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="crewlet.notifications")
+    async with routing() as r:
+        own = slack_message("<@W111> note to self", user="W111", event_id="Ev-own")
+        assert (await r.route("slack", own)).filtered == ["own post"]
+        assert (await r.route("slack", fixture_bytes("slack", "event_callback-message-message_deleted.json"))).filtered == ["deleted post"]
+        system = fixture("mattermost", "posted-channel-root-decoded.json")
+        system["data"]["post"]["type"] = "system_join_channel"
+        assert (await r.route("mattermost", system)).filtered[0].startswith("system post")
+        assert r.rec.seen == []
+        names = {(rec.message, rec.levelno) for rec in caplog.records}
+        assert ("slack_event_skipped", logging.DEBUG) in names and ("mattermost_post_skipped", logging.DEBUG) in names
+        assert "notification_skipped" not in {rec.message for rec in caplog.records}
+
+
+async def test_a_channel_message_nobody_is_addressed_in_wakes_nobody_and_records_nothing() -> None:
+    async with routing() as r:
+        result = await r.route("slack", fixture_bytes("slack", "event_callback-message-channel-toplevel-real-ids.json"))
+        assert result.woken == [] and result.filtered == ["not addressed to a seat"] and r.rec.seen == []
+
+
+# -- every skip, with its fixed phrase -----------------------------------------------------------------
+
+
+def _skip(r: Routed, result: RouteResult, reason: str) -> NotificationSkipped:
+    assert result.reasons == [reason], (result.reasons, result.woken, result.filtered)
+    recorded = r.skips()[-1]
+    assert recorded.id == result.skips[0].id and recorded.data.reason == reason
+    assert set(recorded.payload) >= {"handle", "notification_source"}
+    return recorded.data
+
+
+async def test_an_unreadable_payload_is_skipped_as_unreadable_delivery_payload() -> None:
+    async with routing() as r:
+        skip = _skip(r, await r.route("slack", b"{not json", delivery_id="x"), "unreadable delivery payload")
+        assert skip.detail.startswith("not JSON")
+        not_a_delivery = await r.router.route(Event(type="task_assigned", source="slack", data=TaskAssigned()))
+        assert not_a_delivery.reasons == ["unreadable delivery payload"]
+
+
+async def test_a_source_the_company_no_longer_has_is_skipped_as_disconnected() -> None:
+    org = company()
+    async with routing(dataclasses.replace(org, surfaces={k: v for k, v in org.surfaces.items() if k != "slack"})) as r:
+        _skip(r, await r.route("slack", fixture_bytes("slack", "event_callback-app_mention.json")), "this source was disconnected")
+
+
+async def test_a_source_nothing_parses_is_skipped_as_no_parser() -> None:
+    async with routing() as r:
+        skip = _skip(r, await r.route("zulip", {"message": "hi"}), "no parser for this source")
+        assert "zulip" in skip.detail and r.skips()[-1].payload["notification_source"] == "zulip"
+
+
+async def test_a_payload_its_parser_refuses_is_skipped_as_parse_failed_with_the_error_as_detail() -> None:
+    async with routing() as r:
+        skip = _skip(r, await r.route("slack", {"type": "event_callback", "event_id": "Ev-x"}), "parse failed")
+        assert skip.detail == "event_callback carries no event object"
+
+
+async def test_a_mention_of_nobody_in_the_company_is_skipped_as_no_seat_under_the_deliverys_trace() -> None:
+    async with routing() as r:
+        inbound = raw_delivery("slack", slack_message("<@U404> hello"))
+        skip = _skip(r, await r.router.route(inbound), "no seat matches this recipient")
+        assert skip.recipient == "U404" and skip.detail == "mention U404" and skip.seat == ""
+        assert r.skips()[-1].trace_id == inbound.trace_id and r.skips()[-1].parent_span_id
+
+
+async def test_a_human_recipient_is_an_info_level_skip_not_a_warning(caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="crewlet.notifications")
+    async with routing() as r:
+        skip = _skip(r, await r.route("slack", slack_message("<@U0GRACE> fyi")), "human seat")
+        assert skip.seat == "grace" and r.skips()[-1].payload["handle"] == "grace"
+        levels = [rec.levelno for rec in caplog.records if rec.message == "notification_skipped"]
+        assert levels == [logging.INFO]
+
+
+async def test_a_recipient_that_caused_the_event_is_refused_by_the_routing_gate() -> None:
+    async with routing() as r:
+        result = await r.route("github", fixture_bytes("github", "issue_comment-created.json"), event_name="issue_comment")
+        skip = _skip(r, result, "self-action: the recipient caused this event")
+        assert skip.seat == "linus" and "Codertocat" in skip.detail
+
+
+async def test_a_seat_over_its_rate_is_skipped_as_rate_limit_exceeded() -> None:
+    async with routing(company(rate_limit=1)) as r:
+        only_wake(await r.route("slack", slack_message("<@W111> one", event_id="Ev-1")), "ada")
+        result = await r.route("slack", slack_message("<@W111> two", ts="1718000000.000200", event_id="Ev-2"))
+        _skip(r, result, "rate limit exceeded")
+
+
+async def test_every_skip_reason_is_produced_and_each_is_one_of_the_fixed_phrases() -> None:
+    org = company(rate_limit=1)
+    produced: set[str] = set()
+    async with routing(org) as r:
+        for source, body, kw in [
+            ("slack", b"nope", {}),
+            ("zulip", {"x": 1}, {}),
+            ("slack", {"type": "event_callback", "event_id": "Ev-p"}, {}),
+            ("slack", slack_message("<@U404>", event_id="Ev-n"), {}),
+            ("slack", slack_message("<@U0GRACE>", event_id="Ev-h"), {}),
+            ("github", fixture_bytes("github", "issue_comment-created.json"), {"event_name": "issue_comment"}),
+            ("slack", slack_message("<@W111> a", ts="1.1", event_id="Ev-r1"), {}),
+            ("slack", slack_message("<@W111> b", ts="1.2", event_id="Ev-r2"), {}),
+        ]:
+            produced |= set((await r.route(source, body, **kw)).reasons)
+    async with routing(dataclasses.replace(org, surfaces={})) as r:
+        produced |= set((await r.route("jira", fixture_bytes("jira", "comment_created.json"))).reasons)
+    assert produced == set(SKIP_REASONS)
+
+
+# -- the rate valve ----------------------------------------------------------------------------------
+
+
+def test_a_rate_below_one_per_second_widens_the_window() -> None:
+    assert RateValve.window(0.5) == (2, 1)
+    assert RateValve.window(0.2) == (5, 1)
+    assert RateValve.window(3) == (1, 3)
+    assert RateValve.window(2.5) == (1, 2)
+
+
+async def test_the_rate_valve_is_off_by_default() -> None:
+    async with routing(company(rate_limit=0)) as r:
+        for i in range(5):
+            only_wake(await r.route("slack", slack_message(f"<@W111> {i}", ts=f"1.{i}", event_id=f"Ev-{i}")), "ada")
+
+
+async def test_the_rate_counters_are_shared_so_a_second_node_sees_the_first_nodes_wakes() -> None:
+    async with memory_queues("n1", "n2") as (_, (q1, q2)):
+        await q1.ensure_subscription(topics.agent_inbox("ada"), topics.agent_inbox_group("ada"))
+        h = holder(company(rate_limit=2))
+        n1 = NotifyRouter(q1, h, valve=RateValve(clock=lambda: NOW))
+        n2 = NotifyRouter(q2, h, valve=RateValve(clock=lambda: NOW + 0.5))
+        assert (await n1.route(raw_delivery("slack", slack_message("<@W111> a", ts="1.1", event_id="A")))).woken == ["ada"]
+        assert (await n2.route(raw_delivery("slack", slack_message("<@W111> b", ts="1.2", event_id="B")))).woken == ["ada"]
+        third = await n1.route(raw_delivery("slack", slack_message("<@W111> c", ts="1.3", event_id="C")))
+        assert third.reasons == ["rate limit exceeded"]
+        later = NotifyRouter(q1, h, valve=RateValve(clock=lambda: NOW + 1))
+        assert (await later.route(raw_delivery("slack", slack_message("<@W111> d", ts="1.4", event_id="D")))).woken == ["ada"]
+
+
+async def test_the_rate_valve_fails_open_when_the_store_is_unreachable(caplog) -> None:
+    async def broken(seat: str, window: int) -> int:
+        raise DatabaseError("connection refused")
+
+    caplog.set_level(logging.WARNING, logger="crewlet.notifications")
+    async with routing(company(rate_limit=1), valve=RateValve(broken, clock=lambda: NOW)) as r:
+        for i in range(3):
+            only_wake(await r.route("slack", slack_message(f"<@W111> {i}", ts=f"2.{i}", event_id=f"Ev-f{i}")), "ada")
+        opened = [rec for rec in caplog.records if rec.message == "notification_rate_store_unavailable"]
+        assert len(opened) == 3 and all(rec.levelno == logging.WARNING for rec in opened)
+
+
+# -- retries ------------------------------------------------------------------------------------------
+
+
+async def test_a_vendor_retry_of_the_same_delivery_never_produces_a_second_wake() -> None:
+    async with routing() as r:
+        body = fixture_bytes("slack", "event_callback-app_mention.json")
+        only_wake(await r.route("slack", body), "ada")
+        retry = await r.route("slack", body)  # the edge published it again: a new inbound event, same event_id
+        assert retry.duplicate and retry.woken == [] and retry.skips == []
+        assert await r.queue.backlog(topics.agent_inbox("ada"), topics.agent_inbox_group("ada")) == 1
+        assert await sync_to_async(SeenDelivery.objects.filter(key="delivery:slack:Ev111").count)() == 1
+
+
+async def test_a_broker_redelivery_of_the_same_delivery_republishes_the_same_wake() -> None:
+    async with routing() as r:
+        inbound = raw_delivery("slack", fixture_bytes("slack", "event_callback-app_mention.json"))
+        first = only_wake(await r.router.route(inbound), "ada")
+        again = only_wake(await r.router.route(inbound), "ada")  # the routing node died before its ack
+        assert again.id == first.id  # the inbox's same-id dedupe and the ledger collapse it
+
+
+async def test_one_chat_message_delivered_twice_under_two_event_ids_wakes_a_seat_once() -> None:
+    async with routing() as r:
+        mention = fixture("slack", "event_callback-app_mention.json")
+        as_message = json.loads(json.dumps(mention))
+        as_message["event"]["type"] = "message"
+        as_message["event_id"] = "Ev-message-copy"
+        only_wake(await r.route("slack", mention), "ada")
+        assert (await r.route("slack", as_message)).woken == []
+
+
+async def test_a_wake_that_cannot_be_published_fails_the_delivery_for_redelivery() -> None:
+    async with routing() as r:
+        inbound = raw_delivery("slack", fixture_bytes("slack", "event_callback-app_mention.json"))
+        r.broker.go_away()
+        delivery = Delivery(event=inbound, topic=topics.NOTIFICATIONS_INBOUND, remaining=MAX_DELIVERIES - 1)
+        assert await r.router._handle(delivery) == Outcome.NAK
+        r.broker.come_back()
+        assert await r.router._handle(delivery) == Outcome.ACK
+        assert await r.queue.backlog(topics.agent_inbox("ada"), topics.agent_inbox_group("ada")) == 1
+
+
+# -- end to end on the real broker ------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+async def test_a_fixture_posted_to_the_edge_wakes_the_seat_on_its_inbox_over_the_real_broker() -> None:
+    from crewlet.queue.contract import Delivery as QDelivery
+    from notifications.runtime import NotifyService
+    from seats_support import jetstream_queues
+
+    async with jetstream_queues("n1") as (q,):
+        inbox, group = topics.agent_inbox("ada"), topics.agent_inbox_group("ada")
+        await q.ensure_subscription(inbox, group)
+        notify = NotifyService(q, holder())
+        await notify.start()
+        got: list[Event] = []
+
+        async def collect(d: QDelivery) -> None:
+            got.append(d.event)
+
+        sub = await q.subscribe(inbox, group, collect)
+        try:
+            body = fixture_bytes("slack", "event_callback-message-im-toplevel.json")
+            resp = await AsyncClient().post("/webhooks/slack", data=body, content_type="application/json")
+            assert resp.status_code == 202, resp.content
+            await eventually(lambda: len(got) == 1, what="ada's wake on her inbox")
+            wake = got[0]
+            assert wake.type == "external_notification" and wake.data.seat == "ada"
+            assert wake.payload["partition_key"] == wake.payload["conversation_identity"] == "slack:D111"
+            assert wake.payload["delivery_id"] == "Ev111" and wake.payload["sender"] == "W222"
+            assert wake.trace_id == resp.json()["trace_id"]
+
+            # Slack retries the same delivery; a later, different message proves the retry was routed (and dropped).
+            assert (await AsyncClient().post("/webhooks/slack", data=body, content_type="application/json")).status_code == 202
+            later = fixture("slack", "event_callback-message-im-toplevel.json")
+            later["event_id"], later["event"]["ts"], later["event"]["text"] = "Ev222", "1726133799.000001", "second"
+            resp2 = await AsyncClient().post("/webhooks/slack", data=json.dumps(later), content_type="application/json")
+            assert resp2.status_code == 202
+            await eventually(lambda: len(got) == 2, what="the second message's wake")
+            assert [w.payload["delivery_id"] for w in got] == ["Ev111", "Ev222"]
+        finally:
+            await sub.detach()
+            await notify.stop()
+
+
+@pytest.mark.integration
+async def test_a_burst_posted_to_the_edge_becomes_one_digest_trigger_on_the_real_broker() -> None:
+    """N DM messages routed while nothing drains ada's inbox drain as one partition and run as ONE trigger."""
+    from crewlet.queue.contract import BatchOptions, Partition
+    from notifications.coalescer import dispatch
+    from notifications.runtime import NotifyService
+    from seats.inbox import partition_key_of
+    from seats_support import jetstream_queues
+
+    async with jetstream_queues("n1") as (q,):
+        inbox, group = topics.agent_inbox("ada"), topics.agent_inbox_group("ada")
+        await q.ensure_subscription(inbox, group)
+        rec = Recorder().attach(q)
+        notify = NotifyService(q, holder())
+        await notify.start()
+        try:
+            texts = ["can you look at the build?", "+1", "+1", "it is red since noon"]
+            for i, text in enumerate(texts):
+                msg = fixture("slack", "event_callback-message-im-toplevel.json")
+                msg["event_id"], msg["event"]["ts"], msg["event"]["text"] = f"Ev-burst-{i}", f"1726133800.00000{i}", text
+                resp = await AsyncClient().post("/webhooks/slack", data=json.dumps(msg), content_type="application/json")
+                assert resp.status_code == 202
+
+            async def all_routed() -> bool:
+                return await q.backlog(inbox, group) == len(texts)
+
+            await eventually(all_routed, what="every message routed to ada's inbox")
+            runs: list[Event] = []
+
+            async def run(ev: Event) -> None:
+                runs.append(ev)
+
+            async def handler(partition: Partition) -> None:
+                await dispatch(q, "ada", partition.events, run)
+
+            sub = await q.subscribe_batch(inbox, group, BatchOptions(partition_key=partition_key_of, max_batch=20), handler)
+            try:
+                await eventually(lambda: len(runs) == 1, what="one merged turn")
+
+                async def drained() -> bool:
+                    return await q.backlog(inbox, group) == 0
+
+                await eventually(drained, what="ada's inbox drained")
+            finally:
+                await sub.detach()
+            merged = runs[0]
+            assert merged.payload["coalesced_count"] == 4 and merged.payload["partition_key"] == "slack:D111"
+            assert merged.payload["body"].endswith("it is red since noon")
+            assert merged.payload["duplicates_collapsed"] == 1  # the same sender's repeated "+1"
+            assert [m["body"] for m in merged.data.messages] == texts
+            coalesced = rec.of("notifications_coalesced")
+            assert len(coalesced) == 1 and coalesced[0].data.partition_key == "slack:D111"
+            assert merged.trace_id == rec.of("external_notification")[0].trace_id  # the FIRST constituent's trace
+        finally:
+            await notify.stop()
