@@ -335,7 +335,15 @@ class SeatRuntime:
 
 
 def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:
-    """Register the seat runtime as an engine service (started once the queue is connected)."""
+    """Register the seat runtime as an engine service (started once the queue is connected).
+
+    In production a multi-wake partition is merged by the notifications
+    digest (``notifications.coalescer.dispatch``) into ONE trigger.
+    """
+    if "merge" not in options:
+        from notifications.coalescer import dispatch
+
+        options["merge"] = dispatch
 
     async def seat_runtime_service(engine: "Engine") -> None:
         assert engine.queue is not None

@@ -1,0 +1,158 @@
+"""The admin: seat pauses (with pause/resume actions), the seat record, the completion ledger, operator tokens.
+
+The pause and resume actions call :func:`seats.actions.pause_seat` /
+:func:`seats.actions.resume_seat` — the same compare-and-set the API uses, so
+only a change that won is announced — with the signed-in user as who did it.
+They are offered on the seat record too, because a seat nobody ever paused
+has a record (every seat the mailbox walk saw) but no pause row yet.
+
+Operator tokens are stored only as their hash: the list and the change page
+show it read-only, and adding one asks only for a name, mints the token and
+shows it once in the confirmation message.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from seats import actions
+from seats.actions import SeatNotFound
+from seats.delivery_models import LedgerEntry, SeatPause, SeatRecord
+from seats.models import OperatorToken, hash_token, new_token
+
+
+def _apply(modeladmin: admin.ModelAdmin, request: HttpRequest, handles: Iterable[str], pause: bool) -> None:
+    """Pause or resume each handle; report how many changed, and which could not be."""
+    by = request.user.get_username()
+    changed, unchanged, refused = 0, 0, []
+    for handle in sorted(set(handles)):
+        try:
+            if pause:
+                won = actions.pause_seat(handle, by, "paused from the admin")
+            else:
+                won = actions.resume_seat(handle, by)
+        except SeatNotFound:
+            refused.append(handle)
+            continue
+        except RuntimeError as exc:
+            modeladmin.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
+            return
+        if won:
+            changed += 1
+        else:
+            unchanged += 1
+    verb = "paused" if pause else "resumed"
+    modeladmin.message_user(
+        request,
+        f"{changed} seat(s) {verb}; {unchanged} already {verb if pause else 'running'}.",
+        messages.SUCCESS if changed or not refused else messages.WARNING,
+    )
+    if refused:
+        modeladmin.message_user(
+            request, f"Not agent seats of the active company (no inbox to hold): {', '.join(refused)}", messages.WARNING
+        )
+
+
+@admin.action(description="Pause selected seats")
+def pause_selected(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset.values_list("handle", flat=True), pause=True)
+
+
+@admin.action(description="Resume selected seats")
+def resume_selected(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _apply(modeladmin, request, queryset.values_list("handle", flat=True), pause=False)
+
+
+class _ReadOnly(admin.ModelAdmin):
+    """Rows the system writes: viewable, never added or edited by hand."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(SeatPause)
+class SeatPauseAdmin(_ReadOnly):
+    list_display = ("handle", "paused", "paused_by", "reason", "paused_at", "stop_running", "version")
+    list_filter = ("paused",)
+    search_fields = ("handle", "paused_by", "reason")
+    ordering = ("handle",)
+    actions = [pause_selected, resume_selected]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the row is the state every node reconciles to: change it only by compare-and-set
+
+
+@admin.register(SeatRecord)
+class SeatRecordAdmin(_ReadOnly):
+    list_display = ("handle", "kind", "first_seen", "last_active_at", "absent_since", "retired_at")
+    list_filter = ("kind",)
+    search_fields = ("handle",)
+    ordering = ("handle",)
+    actions = [pause_selected, resume_selected]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(_ReadOnly):
+    list_display = ("seat", "trigger", "turn_id", "event_id", "worked_at")
+    list_filter = ("seat",)
+    search_fields = ("seat", "trigger", "turn_id", "event_id")
+    date_hierarchy = "worked_at"
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class OperatorTokenAddForm(forms.ModelForm):
+    """Only a name: the token is minted on save and shown once."""
+
+    class Meta:
+        model = OperatorToken
+        fields = ["name"]
+
+
+@admin.register(OperatorToken)
+class OperatorTokenAdmin(admin.ModelAdmin):
+    list_display = ("name", "created_at", "last_used_at")
+    search_fields = ("name",)
+    readonly_fields = ("name", "token_hash", "created_at", "last_used_at")
+    add_form = OperatorTokenAddForm
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = self.add_form
+            kwargs["fields"] = ["name"]
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.readonly_fields if obj is not None else ()
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ["name"] if obj is None else list(self.readonly_fields)
+
+    def save_model(self, request: HttpRequest, obj: OperatorToken, form: Any, change: bool) -> None:
+        if change:
+            return  # read-only: revoke (delete) and mint anew instead
+        token = new_token()
+        obj.token_hash = hash_token(token)
+        obj.save()
+        self.message_user(
+            request,
+            f"Operator token for {obj.name!r}: {token} — copy it now, it is stored only as its hash and not shown again.",
+            messages.WARNING,
+        )
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+
+__all__ = ["LedgerEntryAdmin", "OperatorTokenAdmin", "SeatPauseAdmin", "SeatRecordAdmin", "pause_selected", "resume_selected"]

@@ -1,0 +1,262 @@
+"""``/api/seats/``: the company's seats, and a person pausing or resuming one.
+
+Same credentials as the rest of ``/api/`` (an operator token or a staff
+session; 401 otherwise). The views are thin: the change itself is
+:func:`seats.actions.pause_seat` / :func:`seats.actions.resume_seat`, the
+compare-and-set whose winner alone publishes ``seat_paused`` /
+``seat_resumed`` — so ``changed`` is false for a second click and nothing is
+announced twice.
+
+Which company: the one the running :class:`~seats.runtime.SeatRuntime` serves
+(its holder, read per request), else the example company. A mailbox's depth
+is read through the runtime's queue on the engine's loop; with no runtime in
+this process (or no answer in time) it is ``null``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Optional
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from crewlet.org import Organization, Seat, load_company
+from crewlet.queue import topics
+from eventstore.serializers import DetailSerializer
+from seats import actions, runtime
+from seats.actions import SeatNotFound
+from seats.delivery_models import SeatPause
+from seats.models import OperatorToken
+
+log = logging.getLogger("crewlet.seats.api")
+
+#: How long a list waits for the engine's loop to answer the mailbox depths.
+DEPTH_TIMEOUT_S = 2.0
+
+
+# -- serializers (the schema; the answers are plain dicts) -------------------------------
+
+
+class PauseStateSerializer(serializers.Serializer):
+    paused = serializers.BooleanField()
+    paused_by = serializers.CharField(allow_blank=True)
+    paused_by_seat = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField(allow_blank=True)
+    stop_running = serializers.BooleanField()
+    paused_at = serializers.DateTimeField(allow_null=True)
+    version = serializers.IntegerField()
+
+
+class SeatSerializer(serializers.Serializer):
+    handle = serializers.CharField()
+    kind = serializers.CharField()
+    role = serializers.CharField(allow_blank=True)
+    display_name = serializers.CharField(allow_blank=True)
+    agent_id = serializers.CharField()
+    paused = serializers.BooleanField()
+    paused_by = serializers.CharField(allow_blank=True)
+    paused_by_seat = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField(allow_blank=True)
+    stop_running = serializers.BooleanField()
+    paused_at = serializers.DateTimeField(allow_null=True)
+    depth = serializers.IntegerField(allow_null=True, help_text="mail waiting in the seat's inbox; null when unknown")
+
+
+class SeatListSerializer(serializers.Serializer):
+    org = serializers.CharField()
+    seats = SeatSerializer(many=True)
+
+
+class PauseRequestSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    stop_running = serializers.BooleanField(required=False, default=False)
+
+
+class ChangeSerializer(serializers.Serializer):
+    changed = serializers.BooleanField(help_text="true only for the call whose compare-and-set made the change")
+    state = PauseStateSerializer()
+
+
+_ERRORS = {401: DetailSerializer, 404: DetailSerializer, 503: DetailSerializer}
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def company() -> Organization:
+    """The company the running runtime serves, else the example one."""
+    rt = runtime.current()
+    if rt is not None:
+        return rt.holder.current()
+    return load_company()
+
+
+def actor(request: Request) -> str:
+    """Who is acting: the operator token's name, else the staff user's username."""
+    if isinstance(request.auth, OperatorToken):
+        return request.auth.name
+    user = request.user
+    return str(getattr(user, "get_username", lambda: getattr(user, "username", ""))() or "")
+
+
+def _engine_loop() -> Optional[asyncio.AbstractEventLoop]:
+    """The loop the running runtime's queue lives on (where ``actions.bind`` recorded it)."""
+    rt = runtime.current()
+    binding = getattr(actions, "_binding", None)
+    if rt is None or binding is None or binding.queue is not rt.queue:
+        return None
+    return binding.loop
+
+
+def depths(handles: list[str]) -> dict[str, Optional[int]]:
+    """Each agent seat's inbox depth read on the engine's loop; None for all when it cannot be asked."""
+    rt, loop = runtime.current(), _engine_loop()
+    if rt is None or loop is None or not handles or loop.is_closed():
+        return {h: None for h in handles}
+    try:
+        if asyncio.get_running_loop() is loop:
+            return {h: None for h in handles}  # blocking on our own loop would deadlock
+    except RuntimeError:
+        pass
+    queue = rt.queue
+
+    async def ask() -> list[Any]:
+        return await asyncio.gather(
+            *(queue.backlog(topics.agent_inbox(h), topics.agent_inbox_group(h)) for h in handles),
+            return_exceptions=True,
+        )
+
+    try:
+        answers = asyncio.run_coroutine_threadsafe(ask(), loop).result(timeout=DEPTH_TIMEOUT_S)
+    except Exception:
+        log.warning("seat_depth_unavailable", exc_info=True)
+        return {h: None for h in handles}
+    return {h: (a if isinstance(a, int) else None) for h, a in zip(handles, answers)}
+
+
+def state(row: Optional[SeatPause]) -> dict[str, Any]:
+    if row is None:
+        return {
+            "paused": False,
+            "paused_by": "",
+            "paused_by_seat": "",
+            "reason": "",
+            "stop_running": False,
+            "paused_at": None,
+            "version": 0,
+        }
+    return {
+        "paused": row.paused,
+        "paused_by": row.paused_by,
+        "paused_by_seat": row.paused_by_seat,
+        "reason": row.reason,
+        "stop_running": row.stop_running,
+        "paused_at": row.paused_at.isoformat().replace("+00:00", "Z") if row.paused_at else None,
+        "version": row.version,
+    }
+
+
+def _seat_or_error(handle: str) -> tuple[Optional[Seat], Optional[Response]]:
+    seat = company().seat_by_handle(handle)
+    if seat is None:
+        return None, Response({"detail": f"no seat {handle!r} in the company"}, status=status.HTTP_404_NOT_FOUND)
+    if not seat.is_agent:
+        return None, Response(
+            {"detail": f"seat {handle!r} is a human seat: it has no inbox to hold"}, status=status.HTTP_400_BAD_REQUEST
+        )
+    return seat, None
+
+
+def _no_runtime() -> Response:
+    return Response(
+        {"detail": "no seat runtime runs in this process to announce the change on"},
+        status=status.HTTP_503_SERVICE_UNAVAILABLE,
+    )
+
+
+# -- views ----------------------------------------------------------------------------------
+
+
+class SeatsView(APIView):
+    @extend_schema(
+        operation_id="seats_list",
+        summary="Every seat of the company, its pause and its mailbox depth",
+        responses={200: SeatListSerializer, 401: DetailSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        org = company()
+        rows = actions.pause_states([s.handle for s in org.seats])
+        depth = depths([s.handle for s in org.agent_seats()])
+        seats = []
+        for seat in org.seats:
+            pause = state(rows.get(seat.handle))
+            pause.pop("version")
+            seats.append(
+                {
+                    "handle": seat.handle,
+                    "kind": seat.kind,
+                    "role": seat.role,
+                    "display_name": seat.display_name,
+                    "agent_id": seat.agent_id,
+                    **pause,
+                    "depth": depth.get(seat.handle) if seat.is_agent else None,
+                }
+            )
+        return Response({"org": org.org, "seats": seats})
+
+
+class SeatPauseView(APIView):
+    @extend_schema(
+        operation_id="seats_pause",
+        summary="Pause a seat: hold its inbox (optionally stopping the running turn)",
+        request=PauseRequestSerializer,
+        responses={200: ChangeSerializer, 400: DetailSerializer, **_ERRORS},
+    )
+    def post(self, request: Request, handle: str) -> Response:
+        _, error = _seat_or_error(handle)
+        if error is not None:
+            return error
+        body = PauseRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        if not actions.bound():
+            return _no_runtime()
+        try:
+            changed = actions.pause_seat(
+                handle, actor(request), body.validated_data["reason"], body.validated_data["stop_running"]
+            )
+        except SeatNotFound as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
+        except RuntimeError as exc:
+            log.warning("seat_pause_refused", extra={"seat": handle, "error": str(exc)})
+            return _no_runtime()
+        return Response({"changed": changed, "state": state(actions.pause_states([handle]).get(handle))})
+
+
+class SeatResumeView(APIView):
+    @extend_schema(
+        operation_id="seats_resume",
+        summary="Resume a paused seat: release the hold on its inbox",
+        request=None,
+        responses={200: ChangeSerializer, 400: DetailSerializer, **_ERRORS},
+    )
+    def post(self, request: Request, handle: str) -> Response:
+        _, error = _seat_or_error(handle)
+        if error is not None:
+            return error
+        if not actions.bound():
+            return _no_runtime()
+        try:
+            changed = actions.resume_seat(handle, actor(request))
+        except SeatNotFound as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
+        except RuntimeError as exc:
+            log.warning("seat_resume_refused", extra={"seat": handle, "error": str(exc)})
+            return _no_runtime()
+        return Response({"changed": changed, "state": state(actions.pause_states([handle]).get(handle))})
+
+
+__all__ = ["SeatPauseView", "SeatResumeView", "SeatsView", "actor", "company", "depths"]
