@@ -4,10 +4,28 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+
+
+def apply_data_dir(argv: list[str], environ: "os._Environ[str] | dict[str, str]" = os.environ) -> None:
+    """``up --data-dir DIR`` sets ``CREWLET_VAR_DIR`` before Django reads its settings (which place the SQLite files)."""
+    if len(argv) < 2 or argv[1] != "up":
+        return
+    for i, arg in enumerate(argv[2:], start=2):
+        if arg == "--data-dir" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--data-dir="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        if value:
+            environ["CREWLET_VAR_DIR"] = str(Path(value).resolve())
+        return
 
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
+    apply_data_dir(sys.argv)
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -24,6 +24,9 @@ log = logging.getLogger("crewlet.engine")
 #: (or returns early when it only had set-up to do).
 ServiceFactory = Callable[["Engine"], Awaitable[None]]
 
+#: A service still running this long after its cancellation is cancelled again.
+RECANCEL_AFTER_S = 5.0
+
 
 class Broker(Protocol):
     """What the engine needs of ``crewlet.queue.broker.EmbeddedBroker``."""
@@ -77,8 +80,9 @@ class Engine:
         self.timings = timings or Timings()
         self.drain_timeout_s = drain_timeout_s
         self._connect = connect
-        self._factories: list[tuple[str, ServiceFactory]] = []
+        self._factories: list[tuple[str, ServiceFactory, bool]] = []
         self._services: list[asyncio.Task[None]] = []
+        self._front: list[asyncio.Task[None]] = []
         self._stop: Optional[asyncio.Event] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._signals = 0
@@ -89,15 +93,18 @@ class Engine:
 
     # -- registry ---------------------------------------------------------
 
-    def add_service(self, factory: ServiceFactory, *, name: Optional[str] = None) -> None:
+    def add_service(self, factory: ServiceFactory, *, name: Optional[str] = None, stop_first: bool = False) -> None:
         """Register a long-running duty, started once the queue is connected.
 
         A service that raises stops the engine with a failure: a duty that died
         silently would leave a node that looks healthy and does nothing.
+        ``stop_first`` services (the web server) are cancelled and awaited at the
+        very start of a stop, before the drain, so nothing new comes in while the
+        loops finish what they hold; the queue is still open while they wind down.
         """
         if self._stop is not None:
             raise RuntimeError("add_service() must be called before the engine starts")
-        self._factories.append((name or getattr(factory, "__name__", repr(factory)), factory))
+        self._factories.append((name or getattr(factory, "__name__", repr(factory)), factory, stop_first))
 
     # -- lifecycle --------------------------------------------------------
 
@@ -163,8 +170,12 @@ class Engine:
                     "services": len(self._factories),
                 },
             )
-            for name, factory in self._factories:
-                self._services.append(asyncio.create_task(self._run_service(name, factory), name=f"service:{name}"))
+            from crewlet import runtime  # the process-wide handle on this queue (views, /healthz)
+
+            runtime.set_queue(self.queue)
+            for name, factory, stop_first in self._factories:
+                task = asyncio.create_task(self._run_service(name, factory), name=f"service:{name}")
+                (self._front if stop_first else self._services).append(task)
             await self._stop.wait()
             await self._shutdown()
             log.info("engine_stopped", extra={"node": node, "clean": not self._failed})
@@ -187,6 +198,8 @@ class Engine:
         """Drain in the order that loses nothing: stop fetching, let handlers finish, then tear down."""
         queue = self.queue
         assert queue is not None
+        # Stop taking work in (the web server's listeners) before the loops drain.
+        await self._cancel_services(self._front)
         try:
             await queue.pause_delivery()
             self._drain_task = asyncio.create_task(queue.wait_idle(self.drain_timeout_s))
@@ -202,15 +215,32 @@ class Engine:
         if not idle:
             log.warning("engine_drain_incomplete", extra={"in_flight": queue.in_flight(), "timeout_s": self.drain_timeout_s})
 
-        for task in self._services:
-            task.cancel()
-        if self._services:
-            await asyncio.gather(*self._services, return_exceptions=True)
+        await self._cancel_services(self._services)
+        from crewlet import runtime
+
+        runtime.clear_queue(queue)
         try:
             await queue.close()
         except Exception:
             log.exception("engine_queue_close_failed")
         await self._stop_broker()
+
+    async def _cancel_services(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Cancel ``tasks`` and wait for them; cancel again any that swallowed the cancellation.
+
+        A cancellation can be lost inside a library (Python 3.11's ``asyncio.wait_for``
+        returns a result that raced with ``cancel()``): a service caught mid-start
+        would then run on and wedge the stop. One still running after
+        ``RECANCEL_AFTER_S`` is cancelled again.
+        """
+        pending = {task for task in tasks if not task.done()}
+        for task in pending:
+            task.cancel()
+        while pending:
+            _done, pending = await asyncio.wait(pending, timeout=RECANCEL_AFTER_S)
+            for task in pending:
+                log.warning("engine_service_cancelled_again", extra={"service": task.get_name()})
+                task.cancel()
 
     async def _stop_broker(self) -> None:
         if self.broker is None:

@@ -1,10 +1,15 @@
-"""URL routes: the admin and the /api/ reads (OpenAPI at /api/schema/); later issues add the dashboard."""
+"""URL routes: /healthz, the admin and the /api/ reads (OpenAPI at /api/schema/); later issues add the dashboard."""
 from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
 
+from crewlet.health import healthz
+
 urlpatterns = [
+    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("api/seats/", include("seats.urls")),
     path("api/", include("eventstore.urls")),
+    path("webhooks/", include("notifications.urls")),
 ]

@@ -489,7 +489,7 @@ def test_manage_py_up_starts_the_engine_and_stops_cleanly_on_sigterm(tmp_path: P
     env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
     env.update(CREWLET_VAR_DIR=str(tmp_path / "var"), PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings")
     proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--node", "t1", "--store-dir", str(tmp_path / "js")],
+        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--node", "t1", "--store-dir", str(tmp_path / "js"), "--addr", "127.0.0.1:0"],
         cwd=tmp_path,
         env=env,
         stdin=subprocess.DEVNULL,

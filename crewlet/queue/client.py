@@ -350,6 +350,11 @@ class QueueClient:
     def transport(self) -> Transport:
         return self._transport
 
+    @property
+    def connected(self) -> bool:
+        """Open, and the transport's broker connection is up (``/healthz``); a twin without the notion is up."""
+        return not self._closed and bool(getattr(self._transport, "is_connected", True))
+
     def _live(self) -> None:
         if self._closed:
             raise NotLive()

@@ -1,4 +1,8 @@
-"""``manage.py runconsumers``: run this node's engine (queue, consumers, duties) until SIGTERM/SIGINT."""
+"""``manage.py runconsumers``: run this node's engine (queue, consume loops, duties) until SIGTERM/SIGINT.
+
+For a fleet (``stream.type: nats``): no migrations and no web server — ``up``
+is the one-process, one-command version of the same engine.
+"""
 from __future__ import annotations
 
 from argparse import ArgumentParser
@@ -8,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from crewlet.conf import STREAM_TYPES, SettingsError, load_settings
 from crewlet.engine import Engine
+from crewlet.org import EXAMPLE_COMPANY, CompanyError, CompanyHolder, load_company
 
 #: Command-line flag -> dotted setting it overrides (flags win over env and the settings file).
 FLAG_SETTINGS = {
@@ -26,18 +31,36 @@ class Command(BaseCommand):
         parser.add_argument("--node", help="node.id: this node's id (default: CREWLET_NODE_ID, else from the hostname)")
         parser.add_argument("--stream-type", choices=STREAM_TYPES, help="stream.type: embedded (default) or nats")
         parser.add_argument("--stream-url", help="stream.url: nats://host:port to dial when --stream-type nats")
+        parser.add_argument("--company", help=f"the company file (YAML; default: the example company, {EXAMPLE_COMPANY.name})")
+
+    def settings_overrides(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {dotted: options[flag] for flag, dotted in FLAG_SETTINGS.items() if options.get(flag) is not None}
+
+    def company(self, options: dict[str, Any]) -> CompanyHolder:
+        """The company file, validated; a bad one is a one-line command error naming the field."""
+        path = options.get("company") or EXAMPLE_COMPANY
+        try:
+            return CompanyHolder(load_company(path))
+        except CompanyError as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"--company={str(path)!r}: cannot be read ({exc.strerror or exc})") from None
 
     def engine(self, options: dict[str, Any]) -> Engine:
-        """The validated settings from file, env and flags, as an engine ready to run."""
-        overrides = {dotted: options[flag] for flag, dotted in FLAG_SETTINGS.items() if options.get(flag) is not None}
+        """The validated settings from file, env and flags, as an engine with every loop and duty registered."""
         try:
-            settings = load_settings(overrides=overrides)
+            settings = load_settings(overrides=self.settings_overrides(options))
         except SettingsError as exc:
             raise CommandError(str(exc)) from None
+        holder = self.company(options)
+        self.holder = holder
         engine = Engine(settings)
         import eventstore  # the store's writer and retention duty
+        import seats.runtime  # mailboxes, inbox loops, scheduler, retirement sweep
 
         eventstore.install(engine)
+        seats.runtime.install(engine, holder)
+        install_notify(engine, holder)
         return engine
 
     def seed_operator_token(self) -> None:
@@ -60,6 +83,30 @@ class Command(BaseCommand):
             f"Crewlet node {engine.settings.node.id} starting "
             f"({engine.settings.stream.type} broker); SIGTERM or Ctrl-C stops it."
         )
+        self.run(engine)
+
+    def run(self, engine: Engine) -> None:
         status = engine.run()
         if status != 0:
             raise CommandError("the engine stopped after an error (see the log above)", returncode=status)
+
+
+def install_notify(engine: Engine, holder: CompanyHolder) -> None:
+    """The notifications duties (webhook edge, router, prune; warns about unverified surfaces) as a service.
+
+    The single call site of ``notifications.runtime.NotifyService``.
+    """
+    from notifications.runtime import NotifyService
+
+    async def notify_service(engine: Engine) -> None:
+        import asyncio
+
+        assert engine.queue is not None
+        notify = NotifyService(engine.queue, holder)
+        await notify.start()
+        try:
+            await asyncio.Event().wait()  # until the engine cancels its services
+        finally:
+            await notify.stop()
+
+    engine.add_service(notify_service, name="notify")

@@ -1,0 +1,332 @@
+"""``manage.py up`` (one process: migrations, broker, loops, Daphne) and ``/healthz``."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from django.core.management import CommandError, load_command_class
+from django.test import Client
+
+from crewlet import runtime, web
+from crewlet.engine import Engine
+from crewlet.queue import Timings
+from tests.test_skeleton import (
+    REPO_ROOT,
+    FakeBroker,
+    ProcessOutput,
+    _descendants,
+    _running,
+    fast_settings,
+    twin_connect,
+)
+
+sys.path.insert(0, str(REPO_ROOT))
+import manage  # noqa: E402  (the repository's manage.py)
+
+TOKEN = "up-test-operator-token-0123456789abcdef"
+
+
+def _get(url: str, token: Optional[str] = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+# -- manage.py up, for real -------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
+    env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_OPERATOR_TOKEN=TOKEN)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--data-dir", str(data_dir), "--node", "u1"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    out = ProcessOutput(proc)
+    children: dict[int, str] = {}
+    try:
+        ready = out.wait_for("Crewlet is up: ", timeout_s=90)
+        url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/") and ready.endswith("(node u1)")
+
+        status, body = _get(url + "healthz")
+        assert status == 200, body
+        assert json.loads(body) == {"status": "ok", "broker": "connected", "loops": "running", "node": "u1"}
+
+        # CREWLET_OPERATOR_TOKEN was seeded after the migrations, before serving.
+        assert _get(url + "api/events")[0] == 401
+        status, body = _get(url + "api/events", token=TOKEN)
+        assert status == 200, body
+
+        # Everything lives under --data-dir: both SQLite files and the broker's store.
+        assert (data_dir / "crewlet.sqlite3").exists() and (data_dir / "events.sqlite3").exists()
+        assert (data_dir / "jetstream").is_dir() and (data_dir / "secret_key").exists()
+
+        children = _descendants(proc.pid)
+        assert "nats-server" in children.values(), children
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.text()
+        text = out.text()
+        lines = text.splitlines()
+
+        def first(needle: str) -> int:
+            return next(i for i, line in enumerate(lines) if needle in line)
+
+        # The web server stops taking requests before the loops let go of their seats.
+        assert first("event=web_stopped") < first("event=seat_runtime_stopped") < first("event=engine_stopped")
+        assert "clean=true" in lines[first("event=engine_stopped")]
+        assert "event=webhook_surface_unverified surface=slack" in text  # the example company's warning
+        assert TOKEN not in text
+
+        deadline = time.monotonic() + 5
+        while any(_running(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in children if _running(pid)], f"outlived manage.py up: {children}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in children:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+# -- /healthz, in process ----------------------------------------------------------------
+
+
+class FakeQueue:
+    def __init__(self, connected: bool) -> None:
+        self.connected = connected
+        self.node = "h1"
+
+
+class FakeSeatRuntime:
+    def __init__(self, healthy: bool) -> None:
+        self._healthy = healthy
+
+    def healthy(self) -> bool:
+        return self._healthy
+
+
+@pytest.fixture
+def no_process_queue() -> Any:
+    saved = runtime.current_queue()
+    runtime.clear_queue()
+    yield
+    runtime.clear_queue()
+    if saved is not None:
+        runtime.set_queue(saved)
+
+
+def _health(client: Client) -> tuple[int, dict[str, Any]]:
+    response = client.get("/healthz")
+    return response.status_code, response.json()
+
+
+def test_healthz_is_503_engine_not_running_in_a_process_without_the_engine(no_process_queue: None) -> None:
+    status, body = _health(Client())
+    assert status == 503
+    assert body == {"status": "down", "broker": "engine not running", "loops": "not running", "node": None}
+
+
+def test_healthz_is_503_naming_the_broker_when_it_is_disconnected(no_process_queue: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seats.runtime
+
+    monkeypatch.setattr(seats.runtime, "_current", FakeSeatRuntime(True))
+    runtime.set_queue(FakeQueue(connected=False))  # type: ignore[arg-type]
+    assert _health(Client()) == (503, {"status": "down", "broker": "disconnected", "loops": "running", "node": "h1"})
+
+
+def test_healthz_is_503_naming_the_loops_when_they_do_not_run(no_process_queue: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seats.runtime
+
+    monkeypatch.setattr(seats.runtime, "_current", FakeSeatRuntime(False))
+    runtime.set_queue(FakeQueue(connected=True))  # type: ignore[arg-type]
+    assert _health(Client()) == (503, {"status": "down", "broker": "connected", "loops": "not running", "node": "h1"})
+    monkeypatch.setattr(seats.runtime, "_current", None)
+    assert _health(Client())[1]["loops"] == "not running"
+
+
+def test_healthz_is_200_when_the_broker_is_connected_and_the_loops_run(no_process_queue: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seats.runtime
+
+    monkeypatch.setattr(seats.runtime, "_current", FakeSeatRuntime(True))
+    runtime.set_queue(FakeQueue(connected=True))  # type: ignore[arg-type]
+    assert _health(Client()) == (200, {"status": "ok", "broker": "connected", "loops": "running", "node": "h1"})
+
+
+def test_get_queue_says_what_to_do_when_no_engine_runs_here(no_process_queue: None) -> None:
+    with pytest.raises(runtime.NoQueue, match="engine is not running here"):
+        runtime.get_queue()
+
+
+async def test_a_web_only_process_with_an_embedded_broker_cannot_dial_one_lazily(
+    no_process_queue: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREWLET_STREAM_TYPE", "embedded")
+    with pytest.raises(runtime.NoQueue, match="stream.type is 'embedded'"):
+        await runtime.aget_queue()
+
+
+# -- the engine's side: the queue is registered, front services stop first -----------------------
+
+
+async def test_the_engine_registers_its_queue_and_stops_front_services_before_the_drain(no_process_queue: None) -> None:
+    engine = Engine(fast_settings(), timings=Timings(backoff_base_s=0.01), connect=twin_connect(FakeBroker()))
+    order: list[str] = []
+    up = asyncio.Event()
+
+    async def front(e: Engine) -> None:
+        up.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            order.append(f"front stopped, queue connected={e.queue.connected}")  # type: ignore[union-attr]
+
+    async def loop(e: Engine) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            order.append("loop stopped")
+
+    engine.add_service(loop, name="loop")
+    engine.add_service(front, name="front", stop_first=True)
+    run = asyncio.create_task(engine.serve())
+    await asyncio.wait_for(up.wait(), 5)
+    assert runtime.get_queue() is engine.queue
+    real_pause = engine.queue.pause_delivery  # type: ignore[union-attr]
+
+    async def pause() -> None:
+        order.append("drain")
+        await real_pause()
+
+    engine.queue.pause_delivery = pause  # type: ignore[union-attr, method-assign]
+    engine.stop()
+    assert await asyncio.wait_for(run, 5) == 0
+    assert order == ["front stopped, queue connected=True", "drain", "loop stopped"]
+    assert runtime.current_queue() is None
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def test_addr_is_host_and_port() -> None:
+    assert web.parse_addr("127.0.0.1:8000") == ("127.0.0.1", 8000)
+    assert web.parse_addr("[::1]:0") == ("::1", 0)
+    for bad in ("8000", "localhost", "host:http", ":80", "h:70000"):
+        with pytest.raises(web.AddressError, match="must be host:port"):
+            web.parse_addr(bad)
+
+
+def test_manage_py_turns_up_data_dir_into_the_var_dir_before_django_loads(tmp_path: Path) -> None:
+    env: dict[str, str] = {}
+    manage.apply_data_dir(["manage.py", "up", "--addr", "127.0.0.1:0", "--data-dir", str(tmp_path / "d")], env)
+    assert env == {"CREWLET_VAR_DIR": str(tmp_path / "d")}
+    env = {}
+    manage.apply_data_dir(["manage.py", "up", f"--data-dir={tmp_path}"], env)
+    assert env == {"CREWLET_VAR_DIR": str(tmp_path)}
+    env = {}
+    manage.apply_data_dir(["manage.py", "runconsumers", "--data-dir", "x"], env)
+    assert env == {}
+
+
+def _options(command: str, *argv: str) -> tuple[Any, dict[str, Any]]:
+    cmd = load_command_class("crewlet", command)
+    return cmd, vars(cmd.create_parser("manage.py", command).parse_args(list(argv)))
+
+
+def test_up_refuses_a_data_dir_django_did_not_start_with(tmp_path: Path) -> None:
+    cmd, options = _options("up", "--data-dir", str(tmp_path / "elsewhere"))
+    with pytest.raises(CommandError, match="--data-dir=.*pass --data-dir to manage.py up on the command line"):
+        cmd.data_dir(options)
+
+
+def test_up_refuses_a_bad_addr_in_one_line() -> None:
+    cmd, options = _options("up", "--addr", "nowhere", "--stream-type", "nats", "--stream-url", "nats://b:4222")
+    with pytest.raises(CommandError, match=r"^--addr='nowhere': must be host:port"):
+        cmd.engine(options)
+
+
+@pytest.mark.parametrize("command", ["up", "runconsumers"])
+def test_a_bad_company_file_is_a_one_line_command_error(command: str, tmp_path: Path) -> None:
+    bad = tmp_path / "company.yaml"
+    bad.write_text("org: acme\nnode: {max_concurrent: 500}\n")
+    cmd, options = _options(command, "--company", str(bad), "--stream-type", "nats", "--stream-url", "nats://b:4222")
+    with pytest.raises(CommandError, match="max_concurrent"):
+        cmd.engine(options)
+    cmd, options = _options(command, "--company", str(tmp_path / "missing.yaml"))
+    with pytest.raises(CommandError, match="cannot be read"):
+        cmd.engine(options)
+
+
+def test_up_registers_every_loop_and_duty_and_the_web_server_runconsumers_no_web_server() -> None:
+    cmd, options = _options("up", "--stream-type", "nats", "--stream-url", "nats://b:4222")
+    names = {name: stop_first for name, _, stop_first in cmd.engine(options)._factories}
+    assert names == {
+        "eventstore_writer": False, "eventstore_retention": False, "seat_runtime": False, "notify": False, "web": True,
+    }
+    cmd, options = _options("runconsumers", "--stream-type", "nats", "--stream-url", "nats://b:4222")
+    assert "web" not in {name for name, *_ in cmd.engine(options)._factories}
+
+
+def test_up_keeps_the_embedded_brokers_store_under_the_data_dir_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.conf import settings
+
+    monkeypatch.delenv("CREWLET_STREAM_STORE_DIR", raising=False)
+    monkeypatch.delenv("CREWLET_STREAM_TYPE", raising=False)
+    monkeypatch.delenv("CREWLET_SETTINGS_FILE", raising=False)
+    cmd, options = _options("up")
+    assert cmd.engine(options).settings.stream.store_dir == str(Path(settings.VAR_DIR).resolve() / "jetstream")
+    cmd, options = _options("up", "--store-dir", "")
+    assert cmd.engine(options).settings.stream.store_dir == ""
+
+
+async def test_a_service_that_swallows_its_cancellation_is_cancelled_again_and_the_engine_still_stops(
+    no_process_queue: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import crewlet.engine
+
+    monkeypatch.setattr(crewlet.engine, "RECANCEL_AFTER_S", 0.05)
+    engine = Engine(fast_settings(), connect=twin_connect(FakeBroker()))
+    started = asyncio.Event()
+
+    async def stubborn(e: Engine) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # a cancellation lost mid-start, as Python 3.11's wait_for can lose one
+        await asyncio.Event().wait()
+
+    engine.add_service(stubborn, name="stubborn")
+    run = asyncio.create_task(engine.serve())
+    await asyncio.wait_for(started.wait(), 5)
+    engine.stop()
+    assert await asyncio.wait_for(run, 5) == 0
+    again = [r for r in caplog.records if r.getMessage() == "engine_service_cancelled_again"]
+    assert [r.service for r in again] == ["service:stubborn"]
