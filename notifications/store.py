@@ -7,14 +7,14 @@ engine is a long-running process with no request cycle to do it.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from datetime import datetime, timedelta
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Optional, TypeVar
 
-from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, connections, router
+from django.db import connections, router
 from django.utils import timezone
+
+from crewlet.db import in_store as shared_in_store
 
 from notifications.models import RateCounter, SeenDelivery, ThreadFollow
 
@@ -32,22 +32,7 @@ FOLLOW_KEEP_S = 90 * 86400.0
 KEY_MAX = 400
 
 
-def in_store(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """``fn`` off the event loop; a dropped connection is closed on the way out."""
-
-    def guarded(*args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except (OperationalError, InterfaceError):
-            alias = router.db_for_write(SeenDelivery) or "default"
-            try:
-                connections[alias].close()
-            except Exception:  # pragma: no cover - best effort
-                log.debug("store_connection_close_failed", exc_info=True)
-            raise
-
-    functools.update_wrapper(guarded, fn)
-    return sync_to_async(guarded, thread_sensitive=True)
+in_store = shared_in_store  # re-exported: callers import it from here
 
 
 def claim(key: str, event_id: str) -> bool:

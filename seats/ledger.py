@@ -14,15 +14,13 @@ delivery, and only the provider's id says it is the same message.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from datetime import datetime, timedelta
-from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
+from typing import Any, Iterable, Optional, TypeVar
 
-from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, connections, router
 from django.utils import timezone
 
+from crewlet.db import in_store as shared_in_store
 from crewlet.events import Event
 from seats.delivery_models import LedgerEntry, SeatPause
 
@@ -39,27 +37,7 @@ LEDGER_KEEP_S = 30 * 86400.0
 T = TypeVar("T")
 
 
-def in_store(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """Run a coordination-store function off the event loop.
-
-    A connection the database dropped (a restart, an idle timeout) is closed
-    on the way out so the next call reconnects instead of failing forever:
-    the engine is a long-running process with no request cycle to do it.
-    """
-
-    def guarded(*args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except (OperationalError, InterfaceError):
-            alias = router.db_for_write(LedgerEntry) or "default"
-            try:
-                connections[alias].close()
-            except Exception:  # pragma: no cover - best effort
-                log.debug("store_connection_close_failed", exc_info=True)
-            raise
-
-    functools.update_wrapper(guarded, fn)
-    return sync_to_async(guarded, thread_sensitive=True)
+in_store = shared_in_store  # re-exported: callers import it from here
 
 
 def field_of(event: Event, name: str) -> Any:
