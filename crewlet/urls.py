@@ -10,6 +10,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/seats/", include("seats.urls")),
+    path("api/a2a/", include("a2a.urls")),
     path("api/", include("eventstore.urls")),
     path("webhooks/", include("notifications.urls")),
 ]

@@ -41,6 +41,7 @@ from crewlet.queue.contract import BatchOptions, EventQueue, Outcome, Partition,
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import child_span, trace_of
 from django.db import DatabaseError
+from seats.hooks import run_after_turn
 from seats.ledger import SKIP_ALREADY_WORKED, arecord, ascreen, field_of, trigger_identity
 from seats.ownership import Ownership
 from seats.turns import OUTCOME_STOPPED, Trigger, TurnResult, TurnRunner
@@ -415,6 +416,8 @@ class InboxLoop:
                 },
             )
             return Outcome.NAK
+        if result.ok:
+            await run_after_turn(self.queue, seat, covered, result)
         try:
             await arecord(seat.handle, turn_id, [(identities[ev.id], ev.id) for ev in covered if ev.id in identities])
         except DatabaseError:

@@ -562,6 +562,10 @@ class A2AMessageSent(EventBody):
         return f"{who} replied to {_s(self.to_seat) or 'another agent'} over A2A" + _tail(self.message)
 
 
+#: How a close with no ``closed_by`` (the sweep's) reads: no participant and no turn behind it.
+SYSTEM_CLOSED_A2A = "system closed A2A channel"
+
+
 @register("a2a_channel_closed")
 @dataclass
 class A2AChannelClosed(EventBody):
@@ -582,10 +586,10 @@ class A2AChannelClosed(EventBody):
     work_key: str = ""
 
     def summary(self, event=None):
-        who = _s(self.closed_by) or "system"
+        head = f"{_s(self.closed_by)} closed A2A channel" if _s(self.closed_by) else SYSTEM_CLOSED_A2A
         between = " and ".join(_s(p) for p in self.participants if _s(p))
         return (
-            f"{who} closed A2A channel" + _tail(self.channel_id, " ") + _tail(between, " between ")
+            head + _tail(self.channel_id, " ") + _tail(between, " between ")
             + f" after {_plural(self.message_count, 'message')}"
         )
 

@@ -55,12 +55,14 @@ class Command(BaseCommand):
         holder = self.company(options)
         self.holder = holder
         engine = Engine(settings)
+        import a2a.runtime  # the A2A channel sweep
         import eventstore  # the store's writer and retention duty
         import seats.runtime  # mailboxes, inbox loops, scheduler, retirement sweep
 
         eventstore.install(engine)
         seats.runtime.install(engine, holder)
         install_notify(engine, holder)
+        a2a.runtime.install(engine)  # the A2A channel sweep (idle close, closed-record deletion)
         return engine
 
     def seed_operator_token(self) -> None:

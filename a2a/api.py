@@ -1,0 +1,161 @@
+"""``/api/a2a/``: open a channel as an operator, and read the channel records.
+
+Same credentials as the rest of ``/api/`` (an operator token or a staff
+session; 401 otherwise). ``POST ask`` is :func:`a2a.services.ask` run on the
+engine's loop (the queue the running seat runtime bound), so it answers 503
+when no runtime runs in this process. The reads are the records alone —
+participants, state, message count, opened/closed, closed_by — never content
+beyond the brief.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from a2a import services
+from a2a.models import Channel
+from crewlet.events import format_timestamp
+from crewlet.tracing import Trace
+from eventstore.serializers import DetailSerializer
+from seats import actions
+from seats.api import company
+
+log = logging.getLogger("crewlet.a2a.api")
+
+#: How long an ask waits for the engine's loop to open the channel.
+ASK_TIMEOUT_S = 10.0
+#: The most records one list answers, newest first.
+LIST_LIMIT = 200
+
+
+class ChannelSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    asker = serializers.CharField()
+    target = serializers.CharField()
+    participants = serializers.ListField(child=serializers.CharField())
+    state = serializers.ChoiceField(choices=[Channel.OPEN, Channel.CLOSED])
+    message_count = serializers.IntegerField()
+    brief = serializers.CharField(allow_blank=True)
+    opened_at = serializers.DateTimeField()
+    closed_at = serializers.DateTimeField(allow_null=True)
+    open_seconds = serializers.FloatField(allow_null=True, help_text="closed_at - opened_at of the record; null while open")
+    closed_by = serializers.CharField(allow_blank=True, help_text="the answering seat; empty when the sweep closed it")
+    turn_id = serializers.CharField(allow_blank=True)
+    work_key = serializers.CharField(allow_blank=True)
+    delegation_depth = serializers.IntegerField()
+
+
+class ChannelListSerializer(serializers.Serializer):
+    channels = ChannelSerializer(many=True)
+
+
+class AskSerializer(serializers.Serializer):
+    # ``from`` is a keyword: the wire name is set in __init__.
+    to = serializers.CharField(max_length=63)
+    brief = serializers.CharField(max_length=20000)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["from"] = serializers.CharField(max_length=63)
+
+
+def render(row: Channel) -> dict[str, Any]:
+    return {
+        "id": str(row.id),
+        "asker": row.asker,
+        "target": row.target,
+        "participants": row.participants,
+        "state": row.state,
+        "message_count": row.message_count,
+        "brief": row.brief,
+        "opened_at": format_timestamp(row.opened_at),
+        "closed_at": format_timestamp(row.closed_at) if row.closed_at else None,
+        "open_seconds": row.open_seconds if row.closed_at else None,
+        "closed_by": row.closed_by,
+        "turn_id": row.turn_id,
+        "work_key": row.work_key,
+        "delegation_depth": row.delegation_depth,
+    }
+
+
+def _detail(message: str, code: int) -> Response:
+    return Response({"detail": message}, status=code)
+
+
+class AskView(APIView):
+    @extend_schema(
+        operation_id="a2a_ask",
+        summary="Open an A2A channel: put the brief on the target seat's inbox as an a2a_request",
+        request=AskSerializer,
+        responses={201: ChannelSerializer, 400: DetailSerializer, 401: DetailSerializer, 404: DetailSerializer, 503: DetailSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        body = AskSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        asker, target, brief = body.validated_data["from"], body.validated_data["to"], body.validated_data["brief"]
+        org = company()
+        for handle in (asker, target):
+            if org.seat_by_handle(handle) is None:
+                return _detail(f"no seat {handle!r} in the company", status.HTTP_404_NOT_FOUND)
+        target_seat = org.seat_by_handle(target)
+        if not target_seat.is_agent:  # type: ignore[union-attr]
+            return _detail(f"seat {target!r} is a human seat: it has no inbox to ask on", status.HTTP_400_BAD_REQUEST)
+        binding = getattr(actions, "_binding", None)
+        if binding is None or binding.loop.is_closed():
+            return _detail("no seat runtime runs in this process to publish the ask on", status.HTTP_503_SERVICE_UNAVAILABLE)
+        asker_seat = org.seat_by_handle(asker)
+        coro = services.ask(
+            binding.queue,
+            asker,
+            target,
+            brief,
+            trace=Trace.root(),
+            role=getattr(asker_seat, "role", ""),
+            agent_id=getattr(asker_seat, "agent_id", ""),
+        )
+        try:
+            row = asyncio.run_coroutine_threadsafe(coro, binding.loop).result(timeout=ASK_TIMEOUT_S)
+        except services.A2AError as exc:
+            return _detail(exc.reason, status.HTTP_400_BAD_REQUEST)
+        except Exception:
+            log.error("a2a_ask_failed", extra={"asker": asker, "target": target}, exc_info=True)
+            return _detail("the ask could not be published", status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response(render(row), status=status.HTTP_201_CREATED)
+
+
+class ChannelsView(APIView):
+    @extend_schema(
+        operation_id="a2a_channels",
+        summary="A2A channel records, newest first",
+        responses={200: ChannelListSerializer, 401: DetailSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        rows = Channel.objects.order_by("-opened_at")[:LIST_LIMIT]
+        return Response({"channels": [render(r) for r in rows]})
+
+
+class ChannelView(APIView):
+    @extend_schema(
+        operation_id="a2a_channel",
+        summary="One A2A channel record",
+        responses={200: ChannelSerializer, 401: DetailSerializer, 404: DetailSerializer},
+    )
+    def get(self, request: Request, channel_id: str) -> Response:
+        try:
+            row = Channel.objects.filter(pk=uuid.UUID(channel_id)).first()
+        except ValueError:
+            row = None
+        if row is None:
+            return _detail(f"no A2A channel {channel_id!r}: the id is unknown", status.HTTP_404_NOT_FOUND)
+        return Response(render(row))
+
+
+__all__ = ["AskView", "ChannelView", "ChannelsView", "render"]
