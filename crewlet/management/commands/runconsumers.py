@@ -56,12 +56,14 @@ class Command(BaseCommand):
         self.holder = holder
         engine = Engine(settings)
         import a2a.runtime  # the A2A channel sweep
+        import crewlet.revisions  # every node's config-revision poller
         import eventstore  # the store's writer and retention duty
         import seats.runtime  # mailboxes, inbox loops, scheduler, retirement sweep
 
         eventstore.install(engine)
         seats.runtime.install(engine, holder)
         install_notify(engine, holder)
+        crewlet.revisions.install(engine)  # applies the active config revision when it changes
         a2a.runtime.install(engine)  # the A2A channel sweep (idle close, closed-record deletion)
         return engine
 
@@ -78,9 +80,16 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             raise CommandError(f"could not store CREWLET_OPERATOR_TOKEN ({exc}); run manage.py migrate first") from None
 
+    def adopt_active_revision(self) -> None:
+        """Serve the active config revision from the start when the store has one (else the file)."""
+        from crewlet.revisions import adopt_active
+
+        adopt_active(self.holder)
+
     def handle(self, *args: Any, **options: Any) -> None:
         engine = self.engine(options)
         self.seed_operator_token()
+        self.adopt_active_revision()
         self.stdout.write(
             f"Crewlet node {engine.settings.node.id} starting "
             f"({engine.settings.stream.type} broker); SIGTERM or Ctrl-C stops it."

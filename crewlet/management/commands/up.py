@@ -106,11 +106,23 @@ class Command(RunConsumersCommand):
             call_command("migrate", database=alias, interactive=False, verbosity=0)
         connections.close_all()  # the engine's threads open their own
 
+    def import_company(self, options: dict[str, Any]) -> None:
+        """The company file becomes the first config revision (and the active one) when the store has none."""
+        from crewlet.org import EXAMPLE_COMPANY, CompanyError
+        from crewlet.revisions import import_first_revision
+
+        try:
+            import_first_revision(options.get("company") or EXAMPLE_COMPANY, author="up")
+        except CompanyError as exc:
+            raise CommandError(str(exc)) from None
+
     def handle(self, *args: Any, **options: Any) -> None:
         data_dir = self.data_dir(options)
         engine = self.engine(options)
         self.migrate()
         self.seed_operator_token()
+        self.import_company(options)
+        self.adopt_active_revision()
         self.stdout.write(
             f"Crewlet node {engine.settings.node.id} starting "
             f"({engine.settings.stream.type} broker, data in {data_dir}); SIGTERM or Ctrl-C stops it."

@@ -1,0 +1,154 @@
+"""The admin of company config revisions: write one (validated like the file), diff it, activate it.
+
+A revision is never edited once stored: the change page shows it read-only
+with its diff against the active revision and an "Activate" button; a change
+is a new revision (the add form, prefilled with the active text). Activation
+goes through :func:`crewlet.revisions.activate` — the compare-and-set every
+caller uses — with the signed-in user as who did it.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Optional
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from crewlet import revisions
+from crewlet.models import ActivationPointer, ConfigRevision
+from crewlet.org import CompanyError
+
+
+def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
+    return "".join(
+        difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), old_name, new_name)
+    )
+
+
+class ConfigRevisionForm(forms.ModelForm):
+    class Meta:
+        model = ConfigRevision
+        fields = ("yaml_text", "note")
+        widgets = {"yaml_text": forms.Textarea(attrs={"rows": 30, "cols": 100, "spellcheck": "false"})}
+
+    def clean_yaml_text(self) -> str:
+        text = self.cleaned_data["yaml_text"]
+        try:
+            revisions.validate(text)
+        except CompanyError as exc:
+            raise forms.ValidationError(str(exc), code="company") from None
+        return text
+
+
+def _activate(modeladmin: admin.ModelAdmin, request: HttpRequest, revision: ConfigRevision) -> None:
+    try:
+        won = revisions.activate(revision.pk, request.user.get_username())
+    except RuntimeError as exc:
+        modeladmin.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
+        return
+    if won:
+        modeladmin.message_user(request, f"Revision {revision.pk} is now active; every node applies it.", messages.SUCCESS)
+    else:
+        modeladmin.message_user(request, f"Revision {revision.pk} was already active.", messages.INFO)
+
+
+@admin.action(description="Activate the selected revision")
+def activate_selected(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    chosen = list(queryset[:2])
+    if len(chosen) != 1:
+        modeladmin.message_user(request, "Select exactly one revision to activate.", messages.WARNING)
+        return
+    _activate(modeladmin, request, chosen[0])
+
+
+@admin.register(ConfigRevision)
+class ConfigRevisionAdmin(admin.ModelAdmin):
+    form = ConfigRevisionForm
+    list_display = ("id", "note", "author", "created_at", "is_active")
+    actions = (activate_selected,)
+    change_form_template = "admin/crewlet/configrevision/change_form.html"
+
+    @admin.display(boolean=True, description="active")
+    def is_active(self, obj: ConfigRevision) -> bool:
+        return ActivationPointer.objects.filter(pk=ActivationPointer.ROW_ID, revision_id=obj.pk).exists()
+
+    @admin.display(description="diff against the active revision")
+    def diff_against_active(self, obj: Optional[ConfigRevision]) -> str:
+        active = revisions.active_revision()
+        if obj is None or obj.pk is None:
+            return "-"
+        if active is None:
+            return "No revision is active yet."
+        if active.pk == obj.pk:
+            return "This is the active revision."
+        diff = unified_diff(active.yaml_text, obj.yaml_text, f"revision {active.pk} (active)", f"revision {obj.pk}")
+        return format_html("<pre class='crewlet-diff'>{}</pre>", diff or "(no differences)")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ("yaml_text", "note")
+        return ("author", "created_at", "note", "diff_against_active", "yaml_text_shown")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ()
+        return ("author", "created_at", "note", "diff_against_active", "yaml_text_shown")
+
+    @admin.display(description="YAML")
+    def yaml_text_shown(self, obj: ConfigRevision) -> str:
+        return format_html("<pre>{}</pre>", obj.yaml_text)
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        initial = super().get_changeform_initial_data(request)
+        active = revisions.active_revision()
+        if active is not None and "yaml_text" not in initial:
+            initial["yaml_text"] = active.yaml_text
+        return initial
+
+    def save_model(self, request: HttpRequest, obj: ConfigRevision, form: Any, change: bool) -> None:
+        if not change:
+            obj.author = request.user.get_username()
+        super().save_model(request, obj, form, change)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the history is the audit trail; the active one is protected anyway
+
+    def get_urls(self) -> list[Any]:
+        urls = super().get_urls()
+        mine = [
+            path(
+                "<int:object_id>/activate/",
+                self.admin_site.admin_view(self.activate_view),
+                name="crewlet_configrevision_activate",
+            )
+        ]
+        return mine + urls
+
+    def activate_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        if request.method != "POST" or not self.has_change_permission(request):
+            return HttpResponse(status=405 if request.method != "POST" else 403)
+        revision = self.get_object(request, str(object_id))
+        if revision is None:
+            return HttpResponse(status=404)
+        _activate(self, request, revision)
+        return HttpResponseRedirect(reverse("admin:crewlet_configrevision_change", args=[revision.pk]))
+
+
+@admin.register(ActivationPointer)
+class ActivationPointerAdmin(admin.ModelAdmin):
+    """Which revision is active, by whom and when: read-only (activate from a revision)."""
+
+    list_display = ("revision", "activated_by", "activated_at")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
