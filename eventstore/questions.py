@@ -38,6 +38,7 @@ from django.db import connections
 
 from crewlet.db_router import EVENTS_ALIAS
 from crewlet.events import CATEGORIES, NOT_FED, format_timestamp, parse_timestamp
+from eventstore.rows import COLUMNS
 
 PROTOCOL_VERSION = 1
 
@@ -61,28 +62,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 
 #: Columns of a listing row: the tags, never the payload.
-LIST_COLUMNS: tuple[str, ...] = (
-    "id",
-    "ts",
-    "type",
-    "category",
-    "node",
-    "source",
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "seat",
-    "turn_id",
-    "conversation_key",
-    "partition_key",
-    "actor_seat",
-    "tool",
-    "dir",
-    "delegation_depth",
-    "parent_turn_id",
-    "failed",
-    "actor",
-    "summary",
+LIST_COLUMNS: tuple[str, ...] = tuple(
+    c for c in COLUMNS if c not in ("input_tokens", "output_tokens", "body")
 )
 
 # The rows a turn is folded from.
