@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Union
 
+import pytest
+from asgiref.sync import sync_to_async
+from rest_framework.test import APIClient
+
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import ExternalNotification
@@ -17,6 +21,8 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.memory import MemoryBroker
 from crewlet.tracing import Trace
+from seats import actions
+from seats.runtime import SeatRuntime
 
 #: Shrunk delivery timings: the real paths, in milliseconds.
 FAST = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=30.0)
@@ -225,3 +231,70 @@ def model_server(status: int = 200, reply: str = "hello from the model") -> Iter
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+# -- shared by the seat, a2a, notifications and config tests -----------------------
+
+
+@pytest.fixture(autouse=True)
+async def _close_store_connections() -> AsyncIterator[None]:
+    yield
+    from django.db import connections
+
+    await sync_to_async(connections.close_all)()
+
+
+@contextlib.asynccontextmanager
+async def running(queue: EventQueue, org: Optional[Organization] = None, **options: Any) -> AsyncIterator[SeatRuntime]:
+    options.setdefault("run_scheduler", False)
+    runtime = SeatRuntime(queue, holder(org), **options)
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+
+
+def inbox(handle: str) -> tuple[str, str]:
+    return topics.agent_inbox(handle), topics.agent_inbox_group(handle)
+
+
+async def drained(q: EventQueue, handle: str) -> None:
+    """Wait until the seat's mailbox retains nothing: the handler returned and its partition was acked."""
+
+    async def empty() -> bool:
+        return await q.backlog(*inbox(handle)) == 0
+
+    await eventually(empty, what=f"{handle}'s mailbox drained")
+
+
+def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` as a request's worker thread does (its own connection), closing that connection after."""
+    from django.db import connections
+
+    try:
+        return fn(*args)
+    finally:
+        connections.close_all()
+
+
+def bearer(token: str) -> APIClient:
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return c
+
+
+@pytest.fixture
+async def runtime_on_memory() -> AsyncIterator[tuple[SeatRuntime, Any, Recorder]]:
+    async with memory_queues() as (_, [q]):
+        rec = Recorder().attach(q)
+        rt = SeatRuntime(q, holder(), run_scheduler=False)
+        await rt.start()
+        try:
+            yield rt, q, rec
+        finally:
+            await rt.stop()
+            actions.unbind()
+            from django.db import connections
+
+            await sync_to_async(connections.close_all)()

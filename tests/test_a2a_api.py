@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from rest_framework.test import APIClient
 
 from a2a.models import Channel
-from seats import actions
 from seats.models import OperatorToken
-from seats.runtime import SeatRuntime
-from seats_support import Recorder, eventually, holder, memory_queues
+from seats_support import eventually
+from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.postgres]
 
@@ -21,38 +20,6 @@ ROUTES = [
     ("get", "/api/a2a/channels"),
     ("get", "/api/a2a/channels/0b7f6c2e-0000-4000-8000-000000000000"),
 ]
-
-
-def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` as a request's worker thread does (its own connection), closing that connection after."""
-    from django.db import connections
-
-    try:
-        return fn(*args)
-    finally:
-        connections.close_all()
-
-
-def bearer(token: str) -> APIClient:
-    c = APIClient()
-    c.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
-    return c
-
-
-@pytest.fixture
-async def runtime_on_memory() -> AsyncIterator[tuple[SeatRuntime, Any, Recorder]]:
-    async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        rt = SeatRuntime(q, holder(), run_scheduler=False)
-        await rt.start()
-        try:
-            yield rt, q, rec
-        finally:
-            await rt.stop()
-            actions.unbind()
-            from django.db import connections
-
-            await sync_to_async(connections.close_all)()
 
 
 @pytest.mark.django_db(databases=["default", "events"])

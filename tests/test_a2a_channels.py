@@ -12,14 +12,13 @@ from a2a import services
 from a2a.hooks import ask_from_turn
 from a2a.models import Channel
 from crewlet.events.types import SYSTEM_CLOSED_A2A
-from crewlet.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from seats.mailboxes import ensure_mailboxes
 from seats.ownership import SeatOwnership
-from seats.runtime import SeatRuntime
 from seats.turns import Trigger
-from seats_support import Recorder, company, eventually, holder, jetstream_queues, send
+from seats_support import Recorder, company, eventually, jetstream_queues, send
+from seats_support import _close_store_connections, running  # noqa: F401 (fixtures)
 
 pytestmark = [
     pytest.mark.postgres,
@@ -29,25 +28,6 @@ pytestmark = [
 
 T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)
 BRIEF = "which port does the staging db listen on?"
-
-
-@pytest.fixture(autouse=True)
-async def _close_store_connections() -> AsyncIterator[None]:
-    yield
-    from django.db import connections
-
-    await sync_to_async(connections.close_all)()
-
-
-@contextlib.asynccontextmanager
-async def running(queue: EventQueue, org: Optional[Organization] = None, **options: Any) -> AsyncIterator[SeatRuntime]:
-    options.setdefault("run_scheduler", False)
-    runtime = SeatRuntime(queue, holder(org), **options)
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
 
 
 @sync_to_async

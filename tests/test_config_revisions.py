@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Optional
 
 import pytest
 import yaml
@@ -19,6 +19,7 @@ from crewlet.queue.contract import EventQueue
 from seats.inbox import HOLD_NO_PROVIDER
 from seats.runtime import SeatRuntime
 from seats_support import Recorder, eventually, memory_queues
+from seats_support import in_thread
 
 pytestmark = [pytest.mark.postgres]
 
@@ -44,15 +45,6 @@ def company_yaml(*, window_s: float = 0, providers: Optional[list[dict[str, Any]
 
 
 BAD = company_yaml().replace("notification_coalesce_max_batch: 20", "notification_coalesce_max_batch: 500")
-
-
-def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    from django.db import connections
-
-    try:
-        return fn(*args)
-    finally:
-        connections.close_all()
 
 
 def staff_client(username: str = "grace-admin") -> Client:

@@ -30,19 +30,12 @@ from notifications_support import (
     slack_message,
 )
 from seats_support import Recorder, eventually, memory_queues
+from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default"])]
 
 AGENTS = ("ada", "linus")
 NOW = 1_800_000_000.0
-
-
-@pytest.fixture(autouse=True)
-async def _close_store_connections() -> AsyncIterator[None]:
-    yield
-    from django.db import connections
-
-    await sync_to_async(connections.close_all)()
 
 
 @dataclasses.dataclass

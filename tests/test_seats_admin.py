@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -11,20 +11,10 @@ from django.test import Client
 from seats import actions
 from seats.delivery_models import SeatPause, SeatRecord
 from seats.models import OperatorToken, hash_token
-from seats.runtime import SeatRuntime
-from seats_support import Recorder, eventually, holder, memory_queues
+from seats_support import eventually
+from seats_support import in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.postgres]
-
-
-def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` as a request's worker thread does (its own connection), closing that connection after."""
-    from django.db import connections
-
-    try:
-        return fn(*args)
-    finally:
-        connections.close_all()
 
 
 def staff_client(username: str = "grace-admin") -> Client:
@@ -45,22 +35,6 @@ def run_action(c: Client, model: str, action: str, handles: list[str]) -> Any:
 
 def messages_of(response: Any) -> list[str]:
     return [str(m) for m in response.context["messages"]]
-
-
-@pytest.fixture
-async def runtime_on_memory() -> AsyncIterator[tuple[SeatRuntime, Any, Recorder]]:
-    async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        rt = SeatRuntime(q, holder(), run_scheduler=False)
-        await rt.start()  # records every seat (SeatRecord rows) before anything else
-        try:
-            yield rt, q, rec
-        finally:
-            await rt.stop()
-            actions.unbind()
-            from django.db import connections
-
-            await sync_to_async(connections.close_all)()
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -13,8 +13,8 @@ from crewlet.queue import topics
 from seats import actions
 from seats.delivery_models import SeatPause
 from seats.models import OperatorToken
-from seats.runtime import SeatRuntime
-from seats_support import Recorder, eventually, holder, memory_queues, send, wake
+from seats_support import eventually, send, wake
+from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.postgres]
 
@@ -23,38 +23,6 @@ ROUTES = [
     ("post", "/api/seats/ada/pause"),
     ("post", "/api/seats/ada/resume"),
 ]
-
-
-def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` as a request's worker thread does (its own connection), closing that connection after."""
-    from django.db import connections
-
-    try:
-        return fn(*args)
-    finally:
-        connections.close_all()
-
-
-def bearer(token: str) -> APIClient:
-    c = APIClient()
-    c.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
-    return c
-
-
-@pytest.fixture
-async def runtime_on_memory() -> AsyncIterator[tuple[SeatRuntime, Any, Recorder]]:
-    async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        rt = SeatRuntime(q, holder(), run_scheduler=False)
-        await rt.start()
-        try:
-            yield rt, q, rec
-        finally:
-            await rt.stop()
-            actions.unbind()
-            from django.db import connections
-
-            await sync_to_async(connections.close_all)()
 
 
 # -- no runtime in this process: sync tests ---------------------------------------------

@@ -1,13 +1,11 @@
 """The inbox loop on the memory twin and PostgreSQL: mailboxes, the ledger, holds, pauses, the gate."""
 from __future__ import annotations
 
-import contextlib
-from typing import Any, AsyncIterator, Optional
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 
-from crewlet.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
 from crewlet.tracing import Trace
@@ -16,44 +14,12 @@ from seats.delivery_models import LedgerEntry
 from seats.inbox import HOLD_NO_PROVIDER, HOLD_PAUSED
 from seats.mailboxes import ensure_mailboxes
 from seats.ownership import SeatOwnership
-from seats.runtime import SeatRuntime
 from seats_support import Recorder, company, eventually, holder, memory_queues, send, wake
+from seats_support import _close_store_connections, drained, inbox, running  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 FIRST = MAX_DELIVERIES - 1  # ``remaining`` on a message's first delivery
-
-
-@pytest.fixture(autouse=True)
-async def _close_store_connections() -> AsyncIterator[None]:
-    yield
-    from django.db import connections
-
-    await sync_to_async(connections.close_all)()
-
-
-@contextlib.asynccontextmanager
-async def running(queue: EventQueue, org: Optional[Organization] = None, **options: Any) -> AsyncIterator[SeatRuntime]:
-    options.setdefault("run_scheduler", False)
-    runtime = SeatRuntime(queue, holder(org), **options)
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
-
-
-def inbox(handle: str) -> tuple[str, str]:
-    return topics.agent_inbox(handle), topics.agent_inbox_group(handle)
-
-
-async def drained(q: EventQueue, handle: str) -> None:
-    """Wait until the seat's mailbox retains nothing: the handler returned and its partition was acked."""
-
-    async def empty() -> bool:
-        return await q.backlog(*inbox(handle)) == 0
-
-    await eventually(empty, what=f"{handle}'s mailbox drained")
 
 
 @sync_to_async

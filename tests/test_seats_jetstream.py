@@ -2,21 +2,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Optional
+from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
 
-from crewlet.org import Organization
 from crewlet.queue import topics
-from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
+from crewlet.queue.contract import MAX_DELIVERIES
 from seats.actions import apause_seat, aresume_seat
 from seats.inbox import HOLD_NO_PROVIDER
 from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
 from seats.runtime import SeatRuntime
 from seats_support import Recorder, company, eventually, holder, jetstream_queues, send, wake
+from seats_support import _close_store_connections, drained, inbox, running  # noqa: F401 (fixtures)
 
 pytestmark = [
     pytest.mark.postgres,
@@ -26,36 +24,6 @@ pytestmark = [
 
 FIRST = MAX_DELIVERIES - 1
 T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)
-
-
-@pytest.fixture(autouse=True)
-async def _close_store_connections() -> AsyncIterator[None]:
-    yield
-    from django.db import connections
-
-    await sync_to_async(connections.close_all)()
-
-
-@contextlib.asynccontextmanager
-async def running(queue: EventQueue, org: Optional[Organization] = None, **options: Any) -> AsyncIterator[SeatRuntime]:
-    options.setdefault("run_scheduler", False)
-    runtime = SeatRuntime(queue, holder(org), **options)
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
-
-
-def inbox(handle: str) -> tuple[str, str]:
-    return topics.agent_inbox(handle), topics.agent_inbox_group(handle)
-
-
-async def drained(q: EventQueue, handle: str) -> None:
-    async def empty() -> bool:
-        return await q.backlog(*inbox(handle)) == 0
-
-    await eventually(empty, what=f"{handle}'s mailbox drained")
 
 
 async def test_a_wake_sent_before_any_loop_runs_waits_on_the_broker_and_its_redelivery_is_skipped() -> None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import AsyncIterator
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -13,20 +12,13 @@ from seats.delivery_models import SeatRecord
 from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
 from seats.runtime import SeatRuntime
 from seats_support import company, holder, memory_queues, send, wake
+from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)
 DAY = timedelta(hours=24)
 ADA_ONLY = [{"handle": "ada", "kind": "agent"}, {"handle": "grace", "kind": "human"}]  # linus removed
-
-
-@pytest.fixture(autouse=True)
-async def _close_store_connections() -> AsyncIterator[None]:
-    yield
-    from django.db import connections
-
-    await sync_to_async(connections.close_all)()
 
 
 @sync_to_async

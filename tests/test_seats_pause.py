@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -15,6 +15,7 @@ from seats.delivery_models import SeatPause
 from seats.inbox import HOLD_PAUSED
 from seats.runtime import SeatRuntime
 from seats_support import Recorder, eventually, holder, memory_queues
+from seats_support import in_thread
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
@@ -26,16 +27,6 @@ async def _close_store_connections() -> AsyncIterator[None]:
     from django.db import connections
 
     await sync_to_async(connections.close_all)()
-
-
-def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call ``fn`` as a worker thread does (its own connection), closing that connection after."""
-    from django.db import connections
-
-    try:
-        return fn(*args)
-    finally:
-        connections.close_all()
 
 
 @sync_to_async

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timezone
-from typing import AsyncIterator
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -13,19 +12,12 @@ from seats.delivery_models import ScheduleFiring
 from seats.runtime import SeatRuntime
 from seats.scheduler import slot_of
 from seats_support import Recorder, company, eventually, holder, memory_queues
+from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 T0 = datetime(2025, 6, 2, 9, 30, tzinfo=timezone.utc).timestamp()
 STANDUP = [{"name": "standup", "seat": "ada", "every": "24h", "task": "Post the stand-up summary"}]
-
-
-@pytest.fixture(autouse=True)
-async def _close_store_connections() -> AsyncIterator[None]:
-    yield
-    from django.db import connections
-
-    await sync_to_async(connections.close_all)()
 
 
 @sync_to_async
