@@ -86,8 +86,8 @@ async def aget_queue() -> EventQueue:
 
 
 def is_connected(queue: EventQueue) -> bool:
-    """Whether ``queue``'s broker connection is up (a backend without the notion counts as up)."""
-    return bool(getattr(queue, "connected", True))
+    """Whether ``queue``'s broker connection is up."""
+    return queue.connected
 
 
 __all__ = ["NoQueue", "aget_queue", "clear_queue", "current_queue", "get_queue", "is_connected", "set_queue"]

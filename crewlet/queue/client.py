@@ -352,8 +352,8 @@ class QueueClient:
 
     @property
     def connected(self) -> bool:
-        """Open, and the transport's broker connection is up (``/healthz``); a twin without the notion is up."""
-        return not self._closed and bool(getattr(self._transport, "is_connected", True))
+        """Open, and the transport's broker connection is up (``/healthz``)."""
+        return not self._closed and self._transport.is_connected
 
     def _live(self) -> None:
         if self._closed:

@@ -252,6 +252,10 @@ class EventQueue(Protocol):
     def node(self) -> str:
         """The node id this client stamps on events that name none ("" = none)."""
 
+    @property
+    def connected(self) -> bool:
+        """Open, and the broker reachable right now (what ``/healthz`` reports)."""
+
     async def publish(self, topic: str, event: Event) -> None:
         """Store ``event`` on ``topic``; returns once the broker has it.
 

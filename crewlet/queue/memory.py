@@ -438,6 +438,10 @@ class MemoryTransport(Transport):
         self.broker = broker
         self._closed = False
 
+    @property
+    def is_connected(self) -> bool:
+        return self.broker.available and not self._closed
+
     async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
         self.broker.publish(subject, data, headers)
 

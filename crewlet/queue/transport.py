@@ -64,6 +64,11 @@ class Transport(abc.ABC):
     #: How long one fetch may wait before the loop looks at its gate again.
     poll_s: float = 1.0
 
+    @property
+    def is_connected(self) -> bool:
+        """Whether the broker can be reached right now (``/healthz``)."""
+        return True
+
     @abc.abstractmethod
     async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
         """Store ``data`` on ``subject``; raise Unavailable or TooLarge."""

@@ -268,3 +268,16 @@ async def test_local_verbs_still_work_while_the_broker_is_gone(harness, queue):
         assert await queue.detach(topic, group) is False
     finally:
         await harness.come_back()
+
+
+async def test_a_client_says_it_is_connected_only_while_the_broker_is_reachable_and_it_is_open(harness, queue):
+    needs(harness, "outage")
+    assert queue.connected
+    await harness.go_away()
+    try:
+        await eventually(lambda: not queue.connected, harness.wait_s, "the client to notice the broker is gone")
+    finally:
+        await harness.come_back()
+    await eventually(lambda: queue.connected, harness.wait_s, "the client to reconnect")
+    await queue.close()
+    assert not queue.connected
