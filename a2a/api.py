@@ -108,12 +108,12 @@ class AskView(APIView):
         target_seat = org.seat_by_handle(target)
         if not target_seat.is_agent:  # type: ignore[union-attr]
             return _detail(f"seat {target!r} is a human seat: it has no inbox to ask on", status.HTTP_400_BAD_REQUEST)
-        binding = getattr(actions, "_binding", None)
-        if binding is None or binding.loop.is_closed():
+        bound = actions.bound_queue()
+        if bound is None:
             return _detail("no seat runtime runs in this process to publish the ask on", status.HTTP_503_SERVICE_UNAVAILABLE)
         asker_seat = org.seat_by_handle(asker)
         coro = services.ask(
-            binding.queue,
+            bound[0],
             asker,
             target,
             brief,
@@ -122,7 +122,7 @@ class AskView(APIView):
             agent_id=getattr(asker_seat, "agent_id", ""),
         )
         try:
-            row = asyncio.run_coroutine_threadsafe(coro, binding.loop).result(timeout=ASK_TIMEOUT_S)
+            row = asyncio.run_coroutine_threadsafe(coro, bound[1]).result(timeout=ASK_TIMEOUT_S)
         except services.A2AError as exc:
             return _detail(exc.reason, status.HTTP_400_BAD_REQUEST)
         except Exception:

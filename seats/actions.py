@@ -130,6 +130,14 @@ def bound() -> bool:
     return _binding is not None
 
 
+def bound_queue() -> Optional[tuple[EventQueue, asyncio.AbstractEventLoop]]:
+    """The bound queue and the loop it lives on, for a request thread that must publish there."""
+    b = _binding
+    if b is None or b.loop.is_closed():
+        return None
+    return b.queue, b.loop
+
+
 # -- the compare-and-set ----------------------------------------------------------
 
 

@@ -105,11 +105,10 @@ def actor(request: Request) -> str:
 
 def _engine_loop() -> Optional[asyncio.AbstractEventLoop]:
     """The loop the running runtime's queue lives on (where ``actions.bind`` recorded it)."""
-    rt = runtime.current()
-    binding = getattr(actions, "_binding", None)
-    if rt is None or binding is None or binding.queue is not rt.queue:
+    rt, bound = runtime.current(), actions.bound_queue()
+    if rt is None or bound is None or bound[0] is not rt.queue:
         return None
-    return binding.loop
+    return bound[1]
 
 
 def depths(handles: list[str]) -> dict[str, Optional[int]]:
