@@ -117,3 +117,12 @@ ensure_postgres() {
   fi
   export CREWLET_PG_HOST=/var/run/postgresql CREWLET_PG_PORT="$port" CREWLET_PG_USER="$user"
 }
+
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it with
+# executable_path; it never downloads a browser of its own).
+CREWLET_CHROMIUM="${CREWLET_CHROMIUM:-/usr/bin/chromium}"
+ensure_chromium() {
+  [ -x "$CREWLET_CHROMIUM" ] && return 0
+  apt_install chromium
+  [ -x "$CREWLET_CHROMIUM" ] || die "chromium was installed but $CREWLET_CHROMIUM is missing"
+}
