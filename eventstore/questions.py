@@ -379,12 +379,26 @@ def _fetch(scope: NodeScope, sql: str, params: Sequence[Any]) -> list[tuple[Any,
         return cursor.fetchall()
 
 
-def _list_row(values: Sequence[Any]) -> dict[str, Any]:
-    """A listing row: the tags, the summary line and actor, no payload."""
+def list_row(values: Sequence[Any]) -> dict[str, Any]:
+    """A listing row: the tags, the summary line and actor, no payload.
+
+    ``values`` are LIST_COLUMNS in order with ``ts`` as microseconds since the
+    epoch (how the reads select it). Public because the live projection's feed
+    holds exactly the rows ``GET /api/events`` lists: see :func:`listing_of`.
+    """
     row = dict(zip(LIST_COLUMNS, values))
     row["timestamp"] = format_us(row.pop("ts"))
     row["failed"] = bool(row["failed"])
     return row
+
+
+def listing_of(columns: Sequence[Any]) -> dict[str, Any]:
+    """The listing row of a row in COLUMNS order (what ``rows.row_for`` derives), before it is read back.
+
+    So a live event becomes, to the byte, the row a read of the store would list.
+    """
+    by_name = dict(zip(COLUMNS, columns))
+    return list_row([to_us(by_name["ts"]) if c == "ts" else by_name[c] for c in LIST_COLUMNS])
 
 
 def _answer_events(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
@@ -397,7 +411,7 @@ def _answer_events(question: Question, at: datetime, scope: NodeScope) -> dict[s
         q.before("ts", "id", ts, key)
     sql = f"SELECT {_list_sql(q.connection.vendor)} FROM {TABLE} WHERE {q.where} ORDER BY ts DESC, id DESC LIMIT %s"
     fetched = _fetch(scope, sql, [*q.params, limit + 1])
-    rows = [_list_row(values) for values in fetched[:limit]]
+    rows = [list_row(values) for values in fetched[:limit]]
     next_cursor = None
     if len(fetched) > limit:
         last = fetched[limit - 1]
@@ -413,7 +427,7 @@ def _answer_event(question: Question, at: datetime, scope: NodeScope) -> dict[st
     if not fetched:
         return {"event": None}
     values = fetched[0]
-    row = _list_row(values[:-1])
+    row = list_row(values[:-1])
     wire = json.loads(values[-1])
     row["wire"] = wire
     if wire.get("type") == "inbound_delivery":
@@ -558,7 +572,7 @@ def _loops(spans: dict[str, dict[str, Any]], start: str) -> bool:
 
 def _answer_trace(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
     fetched, truncated = _detail_rows(scope, "trace_id", question.key, at)
-    rows = [_list_row(values) for values in fetched]
+    rows = [list_row(values) for values in fetched]
     return {"trace_id": question.key, "total": len(rows), "truncated": truncated, "spans": span_tree(rows)}
 
 
@@ -737,7 +751,7 @@ def _answer_turn(question: Question, at: datetime, scope: NodeScope) -> dict[str
     events, fold = [], []
     width = len(LIST_COLUMNS)
     for values in fetched:
-        row = _list_row(values[:width])
+        row = list_row(values[:width])
         events.append(row)
         if row["type"] in FOLD_TYPES:
             tin, tout, raw = values[width:]
