@@ -1,4 +1,4 @@
-"""URL routes: /healthz, the admin and the /api/ reads (OpenAPI at /api/schema/); later issues add the dashboard."""
+"""URL routes: /healthz, the admin and the /api/ reads (OpenAPI at /api/schema/); and the dashboard's pages at the root."""
 from __future__ import annotations
 
 from django.contrib import admin
@@ -13,4 +13,5 @@ urlpatterns = [
     path("api/a2a/", include("a2a.urls")),
     path("api/", include("eventstore.urls")),
     path("webhooks/", include("notifications.urls")),
+    path("", include("crewlet.dashboard_urls")),
 ]

@@ -1,0 +1,204 @@
+"""The dashboard's pages: server-rendered Django templates over the same reads as ``/api/``.
+
+Each page asks the function its ``/api/`` twin asks (``eventstore.api``,
+``seats.api``, the queue), so a page and the API can never disagree about a
+row; the small script in ``templates/dashboard/base.html`` then keeps the page
+live over ``/ws/stream`` and pages on through ``/api/events``. Only active
+staff may look — the same people a staff session lets through ``/api/``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Optional
+
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import user_passes_test
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import render
+from django.urls import reverse_lazy
+
+from crewlet.events import categories
+from eventstore import api as store_api
+
+log = logging.getLogger("crewlet.dashboard")
+
+#: Rows per page of the event log (the script asks /api/events for more of the same size).
+EVENTS_PAGE_SIZE = 50
+#: Turns shown on a seat's page.
+SEAT_TURNS = 20
+#: Dead letters listed at once.
+DEAD_LETTERS_SHOWN = 200
+#: How long a page waits for the engine's loop to answer a queue read.
+QUEUE_READ_TIMEOUT_S = 3.0
+
+LOGIN_URL = reverse_lazy("dash-login")
+
+
+def _is_staff(user: Any) -> bool:
+    return bool(user.is_authenticated and user.is_active and user.is_staff)
+
+
+def staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Anyone else is sent to sign in (and back here afterwards)."""
+    return user_passes_test(_is_staff, login_url=LOGIN_URL)(view)
+
+
+class LoginView(auth_views.LoginView):
+    """Django's sign-in, refusing an account that is not active staff (the admin's form does that)."""
+
+    template_name = "dashboard/login.html"
+    authentication_form = AdminAuthenticationForm
+
+
+class LogoutView(auth_views.LogoutView):
+    next_page = LOGIN_URL
+
+
+# -- reads shared by the pages -----------------------------------------------------------
+
+
+def _live_snapshot() -> Optional[dict[str, Any]]:
+    """The live projection's snapshot, or None when no projection runs in this process."""
+    from eventstore import projection
+
+    live = projection.current()
+    return live.snapshot() if live is not None else None
+
+
+def on_engine_loop(make: Callable[[Any], Any]) -> tuple[Optional[Any], str]:
+    """Run ``make(queue)`` (a coroutine) on the engine's loop: (answer, "") or (None, why not)."""
+    from seats.api import _engine_loop
+    from seats import runtime
+
+    rt, loop = runtime.current(), _engine_loop()
+    if rt is None or loop is None or loop.is_closed():
+        return None, "no engine runs in this process"
+    try:
+        return asyncio.run_coroutine_threadsafe(make(rt.queue), loop).result(timeout=QUEUE_READ_TIMEOUT_S), ""
+    except Exception as exc:  # the broker is away, or slow: the page says so rather than failing
+        log.warning("dashboard_queue_read_failed", extra={"error": repr(exc)})
+        return None, f"the queue did not answer ({type(exc).__name__})"
+
+
+def _query(**params: Any) -> QueryDict:
+    query = QueryDict(mutable=True)
+    for name, value in params.items():
+        if isinstance(value, (list, tuple)):
+            query.setlist(name, [str(v) for v in value])
+        elif value not in (None, ""):
+            query[name] = str(value)
+    return query
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+
+@staff_only
+def overview(request: HttpRequest) -> HttpResponse:
+    from seats.api import company
+
+    snapshot = _live_snapshot()
+    org = company()
+    if snapshot is None:  # no engine here: the company's seats, state unknown, and the stored feed
+        rows = store_api.events_page(_query(feed_only="true", limit=EVENTS_PAGE_SIZE))["events"]
+        snapshot = {
+            "seats": [
+                {"handle": s.handle, "kind": s.kind, "display_name": s.display_name, "role": s.role,
+                 "state": "unknown", "reason": "", "queued": 0, "last_turn": None}
+                for s in org.seats
+            ],
+            "feed": rows,
+            "counters": {},
+        }
+    counters = [
+        {"name": name, "label": name.replace("_", " ").capitalize(), "value": value}
+        for name, value in (snapshot.get("counters") or {}).items()
+    ]
+    return render(
+        request, "dashboard/overview.html", {"org": org, "live": snapshot, "counters": counters, "page": "overview"}
+    )
+
+
+@staff_only
+def events(request: HttpRequest) -> HttpResponse:
+    chosen = [c for c in request.GET.getlist("category") if c]
+    unknown = [c for c in chosen if c not in categories.CATEGORIES]
+    if unknown:
+        return render(
+            request,
+            "dashboard/error.html",
+            {"title": "Events", "reason": f"unknown category {unknown[0]!r}; one of {', '.join(categories.CATEGORIES)}"},
+            status=400,
+        )
+    query = _query(category=chosen, feed_only="true", limit=EVENTS_PAGE_SIZE, seat=request.GET.get("seat", ""))
+    answer = store_api.events_page(query)
+    chips = []
+    for name in categories.CATEGORIES:
+        toggled = [c for c in chosen if c != name] if name in chosen else [*chosen, name]
+        chips.append({"name": name, "on": name in chosen, "query": _query(category=toggled).urlencode()})
+    return render(
+        request,
+        "dashboard/events.html",
+        {
+            "page": "events",
+            "rows": answer["events"],
+            "next_cursor": answer.get("next_cursor"),
+            "chips": chips,
+            "api_query": query.urlencode(),
+            "chosen": chosen,
+        },
+    )
+
+
+@staff_only
+def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
+    answer = store_api.trace(QueryDict(), trace_id)
+    if not answer.get("spans"):
+        raise Http404(f"no trace {trace_id} in this node's history")
+    return render(request, "dashboard/trace.html", {"page": "trace", "trace": answer})
+
+
+@staff_only
+def seat(request: HttpRequest, handle: str) -> HttpResponse:
+    from crewlet.queue import topics
+    from seats import actions
+    from seats.api import company, state
+
+    target = company().seat_by_handle(handle)
+    if target is None:
+        raise Http404(f"no seat {handle!r} in the company")
+    turns = store_api.turns_page(_query(seat=handle, limit=SEAT_TURNS))["turns"]
+    recent = store_api.events_page(_query(seat=handle, feed_only="true", limit=EVENTS_PAGE_SIZE))["events"]
+    depth: Optional[int] = None
+    depth_error = ""
+    if target.is_agent:
+        depth, depth_error = on_engine_loop(
+            lambda queue: queue.backlog(topics.agent_inbox(handle), topics.agent_inbox_group(handle))
+        )
+    snapshot = _live_snapshot() or {}
+    live = next((s for s in snapshot.get("seats", []) if s.get("handle") == handle), None)
+    return render(
+        request,
+        "dashboard/seat.html",
+        {
+            "page": "seat",
+            "seat": target,
+            "live": live,
+            "pause": state(actions.pause_states([handle]).get(handle)),
+            "turns": turns,
+            "recent": recent,
+            "depth": depth,
+            "depth_error": depth_error,
+        },
+    )
+
+
+@staff_only
+def dead_letters(request: HttpRequest) -> HttpResponse:
+    from eventstore.operator_views import dead_letter_row
+
+    letters, error = on_engine_loop(lambda queue: queue.dead_letters(DEAD_LETTERS_SHOWN))
+    rows = [dead_letter_row(letter) for letter in letters or []]
+    return render(request, "dashboard/dead_letters.html", {"page": "dead-letters", "rows": rows, "error": error})

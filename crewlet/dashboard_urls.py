@@ -1,0 +1,16 @@
+"""The dashboard's pages (mounted at the site root by crewlet.urls)."""
+from __future__ import annotations
+
+from django.urls import path
+
+from crewlet import dashboard
+
+urlpatterns = [
+    path("", dashboard.overview, name="dash-overview"),
+    path("login/", dashboard.LoginView.as_view(), name="dash-login"),
+    path("logout/", dashboard.LogoutView.as_view(), name="dash-logout"),
+    path("events/", dashboard.events, name="dash-events"),
+    path("traces/<str:trace_id>/", dashboard.trace, name="dash-trace"),
+    path("seats/<str:handle>/", dashboard.seat, name="dash-seat"),
+    path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
+]
