@@ -299,6 +299,26 @@ class EventQueue(Protocol):
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """What sits on the dead-letter stream, oldest first."""
 
+    async def replay_dead_letter(self, ref: str) -> DeadLetter:
+        """Take the dead letter ``ref`` off CREWLET_DLQ and publish it onto its original topic as fresh mail.
+
+        The event goes out byte for byte as it was (its id and origin node
+        kept, nothing re-stamped) to the topic it was dead-lettered from, so
+        every durable subscription of that topic gets it as a new message whose
+        delivery count starts over. Publish listeners are not called: the event
+        was recorded when it was first published, and a replay is a relay.
+
+        Exactly one of any number of concurrent replays of one ref wins: the
+        entry is taken first (deleted from the stream, which succeeds once),
+        then published; the losers raise Gone. When the publish fails the entry
+        is put back on CREWLET_DLQ (under a new ref) and Unavailable is raised.
+        A ref that is not, or no longer, there raises
+        :class:`~crewlet.queue.errors.Gone`; a dead letter whose topic is a
+        mailbox no durable subscription covers any more raises
+        :class:`~crewlet.queue.errors.InvalidArgument` and stays where it is,
+        because the broker would drop the replay. Returns the entry as it was.
+        """
+
     async def quiesce(self, topic: str, group: str) -> bool: ...
     async def unquiesce(self, topic: str, group: str) -> bool: ...
     async def detach(self, topic: str, group: str) -> bool: ...

@@ -31,4 +31,5 @@ class InvalidArgument(QueueError, ValueError):
 
 
 class Gone(QueueError):
-    """The durable subscription an attachment was bound to no longer exists (deleted)."""
+    """What a verb named no longer exists: an attachment's durable subscription (deleted),
+    or a dead letter that is not, or no longer, on CREWLET_DLQ (replayed, or aged out)."""

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -46,7 +47,7 @@ from crewlet.queue.contract import (
     Timings,
 )
 from crewlet.queue.errors import Gone, InvalidArgument, QueueError, TooLarge, Unavailable
-from crewlet.queue.transport import H_DLQ_DELIVERIES, H_DLQ_GROUP, H_DLQ_TOPIC, Transport
+from crewlet.queue.transport import Transport, dead_letter_from
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ ERR_STREAM_NOT_FOUND = 10059
 ERR_STREAM_NAME_IN_USE = 10058
 ERR_CONSUMER_EXISTS = 10148
 ERR_MESSAGE_TOO_LARGE = 10054
+ERR_NO_MESSAGE_FOUND = 10037
+#: A message delete the broker refused; "no message found" when another delete took it first.
+ERR_MESSAGE_DELETE_FAILED = 10057
 
 #: Stream settings provisioning keeps aligned with the topology (others are the broker's defaults).
 _ALIGNED_KEYS = frozenset(
@@ -253,6 +257,17 @@ class _ApiError(Unavailable):
         self.code = code
         self.err_code = err_code
         self.description = description
+
+
+def _message_not_found(e: "nats.js.errors.APIError") -> bool:
+    """A stream message get/delete that found no message at that sequence.
+
+    A plain miss is a 404 (10037); a delete that lost a race with another delete
+    of the same sequence comes back as a 500 delete failure (10057) saying so.
+    """
+    if isinstance(e, nats.js.errors.NotFoundError) or e.err_code == ERR_NO_MESSAGE_FOUND:
+        return True
+    return e.err_code == ERR_MESSAGE_DELETE_FAILED and "no message found" in str(e.description or "").lower()
 
 
 _NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, OSError, asyncio.TimeoutError)
@@ -1286,20 +1301,7 @@ class JetStreamTransport(Transport):
                 msg = await sub.next_msg(timeout=self._api_timeout_s)
                 if not msg.reply:
                     break  # 404: nothing more
-                hdrs = msg.headers or {}
-                try:
-                    deliveries = int(hdrs.get(H_DLQ_DELIVERIES, "0") or 0)
-                except ValueError:
-                    deliveries = 0
-                out.append(
-                    DeadLetter(
-                        topic=str(hdrs.get(H_DLQ_TOPIC, "")),
-                        group=str(hdrs.get(H_DLQ_GROUP, "")),
-                        deliveries=deliveries,
-                        data=msg.data,
-                        ref=str(_stream_seq(msg.reply)),
-                    )
-                )
+                out.append(dead_letter_from(msg.headers or {}, msg.data, str(_stream_seq(msg.reply))))
         except _NATS_ERRORS as e:
             raise Unavailable(f"reading dead letters failed: {e!r}") from e
         finally:
@@ -1313,6 +1315,48 @@ class JetStreamTransport(Transport):
             except QueueError:
                 pass
         return out
+
+    @staticmethod
+    def _dead_letter_seq(ref: str) -> int:
+        """``ref`` as a CREWLET_DLQ sequence; 0 when it cannot name one."""
+        try:
+            seq = int(str(ref).strip())
+        except ValueError:
+            return 0
+        return max(seq, 0)
+
+    async def dead_letter(self, ref: str) -> DeadLetter:
+        seq = self._dead_letter_seq(ref)
+        spec = topics.DLQ_STREAM
+        if seq == 0:
+            raise Gone(f"dead letter {ref!r} is not on {spec.name}")
+        await self._ensure_stream(spec)
+        self._require_connected()
+        try:
+            raw = await self._nc.jsm(timeout=self._api_timeout_s).get_msg(spec.name, seq=seq)
+        except nats.js.errors.APIError as e:
+            if _message_not_found(e):
+                raise Gone(f"dead letter {ref!r} is not on {spec.name}") from e
+            raise Unavailable(f"reading dead letter {ref!r} failed: {e}") from e
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"reading dead letter {ref!r} failed: {e!r}") from e
+        return dead_letter_from(raw.headers or {}, raw.data or b"", str(seq))
+
+    async def delete_dead_letter(self, ref: str) -> bool:
+        """``STREAM.MSG.DELETE`` by sequence: the broker applies it once; a second finds no message (404)."""
+        seq = self._dead_letter_seq(ref)
+        spec = topics.DLQ_STREAM
+        if seq == 0:
+            return False
+        self._require_connected()
+        try:
+            return bool(await self._nc.jsm(timeout=self._api_timeout_s).delete_msg(spec.name, seq))
+        except nats.js.errors.APIError as e:
+            if _message_not_found(e):
+                return False
+            raise Unavailable(f"deleting dead letter {ref!r} failed: {e}") from e
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"deleting dead letter {ref!r} failed: {e!r}") from e
 
     # -- broadcast --------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from crewlet.queue import topics
 from crewlet.queue.client import QueueClient
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings
 from crewlet.queue.errors import Gone, TooLarge, Unavailable
-from crewlet.queue.transport import H_DLQ_DELIVERIES, H_DLQ_GROUP, H_DLQ_TOPIC, Transport
+from crewlet.queue.transport import Transport, dead_letter_from
 
 logger = logging.getLogger(__name__)
 
@@ -288,16 +288,35 @@ class MemoryBroker:
         out = []
         for seq in sorted(stream.messages)[: max(limit, 0)]:
             m = stream.messages[seq]
-            out.append(
-                DeadLetter(
-                    topic=m.headers.get(H_DLQ_TOPIC, ""),
-                    group=m.headers.get(H_DLQ_GROUP, ""),
-                    deliveries=int(m.headers.get(H_DLQ_DELIVERIES, "0") or 0),
-                    data=m.data,
-                    ref=str(seq),
-                )
-            )
+            out.append(dead_letter_from(m.headers, m.data, str(seq)))
         return out
+
+    def _dead_letter_seq(self, ref: str) -> tuple[Optional[_Stream], int]:
+        """The DLQ stream (after expiry) and ``ref`` as a sequence; 0 when it names none."""
+        self._reach()
+        stream = self._streams.get(topics.DLQ_STREAM.name)
+        if stream is not None:
+            self._expire(stream)
+        try:
+            seq = int(ref)
+        except (TypeError, ValueError):
+            seq = 0
+        return stream, max(seq, 0)
+
+    def dead_letter(self, ref: str) -> DeadLetter:
+        stream, seq = self._dead_letter_seq(ref)
+        stored = stream.messages.get(seq) if stream is not None else None
+        if stored is None:
+            raise Gone(f"dead letter {ref!r} is not on {topics.DLQ_STREAM.name}")
+        return dead_letter_from(stored.headers, stored.data, str(seq))
+
+    def delete_dead_letter(self, ref: str) -> bool:
+        """Like JetStream's message delete: applied once, by sequence; a second delete finds nothing."""
+        stream, seq = self._dead_letter_seq(ref)
+        if stream is None or seq not in stream.messages:
+            return False
+        self._drop(stream, seq)
+        return True
 
 
 class _MemoryMessage:
@@ -493,6 +512,12 @@ class MemoryTransport(Transport):
 
     async def dead_letters(self, limit: int) -> list[DeadLetter]:
         return self.broker.dead_letters(limit)
+
+    async def dead_letter(self, ref: str) -> DeadLetter:
+        return self.broker.dead_letter(ref)
+
+    async def delete_dead_letter(self, ref: str) -> bool:
+        return self.broker.delete_dead_letter(ref)
 
     async def close(self) -> None:
         self._closed = True

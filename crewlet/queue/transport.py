@@ -9,7 +9,7 @@ client decides. Every primitive raises only ``crewlet.queue.errors`` types.
 from __future__ import annotations
 
 import abc
-from typing import Awaitable, Callable, Mapping, Optional, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Optional, Protocol
 
 from crewlet.queue.contract import Closable, DeadLetter, SubscriptionRef
 
@@ -18,6 +18,26 @@ H_DLQ_TOPIC = "Crewlet-Dlq-Topic"
 H_DLQ_GROUP = "Crewlet-Dlq-Group"
 H_DLQ_DELIVERIES = "Crewlet-Dlq-Deliveries"
 H_MSG_ID = "Nats-Msg-Id"
+
+
+def dead_letter_headers(topic: str, group: str, deliveries: int) -> dict[str, str]:
+    """The headers a dead letter is stored with: where it came from and how often it was tried."""
+    return {H_DLQ_TOPIC: topic, H_DLQ_GROUP: group, H_DLQ_DELIVERIES: str(deliveries)}
+
+
+def dead_letter_from(headers: Mapping[str, Any], data: bytes, ref: str) -> DeadLetter:
+    """A stored dead letter read back: the one parse of its headers for every backend."""
+    try:
+        deliveries = int(headers.get(H_DLQ_DELIVERIES, "0") or 0)
+    except (TypeError, ValueError):
+        deliveries = 0
+    return DeadLetter(
+        topic=str(headers.get(H_DLQ_TOPIC, "") or ""),
+        group=str(headers.get(H_DLQ_GROUP, "") or ""),
+        deliveries=deliveries,
+        data=bytes(data),
+        ref=ref,
+    )
 
 
 class RawMessage(Protocol):
@@ -106,6 +126,18 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def dead_letters(self, limit: int) -> list[DeadLetter]:
         """Entries of CREWLET_DLQ, oldest first, with the Crewlet-Dlq-* headers parsed."""
+
+    @abc.abstractmethod
+    async def dead_letter(self, ref: str) -> DeadLetter:
+        """The CREWLET_DLQ entry ``ref`` as stored; raise Gone when it is not (or no longer) there."""
+
+    @abc.abstractmethod
+    async def delete_dead_letter(self, ref: str) -> bool:
+        """Remove the entry ``ref`` from CREWLET_DLQ.
+
+        True for exactly one of any number of concurrent calls (the one whose
+        delete the broker applied); False when the entry was already gone.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None: ...

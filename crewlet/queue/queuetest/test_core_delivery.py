@@ -782,6 +782,7 @@ async def test_a_closed_client_refuses_every_verb_with_the_same_not_live_error(h
         "serve": lambda: queue.serve("crewlet.fleet.read", answer),
         "backlog": lambda: queue.backlog(topic, group),
         "dead_letters": lambda: queue.dead_letters(),
+        "replay_dead_letter": lambda: queue.replay_dead_letter("1"),
         "quiesce": lambda: queue.quiesce(topic, group),
         "unquiesce": lambda: queue.unquiesce(topic, group),
         "detach": lambda: queue.detach(topic, group),
