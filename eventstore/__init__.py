@@ -21,10 +21,17 @@ def attach(queue: "EventQueue", **kwargs: Any) -> "EventWriter":
 
 
 def install(engine: "Engine") -> None:
-    """Register the store's duties on an engine: the writer on its queue, and the retention sweep."""
+    """Register the store's duties on an engine: the writer on its queue, the retention sweep, and the live projection.
+
+    The projection (:mod:`eventstore.projection`) opens one broadcast stream of
+    ``crewlet.events.>`` and seeds itself from this node's store, so the
+    dashboard and ``/ws/stream`` read the company's state in this process.
+    """
+    from eventstore.projection import projection_service
     from eventstore.services import install as _install
 
     _install(engine)
+    engine.add_service(projection_service, name="eventstore_projection")
 
 
 __all__ = ["attach", "install"]
