@@ -1,4 +1,11 @@
-"""ASGI entry point (Daphne serves this once the web process lands)."""
+"""ASGI entry point: Django over HTTP, and the dashboard's ``/ws/stream`` over WebSocket.
+
+Daphne serves this on the engine's own loop (``crewlet.web``). HTTP is
+Django's ASGI handler exactly as before; a WebSocket goes through Channels'
+session/auth middleware (so a signed-in staff session is ``scope["user"]``)
+to the routes of :mod:`eventstore.stream`. No channel layer: each tab opens
+its own broadcast consumer on the engine's queue.
+"""
 from __future__ import annotations
 
 import os
@@ -7,4 +14,17 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
 
-application = get_asgi_application()
+# Django first: the routes below import models, which need the app registry ready.
+django_application = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from eventstore.stream import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_application,
+        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+    }
+)

@@ -1,0 +1,242 @@
+"""``/ws/stream``: the dashboard's live socket — one ephemeral broadcast consumer per connected tab.
+
+Design (Broadcast Streams): each tab is ONE ``subscribe_stream`` of
+``crewlet.events.>`` opened here, in the process that serves the socket —
+no channel layer in between. It delivers from now and acknowledges nothing,
+so a slow tab misses events and holds nothing from anyone; it is closed when
+the tab goes (and when the server closes the socket). Daphne serves this app
+on the engine's own loop, so the consumer uses the engine's queue client
+(``crewlet.runtime``) directly.
+
+The tab's stream also feeds the live projection (:mod:`eventstore.projection`):
+every event is applied there first — idempotent by id, since the engine's own
+stream and every other tab apply the same event — and then forwarded.
+
+Who may connect: the same credentials as ``/api/`` — a signed-in, active
+staff session, or ``Authorization: Bearer <operator token>`` in the handshake.
+Anything else is refused before the accept (an HTTP 403). A session is an
+ambient credential a browser sends cross-site too, so a session handshake
+whose ``Origin`` names a host this site does not serve is refused as well.
+
+The protocol, JSON text frames (the dashboard's script depends on it exactly):
+
+* first, ``{"kind": "snapshot", "seats": [...], "feed": [...], "counters": {...}, ...}``
+  (:meth:`~eventstore.projection.LiveProjection.snapshot`);
+* then per event, ``{"kind": "event", "event": <feed row or null>, "fed": bool,
+  "seat": <seat row or null>, "counters": {...}}`` — ``event`` null for a type
+  the feed never holds, which then carries only its seat's change, if any;
+* no queue in this process (or the broker refuses the stream): the socket is
+  accepted and closed at once with 1013, "try again later".
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Optional
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.urls import path
+
+from crewlet import runtime
+from crewlet.events import Event
+from crewlet.queue import topics
+from crewlet.queue.errors import QueueError
+from eventstore import projection
+
+log = logging.getLogger("crewlet.eventstore.stream")
+
+#: Where the socket is served.
+STREAM_PATH = "/ws/stream"
+#: The close code of a socket with no queue behind it (RFC 6455 "Try Again Later").
+CLOSE_TRY_AGAIN_LATER = 1013
+
+# Frame kinds and keys.
+K_KIND = "kind"
+KIND_SNAPSHOT = "snapshot"
+KIND_EVENT = "event"
+K_EVENT = "event"
+K_FED = "fed"
+K_SEAT = "seat"
+K_COUNTERS = projection.K_COUNTERS
+
+# Why a handshake was refused (the log's ``reason``).
+REFUSED_NO_CREDENTIAL = "no credential"
+REFUSED_NOT_STAFF = "session user is not active staff"
+REFUSED_BAD_TOKEN = "unknown operator token"
+REFUSED_BAD_AUTHORIZATION = "malformed Authorization header"
+REFUSED_ORIGIN = "cross-origin session"
+
+BEARER = "bearer"
+
+
+def snapshot_frame(live: projection.LiveProjection) -> dict[str, Any]:
+    return {K_KIND: KIND_SNAPSHOT, **live.snapshot()}
+
+
+def event_frame(live: projection.LiveProjection, topic: str, event: Event) -> dict[str, Any]:
+    """Apply ``event`` to the projection (idempotent) and describe it for a tab."""
+    applied = live.applied(topic, event)
+    return {
+        K_KIND: KIND_EVENT,
+        K_EVENT: applied.row,
+        K_FED: applied.fed,
+        K_SEAT: applied.seat,
+        K_COUNTERS: live.counters(),
+    }
+
+
+def _header(scope: dict[str, Any], name: bytes) -> Optional[str]:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin1")
+    return None
+
+
+def _token_name(token: str) -> Optional[str]:
+    """The operator token's name when ``token`` is a live one (and its last use recorded), else None."""
+    from django.utils import timezone
+
+    from seats.models import OperatorToken
+
+    row = OperatorToken.lookup(token)
+    if row is None:
+        return None
+    row.touch(timezone.now())
+    return row.name
+
+
+def _origin_allowed(scope: dict[str, Any]) -> bool:
+    """No ``Origin`` (not a browser), or one whose host this site serves (``ALLOWED_HOSTS``)."""
+    from urllib.parse import urlparse
+
+    from django.conf import settings
+    from django.http.request import split_domain_port, validate_host
+
+    origin = _header(scope, b"origin")
+    if origin is None:
+        return True
+    parsed = urlparse(origin)
+    if not parsed.scheme or not parsed.netloc:
+        return False
+    host, _port = split_domain_port(parsed.netloc)
+    allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
+    return bool(host) and validate_host(host, allowed)
+
+
+async def authenticate(scope: dict[str, Any]) -> tuple[Optional[str], str]:
+    """(who, "") for an accepted credential, else (None, why refused) — ``/api/``'s rules."""
+    header = _header(scope, b"authorization")
+    if header is not None:
+        parts = header.split()
+        if parts and parts[0].lower() == BEARER:
+            if len(parts) != 2 or not parts[1].isascii():
+                return None, REFUSED_BAD_AUTHORIZATION
+            name = await database_sync_to_async(_token_name)(parts[1])
+            if name is None:
+                return None, REFUSED_BAD_TOKEN
+            return f"operator:{name}", ""
+    user = scope.get("user")
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None, REFUSED_NO_CREDENTIAL
+    if not (getattr(user, "is_active", False) and getattr(user, "is_staff", False)):
+        return None, REFUSED_NOT_STAFF
+    if not _origin_allowed(scope):
+        return None, REFUSED_ORIGIN
+    return f"staff:{user.get_username()}", ""
+
+
+class StreamConsumer(AsyncWebsocketConsumer):
+    """One tab: its own broadcast stream, forwarded frame by frame after the snapshot."""
+
+    who: str = ""
+    _stream: Any = None
+    _ready: bool = False
+    _send_lock: Optional[asyncio.Lock] = None
+    _live: Optional[projection.LiveProjection] = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._close_stream("server")  # the server cancelled the tab: its consumer goes too
+
+    def _client(self) -> str:
+        client = self.scope.get("client") or ("", 0)
+        return f"{client[0]}:{client[1]}" if client and client[0] else ""
+
+    async def connect(self) -> None:
+        who, why = await authenticate(self.scope)
+        if who is None:
+            log.info("ws_stream_refused", extra={"reason": why, "client": self._client()})
+            await self.close()  # before the accept: the handshake is answered 403
+            return
+        self.who = who
+        queue = runtime.current_queue()
+        if queue is None or not queue.connected:
+            await self._unavailable("no queue" if queue is None else "broker disconnected")
+            return
+        live = self._live = projection.ensure()
+        self._send_lock = asyncio.Lock()
+        await self.accept()
+        try:
+            # The stream before the snapshot, so nothing falls between them; what arrives
+            # before the snapshot is in it (applied first), and is not sent again.
+            self._stream = await queue.subscribe_stream(topics.EVENTS_ALL, self._on_event)
+        except QueueError as exc:
+            await self._unavailable(f"stream refused: {exc}", accepted=True)
+            return
+        async with self._send_lock:
+            frame = snapshot_frame(live)
+            self._ready = True
+            await self._send_frame(frame)
+        log.info("ws_stream_connected", extra={"who": who, "client": self._client()})
+
+    async def _unavailable(self, why: str, *, accepted: bool = False) -> None:
+        log.warning("ws_stream_unavailable", extra={"who": self.who, "reason": why, "client": self._client()})
+        if not accepted:
+            await self.accept()
+        await self.close(code=CLOSE_TRY_AGAIN_LATER)
+
+    async def _on_event(self, topic: str, event: Event) -> None:
+        live = self._live
+        if live is None:
+            return
+        frame = event_frame(live, topic, event)
+        if not self._ready or self._send_lock is None:
+            return  # before the snapshot: the snapshot already holds it
+        async with self._send_lock:
+            await self._send_frame(frame)
+
+    async def _send_frame(self, frame: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+
+    async def disconnect(self, code: int) -> None:
+        await self._close_stream("disconnect", code)
+
+    async def _close_stream(self, why: str, code: Optional[int] = None) -> None:
+        stream, self._stream = self._stream, None
+        self._ready = False
+        if stream is None:
+            return
+        try:
+            await stream.close()
+        except Exception:  # the queue may be closing under it; the broker reaps it within a minute anyway
+            log.warning("ws_stream_close_failed", extra={"who": self.who}, exc_info=True)
+        log.info("ws_stream_closed", extra={"who": self.who, "why": why, "code": code, "client": self._client()})
+
+
+websocket_urlpatterns = [path(STREAM_PATH.lstrip("/"), StreamConsumer.as_asgi(), name="ws-stream")]
+
+__all__ = [
+    "CLOSE_TRY_AGAIN_LATER",
+    "KIND_EVENT",
+    "KIND_SNAPSHOT",
+    "STREAM_PATH",
+    "StreamConsumer",
+    "authenticate",
+    "event_frame",
+    "snapshot_frame",
+    "websocket_urlpatterns",
+]
