@@ -5,6 +5,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from crewlet.health import healthz
+from eventstore.operator_views import OperatorActView
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -12,6 +13,7 @@ urlpatterns = [
     path("api/seats/", include("seats.urls")),
     path("api/a2a/", include("a2a.urls")),
     path("api/", include("eventstore.urls")),
+    path("operator/act", OperatorActView.as_view(), name="operator-act"),
     path("webhooks/", include("notifications.urls")),
     path("", include("crewlet.dashboard_urls")),
 ]

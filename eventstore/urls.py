@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
-from eventstore import views
+from eventstore import operator_views, views
 
 urlpatterns = [
     path("events", views.EventsView.as_view(), name="api-events"),
@@ -13,5 +13,6 @@ urlpatterns = [
     path("traces/<str:trace_id>", views.TraceView.as_view(), name="api-trace"),
     path("turns", views.TurnsView.as_view(), name="api-turns"),
     path("turns/<str:turn_id>", views.TurnView.as_view(), name="api-turn"),
+    path("dead-letters", operator_views.DeadLettersView.as_view(), name="api-dead-letters"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
 ]

@@ -1,0 +1,165 @@
+"""Operator tools that change the runtime, each audited as exactly one ``operator_acted``.
+
+The design's runtime audit: one event per call, whatever became of it —
+replayed, refused, or failed — with source "operator", the token's own name as
+the actor and the person it is bound to as ``actor_seat``; the tool, the
+transport (``act`` for the dashboard's ``/operator/act``), the request id, the
+outcome and either a position (where the call left things) or a refusal. Never
+the arguments: a dead letter's ref is the operator's input, not the record.
+
+The event is published on ``topics.event("operator_acted")`` with the queue's
+own publish, so the event store's publish listener records it like every other
+event this node publishes. These coroutines run on the engine's loop; a request
+thread reaches them through ``seats.actions.bound_queue()``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from crewlet import events
+from crewlet.events.types import OperatorActed
+from crewlet.queue import topics
+from crewlet.queue.contract import EventQueue
+from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, Unavailable
+from crewlet.tracing import trace_of
+
+log = logging.getLogger("crewlet.eventstore.actions")
+
+#: The tool that puts a dead letter back onto its original topic.
+TOOL_DEAD_LETTER_REPLAY = "dead_letter_replay"
+#: Every tool ``/operator/act`` knows.
+TOOLS: frozenset[str] = frozenset({TOOL_DEAD_LETTER_REPLAY})
+
+#: Transports an operator call arrives by (design: the runtime audit).
+TRANSPORT_ACT = "act"
+TRANSPORT_MCP = "mcp"
+
+#: Outcomes: the call did what it was asked; it was refused; the broker could not be reached.
+OUTCOME_REPLAYED = "replayed"
+OUTCOME_REFUSED = "refused"
+OUTCOME_FAILED = "failed"
+
+#: Refusals, each a phrase an audit listing and an HTTP answer both carry.
+REFUSAL_GONE = "gone"
+REFUSAL_NO_SUBSCRIPTION = "no_subscription"
+REFUSAL_UNAVAILABLE = "unavailable"
+REFUSAL_UNKNOWN_TOOL = "unknown_tool"
+REFUSAL_BAD_ARGS = "bad_args"
+
+#: The audit keeps at most this much of a caller-supplied string (an unknown tool name, a request id).
+_AUDIT_TEXT_MAX = 128
+
+
+@dataclass(frozen=True)
+class ActResult:
+    """What became of one operator call: the outcome, and the position or the refusal."""
+
+    tool: str
+    outcome: str
+    refusal: str = ""
+    topic: str = ""
+    event_id: str = ""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == OUTCOME_REPLAYED
+
+
+def _clip(text: str) -> str:
+    text = str(text or "")
+    return text if len(text) <= _AUDIT_TEXT_MAX else text[: _AUDIT_TEXT_MAX - 1] + "…"
+
+
+async def audit(
+    queue: EventQueue,
+    result: ActResult,
+    *,
+    actor: str,
+    actor_seat: str = "",
+    transport: str = TRANSPORT_ACT,
+    request_id: str = "",
+) -> None:
+    """Publish the one ``operator_acted`` of a call; an audit that cannot be published is logged, not raised.
+
+    The call's outcome stands either way: failing an operator's replay because
+    its audit could not be written would leave them unsure whether it happened.
+    """
+    body = OperatorActed(
+        token=actor,
+        actor_seat=actor_seat,
+        tool=_clip(result.tool),
+        transport=transport,
+        request_id=_clip(request_id),
+        outcome=result.outcome,
+        position=result.topic,
+        refusal=result.refusal,
+    )
+    event = events.new(body, trace_of(), source="operator")
+    try:
+        await queue.publish(topics.event(event.type), event)
+    except (QueueError, OSError):
+        log.error(
+            "operator_acted_publish_failed",
+            extra={"tool": body.tool, "actor": actor, "outcome": body.outcome, "refusal": body.refusal},
+            exc_info=True,
+        )
+
+
+async def replay_dead_letter(
+    queue: EventQueue,
+    ref: str,
+    *,
+    actor: str,
+    actor_seat: str = "",
+    transport: str = TRANSPORT_ACT,
+    request_id: str = "",
+) -> ActResult:
+    """Replay dead letter ``ref`` onto its original topic; audited once whatever became of it."""
+    try:
+        letter = await queue.replay_dead_letter(ref)
+    except Gone as exc:
+        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_GONE, detail=str(exc))
+    except InvalidArgument as exc:
+        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_NO_SUBSCRIPTION, detail=str(exc))
+    except (Unavailable, NotLive) as exc:
+        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_FAILED, REFUSAL_UNAVAILABLE, detail=str(exc))
+    else:
+        try:
+            event_id = letter.event.id
+        except Exception:  # bytes from another build: the replay still happened
+            event_id = ""
+        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REPLAYED, topic=letter.topic, event_id=event_id)
+    await audit(queue, result, actor=actor, actor_seat=actor_seat, transport=transport, request_id=request_id)
+    log.info(
+        "operator_dead_letter_replay",
+        extra={
+            "actor": actor,
+            "outcome": result.outcome,
+            "refusal": result.refusal,
+            "topic": result.topic,
+            "event_id": result.event_id,
+            "request_id": request_id,
+        },
+    )
+    return result
+
+
+__all__ = [
+    "ActResult",
+    "OUTCOME_FAILED",
+    "OUTCOME_REFUSED",
+    "OUTCOME_REPLAYED",
+    "REFUSAL_BAD_ARGS",
+    "REFUSAL_GONE",
+    "REFUSAL_NO_SUBSCRIPTION",
+    "REFUSAL_UNAVAILABLE",
+    "REFUSAL_UNKNOWN_TOOL",
+    "TOOLS",
+    "TOOL_DEAD_LETTER_REPLAY",
+    "TRANSPORT_ACT",
+    "TRANSPORT_MCP",
+    "audit",
+    "replay_dead_letter",
+]

@@ -1,0 +1,298 @@
+"""``GET /api/dead-letters`` and ``POST /operator/act``: what sits on CREWLET_DLQ, and replaying one.
+
+Same credentials as the rest of ``/api/`` (an operator token, or a staff
+session with its CSRF token; 401 otherwise). The views run in a request
+thread, while the engine's queue lives on the engine's asyncio loop: they reach
+it through :func:`seats.actions.bound_queue` with ``run_coroutine_threadsafe``
+and a deadline, as ``seats.api`` does. The action itself is
+:func:`eventstore.actions.replay_dead_letter`, which publishes the one
+``operator_acted`` of the call whatever became of it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any, Awaitable, Callable, Optional, TypeVar
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from crewlet.events import format_timestamp
+from crewlet.queue.contract import DeadLetter, EventQueue
+from eventstore import actions as ops
+from eventstore.api import BadParameter
+from eventstore.serializers import BadParameterSerializer, DetailSerializer
+from seats import actions as seat_actions
+from seats.models import OperatorToken
+
+log = logging.getLogger("crewlet.eventstore.operator")
+
+T = TypeVar("T")
+
+#: How long a request waits for the engine's loop to answer.
+QUEUE_TIMEOUT_S = 10.0
+#: Dead letters listed when ``?limit=`` is not given, and the most one page may ask for.
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+# JSON keys of the answers (wire contracts: the dashboard's script reads them).
+K_DEAD_LETTERS = "dead_letters"
+K_REF = "ref"
+K_TOPIC = "topic"
+K_GROUP = "group"
+K_DELIVERIES = "deliveries"
+K_EVENT_ID = "event_id"
+K_TYPE = "type"
+K_SUMMARY = "summary"
+K_TRACE_ID = "trace_id"
+K_TIMESTAMP = "timestamp"
+K_SEAT = "seat"
+K_OUTCOME = "outcome"
+K_REFUSAL = "refusal"
+K_DETAIL = "detail"
+# The request's keys.
+K_TOOL = "tool"
+K_ARGS = "args"
+K_REQUEST_ID = "request_id"
+P_LIMIT = "limit"
+
+#: Where an event names no type or summary we can read (bytes from another build).
+UNREADABLE = "unreadable"
+NO_ENGINE = "no engine runs in this process to reach the queue"
+
+
+# -- serializers (the schema; the answers are plain dicts) -----------------------------------
+
+
+class DeadLetterSerializer(serializers.Serializer):
+    ref = serializers.CharField(help_text="the entry's identity on CREWLET_DLQ (pass it to dead_letter_replay)")
+    topic = serializers.CharField(help_text="the topic it was dead-lettered from, where a replay publishes it")
+    group = serializers.CharField()
+    deliveries = serializers.IntegerField()
+    event_id = serializers.CharField(allow_blank=True)
+    type = serializers.CharField()
+    summary = serializers.CharField(allow_blank=True)
+    trace_id = serializers.CharField(allow_blank=True)
+    timestamp = serializers.CharField(allow_blank=True)
+    seat = serializers.CharField(allow_blank=True)
+
+
+class DeadLetterListSerializer(serializers.Serializer):
+    dead_letters = DeadLetterSerializer(many=True)
+
+
+class ReplayArgsSerializer(serializers.Serializer):
+    ref = serializers.CharField()
+
+
+class ActRequestSerializer(serializers.Serializer):
+    tool = serializers.ChoiceField(choices=sorted(ops.TOOLS))
+    args = ReplayArgsSerializer()
+    request_id = serializers.CharField(required=False, allow_blank=True, max_length=200)
+
+
+class ActResultSerializer(serializers.Serializer):
+    outcome = serializers.CharField()
+    topic = serializers.CharField()
+    event_id = serializers.CharField(allow_blank=True)
+
+
+class RefusalSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    refusal = serializers.CharField()
+
+
+# -- reaching the engine ------------------------------------------------------------------------
+
+
+class EngineAway(Exception):
+    """No engine runs in this process, or its loop did not answer in time."""
+
+
+def on_engine(make: Callable[[EventQueue], Awaitable[T]], timeout_s: float = QUEUE_TIMEOUT_S) -> T:
+    """Run ``make(queue)`` on the engine's loop and wait for it; EngineAway when it cannot be asked."""
+    bound = seat_actions.bound_queue()
+    if bound is None:
+        raise EngineAway(NO_ENGINE)
+    queue, loop = bound
+    try:
+        if asyncio.get_running_loop() is loop:
+            raise EngineAway("blocking on the engine's own loop would deadlock")
+    except RuntimeError:
+        pass
+    future = asyncio.run_coroutine_threadsafe(make(queue), loop)  # type: ignore[arg-type]
+    try:
+        return future.result(timeout=timeout_s)
+    except TimeoutError as exc:
+        raise EngineAway(f"the engine did not answer within {timeout_s:g}s") from exc
+
+
+# -- the rows -------------------------------------------------------------------------------------
+
+
+def dead_letter_row(letter: DeadLetter) -> dict[str, Any]:
+    """One dead letter as the API and the dashboard show it; an undecodable body is still listed."""
+    row: dict[str, Any] = {
+        K_REF: letter.ref,
+        K_TOPIC: letter.topic,
+        K_GROUP: letter.group,
+        K_DELIVERIES: letter.deliveries,
+        K_EVENT_ID: "",
+        K_TYPE: UNREADABLE,
+        K_SUMMARY: "",
+        K_TRACE_ID: "",
+        K_TIMESTAMP: "",
+        K_SEAT: "",
+    }
+    try:
+        event = letter.event
+    except Exception:
+        return row
+    seat = getattr(event.data, "seat", None) if event.data is not None else None
+    if not isinstance(seat, str) or not seat:
+        loose = event.extra.get("seat") or (event.payload.get("seat") if isinstance(event.payload, dict) else "")
+        seat = loose if isinstance(loose, str) else ""
+    try:
+        summary = event.summary()
+    except Exception:
+        summary = ""
+    row.update(
+        {
+            K_EVENT_ID: event.id,
+            K_TYPE: event.type,
+            K_SUMMARY: summary,
+            K_TRACE_ID: event.trace_id,
+            K_TIMESTAMP: format_timestamp(event.timestamp) if event.timestamp.year > 1 else "",
+            K_SEAT: seat,
+        }
+    )
+    return row
+
+
+def _limit(request: Request) -> int:
+    value = request.query_params.get(P_LIMIT)
+    if value is None:
+        return DEFAULT_LIMIT
+    if not re.fullmatch(r"[0-9]{1,6}", value.strip()) or not 1 <= int(value) <= MAX_LIMIT:
+        raise BadParameter(P_LIMIT, f"must be a whole number from 1 to {MAX_LIMIT}")
+    return int(value)
+
+
+def actor_of(request: Request) -> str:
+    """The token's own name, else the staff user's username."""
+    if isinstance(request.auth, OperatorToken):
+        return request.auth.name
+    user = request.user
+    return str(getattr(user, "get_username", lambda: getattr(user, "username", ""))() or "")
+
+
+def _unavailable(detail: str) -> Response:
+    return Response(
+        {K_DETAIL: detail, K_REFUSAL: ops.REFUSAL_UNAVAILABLE}, status=status.HTTP_503_SERVICE_UNAVAILABLE
+    )
+
+
+# -- views ------------------------------------------------------------------------------------------
+
+
+class DeadLettersView(APIView):
+    @extend_schema(
+        operation_id="dead_letters_list",
+        summary="What sits on CREWLET_DLQ, oldest first",
+        parameters=[
+            OpenApiParameter(
+                P_LIMIT, OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+                description=f"at most this many, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})",
+            )
+        ],
+        responses={
+            200: DeadLetterListSerializer, 400: BadParameterSerializer, 401: DetailSerializer, 503: RefusalSerializer
+        },
+    )
+    def get(self, request: Request) -> Response:
+        limit = _limit(request)
+        try:
+            letters = on_engine(lambda queue: queue.dead_letters(limit))
+        except EngineAway as exc:
+            return _unavailable(str(exc))
+        except Exception as exc:  # Unavailable from the broker, or NotLive while stopping
+            log.warning("dead_letters_read_failed", extra={"error": repr(exc)})
+            return _unavailable(f"the queue did not answer: {exc}")
+        return Response({K_DEAD_LETTERS: [dead_letter_row(letter) for letter in letters]})
+
+
+class OperatorActView(APIView):
+    @extend_schema(
+        operation_id="operator_act",
+        summary="Run an operator tool (dead_letter_replay); audited as one operator_acted",
+        request=ActRequestSerializer,
+        responses={
+            200: ActResultSerializer,
+            400: RefusalSerializer,
+            401: DetailSerializer,
+            404: RefusalSerializer,
+            409: RefusalSerializer,
+            503: RefusalSerializer,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        actor = actor_of(request)
+        body = request.data if isinstance(request.data, dict) else {}
+        tool = body.get(K_TOOL)
+        args = body.get(K_ARGS)
+        request_id = body.get(K_REQUEST_ID, "")
+        request_id = request_id if isinstance(request_id, str) else ""
+        tool_name = tool if isinstance(tool, str) else ""
+        refused = self._refusal(tool_name, args)
+        if refused is not None:
+            refusal, detail = refused
+            self._audit_refusal(tool_name, refusal, actor, request_id)
+            return Response({K_DETAIL: detail, K_REFUSAL: refusal}, status=status.HTTP_400_BAD_REQUEST)
+        ref = args[K_REF].strip()
+        try:
+            result = on_engine(
+                lambda queue: ops.replay_dead_letter(
+                    queue, ref, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id
+                )
+            )
+        except EngineAway as exc:
+            log.warning("operator_act_unreachable", extra={"tool": tool_name, "actor": actor, "error": str(exc)})
+            return _unavailable(str(exc))
+        if result.ok:
+            return Response({K_OUTCOME: result.outcome, K_TOPIC: result.topic, K_EVENT_ID: result.event_id})
+        code = {
+            ops.REFUSAL_GONE: status.HTTP_404_NOT_FOUND,
+            ops.REFUSAL_NO_SUBSCRIPTION: status.HTTP_409_CONFLICT,
+        }.get(result.refusal, status.HTTP_503_SERVICE_UNAVAILABLE)
+        detail = {
+            ops.REFUSAL_GONE: f"no dead letter {ref!r}: it was replayed, or is no longer kept",
+        }.get(result.refusal, result.detail)
+        return Response({K_DETAIL: detail, K_REFUSAL: result.refusal}, status=code)
+
+    @staticmethod
+    def _refusal(tool: str, args: Any) -> Optional[tuple[str, str]]:
+        """Why the call cannot be run as asked, or None."""
+        if tool not in ops.TOOLS:
+            known = ", ".join(sorted(ops.TOOLS))
+            return ops.REFUSAL_UNKNOWN_TOOL, f"unknown tool {tool!r}: known tools are {known}"
+        ref = args.get(K_REF) if isinstance(args, dict) else None
+        if not isinstance(ref, str) or not ref.strip():
+            return ops.REFUSAL_BAD_ARGS, f"{tool} needs args.{K_REF}: the dead letter's ref from /api/dead-letters"
+        return None
+
+    @staticmethod
+    def _audit_refusal(tool: str, refusal: str, actor: str, request_id: str) -> None:
+        """A refused call is a call too: audited once when the engine is there to publish it."""
+        result = ops.ActResult(tool=tool, outcome=ops.OUTCOME_REFUSED, refusal=refusal)
+        try:
+            on_engine(lambda queue: ops.audit(queue, result, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id))
+        except Exception as exc:
+            log.warning("operator_act_refusal_unaudited", extra={"tool": tool, "refusal": refusal, "error": repr(exc)})
+
+
+__all__ = ["DeadLettersView", "OperatorActView", "dead_letter_row", "on_engine"]

@@ -1,0 +1,225 @@
+"""/api/dead-letters and /operator/act: a real dead letter on a real broker, listed, replayed and audited.
+
+The dead letter is made the way production makes one: a subscriber whose
+handler fails spends the message's whole delivery budget (the backoff shrunk
+through the injected Timings), and the queue copies it to CREWLET_DLQ. The
+views run in a worker thread, as under ASGI, and reach the queue on this
+test's loop through the binding the engine makes (``seats.actions.bind``);
+the event store's writer is the queue's publish listener, as in ``up``.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+import pytest
+import yaml
+from asgiref.sync import sync_to_async
+from django.utils.crypto import get_random_string
+from rest_framework.test import APIClient
+
+import eventstore
+from crewlet.queue import topics
+from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
+from eventstore import actions as ops
+from eventstore.models import EventRow
+from seats import actions
+from seats.models import OperatorToken
+from seats_support import bearer, eventually, in_thread, jetstream_queues, wake
+from seats_support import _close_store_connections  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+
+SEAT = "ada"
+TOPIC, GROUP = topics.agent_inbox(SEAT), topics.agent_inbox_group(SEAT)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Any]:
+    """A JetStream client bound as this process's engine queue, its publishes written to the event store."""
+    async with jetstream_queues("n1") as [q]:
+        writer = eventstore.attach(q)
+        actions.bind(q)
+        try:
+            yield q
+        finally:
+            actions.unbind(q)
+            await writer.aclose()
+
+
+async def make_dead_letter(q: Any, body: str) -> Any:
+    """Publish an inbox wake that a failing subscriber NAKs until the queue dead-letters it."""
+    deliveries: list[int] = []
+
+    async def failing(delivery: Delivery) -> Outcome:
+        deliveries.append(delivery.remaining)
+        return Outcome.NAK
+
+    sub = await q.subscribe(TOPIC, GROUP, failing)
+    poison = wake(SEAT, body)
+    await q.publish(TOPIC, poison)
+
+    async def buried() -> bool:
+        return any(d.event.id == poison.id for d in await q.dead_letters())
+
+    await eventually(buried, what="the poison dead-lettered")
+    await sub.detach()
+    assert len(deliveries) == MAX_DELIVERIES
+    return poison
+
+
+def call(fn: Any, *args: Any) -> Any:
+    return asyncio.to_thread(in_thread, fn, *args)
+
+
+def replay(client: APIClient, ref: str, **extra: Any) -> Any:
+    return call(client.post, "/operator/act", {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": ref}, **extra}, "json")
+
+
+def audits() -> list[EventRow]:
+    return list(EventRow.objects.using("events").filter(type="operator_acted").order_by("ts"))
+
+
+async def test_the_list_shows_a_real_dead_letter_with_its_topic_group_deliveries_and_event(engine: Any) -> None:
+    poison = await make_dead_letter(engine, "this one always fails")
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    response = await call(bearer(token).get, "/api/dead-letters")
+    assert response.status_code == 200, response.content
+    (row,) = response.json()["dead_letters"]
+    assert (row["topic"], row["group"], row["deliveries"]) == (TOPIC, GROUP, MAX_DELIVERIES)
+    assert (row["event_id"], row["type"], row["seat"]) == (poison.id, "external_notification", SEAT)
+    assert row["trace_id"] == poison.trace_id and row["timestamp"] and row["summary"]
+    assert row["ref"] == (await engine.dead_letters())[0].ref
+
+
+async def test_a_replay_puts_the_event_back_on_its_topic_and_is_audited_with_the_actor(engine: Any) -> None:
+    poison = await make_dead_letter(engine, "replay me")
+    (letter,) = await engine.dead_letters()
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    c = bearer(token)
+
+    response = await replay(c, letter.ref, request_id="req-1")
+    assert response.status_code == 200, response.content
+    assert response.json() == {"outcome": ops.OUTCOME_REPLAYED, "topic": TOPIC, "event_id": poison.id}
+
+    got: list[Delivery] = []
+
+    async def healthy(delivery: Delivery) -> None:
+        got.append(delivery)
+
+    await engine.subscribe(TOPIC, GROUP, healthy)
+    await eventually(lambda: len(got) == 1, what="the replayed event delivered")
+    assert got[0].event.id == poison.id and got[0].remaining == MAX_DELIVERIES - 1, "fresh mail, a whole budget"
+
+    listed = await call(c.get, "/api/dead-letters")
+    assert listed.json() == {"dead_letters": []}
+
+    await eventually(lambda: sync_to_async(lambda: len(audits()) == 1)(), what="the operator_acted row")
+    (row,) = await sync_to_async(audits)()
+    assert (row.tool, row.actor, row.source, row.failed) == (ops.TOOL_DEAD_LETTER_REPLAY, "ops-console", "operator", False)
+    assert '"outcome":"replayed"' in row.body and f'"position":"{TOPIC}"' in row.body
+    assert '"request_id":"req-1"' in row.body
+    assert '"ref"' not in row.body, "never the arguments"
+
+
+async def test_a_second_replay_of_the_same_ref_is_404_and_audited_as_a_refusal(engine: Any) -> None:
+    await make_dead_letter(engine, "only once")
+    (letter,) = await engine.dead_letters()
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    c = bearer(token)
+    assert (await replay(c, letter.ref)).status_code == 200
+    again = await replay(c, letter.ref)
+    assert again.status_code == 404, again.content
+    assert again.json()["refusal"] == ops.REFUSAL_GONE and again.json()["detail"]
+
+    await eventually(lambda: sync_to_async(lambda: len(audits()) == 2)(), what="two operator_acted rows")
+    first, second = await sync_to_async(audits)()
+    assert '"outcome":"replayed"' in first.body
+    assert '"outcome":"refused"' in second.body and '"refusal":"gone"' in second.body
+    assert second.actor == "ops-console" and second.tool == ops.TOOL_DEAD_LETTER_REPLAY
+
+
+async def test_a_staff_session_replays_under_its_username_with_its_csrf_token(engine: Any) -> None:
+    await make_dead_letter(engine, "staff replay")
+    (letter,) = await engine.dead_letters()
+
+    def as_staff() -> Any:
+        from django.contrib.auth import get_user_model
+
+        user = get_user_model().objects.create_user("grace-admin", password="pw", is_staff=True)
+        c = APIClient(enforce_csrf_checks=True)
+        c.force_login(user)
+        refused = c.post("/operator/act", {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": letter.ref}}, format="json")
+        assert refused.status_code == 403, "a session without its CSRF token is refused"
+        secret = get_random_string(32)  # the cookie a page carries, echoed in the header as its script does
+        c.cookies["csrftoken"] = secret
+        return c.post(
+            "/operator/act",
+            {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": letter.ref}},
+            format="json",
+            HTTP_X_CSRFTOKEN=secret,
+        )
+
+    response = await call(as_staff)
+    assert response.status_code == 200, response.content
+    await eventually(lambda: sync_to_async(lambda: len(audits()) == 1)(), what="the operator_acted row")
+    (row,) = await sync_to_async(audits)()
+    assert row.actor == "grace-admin"
+
+
+async def test_anonymous_callers_are_refused_with_401_and_nothing_moves(engine: Any) -> None:
+    await make_dead_letter(engine, "stay put")
+    (letter,) = await engine.dead_letters()
+    anonymous = APIClient()
+    assert (await call(anonymous.get, "/api/dead-letters")).status_code == 401
+    refused = await replay(anonymous, letter.ref)
+    assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
+    assert [d.ref for d in await engine.dead_letters()] == [letter.ref]
+    assert await sync_to_async(audits)() == []
+
+
+async def test_an_unknown_tool_or_missing_args_is_400_and_still_audited_as_a_refusal(engine: Any) -> None:
+    await make_dead_letter(engine, "untouched")
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    c = bearer(token)
+    unknown = await call(c.post, "/operator/act", {"tool": "drop_tables", "args": {"ref": "1"}}, "json")
+    assert unknown.status_code == 400 and unknown.json()["refusal"] == ops.REFUSAL_UNKNOWN_TOOL
+    missing = await call(c.post, "/operator/act", {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {}}, "json")
+    assert missing.status_code == 400 and missing.json()["refusal"] == ops.REFUSAL_BAD_ARGS
+    assert len(await engine.dead_letters()) == 1
+    await eventually(lambda: sync_to_async(lambda: len(audits()) == 2)(), what="two refusals audited")
+    assert [r.tool for r in await sync_to_async(audits)()] == ["drop_tables", ops.TOOL_DEAD_LETTER_REPLAY]
+
+
+async def test_an_unknown_ref_is_404(engine: Any) -> None:
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    response = await replay(bearer(token), "424242")
+    assert response.status_code == 404 and response.json()["refusal"] == ops.REFUSAL_GONE
+
+
+async def test_the_limit_is_checked_and_honoured(engine: Any) -> None:
+    await make_dead_letter(engine, "first")
+    await make_dead_letter(engine, "second")
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    c = bearer(token)
+    (only,) = (await call(c.get, "/api/dead-letters?limit=1")).json()["dead_letters"]
+    both = (await call(c.get, "/api/dead-letters")).json()["dead_letters"]
+    assert [r["ref"] for r in both][0] == only["ref"] and len(both) == 2, "oldest first"
+    assert (await call(c.get, "/api/dead-letters?limit=0")).status_code == 400
+
+
+def test_with_no_engine_in_the_process_the_routes_are_503() -> None:
+    _, token = OperatorToken.mint("ops-console")
+    c = bearer(token)
+    assert c.get("/api/dead-letters").status_code == 503
+    response = c.post("/operator/act", {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": "1"}}, format="json")
+    assert response.status_code == 503 and response.json()["refusal"] == ops.REFUSAL_UNAVAILABLE
+
+
+def test_the_openapi_schema_documents_both_routes() -> None:
+    _, token = OperatorToken.mint("ops-console")
+    response = bearer(token).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi")
+    assert response.status_code == 200
+    paths = yaml.safe_load(response.content)["paths"]
+    assert paths["/api/dead-letters"]["get"]["operationId"] == "dead_letters_list"
+    assert paths["/operator/act"]["post"]["operationId"] == "operator_act"
