@@ -1,0 +1,148 @@
+"""The dashboard's server-rendered pages, through Django's test client on the PostgreSQL test store.
+
+The live parts (the socket, a seat changing as a webhook lands, replaying a
+dead letter) are driven in a real browser by tests/test_dashboard_browser.py;
+here: who may look, and what each page renders from the store.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from crewlet.events.types import SYSTEM_CLOSED_A2A
+from crewlet.tracing import Trace
+from eventstore.questions import NodeScope
+from eventstore_support import AT, scope, store  # noqa: F401
+from eventstore_support import make_event
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+T0 = AT - timedelta(hours=1)
+S = timedelta(seconds=1)
+
+
+def span(n: int, parent: int = 0) -> Trace:
+    return Trace(TRACE, f"{n:016x}", f"{parent:016x}" if parent else "")
+
+
+@pytest.fixture
+def staff() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.create_user("grace-admin", password="pw", is_staff=True))
+    return client
+
+
+@pytest.fixture
+def no_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No engine in this process: no projection, no seat runtime."""
+    from eventstore import projection
+    from seats import runtime
+
+    monkeypatch.setattr(projection, "current", lambda: None)
+    monkeypatch.setattr(runtime, "current", lambda: None)
+
+
+def a_turn() -> list[Any]:
+    return store(
+        make_event("inbound_delivery", T0, event_id="delivery", span=span(1), surface="webhook", event_name="message"),
+        make_event("agent_turn_started", T0 + S, event_id="start", span=span(2, 1), seat="ada", turn_id="t1"),
+        make_event("auxiliary_spend", T0 + 2 * S, event_id="spend", span=span(2, 1), seat="ada", turn_id="t1"),
+        make_event("agent_turn_completed", T0 + 3 * S, event_id="end", span=span(2, 1), seat="ada", turn_id="t1"),
+    )
+
+
+# -- who may look ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/events/", "/traces/abc/", "/seats/ada/", "/dead-letters/"])
+def test_every_page_sends_a_visitor_who_is_not_signed_in_to_sign_in_first(path: str) -> None:
+    response = Client().get(path)
+    assert response.status_code == 302
+    assert response["Location"] == f"/login/?next={path}"
+
+
+def test_signing_in_takes_a_staff_user_where_they_were_going_and_refuses_everyone_else() -> None:
+    users = get_user_model().objects
+    users.create_user("grace-admin", password="pw", is_staff=True)
+    users.create_user("guest", password="pw", is_staff=False)
+    client = Client()
+    assert client.post("/login/?next=/events/", {"username": "guest", "password": "pw", "next": "/events/"}).status_code == 200
+    assert client.get("/events/").status_code == 302  # a valid password of an account that is not staff opens nothing
+    response = client.post("/login/", {"username": "grace-admin", "password": "pw", "next": "/events/"})
+    assert (response.status_code, response["Location"]) == (302, "/events/")
+
+
+# -- pages ----------------------------------------------------------------------------------
+
+
+def test_the_event_log_lists_what_the_feed_holds_with_a_chip_per_category(staff: Client, scope: NodeScope) -> None:
+    a_turn()
+    page = staff.get("/events/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-id="end"' in html and 'data-id="delivery"' in html
+    assert 'data-id="spend"' not in html  # stored, not fed
+    for category in ("lifecycle", "task", "a2a", "decision", "notification", "learning", "system", "webhook"):
+        assert f'data-category="{category}" href="/events/?category={category}"' in html
+    assert f'href="/traces/{TRACE}/"' in html
+
+    chosen = staff.get("/events/?category=webhook").content.decode()
+    assert 'data-id="delivery"' in chosen and 'data-id="end"' not in chosen
+    assert 'class="chip on" data-category="webhook" href="/events/"' in chosen  # clicking it again takes it off
+
+
+def test_an_unknown_category_is_refused_with_the_closed_set(staff: Client, scope: NodeScope) -> None:
+    page = staff.get("/events/?category=gossip")
+    assert page.status_code == 400
+    assert "unknown category &#x27;gossip&#x27;; one of lifecycle, task" in page.content.decode()
+
+
+def test_a_trace_is_a_tree_of_folding_spans_and_a_swept_a2a_close_says_the_system_closed_it(
+    staff: Client, scope: NodeScope
+) -> None:
+    a_turn()
+    store(
+        make_event("a2a_channel_closed", T0 + 4 * S, event_id="swept", span=span(3, 2),
+                   channel_id="ch-1", participants=["ada", "linus"], message_count=1),
+    )
+    page = staff.get(f"/traces/{TRACE}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    root, child, grandchild = (html.index(f'data-span="{n:016x}"') for n in (1, 2, 3))
+    assert root < child < grandchild and html.count("<details") == 3
+    assert f"{SYSTEM_CLOSED_A2A} ch-1 between ada and linus" in html
+    assert 'data-id="spend"' in html  # a turn's trace holds its accounting rows
+
+    assert staff.get("/traces/" + "0" * 32 + "/").status_code == 404
+
+
+def test_a_seat_page_shows_its_turns_and_the_pause_controls_only_for_an_agent(
+    staff: Client, scope: NodeScope, no_live: None
+) -> None:
+    a_turn()
+    page = staff.get("/seats/ada/").content.decode()
+    assert 'data-turn="t1"' in page and 'id="pause"' in page
+    assert 'id="depth"' in page and 'title="no engine runs in this process"' in page  # unknown, and says why
+    assert 'id="pause"' not in staff.get("/seats/grace/").content.decode()  # a person has no inbox to pause
+    assert staff.get("/seats/nobody/").status_code == 404
+
+
+def test_without_an_engine_the_overview_shows_the_company_and_the_stored_feed(
+    staff: Client, scope: NodeScope, no_live: None
+) -> None:
+    a_turn()
+    html = staff.get("/").content.decode()
+    for handle in ("ada", "linus", "grace"):
+        assert f'<tr data-seat="{handle}">' in html
+    assert 'data-state="unknown"' in html
+    assert 'data-id="end"' in html and 'data-id="spend"' not in html
+
+
+def test_the_dead_letter_page_says_why_it_cannot_read_the_stream_without_an_engine(staff: Client, no_live: None) -> None:
+    html = staff.get("/dead-letters/").content.decode()
+    assert "Could not read the dead-letter stream: no engine runs in this process" in html
