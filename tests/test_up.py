@@ -99,6 +99,7 @@ def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: P
         assert first("event=web_stopped") < first("event=seat_runtime_stopped") < first("event=engine_stopped")
         assert "clean=true" in lines[first("event=engine_stopped")]
         assert "event=webhook_surface_unverified surface=slack" in text  # the example company's warning
+        assert f"No staff user yet: to sign in to the dashboard, run `CREWLET_VAR_DIR={data_dir}" in text
         assert TOKEN not in text
 
         deadline = time.monotonic() + 5

@@ -116,6 +116,18 @@ class Command(RunConsumersCommand):
         except CompanyError as exc:
             raise CommandError(str(exc)) from None
 
+    def hint_staff_user(self, data_dir: Path) -> None:
+        """The dashboard needs a staff account to sign in with; say how to make one when there is none."""
+        from django.contrib.auth import get_user_model
+        from django.db import connections
+
+        if not get_user_model().objects.filter(is_staff=True, is_active=True).exists():
+            self.stdout.write(
+                "No staff user yet: to sign in to the dashboard, run "
+                f"`CREWLET_VAR_DIR={data_dir} .venv/bin/python manage.py createsuperuser`."
+            )
+        connections.close_all()
+
     def handle(self, *args: Any, **options: Any) -> None:
         data_dir = self.data_dir(options)
         engine = self.engine(options)
@@ -123,6 +135,7 @@ class Command(RunConsumersCommand):
         self.seed_operator_token()
         self.import_company(options)
         self.adopt_active_revision()
+        self.hint_staff_user(data_dir)
         self.stdout.write(
             f"Crewlet node {engine.settings.node.id} starting "
             f"({engine.settings.stream.type} broker, data in {data_dir}); SIGTERM or Ctrl-C stops it."
