@@ -353,8 +353,9 @@ class LiveProjection:
         self.apply(topic, event)
 
     def apply(self, topic: str, event: Event) -> Optional[dict[str, Any]]:
-        """Apply one event; the seat row it moved, or None. Idempotent by event id."""
-        return self.applied(topic, event).seat
+        """Apply one event; the seat row it moved, or None (also for a copy applied already: idempotent by id)."""
+        applied = self.applied(topic, event)
+        return applied.seat if applied.fresh else None
 
     def applied(self, topic: str, event: Event) -> Applied:
         """Apply one event and say what it is to the feed and to its seat (for a tab's frame).
