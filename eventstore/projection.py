@@ -41,6 +41,15 @@ The seat states, by precedence (the first that holds wins):
   ``reason`` ``budget``), until a turn of it completes without failing.
 * ``idle`` — none of the above. A person's seat (kind ``human``) is never run
   by the engine and always reads ``idle``.
+
+The counters (the overview's): ``turns_completed`` (a completion that did not
+fail; a stopped or parked one included), ``turns_failed``, ``tokens`` (input
+plus output of turn completions — the sum of their phases, so phases are not
+added again — and of ``auxiliary_spend``) and ``events`` (every event
+applied). They count from ``counters_since``: a seeded projection starts from
+its store's rows of the last 24 hours and counts on from there; an event of a
+stored type stamped at or before the seed's instant is taken as counted by the
+store already.
 """
 from __future__ import annotations
 
@@ -503,7 +512,7 @@ class LiveProjection:
         try:
             data = await sync_to_async(_read_seed, thread_sensitive=True)(org, scope, instant)
         except (DatabaseError, qs.QuestionRefused):
-            log.error("projection_seed_failed", exc_info=True)
+            log.exception("projection_seed_failed")
             self._drain()
             return False
         held = _held_locally()
@@ -555,8 +564,8 @@ class LiveProjection:
             live.present = True
             if not running:
                 live.turn_id = ""  # this node runs it, and nothing runs now: a started row with no end is a lost turn
-        base = data.counters
-        self._counters = {k: base.get(k, 0) + (self._counters.get(k, 0) if self._seeded else 0) for k in COUNTER_KEYS}
+        # The store's count replaces what was counted live before it: those rows are in it.
+        self._counters = {k: data.counters.get(k, 0) for k in COUNTER_KEYS}
         self._since = at - COUNTER_WINDOW
         self._seed_at = at
         self._seeded = True

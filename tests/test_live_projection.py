@@ -297,7 +297,8 @@ async def test_events_that_arrive_while_the_seed_reads_are_applied_after_it_and_
 
 def test_the_engine_installs_the_projection_service_beside_the_writer() -> None:
     class Recording:
-        names: list[str] = []
+        def __init__(self) -> None:
+            self.names: list[str] = []
 
         def add_service(self, factory: Callable[..., Any], *, name: str = "", stop_first: bool = False) -> None:
             self.names.append(name)
