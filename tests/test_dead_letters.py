@@ -204,7 +204,8 @@ async def test_the_limit_is_checked_and_honoured(engine: Any) -> None:
     c = bearer(token)
     (only,) = (await call(c.get, "/api/dead-letters?limit=1")).json()["dead_letters"]
     both = (await call(c.get, "/api/dead-letters")).json()["dead_letters"]
-    assert [r["ref"] for r in both][0] == only["ref"] and len(both) == 2, "oldest first"
+    refs = [int(r["ref"]) for r in both]
+    assert len(refs) == 2 and refs == sorted(refs) and str(refs[0]) == only["ref"], "oldest first"
     assert (await call(c.get, "/api/dead-letters?limit=0")).status_code == 400
 
 
