@@ -8,7 +8,6 @@ staff may look — the same people a staff session lets through ``/api/``.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Callable, Optional
 
@@ -68,15 +67,13 @@ def _live_snapshot() -> Optional[dict[str, Any]]:
 
 
 def on_engine_loop(make: Callable[[Any], Any]) -> tuple[Optional[Any], str]:
-    """Run ``make(queue)`` (a coroutine) on the engine's loop: (answer, "") or (None, why not)."""
-    from seats.api import _engine_loop
-    from seats import runtime
+    """Ask the engine's queue for a page: (answer, "") or (None, why it could not be read)."""
+    from seats.actions import EngineAway, on_engine
 
-    rt, loop = runtime.current(), _engine_loop()
-    if rt is None or loop is None or loop.is_closed():
-        return None, "no engine runs in this process"
     try:
-        return asyncio.run_coroutine_threadsafe(make(rt.queue), loop).result(timeout=QUEUE_READ_TIMEOUT_S), ""
+        return on_engine(make, QUEUE_READ_TIMEOUT_S), ""
+    except EngineAway as exc:
+        return None, str(exc)
     except Exception as exc:  # the broker is away, or slow: the page says so rather than failing
         log.warning("dashboard_queue_read_failed", extra={"error": repr(exc)})
         return None, f"the queue did not answer ({type(exc).__name__})"

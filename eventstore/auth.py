@@ -109,3 +109,13 @@ def seed_operator_token_from_env(env: Mapping[str, str] = os.environ) -> bool:
     OperatorToken.seed(SEEDED_TOKEN_NAME, token)
     log.info("operator_token_seeded", extra={"token_name": SEEDED_TOKEN_NAME})
     return True
+
+
+def actor_of(request: Request) -> str:
+    """Who is acting: the operator token's own name, else the staff user's username."""
+    from seats.models import OperatorToken
+
+    if isinstance(request.auth, OperatorToken):
+        return request.auth.name
+    user = request.user
+    return str(getattr(user, "get_username", lambda: getattr(user, "username", ""))() or "")

@@ -10,7 +10,6 @@ and a deadline, as ``seats.api`` does. The action itself is
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from typing import Any, Awaitable, Callable, Optional, TypeVar
@@ -26,9 +25,9 @@ from crewlet.events import format_timestamp
 from crewlet.queue.contract import DeadLetter, EventQueue
 from eventstore import actions as ops
 from eventstore.api import BadParameter
+from eventstore.auth import actor_of
 from eventstore.serializers import BadParameterSerializer, DetailSerializer
 from seats import actions as seat_actions
-from seats.models import OperatorToken
 
 log = logging.getLogger("crewlet.eventstore.operator")
 
@@ -63,7 +62,7 @@ P_LIMIT = "limit"
 
 #: Where an event names no type or summary we can read (bytes from another build).
 UNREADABLE = "unreadable"
-NO_ENGINE = "no engine runs in this process to reach the queue"
+NO_ENGINE = seat_actions.NO_ENGINE
 
 
 # -- serializers (the schema; the answers are plain dicts) -----------------------------------
@@ -110,26 +109,12 @@ class RefusalSerializer(serializers.Serializer):
 # -- reaching the engine ------------------------------------------------------------------------
 
 
-class EngineAway(Exception):
-    """No engine runs in this process, or its loop did not answer in time."""
+EngineAway = seat_actions.EngineAway
 
 
 def on_engine(make: Callable[[EventQueue], Awaitable[T]], timeout_s: float = QUEUE_TIMEOUT_S) -> T:
-    """Run ``make(queue)`` on the engine's loop and wait for it; EngineAway when it cannot be asked."""
-    bound = seat_actions.bound_queue()
-    if bound is None:
-        raise EngineAway(NO_ENGINE)
-    queue, loop = bound
-    try:
-        if asyncio.get_running_loop() is loop:
-            raise EngineAway("blocking on the engine's own loop would deadlock")
-    except RuntimeError:
-        pass
-    future = asyncio.run_coroutine_threadsafe(make(queue), loop)  # type: ignore[arg-type]
-    try:
-        return future.result(timeout=timeout_s)
-    except TimeoutError as exc:
-        raise EngineAway(f"the engine did not answer within {timeout_s:g}s") from exc
+    """``seats.actions.on_engine`` with this module's patience."""
+    return seat_actions.on_engine(make, timeout_s)
 
 
 # -- the rows -------------------------------------------------------------------------------------
@@ -181,14 +166,6 @@ def _limit(request: Request) -> int:
     if not re.fullmatch(r"[0-9]{1,6}", value.strip()) or not 1 <= int(value) <= MAX_LIMIT:
         raise BadParameter(P_LIMIT, f"must be a whole number from 1 to {MAX_LIMIT}")
     return int(value)
-
-
-def actor_of(request: Request) -> str:
-    """The token's own name, else the staff user's username."""
-    if isinstance(request.auth, OperatorToken):
-        return request.auth.name
-    user = request.user
-    return str(getattr(user, "get_username", lambda: getattr(user, "username", ""))() or "")
 
 
 def _unavailable(detail: str) -> Response:

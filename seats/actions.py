@@ -27,7 +27,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from django.db import transaction
 from django.utils import timezone
@@ -136,6 +136,40 @@ def bound_queue() -> Optional[tuple[EventQueue, asyncio.AbstractEventLoop]]:
     if b is None or b.loop.is_closed():
         return None
     return b.queue, b.loop
+
+
+#: Why a request thread could not ask the engine's queue, when no engine runs here.
+NO_ENGINE = "no engine runs in this process to reach the queue"
+#: How long a request thread waits for the engine's loop by default.
+ENGINE_TIMEOUT_S = 10.0
+_T = TypeVar("_T")
+
+
+class EngineAway(Exception):
+    """No engine runs in this process, or its loop did not answer in time."""
+
+
+def on_engine(make: Callable[[EventQueue], Awaitable[_T]], timeout_s: float = ENGINE_TIMEOUT_S) -> _T:
+    """Run ``make(queue)`` on the engine's loop and wait for it; EngineAway when it cannot be asked.
+
+    The one way a request thread (a view) reaches the engine's queue: the queue
+    lives on the engine's asyncio loop, so its verbs are awaited there.
+    """
+    bound = bound_queue()
+    if bound is None:
+        raise EngineAway(NO_ENGINE)
+    queue, loop = bound
+    try:
+        if asyncio.get_running_loop() is loop:
+            raise EngineAway("blocking on the engine's own loop would deadlock")
+    except RuntimeError:
+        pass
+    future = asyncio.run_coroutine_threadsafe(make(queue), loop)  # type: ignore[arg-type]
+    try:
+        return future.result(timeout=timeout_s)
+    except TimeoutError as exc:
+        future.cancel()
+        raise EngineAway(f"the engine did not answer within {timeout_s:g}s") from exc
 
 
 # -- the compare-and-set ----------------------------------------------------------

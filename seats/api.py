@@ -26,11 +26,11 @@ from rest_framework.views import APIView
 
 from crewlet.org import Organization, Seat, load_company
 from crewlet.queue import topics
+from eventstore.auth import actor_of
 from eventstore.serializers import DetailSerializer
 from seats import actions, runtime
 from seats.actions import SeatNotFound
 from seats.delivery_models import SeatPause
-from seats.models import OperatorToken
 
 log = logging.getLogger("crewlet.seats.api")
 
@@ -95,42 +95,19 @@ def company() -> Organization:
     return load_company()
 
 
-def actor(request: Request) -> str:
-    """Who is acting: the operator token's name, else the staff user's username."""
-    if isinstance(request.auth, OperatorToken):
-        return request.auth.name
-    user = request.user
-    return str(getattr(user, "get_username", lambda: getattr(user, "username", ""))() or "")
-
-
-def _engine_loop() -> Optional[asyncio.AbstractEventLoop]:
-    """The loop the running runtime's queue lives on (where ``actions.bind`` recorded it)."""
-    rt, bound = runtime.current(), actions.bound_queue()
-    if rt is None or bound is None or bound[0] is not rt.queue:
-        return None
-    return bound[1]
-
-
 def depths(handles: list[str]) -> dict[str, Optional[int]]:
     """Each agent seat's inbox depth read on the engine's loop; None for all when it cannot be asked."""
-    rt, loop = runtime.current(), _engine_loop()
-    if rt is None or loop is None or not handles or loop.is_closed():
-        return {h: None for h in handles}
-    try:
-        if asyncio.get_running_loop() is loop:
-            return {h: None for h in handles}  # blocking on our own loop would deadlock
-    except RuntimeError:
-        pass
-    queue = rt.queue
+    if not handles:
+        return {}
 
-    async def ask() -> list[Any]:
+    async def ask(queue: Any) -> list[Any]:
         return await asyncio.gather(
             *(queue.backlog(topics.agent_inbox(h), topics.agent_inbox_group(h)) for h in handles),
             return_exceptions=True,
         )
 
     try:
-        answers = asyncio.run_coroutine_threadsafe(ask(), loop).result(timeout=DEPTH_TIMEOUT_S)
+        answers = actions.on_engine(ask, DEPTH_TIMEOUT_S)
     except Exception:
         log.warning("seat_depth_unavailable", exc_info=True)
         return {h: None for h in handles}
@@ -225,7 +202,7 @@ class SeatPauseView(APIView):
             return _no_runtime()
         try:
             changed = actions.pause_seat(
-                handle, actor(request), body.validated_data["reason"], body.validated_data["stop_running"]
+                handle, actor_of(request), body.validated_data["reason"], body.validated_data["stop_running"]
             )
         except SeatNotFound as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
@@ -249,7 +226,7 @@ class SeatResumeView(APIView):
         if not actions.bound():
             return _no_runtime()
         try:
-            changed = actions.resume_seat(handle, actor(request))
+            changed = actions.resume_seat(handle, actor_of(request))
         except SeatNotFound as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
         except RuntimeError as exc:
@@ -258,4 +235,4 @@ class SeatResumeView(APIView):
         return Response({"changed": changed, "state": state(actions.pause_states([handle]).get(handle))})
 
 
-__all__ = ["SeatPauseView", "SeatResumeView", "SeatsView", "actor", "company", "depths"]
+__all__ = ["SeatPauseView", "SeatResumeView", "SeatsView", "company", "depths"]

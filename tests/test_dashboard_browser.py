@@ -17,6 +17,7 @@ import pytest
 
 from crewlet.events import categories
 from crewlet.queue import Outcome, Timings, topics
+from crewlet.tracing import Trace
 from tests.browser_support import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -242,7 +243,7 @@ def test_a_dead_letter_is_replayed_onto_its_topic_and_audited(
     from crewlet.events.types import TaskAssigned
 
     topic, group = topics.agent_inbox("ghost"), topics.agent_inbox_group("ghost")
-    sent = events.new(TaskAssigned(seat="ghost", task="a task nobody can do"), None)
+    sent = events.new(TaskAssigned(seat="ghost", title="a task nobody can do"), Trace.root())
     got: list[Any] = []
 
     async def fail(delivery: Any) -> Outcome:
@@ -253,7 +254,7 @@ def test_a_dead_letter_is_replayed_onto_its_topic_and_audited(
         await queue.publish(topic, sent)
         while not any(d.event.id == sent.id for d in await queue.dead_letters()):
             await asyncio.sleep(0.01)  # 25 real deliveries, spaced by FAST's backoff
-        await sub.close()
+        await sub.detach()
 
     loop.run(dead_letter(), timeout_s=60)
 
@@ -277,7 +278,7 @@ def test_a_dead_letter_is_replayed_onto_its_topic_and_audited(
         until(lambda: bool(loop.call(lambda: list(got))), "the replayed event at a subscriber of its topic", page=page)
         assert [e.id for e in loop.call(lambda: list(got))] == [sent.id]
     finally:
-        loop.run(receiver.close())
+        loop.run(receiver.detach())
     page.reload()
     expect(page.locator(f"#dead-letters tbody tr[data-event='{sent.id}']")).to_have_count(0)
 

@@ -16,8 +16,8 @@ from django.test import Client
 from crewlet.events.types import SYSTEM_CLOSED_A2A
 from crewlet.tracing import Trace
 from eventstore.questions import NodeScope
-from eventstore_support import AT, scope, store  # noqa: F401
-from eventstore_support import make_event
+from eventstore_support import AT, make_event, scope, store  # noqa: F401
+from seats.actions import NO_ENGINE
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
 
@@ -127,7 +127,7 @@ def test_a_seat_page_shows_its_turns_and_the_pause_controls_only_for_an_agent(
     a_turn()
     page = staff.get("/seats/ada/").content.decode()
     assert 'data-turn="t1"' in page and 'id="pause"' in page
-    assert 'id="depth"' in page and 'title="no engine runs in this process"' in page  # unknown, and says why
+    assert 'id="depth"' in page and f'title="{NO_ENGINE}"' in page  # unknown, and says why
     assert 'id="pause"' not in staff.get("/seats/grace/").content.decode()  # a person has no inbox to pause
     assert staff.get("/seats/nobody/").status_code == 404
 
@@ -145,4 +145,4 @@ def test_without_an_engine_the_overview_shows_the_company_and_the_stored_feed(
 
 def test_the_dead_letter_page_says_why_it_cannot_read_the_stream_without_an_engine(staff: Client, no_live: None) -> None:
     html = staff.get("/dead-letters/").content.decode()
-    assert "Could not read the dead-letter stream: no engine runs in this process" in html
+    assert f"Could not read the dead-letter stream: {NO_ENGINE}" in html
