@@ -123,6 +123,6 @@ ensure_postgres() {
 CREWLET_CHROMIUM="${CREWLET_CHROMIUM:-/usr/bin/chromium}"
 ensure_chromium() {
   [ -x "$CREWLET_CHROMIUM" ] && return 0
-  apt_install chromium
+  apt_install chromium fonts-liberation   # fonts: chromium only recommends them, and screenshots need text
   [ -x "$CREWLET_CHROMIUM" ] || die "chromium was installed but $CREWLET_CHROMIUM is missing"
 }
