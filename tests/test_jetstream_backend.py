@@ -798,3 +798,37 @@ async def test_a_message_that_keeps_failing_is_dead_lettered_with_its_headers(
 
     await eventually(empty)
     await sub.detach()
+
+
+# -- cancellation --------------------------------------------------------------------------
+
+
+async def test_a_task_cancelled_while_it_asks_jetstream_stops_even_when_the_reply_lands_with_the_cancel(
+    broker: EmbeddedBroker,
+) -> None:
+    """Python 3.11's wait_for (inside nats-py's request) can swallow a cancel (gh-86296); the backend delivers it."""
+    queue = await JetStreamQueue.connect(broker.url, node="n1", timings=TIMINGS, memory_storage=broker.memory_storage)
+    topic, group = topics.agent_inbox("zed"), topics.agent_inbox_group("zed")
+    await queue.ensure_subscription(topic, group)
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for attempt in range(60):  # unfixed, about half of these carried on
+            asking = asyncio.Event()
+
+            async def ask_forever() -> None:
+                while True:
+                    await queue.backlog(topic, group)
+                    asking.set()
+
+            task = asyncio.create_task(ask_forever())
+            tasks.append(task)
+            await asking.wait()
+            await asyncio.sleep((attempt % 10) * 0.0003)  # land the cancel at different points of a request
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 5.0)  # a lost cancel: TimeoutError instead
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await queue.close()
