@@ -197,6 +197,24 @@ def test_a_category_chip_filters_the_event_log(page: Page, company: Company) -> 
     expect(page).to_have_url(company.url + "/events/")
 
 
+def test_older_events_page_on_through_the_api(page: Page, company: Company) -> None:
+    for n in range(20):  # a delivery row and a notification row each, and the turns: past one page of 50
+        status, _ = company.post_json("/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", f"page {n}"))
+        assert status == 202
+    sign_in(page, company, "/events/")
+    rows = page.locator("#log li.ev")
+    until(lambda: rows.count() == 50, "a full first page", page=page, reload=True)
+    older = page.locator("#older")
+    expect(older).to_be_visible()
+    with page.expect_response(re.compile(r"/api/events\?.*feed_only=true.*cursor=")) as answer:
+        older.click()
+    assert answer.value.status == 200
+    expect(rows).not_to_have_count(50)
+    ids = rows.evaluate_all("els => els.map(e => e.dataset.id)")
+    assert len(ids) == len(set(ids)) > 50  # the next page, not the first again
+    screenshot(page, "events-older")
+
+
 def test_a_trace_opens_as_a_tree_whose_spans_fold(page: Page, company: Company) -> None:
     status, answer = company.post_json("/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "trace me"))
     assert status == 202
