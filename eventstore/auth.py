@@ -41,7 +41,12 @@ class OperatorPrincipal:
 
 
 class OperatorTokenAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Bearer <token>`` against the hashed tokens in the coordination store."""
+    """``Authorization: Bearer <token>`` against the hashed tokens in the coordination store.
+
+    A verified token is cached in process for ``TOKEN_CACHE_TTL_S`` (10 s), keyed
+    by its hash: revoking it through this process refuses it at once, through
+    another process within that TTL (:class:`seats.models.VerifiedTokens`).
+    """
 
     keyword = "bearer"
 
@@ -60,7 +65,10 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("the token is not ASCII") from None
         from seats.models import OperatorToken  # the app registry is ready by the first request
 
-        row = OperatorToken.lookup(token)
+        # Remembered for a few seconds once verified (by hash): a revocation made in
+        # this process applies at once, one made by another process within
+        # seats.models.TOKEN_CACHE_TTL_S. touch() writes at most once a minute.
+        row = OperatorToken.verify(token)
         if row is None:
             raise exceptions.AuthenticationFailed("unknown operator token")
         row.touch(timezone.now())

@@ -146,3 +146,121 @@ def test_the_openapi_schema_describes_every_read(client: Any) -> None:
     for path in ("/api/events", "/api/events/{event_id}", "/api/events/series", "/api/traces/{trace_id}", "/api/turns", "/api/turns/{turn_id}"):
         assert path in text
     assert "bearer" in text
+
+
+# -- the in-process cache of verified tokens ---------------------------------------------
+
+
+class _Clock:
+    """A monotonic clock the test moves by hand: the cache's TTL is checked without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def tokens(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process's verified-token cache, fresh and on a hand-moved clock."""
+    from seats import models as seats_models
+
+    cache = seats_models.VerifiedTokens(ttl_s=seats_models.TOKEN_CACHE_TTL_S, max_size=4, clock=_Clock())
+    monkeypatch.setattr(seats_models, "VERIFIED_TOKENS", cache)
+    return cache
+
+
+def _delete_behind_the_apps_back(name: str) -> None:
+    """Delete a token row as another process would: no signal reaches this one."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM seats_operator_token WHERE name = %s", [name])
+
+
+def _get(token: str) -> int:
+    return APIClient().get("/api/events", HTTP_AUTHORIZATION=f"Bearer {token}").status_code
+
+
+def test_a_verified_token_is_cached_by_its_hash_never_by_the_token(scope: Any, tokens: Any) -> None:
+    token = _mint("cached")
+    assert _get(token) == 200
+    assert hashlib.sha256(token.encode()).hexdigest() in tokens
+    assert token not in tokens and len(tokens) == 1
+
+
+def test_a_revoked_token_is_refused_at_once_in_the_process_that_revoked_it(scope: Any, tokens: Any) -> None:
+    token = _mint("ops")
+    assert _get(token) == 200 and len(tokens) == 1  # cached now
+    call_command("operator_token", "ops", "--revoke", stdout=io.StringIO())
+    assert len(tokens) == 0
+    assert _get(token) == 401
+
+
+def test_a_token_deleted_in_the_admin_is_refused_at_once(scope: Any, tokens: Any) -> None:
+    from django.test import Client
+
+    token = _mint("laptop")
+    assert _get(token) == 200 and len(tokens) == 1
+    admin = Client()
+    admin.force_login(get_user_model().objects.create_superuser("root-admin", password="pw"))
+    pk = OperatorToken.objects.get(name="laptop").pk
+    assert admin.post(f"/admin/seats/operatortoken/{pk}/delete/", {"post": "yes"}).status_code == 302
+    assert _get(token) == 401
+
+
+def test_a_rotated_token_is_refused_at_once_and_its_successor_accepted(scope: Any, tokens: Any) -> None:
+    first = _mint("ci")
+    assert _get(first) == 200
+    second = _mint("ci", "--rotate")
+    assert _get(first) == 401
+    assert _get(second) == 200
+
+
+def test_a_cached_token_never_opens_the_door_to_a_different_token(scope: Any, tokens: Any) -> None:
+    mine = _mint("mine")
+    assert _get(mine) == 200
+    # A neighbour of the cached token (one character off) is its own hash: looked up, refused.
+    assert _get(mine[:-1] + ("A" if mine[-1] != "A" else "B")) == 401
+    assert _get("crw_" + "x" * 43) == 401
+    assert len(tokens) == 1  # a refused token is never remembered
+
+    theirs = _mint("theirs")
+    assert OperatorToken.verify(theirs).name == "theirs"
+    assert OperatorToken.verify(mine).name == "mine"
+
+
+def test_the_cache_forgets_a_token_after_its_ttl(scope: Any, tokens: Any) -> None:
+    from seats.models import TOKEN_CACHE_TTL_S
+
+    token = _mint("elsewhere")
+    assert _get(token) == 200
+    _delete_behind_the_apps_back("elsewhere")  # revoked by another process: no signal here
+    tokens.clock.now += TOKEN_CACHE_TTL_S - 0.001
+    assert _get(token) == 200  # still believed, within the TTL the docstring promises
+    tokens.clock.now += 0.001
+    assert _get(token) == 401
+    assert len(tokens) == 0
+
+
+def test_the_cache_is_bounded_oldest_first(scope: Any, tokens: Any) -> None:
+    minted = [_mint(f"t{i}") for i in range(tokens.max_size + 2)]
+    for token in minted:
+        assert _get(token) == 200
+    assert len(tokens) == tokens.max_size
+    assert hashlib.sha256(minted[0].encode()).hexdigest() not in tokens
+    assert hashlib.sha256(minted[-1].encode()).hexdigest() in tokens
+
+
+def test_last_used_is_written_at_most_once_a_minute_not_per_request(scope: Any, tokens: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    token = _mint("busy")
+    assert _get(token) == 200  # first use: looked up and touched
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(5):
+            assert _get(token) == 200
+    assert not [q for q in queries.captured_queries if "seats_operator_token" in q["sql"]]
+    assert OperatorToken.objects.get(name="busy").last_used_at is not None
