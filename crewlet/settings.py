@@ -186,7 +186,7 @@ REST_FRAMEWORK: dict[str, Any] = {
         "eventstore.auth.StaffSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["eventstore.auth.IsOperator"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["eventstore.renderers.OrjsonRenderer"],  # DRF's JSON values, ~10x faster
     "UNICODE_JSON": False,  # \u-escaped: the C encoder's fast path, and still exactly the same JSON values
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -334,3 +334,56 @@ def test_a_listing_row_has_the_same_keys_in_the_same_order_and_values_as_before(
         values = tuple(ts if c == "ts" else failed if c == "failed" else f"{c}-value" for c in qs.LIST_COLUMNS)
         assert json.dumps(qs.list_row(values)) == json.dumps(before(values))
         assert json.dumps(qs.list_row(list(values))) == json.dumps(before(values))
+
+
+# -- the JSON renderer: orjson, the same JSON values as DRF's -----------------------------------
+
+
+def test_the_orjson_renderer_gives_the_same_json_values_as_drfs_renderer() -> None:
+    import datetime as dt
+    import decimal
+    import json
+    import uuid
+
+    from django.utils.translation import gettext_lazy
+    from rest_framework.renderers import JSONRenderer
+
+    from eventstore.renderers import OrjsonRenderer
+
+    data = {
+        "text": "naïve café — 日本 \u2028 line \u2029 para \"quoted\" \\ back",
+        "when": dt.datetime(2026, 2, 28, 23, 59, 59, 123456, tzinfo=dt.timezone.utc),
+        "naive": dt.datetime(2026, 1, 1, 0, 0),
+        "offset": dt.datetime(2026, 1, 1, 0, 0, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        "day": dt.date(2024, 2, 29),
+        "clock": dt.time(12, 30, 0, 5),
+        "span": dt.timedelta(seconds=90),
+        "money": decimal.Decimal("12.50"),
+        "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        "lazy": gettext_lazy("Not found."),
+        "big": 2**70,  # beyond orjson: DRF's renderer answers
+        "nested": [{"n": 1, "f": 1.5, "b": True, "z": None}, ("a", "b"), {3, 3}],
+        "empty": {},
+    }
+    drf = JSONRenderer().render(data)
+    ours = OrjsonRenderer().render(data)
+    assert json.loads(ours) == json.loads(drf)
+    small = {k: v for k, v in data.items() if k != "big"}  # orjson's own path, not the fallback
+    ours_small = OrjsonRenderer().render(small)
+    assert json.loads(ours_small) == json.loads(JSONRenderer().render(small))
+    assert b"\\u2028" in ours_small and "\u2028".encode() not in ours_small  # still a strict JavaScript subset
+    assert "日本".encode() in ours_small  # UTF-8, not \u escapes: the same values
+    assert OrjsonRenderer().render(None) == b""
+    indented = OrjsonRenderer().render(small, "application/json; indent=2")
+    assert indented == JSONRenderer().render(small, "application/json; indent=2")
+
+
+def test_an_api_page_renders_through_orjson_with_the_same_values(client: Any, scope: NodeScope) -> None:
+    import json
+
+    from rest_framework.renderers import JSONRenderer
+
+    _mixed()
+    response = get(client, "/api/events")
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    assert json.loads(response.content) == json.loads(JSONRenderer().render(response.data))
