@@ -95,12 +95,15 @@ def _header(scope: dict[str, Any], name: bytes) -> Optional[str]:
 
 
 def _token_name(token: str) -> Optional[str]:
-    """The operator token's name when ``token`` is a live one (and its last use recorded), else None."""
+    """The operator token's name when ``token`` is a live one (and its last use recorded), else None.
+
+    Verified exactly as ``/api/`` verifies it (``OperatorToken.verify``: the same short cache).
+    """
     from django.utils import timezone
 
     from seats.models import OperatorToken
 
-    row = OperatorToken.lookup(token)
+    row = OperatorToken.verify(token)
     if row is None:
         return None
     row.touch(timezone.now())
