@@ -79,6 +79,7 @@ class SeatRuntime:
         clock: Callable[[], float] = time.time,
         run_scheduler: bool = True,
         merge: Optional[Merge] = None,
+        node_max_concurrent: Optional[int] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -93,7 +94,8 @@ class SeatRuntime:
         self.clock = clock
         self.run_scheduler = run_scheduler
         self.merge = merge
-        self.gate = ConcurrencyGate(holder.current().max_concurrent)
+        self.node_max_concurrent = node_max_concurrent
+        self.gate = ConcurrencyGate(self.turn_limit(holder.current()))
         self.scheduler = Scheduler(queue, holder, node_id=self.node_id, clock=clock, tick_s=scheduler_tick_s)
         self.loops: dict[str, InboxLoop] = {}
         self._lock: Optional[asyncio.Lock] = None
@@ -172,6 +174,17 @@ class SeatRuntime:
             return False
         return all(loop.attached for loop in self.loops.values())
 
+    def turn_limit(self, org: Organization) -> int:
+        """Turns this node runs at once: the company's ``node.max_concurrent``, capped by this node's own setting.
+
+        The company says how much it wants run per node; the engine setting
+        (``node.max_concurrent``, ``CREWLET_NODE_MAX_CONCURRENT``) is what this
+        machine can take. The smaller wins, so neither can overload the other.
+        """
+        if self.node_max_concurrent is None:
+            return org.max_concurrent
+        return max(1, min(org.max_concurrent, self.node_max_concurrent))
+
     # -- an applied company change ------------------------------------------------------
 
     async def apply(self, org: Organization) -> None:
@@ -179,7 +192,7 @@ class SeatRuntime:
         async with self._guard():
             previous = self.holder.swap(org)
             await ensure_mailboxes(self.queue, org, now=self.now())
-            await self.gate.resize(org.max_concurrent)
+            await self.gate.resize(self.turn_limit(org))
             for loop in self.loops.values():  # the batch layer reads these on its next cycle
                 loop.options.linger_s = org.coalesce_window_s
                 loop.options.max_batch = org.coalesce_max_batch
@@ -194,7 +207,7 @@ class SeatRuntime:
             extra={
                 "org": org.org,
                 "seats": len(self.loops),
-                "max_concurrent": org.max_concurrent,
+                "max_concurrent": self.gate.limit,
                 "providers": len(org.providers),
                 "had_providers": len(previous.providers),
             },
@@ -347,6 +360,7 @@ def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:
 
     async def seat_runtime_service(engine: "Engine") -> None:
         assert engine.queue is not None
+        options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
         runtime = SeatRuntime(engine.queue, holder, node_id=engine.settings.node.id, **options)
         await runtime.start()
         try:

@@ -325,6 +325,16 @@ async def test_an_applied_company_hot_reloads_the_coalesce_knobs_and_the_gate() 
             assert (options.linger_s, options.max_batch, rt.gate.limit) == (7, 3, 2)
 
 
+async def test_the_node_setting_caps_the_companys_max_concurrent_and_never_raises_it() -> None:
+    async with memory_queues() as (_, [q]):
+        async with running(q, company(max_concurrent=4), node_max_concurrent=2) as rt:
+            assert rt.gate.limit == 2  # this machine takes two, whatever the company asks
+            await rt.apply(company(max_concurrent=1))
+            assert rt.gate.limit == 1  # the company asks for fewer: fewer it is
+            await rt.apply(company(max_concurrent=8))
+            assert rt.gate.limit == 2
+
+
 async def test_an_applied_company_stops_a_removed_seats_loop_and_starts_an_added_ones() -> None:
     async with memory_queues() as (_, [q]):
         rec = Recorder().attach(q)
