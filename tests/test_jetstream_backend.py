@@ -832,3 +832,26 @@ async def test_a_task_cancelled_while_it_asks_jetstream_stops_even_when_the_repl
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await queue.close()
+
+
+# -- the duplicate window, the twin against the real thing ---------------------------------
+
+
+async def test_a_second_publish_under_one_msg_id_is_stored_once_by_jetstream_and_by_the_twin(
+    transport: JetStreamTransport, raw: nats.NATS
+) -> None:
+    """The replay of a dead letter leans on this (transport.replay_msg_id): both backends must drop the twin."""
+    from crewlet.queue.memory import MemoryBroker
+    from crewlet.queue.transport import H_MSG_ID, replay_msg_id
+
+    subject = topics.event("test_event")
+    twin = MemoryBroker(TIMINGS)
+    for data in (event(n=1), event(n=2)):
+        await transport.publish(subject, data, {H_MSG_ID: replay_msg_id("7")})
+        twin.publish(subject, data, {H_MSG_ID: replay_msg_id("7")})
+    await transport.publish(subject, event(n=3), {H_MSG_ID: replay_msg_id("8")})
+    twin.publish(subject, event(n=3), {H_MSG_ID: replay_msg_id("8")})
+
+    stored = (await stream_info(raw, topics.EVENTS_STREAM.name))["state"]["messages"]
+    assert stored == 2, "JetStream kept the first of the two under one id, and the other id"
+    assert len(twin._stream(topics.EVENTS_STREAM).messages) == stored

@@ -33,14 +33,20 @@ from crewlet.queue.contract import (
     remaining_after,
 )
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, TooLarge, Unavailable
-from crewlet.queue.transport import Puller, RawMessage, Transport, dead_letter_headers
+from crewlet.queue.transport import (
+    DUPLICATE_WINDOW_S,
+    H_MSG_ID,
+    Puller,
+    RawMessage,
+    Transport,
+    dead_letter_headers,
+    replay_msg_id,
+)
 
 logger = logging.getLogger(__name__)
 
 #: Spacing between attempts to reach a broker that is away.
 _UNAVAILABLE_RETRY_S = 0.2
-#: Tries to put a taken dead letter back after its replay failed (the broker may be reconnecting).
-_RESTORE_ATTEMPTS = 5
 #: How long close() waits for a running handler before cancelling its loop.
 _CLOSE_GRACE_S = 10.0
 
@@ -49,13 +55,6 @@ def _validate_group(group: str) -> str:
     if not isinstance(group, str) or not group or not group.strip() or any(ord(c) < 32 for c in group):
         raise InvalidArgument(f"group={group!r}: must be a non-empty printable string")
     return group
-
-
-def _event_id(letter: DeadLetter) -> str:
-    try:
-        return letter.event.id
-    except Exception:
-        return ""
 
 
 def _outcome(result: Any) -> Outcome:
@@ -422,20 +421,33 @@ class QueueClient:
         return await self._transport.dead_letters(limit)
 
     async def replay_dead_letter(self, ref: str) -> DeadLetter:
-        """Take the entry, then publish its bytes onto its topic; put it back if that fails (see the contract)."""
+        """Publish the entry's bytes onto its topic, then take it off CREWLET_DLQ (see the contract).
+
+        Publish first, so a failure anywhere leaves the entry where it was and
+        nothing is lost. Every replay of one entry publishes under the same
+        ``Nats-Msg-Id``, so of two racing replays the broker's duplicate window
+        stores one; the take (delete by sequence) succeeds once and says which.
+        """
         self._live()
         if not isinstance(ref, str) or not ref.strip():
             raise Gone(f"dead letter ref={ref!r}: no such entry")
         letter = await self._transport.dead_letter(ref)
         topics.validate_subject(letter.topic)
         await self._refuse_dropping(letter)
-        if not await self._transport.delete_dead_letter(ref):
-            raise Gone(f"dead letter {ref} was replayed or removed meanwhile")
         try:
-            await self._transport.publish(letter.topic, letter.data)
+            await self._transport.publish(letter.topic, letter.data, {H_MSG_ID: replay_msg_id(ref)})
         except QueueError as e:
-            await self._restore_dead_letter(letter)
-            raise Unavailable(f"replaying dead letter {ref} onto {letter.topic!r} failed: {e}") from e
+            raise Unavailable(f"replaying dead letter {ref} onto {letter.topic!r} failed (it stays): {e}") from e
+        try:
+            taken = await self._transport.delete_dead_letter(ref)
+        except QueueError as e:
+            logger.warning("dead_letter_replayed_not_taken", extra={"ref": ref, "topic": letter.topic})
+            raise Unavailable(
+                f"dead letter {ref} was replayed onto {letter.topic!r} but is still listed: {e}; "
+                f"a replay again within {DUPLICATE_WINDOW_S:g} s publishes nothing twice"
+            ) from e
+        if not taken:
+            raise Gone(f"dead letter {ref} was replayed or removed meanwhile")
         logger.info(
             "dead_letter_replayed",
             extra={"ref": ref, "topic": letter.topic, "group": letter.group, "deliveries": letter.deliveries},
@@ -450,28 +462,6 @@ class QueueClient:
             raise InvalidArgument(
                 f"no durable subscription reads {letter.topic!r} any more: replaying dead letter {letter.ref} would drop it"
             )
-
-    async def _restore_dead_letter(self, letter: DeadLetter) -> None:
-        """Put a taken entry back on CREWLET_DLQ; if even that fails the event is logged as lost."""
-        headers = dead_letter_headers(letter.topic, letter.group, letter.deliveries)
-        subject = topics.dlq(letter.topic, letter.group)
-        for attempt in range(1, _RESTORE_ATTEMPTS + 1):
-            try:
-                await self._transport.publish(subject, letter.data, headers)
-            except QueueError:
-                if attempt < _RESTORE_ATTEMPTS:
-                    await asyncio.sleep(_UNAVAILABLE_RETRY_S)
-                    continue
-                logger.error(
-                    "dead_letter_restore_failed",
-                    extra={"ref": letter.ref, "topic": letter.topic, "group": letter.group, "event_id": _event_id(letter)},
-                    exc_info=True,
-                )
-                return
-            logger.warning(
-                "dead_letter_restored", extra={"ref": letter.ref, "topic": letter.topic, "group": letter.group}
-            )
-            return
 
     async def subscribe(self, topic: str, group: str, handler: Handler) -> _SubscriptionHandle:
         return await self._attach(topic, group, handler, None)

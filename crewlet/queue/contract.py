@@ -308,11 +308,13 @@ class EventQueue(Protocol):
         delivery count starts over. Publish listeners are not called: the event
         was recorded when it was first published, and a replay is a relay.
 
-        Exactly one of any number of concurrent replays of one ref wins: the
-        entry is taken first (deleted from the stream, which succeeds once),
-        then published; the losers raise Gone. When the publish fails the entry
-        is put back on CREWLET_DLQ (under a new ref) and Unavailable is raised.
-        A ref that is not, or no longer, there raises
+        Nothing is lost on the way: the event is published first and the entry
+        taken off the stream after (a delete by sequence, which succeeds once),
+        so a failed publish raises Unavailable and leaves the entry where it
+        was. Every replay of one ref publishes under one ``Nats-Msg-Id``, so of
+        concurrent replays the stream's duplicate window (two minutes) stores
+        the event once; exactly one caller's take succeeds, the others raise
+        Gone. A ref that is not, or no longer, there raises
         :class:`~crewlet.queue.errors.Gone`; a dead letter whose topic is a
         mailbox no durable subscription covers any more raises
         :class:`~crewlet.queue.errors.InvalidArgument` and stays where it is,

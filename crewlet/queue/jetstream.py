@@ -47,7 +47,7 @@ from crewlet.queue.contract import (
     Timings,
 )
 from crewlet.queue.errors import Gone, InvalidArgument, QueueError, TooLarge, Unavailable
-from crewlet.queue.transport import Transport, dead_letter_from
+from crewlet.queue.transport import DUPLICATE_WINDOW_S, Transport, dead_letter_from
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def stream_config(
     }
     if max_age_s > 0:
         # The broker refuses a duplicate window longer than the age bound.
-        cfg["duplicate_window"] = int(min(120.0, max_age_s) * _NS)
+        cfg["duplicate_window"] = int(min(DUPLICATE_WINDOW_S, max_age_s) * _NS)
     return cfg
 
 

@@ -21,7 +21,7 @@ from crewlet.queue import topics
 from crewlet.queue.client import QueueClient
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings
 from crewlet.queue.errors import Gone, TooLarge, Unavailable
-from crewlet.queue.transport import Transport, dead_letter_from
+from crewlet.queue.transport import DUPLICATE_WINDOW_S, H_MSG_ID, Transport, dead_letter_from
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,17 @@ class _Stream:
     def __init__(self, spec: topics.StreamSpec) -> None:
         self.spec = spec
         self.messages: dict[int, _Stored] = {}
+        #: Nats-Msg-Id -> when it was stored: a second publish under it inside the window is dropped.
+        self.msg_ids: dict[str, float] = {}
+
+    def duplicate(self, msg_id: str, now: float) -> bool:
+        """JetStream's duplicate window: True (drop it) when ``msg_id`` was stored within it."""
+        for seen in [k for k, at in self.msg_ids.items() if now - at >= DUPLICATE_WINDOW_S]:
+            del self.msg_ids[seen]
+        if msg_id in self.msg_ids:
+            return True
+        self.msg_ids[msg_id] = now
+        return False
 
 
 class _Signal:
@@ -152,6 +163,9 @@ class MemoryBroker:
             raise TooLarge(f"{len(data)} bytes is over {MAX_PAYLOAD_BYTES}")
         spec = topics.stream_for(subject)
         stream = self._stream(spec)
+        msg_id = (headers or {}).get(H_MSG_ID)
+        if msg_id and stream.duplicate(msg_id, time.monotonic()):
+            return  # acknowledged as a duplicate and stored nowhere, as JetStream does
         interested = [c for c in self._consumers.values() if c.stream is stream and topics.matches(c.topic, subject)]
         payload = bytes(data)
         if spec.retention == "interest" and not interested:

@@ -18,6 +18,14 @@ H_DLQ_TOPIC = "Crewlet-Dlq-Topic"
 H_DLQ_GROUP = "Crewlet-Dlq-Group"
 H_DLQ_DELIVERIES = "Crewlet-Dlq-Deliveries"
 H_MSG_ID = "Nats-Msg-Id"
+#: How long a stream remembers a publish's ``Nats-Msg-Id`` and drops another with the same id
+#: (JetStream's duplicate window; both backends keep it).
+DUPLICATE_WINDOW_S = 120.0
+
+
+def replay_msg_id(ref: str) -> str:
+    """The id every replay of dead letter ``ref`` publishes under: racing replays publish once."""
+    return f"crewlet-dlq-replay-{ref}"
 
 
 def dead_letter_headers(topic: str, group: str, deliveries: int) -> dict[str, str]:
