@@ -130,7 +130,10 @@ def events(request: HttpRequest) -> HttpResponse:
             status=400,
         )
     query = _query(category=chosen, feed_only="true", limit=EVENTS_PAGE_SIZE, seat=request.GET.get("seat", ""))
-    answer = store_api.events_page(query)
+    try:
+        answer = store_api.events_page(query)
+    except store_api.BadParameter as exc:
+        return render(request, "dashboard/error.html", {"title": "Events", "reason": f"{exc.param}: {exc.reason}"}, status=400)
     chips = []
     for name in categories.CATEGORIES:
         toggled = [c for c in chosen if c != name] if name in chosen else [*chosen, name]

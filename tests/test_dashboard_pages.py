@@ -100,6 +100,8 @@ def test_an_unknown_category_is_refused_with_the_closed_set(staff: Client, scope
     page = staff.get("/events/?category=gossip")
     assert page.status_code == 400
     assert "unknown category &#x27;gossip&#x27;; one of lifecycle, task" in page.content.decode()
+    too_long = staff.get("/events/?seat=" + "x" * 2000)
+    assert too_long.status_code == 400 and "seat: " in too_long.content.decode()
 
 
 def test_a_trace_is_a_tree_of_folding_spans_and_a_swept_a2a_close_says_the_system_closed_it(
