@@ -29,7 +29,7 @@ apt_install() {
   log "installing $* with apt-get"
   export DEBIAN_FRONTEND=noninteractive
   as_root apt-get update -q
-  as_root apt-get install -y -q --no-install-recommends "$@"
+  as_root apt-get install -y -q ${APT_RECOMMENDS:---no-install-recommends} "$@"
 }
 
 # A Python >= 3.11 to build .venv from.
@@ -123,6 +123,7 @@ ensure_postgres() {
 CREWLET_CHROMIUM="${CREWLET_CHROMIUM:-/usr/bin/chromium}"
 ensure_chromium() {
   [ -x "$CREWLET_CHROMIUM" ] && return 0
-  apt_install chromium fonts-liberation   # fonts: chromium only recommends them, and screenshots need text
+  # With its recommended packages (fonts, Mesa's GL drivers): the set the browser tests were proven on.
+  APT_RECOMMENDS=--install-recommends apt_install chromium fonts-liberation
   [ -x "$CREWLET_CHROMIUM" ] || die "chromium was installed but $CREWLET_CHROMIUM is missing"
 }
