@@ -35,6 +35,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from crewlet import events
+from crewlet.aio import keeping_cancel
 from crewlet.events.types import ConfigRevisionActivated, ConfigRevisionApplied
 from crewlet.org import CompanyError, Organization, parse_company_text
 from crewlet.queue import topics
@@ -272,7 +273,7 @@ class ConfigPoller:
             except Exception:
                 log.exception("config_poll_failed", extra={"node": self.node_id})
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
+                await keeping_cancel(asyncio.wait_for(self._wake.wait(), timeout=self.interval_s))
             except asyncio.TimeoutError:
                 pass
 

@@ -14,6 +14,7 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Optional, Union
 
+from crewlet.aio import keeping_cancel
 from crewlet.events import Event
 from crewlet.queue import topics
 from crewlet.queue.contract import (
@@ -585,7 +586,7 @@ class QueueClient:
 
     async def wait_idle(self, timeout_s: float) -> bool:
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout=max(timeout_s, 0))
+            await keeping_cancel(asyncio.wait_for(self._idle.wait(), timeout=max(timeout_s, 0)))
         except asyncio.TimeoutError:
             return self._in_flight == 0
         return True

@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import secrets
-from typing import Any, Awaitable, Callable, Mapping, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 import nats
@@ -35,6 +35,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from crewlet.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import (
     MAX_DELIVERIES,
@@ -211,30 +212,6 @@ def is_subset(pattern: str, of: str) -> bool:
         if p[i] == "*" or p[i] != tok:
             return False
     return len(p) == len(s)
-
-
-_T = TypeVar("_T")
-
-
-async def keeping_cancel(awaitable: Awaitable[_T]) -> _T:
-    """Await ``awaitable`` without losing a cancellation of the calling task.
-
-    Python 3.11's ``asyncio.wait_for`` swallows a cancel that lands in the same
-    loop iteration as its inner future completing (CPython gh-86296, fixed in
-    3.12): it returns the result and the task runs on as if never cancelled.
-    nats-py awaits every request reply, flush and ``next_msg`` that way, so a
-    service cancelled while it asks JetStream something — the engine stopping
-    during start-up — could carry on (measured here: about half of the cancels
-    landing in a loop of ``backlog`` calls were lost). A rise of the task's
-    ``cancelling()`` count across the await is a cancel that was asked for and
-    never delivered: deliver it.
-    """
-    task = asyncio.current_task()
-    before = task.cancelling() if task is not None else 0
-    result = await awaitable
-    if task is not None and task.cancelling() > before:
-        raise asyncio.CancelledError()
-    return result
 
 
 async def ordered_flush(nc: NatsClient, timeout_s: float = 5.0) -> None:

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Optional
 
+from crewlet.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.client import QueueClient
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings
@@ -510,7 +511,7 @@ class MemoryTransport(Transport):
             if left <= 0:
                 break
             try:
-                answers.append(await asyncio.wait_for(replies.get(), timeout=left))
+                answers.append(await keeping_cancel(asyncio.wait_for(replies.get(), timeout=left)))
             except asyncio.TimeoutError:
                 break
         return answers
