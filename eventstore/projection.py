@@ -63,6 +63,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Deque, Optional
 
 from crewlet.events import Event, format_timestamp, is_fed, is_stored
+from crewlet.events import types
 from crewlet.org import Organization, Seat
 from crewlet.queue import topics
 from eventstore import questions as qs
@@ -123,25 +124,25 @@ C_TURNS_FAILED = "turns_failed"
 C_TOKENS = "tokens"
 COUNTER_KEYS: tuple[str, ...] = (C_TURNS_COMPLETED, C_TURNS_FAILED, C_TOKENS, C_EVENTS)
 
-# -- the event types that move a seat -------------------------------------------------------
-SPAWNED = "agent_spawned"
-TERMINATED = "agent_terminated"
-TURN_STARTED = qs.TURN_STARTED
-TURN_COMPLETED = qs.TURN_COMPLETED
-TURN_STOPPED = qs.TURN_STOPPED
-SEAT_PAUSED = "seat_paused"
-SEAT_RESUMED = "seat_resumed"
-LLM_UNAVAILABLE = "llm_unavailable"
-BUDGET_EXHAUSTED = "budget_exhausted"
-COALESCED = "notifications_coalesced"
-TRIGGER_SKIPPED = "turn_trigger_skipped"
-AUXILIARY_SPEND = "auxiliary_spend"
+# -- the event types that move a seat (each wire name read off its registered class) ----------
+SPAWNED = types.AgentSpawned.event_type
+TERMINATED = types.AgentTerminated.event_type
+TURN_STARTED = types.AgentTurnStarted.event_type
+TURN_COMPLETED = types.AgentTurnCompleted.event_type
+TURN_STOPPED = types.AgentTurnStopped.event_type
+SEAT_PAUSED = types.SeatPaused.event_type
+SEAT_RESUMED = types.SeatResumed.event_type
+LLM_UNAVAILABLE = types.LLMUnavailable.event_type
+BUDGET_EXHAUSTED = types.BudgetExhausted.event_type
+COALESCED = types.NotificationsCoalesced.event_type
+TRIGGER_SKIPPED = types.TurnTriggerSkipped.event_type
+AUXILIARY_SPEND = types.AuxiliarySpend.event_type
 #: Records of work put in a seat's inbox, and the body field naming that seat.
 WORK_ARRIVED: dict[str, str] = {
-    "external_notification": "seat",
-    "scheduled_task_fired": "seat",
-    "a2a_channel_opened": "target",
-    "a2a_message_sent": "to_seat",
+    types.ExternalNotification.event_type: "seat",
+    types.ScheduledTaskFired.event_type: "seat",
+    types.A2AChannelOpened.event_type: "target",
+    types.A2AMessageSent.event_type: "to_seat",
 }
 #: Types whose tokens are spend: a turn's completion (the sum of its phases,
 #: which are therefore not added again) and the auxiliary model's.
