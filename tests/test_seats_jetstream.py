@@ -32,7 +32,9 @@ async def test_a_wake_sent_before_any_loop_runs_waits_on_the_broker_and_its_rede
         org = company()
         await ensure_mailboxes(q, org)
         sent = await send(q, "ada", wake("ada", "first thing", delivery_id="slack:Ev1"))
-        assert await q.backlog(*inbox("ada")) == 1  # interest retention kept it: the mailbox existed
+        # Interest retention kept it (the mailbox existed). JetStream updates a consumer's pending count a moment
+        # after the publish is acked, so the depth is a gauge to wait on, not a fact to read at once.
+        await eventually(lambda: _eq(q.backlog(*inbox("ada")), 1), what="the wake waiting in ada's mailbox")
         async with running(q, org):
             await eventually(lambda: rec.of("agent_turn_completed", seat="ada"), what="the waiting wake's turn")
             await drained(q, "ada")
@@ -50,7 +52,7 @@ async def test_no_provider_holds_the_inbox_on_the_broker_until_an_apply_adds_one
         async with running(q, company(providers=[])) as rt:
             await send(q, "ada", wake("ada", "queued while no model"))
             assert HOLD_NO_PROVIDER in q.held(*inbox("ada"))
-            assert await q.backlog(*inbox("ada")) == 1
+            await eventually(lambda: _eq(q.backlog(*inbox("ada")), 1), what="the wake held in ada's mailbox")
             await rt.apply(company())
             await eventually(lambda: rec.of("agent_turn_completed", seat="ada"))
             await drained(q, "ada")

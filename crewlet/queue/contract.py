@@ -294,7 +294,11 @@ class EventQueue(Protocol):
         """Answer every request on ``subject``; an answer that raises is a missing answer."""
 
     async def backlog(self, topic: str, group: str) -> int:
-        """Messages the subscription retains that are not yet acked (a seat's mailbox depth)."""
+        """Messages the subscription retains that are not yet acked (a seat's mailbox depth).
+
+        A gauge: JetStream updates a consumer's pending count a moment after a
+        publish is acknowledged, so a read right after a publish may not count it yet.
+        """
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """What sits on the dead-letter stream, oldest first."""
