@@ -277,7 +277,7 @@ class LiveProjection:
         self._lock = threading.RLock()
         self._seats: dict[str, SeatLive] = {}
         self._feed: Deque[dict[str, Any]] = deque(maxlen=feed_size)
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, Optional[dict[str, Any]]] = OrderedDict()
         self._seen_size = seen_size
         self._counters = _new_counters()
         self._since = clock()
@@ -373,6 +373,9 @@ class LiveProjection:
         A copy already applied (another feeder got it first) changes nothing
         but is still described: its feed row, and its seat's current row.
         """
+        with self._lock:
+            if self._pending is None and event.id in self._seen:  # another feeder got it first: built once
+                return Applied(row=self._seen[event.id], seat=self._seat_row_of(event), fresh=False)
         row = feed_row(topic, event)
         with self._lock:
             if self._pending is not None:
@@ -399,17 +402,17 @@ class LiveProjection:
             return _text(_field(event, "seat"))
         return ""
 
-    def _remember(self, event_id: str) -> bool:
-        """Record ``event_id``; False when it was applied already."""
+    def _remember(self, event_id: str, row: Optional[dict[str, Any]]) -> bool:
+        """Record ``event_id`` with its feed row (what a later feeder's frame shows); False when applied already."""
         if event_id in self._seen:
             return False
-        self._seen[event_id] = None
+        self._seen[event_id] = row
         while len(self._seen) > self._seen_size:
             self._seen.popitem(last=False)
         return True
 
     def _apply_locked(self, topic: str, event: Event, row: Optional[dict[str, Any]]) -> bool:
-        if not self._remember(event.id):
+        if not self._remember(event.id, row):
             return False
         counted = not (
             self._seed_at is not None and is_stored(event.type) and event.timestamp <= self._seed_at
@@ -541,7 +544,7 @@ class LiveProjection:
         self._feed.clear()
         self._feed.extend(ordered[: self._feed.maxlen])
         for row in data.feed:
-            self._remember(row["id"])
+            self._remember(row["id"], row)
         for handle, turn in data.turns.items():
             live = self._live(handle)
             if live.touched:
