@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -185,6 +185,20 @@ class SeatsView(APIView):
         return Response({"org": org.org, "seats": seats})
 
 
+def _change(handle: str, verb: str, change: Callable[[], bool]) -> Response:
+    """Run a pause/resume compare-and-set for a request and answer with what it did and the state now."""
+    if not actions.bound():
+        return _no_runtime()
+    try:
+        changed = change()
+    except SeatNotFound as exc:
+        return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
+    except RuntimeError as exc:
+        log.warning(f"seat_{verb}_refused", extra={"seat": handle, "error": str(exc)})
+        return _no_runtime()
+    return Response({"changed": changed, "state": state(actions.pause_states([handle]).get(handle))})
+
+
 class SeatPauseView(APIView):
     @extend_schema(
         operation_id="seats_pause",
@@ -198,18 +212,8 @@ class SeatPauseView(APIView):
             return error
         body = PauseRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
         body.is_valid(raise_exception=True)
-        if not actions.bound():
-            return _no_runtime()
-        try:
-            changed = actions.pause_seat(
-                handle, actor_of(request), body.validated_data["reason"], body.validated_data["stop_running"]
-            )
-        except SeatNotFound as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
-        except RuntimeError as exc:
-            log.warning("seat_pause_refused", extra={"seat": handle, "error": str(exc)})
-            return _no_runtime()
-        return Response({"changed": changed, "state": state(actions.pause_states([handle]).get(handle))})
+        reason, stop_running = body.validated_data["reason"], body.validated_data["stop_running"]
+        return _change(handle, "pause", lambda: actions.pause_seat(handle, actor_of(request), reason, stop_running))
 
 
 class SeatResumeView(APIView):
@@ -223,16 +227,7 @@ class SeatResumeView(APIView):
         _, error = _seat_or_error(handle)
         if error is not None:
             return error
-        if not actions.bound():
-            return _no_runtime()
-        try:
-            changed = actions.resume_seat(handle, actor_of(request))
-        except SeatNotFound as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
-        except RuntimeError as exc:
-            log.warning("seat_resume_refused", extra={"seat": handle, "error": str(exc)})
-            return _no_runtime()
-        return Response({"changed": changed, "state": state(actions.pause_states([handle]).get(handle))})
+        return _change(handle, "resume", lambda: actions.resume_seat(handle, actor_of(request)))
 
 
 __all__ = ["SeatPauseView", "SeatResumeView", "SeatsView", "company", "depths"]
