@@ -177,8 +177,10 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
         depth, depth_error = on_engine_loop(
             lambda queue: queue.backlog(topics.agent_inbox(handle), topics.agent_inbox_group(handle))
         )
-    snapshot = _live_snapshot() or {}
-    live = next((s for s in snapshot.get("seats", []) if s.get("handle") == handle), None)
+    from eventstore import projection
+
+    projected = projection.current()
+    live = projected.seat(handle) if projected is not None else None
     return render(
         request,
         "dashboard/seat.html",

@@ -40,6 +40,21 @@ class OperatorPrincipal:
         return f"operator:{self.username}"
 
 
+def operator_for(token: str) -> Any:
+    """The live ``OperatorToken`` that ``token`` is (its last use recorded), else None: /api/ and /ws/stream alike.
+
+    Remembered for a few seconds once verified (by hash): a revocation made in
+    this process applies at once, one made by another process within
+    seats.models.TOKEN_CACHE_TTL_S. touch() writes at most once a minute.
+    """
+    from seats.models import OperatorToken  # the app registry is ready by the first request
+
+    row = OperatorToken.verify(token)
+    if row is not None:
+        row.touch(timezone.now())
+    return row
+
+
 class OperatorTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <token>`` against the hashed tokens in the coordination store.
 
@@ -63,15 +78,9 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
             token = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("the token is not ASCII") from None
-        from seats.models import OperatorToken  # the app registry is ready by the first request
-
-        # Remembered for a few seconds once verified (by hash): a revocation made in
-        # this process applies at once, one made by another process within
-        # seats.models.TOKEN_CACHE_TTL_S. touch() writes at most once a minute.
-        row = OperatorToken.verify(token)
+        row = operator_for(token)
         if row is None:
             raise exceptions.AuthenticationFailed("unknown operator token")
-        row.touch(timezone.now())
         return OperatorPrincipal(row.name), row
 
     def authenticate_header(self, request: Request) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -22,7 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from crewlet.events import format_timestamp
-from crewlet.queue.contract import DeadLetter, EventQueue
+from crewlet.queue.contract import DeadLetter
 from eventstore import actions as ops
 from eventstore.api import BadParameter
 from eventstore.auth import actor_of
@@ -31,7 +31,6 @@ from seats import actions as seat_actions
 
 log = logging.getLogger("crewlet.eventstore.operator")
 
-T = TypeVar("T")
 
 #: How long a request waits for the engine's loop to answer.
 QUEUE_TIMEOUT_S = 10.0
@@ -104,17 +103,6 @@ class ActResultSerializer(serializers.Serializer):
 class RefusalSerializer(serializers.Serializer):
     detail = serializers.CharField()
     refusal = serializers.CharField()
-
-
-# -- reaching the engine ------------------------------------------------------------------------
-
-
-EngineAway = seat_actions.EngineAway
-
-
-def on_engine(make: Callable[[EventQueue], Awaitable[T]], timeout_s: float = QUEUE_TIMEOUT_S) -> T:
-    """``seats.actions.on_engine`` with this module's patience."""
-    return seat_actions.on_engine(make, timeout_s)
 
 
 # -- the rows -------------------------------------------------------------------------------------
@@ -194,8 +182,8 @@ class DeadLettersView(APIView):
     def get(self, request: Request) -> Response:
         limit = _limit(request)
         try:
-            letters = on_engine(lambda queue: queue.dead_letters(limit))
-        except EngineAway as exc:
+            letters = seat_actions.on_engine(lambda queue: queue.dead_letters(limit), QUEUE_TIMEOUT_S)
+        except seat_actions.EngineAway as exc:
             return _unavailable(str(exc))
         except Exception as exc:  # Unavailable from the broker, or NotLive while stopping
             log.warning("dead_letters_read_failed", extra={"error": repr(exc)})
@@ -232,12 +220,13 @@ class OperatorActView(APIView):
             return Response({K_DETAIL: detail, K_REFUSAL: refusal}, status=status.HTTP_400_BAD_REQUEST)
         ref = args[K_REF].strip()
         try:
-            result = on_engine(
+            result = seat_actions.on_engine(
                 lambda queue: ops.replay_dead_letter(
                     queue, ref, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id
-                )
+                ),
+                QUEUE_TIMEOUT_S,
             )
-        except EngineAway as exc:
+        except seat_actions.EngineAway as exc:
             log.warning("operator_act_unreachable", extra={"tool": tool_name, "actor": actor, "error": str(exc)})
             return _unavailable(str(exc))
         if result.ok:
@@ -267,9 +256,12 @@ class OperatorActView(APIView):
         """A refused call is a call too: audited once when the engine is there to publish it."""
         result = ops.ActResult(tool=tool, outcome=ops.OUTCOME_REFUSED, refusal=refusal)
         try:
-            on_engine(lambda queue: ops.audit(queue, result, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id))
+            seat_actions.on_engine(
+                lambda queue: ops.audit(queue, result, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id),
+                QUEUE_TIMEOUT_S,
+            )
         except Exception as exc:
             log.warning("operator_act_refusal_unaudited", extra={"tool": tool, "refusal": refusal, "error": repr(exc)})
 
 
-__all__ = ["DeadLettersView", "OperatorActView", "dead_letter_row", "on_engine"]
+__all__ = ["DeadLettersView", "OperatorActView", "dead_letter_row"]

@@ -95,19 +95,11 @@ def _header(scope: dict[str, Any], name: bytes) -> Optional[str]:
 
 
 def _token_name(token: str) -> Optional[str]:
-    """The operator token's name when ``token`` is a live one (and its last use recorded), else None.
+    """The operator token's name when ``token`` is a live one, verified exactly as ``/api/`` verifies it."""
+    from eventstore.auth import operator_for
 
-    Verified exactly as ``/api/`` verifies it (``OperatorToken.verify``: the same short cache).
-    """
-    from django.utils import timezone
-
-    from seats.models import OperatorToken
-
-    row = OperatorToken.verify(token)
-    if row is None:
-        return None
-    row.touch(timezone.now())
-    return row.name
+    row = operator_for(token)
+    return row.name if row is not None else None
 
 
 def _origin_allowed(scope: dict[str, Any]) -> bool:
