@@ -28,8 +28,9 @@ as_postgres() {
 apt_install() {
   log "installing $* with apt-get"
   export DEBIAN_FRONTEND=noninteractive
-  as_root apt-get update -q
-  as_root apt-get install -y -q ${APT_RECOMMENDS:---no-install-recommends} "$@"
+  # A fresh machine may be running apt at boot (or a second bin/test may be): wait for its lock, don't fail.
+  as_root apt-get -o DPkg::Lock::Timeout=600 update -q
+  as_root apt-get -o DPkg::Lock::Timeout=600 install -y -q ${APT_RECOMMENDS:---no-install-recommends} "$@"
 }
 
 # A Python >= 3.11 to build .venv from.
