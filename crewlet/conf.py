@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from crewlet.queue.contract import Timings
+
 SETTINGS_FILE_ENV = "CREWLET_SETTINGS_FILE"
 #: Keys whose environment variable is a fallback for the file rather than an override.
 ENV_YIELDS_TO_FILE = frozenset({"node.id"})
@@ -198,11 +200,42 @@ class NodeSettings(_Section):
 
 
 @dataclass(frozen=True)
+class DeliverySettings(_Section):
+    """How the queue spaces redeliveries and how long a fetched message may go unacknowledged.
+
+    The defaults are the queue's production :class:`Timings`; an operator may
+    tune them, and the fault suite shrinks them so that a whole delivery budget
+    (25 deliveries) or a crash's redelivery is seen in seconds through the same
+    code ``up`` runs.
+    """
+
+    SECTION = "delivery"
+
+    backoff_base_s: float = setting(
+        Timings.backoff_base_s, env="CREWLET_DELIVERY_BACKOFF_BASE_S", bounds=(0, 3600),
+        doc="spacing before the first redelivery of a failed message; doubles per failure",
+    )
+    backoff_cap_s: float = setting(
+        Timings.backoff_cap_s, env="CREWLET_DELIVERY_BACKOFF_CAP_S", bounds=(0, 3600),
+        doc="the most a redelivery's spacing grows to",
+    )
+    ack_wait_s: float = setting(
+        Timings.ack_wait_s, env="CREWLET_DELIVERY_ACK_WAIT_S", bounds=(0.1, 86400),
+        doc="how long a fetched message may go unacknowledged before the broker redelivers it",
+    )
+
+    def timings(self) -> Timings:
+        """These settings as the queue's :class:`Timings`."""
+        return Timings(backoff_base_s=self.backoff_base_s, backoff_cap_s=self.backoff_cap_s, ack_wait_s=self.ack_wait_s)
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Everything the engine is configured with."""
 
     stream: StreamSettings = field(default_factory=StreamSettings)
     node: NodeSettings = field(default_factory=NodeSettings)
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)
 
 
 def _sections() -> dict[str, type[_Section]]:

@@ -55,7 +55,20 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "stream.event_retention_hours": "CREWLET_EVENT_RETENTION_HOURS",
         "node.id": "CREWLET_NODE_ID",
         "node.max_concurrent": "CREWLET_NODE_MAX_CONCURRENT",
+        "delivery.backoff_base_s": "CREWLET_DELIVERY_BACKOFF_BASE_S",
+        "delivery.backoff_cap_s": "CREWLET_DELIVERY_BACKOFF_CAP_S",
+        "delivery.ack_wait_s": "CREWLET_DELIVERY_ACK_WAIT_S",
     }
+
+
+def test_delivery_settings_default_to_the_queues_production_timings_and_shrink_from_the_environment() -> None:
+    from crewlet.queue import Timings
+
+    assert load().delivery.timings() == Timings()
+    shrunk = load(env={"CREWLET_DELIVERY_BACKOFF_BASE_S": "0.05", "CREWLET_DELIVERY_BACKOFF_CAP_S": "0.1", "CREWLET_DELIVERY_ACK_WAIT_S": "2"})
+    assert shrunk.delivery.timings() == Timings(backoff_base_s=0.05, backoff_cap_s=0.1, ack_wait_s=2.0)
+    with pytest.raises(SettingsError, match=r"^delivery\.ack_wait_s=0: must be between 0\.1 and 86400 \(from CREWLET_DELIVERY_ACK_WAIT_S\)$"):
+        load(env={"CREWLET_DELIVERY_ACK_WAIT_S": "0"})
 
 
 def test_settings_are_immutable() -> None:

@@ -54,7 +54,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         holder = self.company(options)
         self.holder = holder
-        engine = Engine(settings)
+        engine = Engine(settings, timings=settings.delivery.timings())
         import a2a.runtime  # the A2A channel sweep
         import crewlet.revisions  # every node's config-revision poller
         import eventstore  # the store's writer and retention duty
