@@ -204,10 +204,14 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
 # Structured logs on stderr: one line per record, the message is the event name
-# (e.g. engine_started) and `extra={...}` fields are rendered as keys.
+# (e.g. engine_started) and `extra={...}` fields are rendered as keys. Every
+# handler redacts credentials (crewlet.logfmt.RedactSecrets), and so do the
+# loggers that carry whole requests (django.request puts the request, query
+# string included, on every 4xx/5xx record).
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "crewlet.logfmt.RedactSecrets"}},
     "formatters": {
         "kv": {"()": "crewlet.logfmt.KeyValueFormatter"},
         "json": {"()": "crewlet.logfmt.JsonFormatter"},
@@ -216,12 +220,15 @@ LOGGING: dict[str, Any] = {
         "stderr": {
             "class": "logging.StreamHandler",
             "formatter": "json" if os.environ.get("CREWLET_LOG_FORMAT", "kv") == "json" else "kv",
+            "filters": ["redact"],
         },
     },
     "root": {"handlers": ["stderr"], "level": os.environ.get("CREWLET_LOG_LEVEL", "INFO").upper()},
     "loggers": {
         # Django logs request errors itself; keep its chatter at WARNING.
         "django": {"level": "WARNING", "propagate": True},
+        "django.request": {"filters": ["redact"], "propagate": True},
+        "django.server": {"filters": ["redact"], "propagate": True},
         "asyncio": {"level": "WARNING", "propagate": True},
         "nats": {"level": "WARNING", "propagate": True},
     },
