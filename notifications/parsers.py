@@ -45,7 +45,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from json.decoder import scanstring as json_scanstring
 from typing import Any, ClassVar, Iterable, Mapping, Optional
 
 # Why a recipient was addressed.
@@ -177,6 +178,116 @@ def _first_line(text: str, limit: int = 200) -> str:
 
 
 # ---------------------------------------------------------------------------
+# reading a delivery's JSON, and what no store downstream can hold
+
+#: How deep a webhook body may nest. Real deliveries nest a few dozen levels
+#: at most (an ADF comment with lists in lists); the JSON decoder recurses once
+#: per level, so a body past this is refused before it is decoded.
+MAX_JSON_DEPTH = 512
+_JSON_MARK = re.compile(r'["\[\]{}]')
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: How much of a path or a message a refusal quotes.
+_QUOTE_LIMIT = 200
+
+
+class JSONTooDeep(ValueError):
+    """A JSON document nests deeper than :data:`MAX_JSON_DEPTH`."""
+
+
+def json_depth_exceeds(text: str, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """True when ``text`` opens more than ``max_depth`` arrays or objects inside each other.
+
+    A linear scan that skips strings with the decoder's own string scanner,
+    so a bracket inside a string never counts. It stops where a string never
+    ends: the decoder refuses the document there, before going any deeper.
+    """
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    depth = 0
+    pos = 0
+    search = _JSON_MARK.search
+    while True:
+        mark = search(text, pos)
+        if mark is None:
+            return False
+        char, at = mark.group(), mark.start()
+        if char == '"':
+            try:
+                pos = json_scanstring(text, at + 1, True)[1]
+            except ValueError:
+                return False
+            continue
+        pos = at + 1
+        if char in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        else:
+            depth -= 1
+
+
+def load_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for a webhook body, refusing one nested past ``max_depth`` (:class:`JSONTooDeep`).
+
+    Every decode of a delivery goes through here: the standard decoder
+    recurses per level, and a body nested a thousand levels would otherwise
+    overflow the interpreter's stack (a 500) instead of being refused.
+    """
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, (bytes, bytearray)) else raw
+    if json_depth_exceeds(text, max_depth):
+        raise JSONTooDeep(f"the JSON nests deeper than {max_depth} levels")
+    try:
+        return json.loads(text)
+    except RecursionError as exc:  # a caller already deep in its own stack
+        raise JSONTooDeep(f"the JSON nests too deep to decode here: {exc}") from exc
+
+
+def storable_text(text: str, limit: int = _QUOTE_LIMIT) -> str:
+    """``text`` with NUL and lone surrogates spelled as ``\\uXXXX`` escapes, clipped to ``limit`` characters.
+
+    For quoting a delivery's own words (a key, a parser's error) in a reason,
+    a log line or a recorded event, none of which may carry those characters.
+    """
+    clipped = text if len(text) <= limit else text[: limit - 1] + "…"
+    return _UNSTORABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", clipped)
+
+
+def _unstorable_problem(char: str) -> str:
+    if char == "\x00":
+        return "a NUL character (\\u0000), which the database cannot store"
+    return f"a lone surrogate (\\u{ord(char):04x}), which has no UTF-8 encoding"
+
+
+def unstorable(value: Any, where: str = "") -> Optional[str]:
+    """Why ``value`` cannot be stored downstream, naming the first offending key or string; None when it can.
+
+    Walks every key and string of a decoded JSON value (and the fields of a
+    :class:`Parsed`) with an explicit stack, so depth costs no call stack.
+    """
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            bad = _UNSTORABLE.search(item)
+            if bad is not None:
+                return f"{path or 'the body'} contains {_unstorable_problem(bad.group())}"
+        elif isinstance(item, Mapping):
+            for key, child in reversed(list(item.items())):
+                name = key if isinstance(key, str) else str(key)
+                inner = f"{path}.{storable_text(name, 40)}" if path else storable_text(name, 40)
+                bad = _UNSTORABLE.search(name)
+                if bad is not None:
+                    return f"the key {inner!s} contains {_unstorable_problem(bad.group())}"[:_QUOTE_LIMIT * 2]
+                stack.append((child, inner[:_QUOTE_LIMIT]))
+        elif isinstance(item, (list, tuple)):
+            for index in range(len(item) - 1, -1, -1):
+                stack.append((item[index], f"{path}[{index}]"[:_QUOTE_LIMIT]))
+        elif is_dataclass(item) and not isinstance(item, type):
+            stack.append(({f.name: getattr(item, f.name) for f in fields(item)}, path))
+    return None
+
+
+# ---------------------------------------------------------------------------
 # the base class
 
 
@@ -196,11 +307,26 @@ class Parser:
         if not isinstance(payload, Mapping):
             raise ParseError(f"the delivery is a JSON {type(payload).__name__}, not an object")
         try:
-            return self.parse(payload, meta)
+            parsed = self.parse(payload, meta)
         except ParseError:
             raise
-        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
-            raise ParseError(f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            # A parser is a pure function of the payload: whatever it raises,
+            # it raises on every attempt, so it is the payload's fault.
+            raise ParseError(storable_text(f"{type(exc).__name__}: {exc}")) from exc
+        problem = unstorable(parsed)
+        if problem is not None:
+            raise ParseError(problem)
+        return parsed
+
+    def embedded(self, payload: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        """JSON documents the delivery carries as strings, decoded: (where, value).
+
+        The edge checks them with the body, since what the parser reads from
+        them travels downstream just the same. One that does not decode is
+        left out: parsing reports it.
+        """
+        return []
 
     # The issue names these as what a parser owns; each reads the one parse.
     def event_name(self, payload: Mapping[str, Any], meta: DeliveryMeta = DeliveryMeta()) -> str:
@@ -476,36 +602,82 @@ _ATLASSIAN_LEGACY_MENTION = re.compile(r"\[~(?!accountid:)([^\]\s]+)\]")
 _CONFLUENCE_STORAGE_MENTION = re.compile(r'ri:(?:account-id|userkey)="([^"]+)"')
 
 
+#: A cap on the nodes one ADF walk visits: the body limit already bounds a
+#: document, this makes the walk's cost explicit (a real comment is hundreds).
+ADF_MAX_NODES = 200_000
+#: Nodes whose text ends a line.
+_ADF_BLOCKS = frozenset({"paragraph", "heading", "listItem", "codeBlock"})
+
+
+@dataclass(frozen=True)
+class _Emit:
+    """A piece of text an ADF walk writes after a node's children (a block's line end)."""
+
+    text: str
+
+
+def _adf_budget_exceeded() -> ParseError:
+    return ParseError(f"the ADF document has more than {ADF_MAX_NODES} nodes")
+
+
 def _adf_text(node: Any) -> str:
-    """Plain text of an Atlassian Document Format node (a comment body in API v3)."""
-    if isinstance(node, str):
-        return node
-    if isinstance(node, list):
-        return "".join(_adf_text(n) for n in node)
-    if not isinstance(node, dict):
-        return ""
-    kind = node.get("type")
-    if kind == "text":
-        text = node.get("text")
-        return text if isinstance(text, str) else ""
-    if kind == "mention":
-        attrs = _d(node.get("attrs"))
-        return _s(attrs.get("text")) or f"[~accountid:{_s(attrs.get('id'))}]"
-    if kind == "hardBreak":
-        return "\n"
-    inner = _adf_text(node.get("content"))
-    return inner + ("\n" if kind in ("paragraph", "heading", "listItem", "codeBlock") else "")
+    """Plain text of an Atlassian Document Format node (a comment body in API v3).
+
+    Iterative, with an explicit stack, so a document nested thousands of
+    levels deep reads like a flat one instead of overflowing the call stack.
+    """
+    out: list[str] = []
+    stack: list[Any] = [node]
+    visited = 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Emit):
+            out.append(item.text)
+            continue
+        visited += 1
+        if visited > ADF_MAX_NODES:
+            raise _adf_budget_exceeded()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            kind = item.get("type")
+            if kind == "text":
+                text = item.get("text")
+                out.append(text if isinstance(text, str) else "")
+            elif kind == "mention":
+                attrs = _d(item.get("attrs"))
+                out.append(_s(attrs.get("text")) or f"[~accountid:{_s(attrs.get('id'))}]")
+            elif kind == "hardBreak":
+                out.append("\n")
+            else:
+                if kind in _ADF_BLOCKS:
+                    stack.append(_Emit("\n"))
+                stack.append(item.get("content"))
+    return "".join(out)
 
 
 def _adf_mentions(node: Any) -> list[str]:
-    if isinstance(node, list):
-        return [m for n in node for m in _adf_mentions(n)]
-    if not isinstance(node, dict):
-        return []
-    if node.get("type") == "mention":
-        ident = _s(_d(node.get("attrs")).get("id"))
-        return [ident] if ident else []
-    return _adf_mentions(node.get("content"))
+    """The account ids an ADF document mentions, in document order (iterative, like :func:`_adf_text`)."""
+    found: list[str] = []
+    stack: list[Any] = [node]
+    visited = 0
+    while stack:
+        item = stack.pop()
+        visited += 1
+        if visited > ADF_MAX_NODES:
+            raise _adf_budget_exceeded()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            if item.get("type") == "mention":
+                ident = _s(_d(item.get("attrs")).get("id"))
+                if ident:
+                    found.append(ident)
+            else:
+                stack.append(item.get("content"))
+    return found
 
 
 def _atlassian_mentions(body: Any) -> list[str]:
@@ -719,12 +891,24 @@ class MattermostParser(Parser):
         post = data.get("post")
         if isinstance(post, str):
             try:
-                post = json.loads(post)
+                post = load_json(post)
             except ValueError as exc:
                 raise ParseError(f"data.post is not valid JSON: {exc}") from exc
         if not isinstance(post, dict):
             raise ParseError("data.post is missing or not an object")
         return post
+
+    def embedded(self, payload: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        data = _d(payload.get("data"))
+        out: list[tuple[str, Any]] = []
+        for key in ("post", "mentions"):
+            value = data.get(key)
+            if isinstance(value, str):
+                try:
+                    out.append((f"data.{key}", load_json(value)))
+                except ValueError:
+                    continue
+        return out
 
     def delivery_id(self, payload: Mapping[str, Any], meta: DeliveryMeta = DeliveryMeta()) -> str:
         try:
@@ -758,7 +942,7 @@ class MattermostParser(Parser):
         mentioned_ids = data.get("mentions")
         if isinstance(mentioned_ids, str):
             try:
-                mentioned_ids = json.loads(mentioned_ids)
+                mentioned_ids = load_json(mentioned_ids)
             except ValueError:
                 mentioned_ids = []
         recipients: list[Recipient] = []
@@ -812,7 +996,10 @@ def parser_for(source: str) -> Optional[Parser]:
 
 
 __all__ = [
+    "ADF_MAX_NODES",
     "DIRECT_REASONS",
+    "JSONTooDeep",
+    "MAX_JSON_DEPTH",
     "ConfluenceParser",
     "DeliveryMeta",
     "GitHubParser",
@@ -830,5 +1017,9 @@ __all__ = [
     "WHY_MENTION",
     "WHY_REVIEWER",
     "body_digest_id",
+    "json_depth_exceeds",
+    "load_json",
     "parser_for",
+    "storable_text",
+    "unstorable",
 ]
