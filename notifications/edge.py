@@ -11,7 +11,8 @@ share one path. In order:
 
    * Slack — ``v0`` signing: ``X-Slack-Signature`` is
      ``v0=HMAC-SHA256(secret, "v0:<X-Slack-Request-Timestamp>:<body>")``,
-     and the timestamp must be within 5 minutes of now;
+     and the timestamp (whole Unix seconds, nothing else) must be within 5
+     minutes of now;
    * GitHub — ``X-Hub-Signature-256: sha256=HMAC-SHA256(secret, body)``;
    * Jira / Confluence — BOTH forms are accepted: the ``X-Hub-Signature:
      sha256=<HMAC-SHA256(secret, body)>`` header a Jira Cloud webhook with a
@@ -20,14 +21,20 @@ share one path. In order:
      secret as a ``?secret=<token>`` query parameter on the registered URL.
      A request that carries the header is judged by the header alone;
    * Mattermost — a token: ``Authorization: Token <t>`` (or ``Bearer``), or
-     a ``token`` field in the JSON body (what outgoing webhooks send).
+     a ``token`` field in the JSON body (what outgoing webhooks send; the
+     only verification that reads the body, with the depth-limited decoder).
 
-   A surface whose secret variable is unset is refused (401, "not
-   configured") unless the company says ``verify: false`` for it;
+   Nothing else of the body is decoded before this step. A surface whose
+   secret variable is unset is refused (401, "not configured", naming the
+   variable) unless the company says ``verify: false`` for it;
 3. content type — JSON only (``application/json`` or ``+json``), else 415;
-4. JSON — a malformed body, or one that is not an object, is 400;
-5. Slack's ``url_verification`` is answered with its challenge (200);
-6. under a span that honours an inbound W3C ``traceparent``, the delivery is
+4. JSON — decoded with a nesting limit (``MAX_JSON_DEPTH``); a malformed
+   body, one nested deeper, or one that is not an object, is 400;
+5. storable — a NUL or a lone surrogate anywhere in the body (a key or a
+   string, or a JSON document it carries as a string), the event name or the
+   delivery id is 400 naming where: no store downstream can hold it;
+6. Slack's ``url_verification`` is answered with its challenge (200);
+7. under a span that honours an inbound W3C ``traceparent``, the delivery is
    published as a ``raw_webhook`` to ``crewlet.notifications.inbound``, then
    its ``inbound_delivery`` record (label ``webhook:<event>`` /
    ``forge:<event>`` / ``socket:posted``, the provider's exact bytes) to
@@ -43,9 +50,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -58,7 +65,16 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import parse_traceparent, start_span, trace_of
-from notifications.parsers import DeliveryMeta, Parser, body_digest_id, parser_for
+from notifications.parsers import (
+    MAX_JSON_DEPTH,
+    DeliveryMeta,
+    JSONTooDeep,
+    Parser,
+    body_digest_id,
+    load_json,
+    parser_for,
+    unstorable,
+)
 from opentelemetry.trace import SpanKind
 
 log = logging.getLogger("crewlet.notifications.edge")
@@ -66,10 +82,16 @@ log = logging.getLogger("crewlet.notifications.edge")
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 MAX_BODY_SETTING = "CREWLET_WEBHOOK_MAX_BODY_BYTES"
 SLACK_TOLERANCE_S = 300.0
+#: Slack's timestamp is Unix seconds as decimal digits; anything else (``NaN``,
+#: ``inf``, ``1e400``, a fraction) is refused, since a float NaN or infinity
+#: compares as "within the window" or defeats it.
+_SLACK_STAMP = re.compile(r"[0-9]{1,12}")
 SOURCES = tuple(SURFACE_SECRET_KEYS)
 INBOUND_GROUP = "notify"
 #: inbound_delivery ids derive from (source, delivery id): a retry is one row.
 DELIVERY_ID_NAMESPACE = uuid.UUID("9a7d1c2e-4f36-5b0a-8e21-7765626864c5")
+#: What a delivery to a verified surface whose secret variable is unset is told.
+SECRET_NOT_CONFIGURED = "webhook secret is not configured on this server"
 #: Headers kept on the raw_webhook: never a signature, a token or a cookie.
 KEPT_HEADERS = (
     "user-agent",
@@ -153,10 +175,9 @@ def verify_slack(secret: str, req: InboundRequest, now: float) -> Optional[str]:
     stamp = req.header("x-slack-request-timestamp")
     if not signature or not stamp:
         return "missing X-Slack-Signature or X-Slack-Request-Timestamp"
-    try:
-        sent = float(stamp)
-    except ValueError:
-        return "X-Slack-Request-Timestamp is not a number"
+    if not _SLACK_STAMP.fullmatch(stamp):
+        return "X-Slack-Request-Timestamp is not a whole number of seconds"
+    sent = int(stamp)
     if abs(now - sent) > SLACK_TOLERANCE_S:
         return f"stale request: X-Slack-Request-Timestamp is more than {SLACK_TOLERANCE_S:g}s from now"
     expected = "v0=" + _hmac_hex(secret, b"v0:" + stamp.encode("ascii", "replace") + b":" + req.body)
@@ -196,9 +217,9 @@ def verify_mattermost(secret: str, req: InboundRequest) -> Optional[str]:
             return "Authorization must be 'Token <token>'"
         return None if _same(token.strip(), secret) else "the Mattermost token does not match"
     try:
-        body = json.loads(req.body)
-    except (ValueError, UnicodeDecodeError):
-        body = None
+        body = load_json(req.body)
+    except ValueError:
+        return "missing 'Authorization: Token <token>' header, and the body is not JSON a token field can be read from"
     token = body.get("token") if isinstance(body, dict) else None
     if not isinstance(token, str) or not token:
         return "missing 'Authorization: Token <token>' header or a token field"
@@ -213,7 +234,7 @@ def verify(source: str, surface: Surface, req: InboundRequest, now: float, envir
     if not secret:
         key = SURFACE_SECRET_KEYS.get(source, "secret_env")
         what = f"set {surface.secret_env}" if surface.secret_env else f"name its secret with surfaces.{source}.{key}"
-        return 401, f"the {source} surface is not configured: {what}, or say verify: false for it"
+        return 401, f"the {source} surface is not configured: {what} (its {SECRET_NOT_CONFIGURED}), or say verify: false for it"
     if source == "slack":
         why = verify_slack(secret, req, now)
     elif source == "github":
@@ -285,17 +306,40 @@ class Edge:
         if not is_json_content_type(req.content_type):
             return _refuse(415, f"content type {req.content_type or '(none)'!r} is not accepted: send application/json")
         try:
-            payload = json.loads(req.body)
-        except (ValueError, UnicodeDecodeError) as exc:
+            payload = load_json(req.body)
+        except JSONTooDeep as exc:
+            return _refuse(400, f"{exc}: the limit is {MAX_JSON_DEPTH}")
+        except ValueError as exc:
             return _refuse(400, f"malformed JSON: {exc}")
         if not isinstance(payload, dict):
             return _refuse(400, f"the body must be a JSON object, not a {type(payload).__name__}")
+        problem = self._unstorable(req, parser, payload)
+        if problem is not None:
+            log.warning("webhook_refused", extra={"source": source, "status": 400, "reason": problem})
+            return _refuse(400, f"{problem}; nothing downstream can store it, so the delivery is refused")
         if source == "slack" and payload.get("type") == "url_verification":
             challenge = payload.get("challenge")
             if not isinstance(challenge, str):
                 return _refuse(400, "url_verification without a challenge string")
             return EdgeResponse(200, {"challenge": challenge})
         return await self._accept(req, parser, payload)
+
+    def _unstorable(self, req: InboundRequest, parser: Parser, payload: dict[str, Any]) -> Optional[str]:
+        """What in the delivery no store downstream can hold (NUL, a lone surrogate), or None.
+
+        Checked once here, over everything the delivery carries onward: the
+        body, the JSON documents it embeds as strings, and the event name and
+        delivery id the headers or the query give it. Accepting such a delivery
+        would be a 202 whose routing fails on every redelivery.
+        """
+        problem = unstorable(payload)
+        for where, document in parser.embedded(payload):
+            problem = problem or unstorable(document, where)
+        meta = self._meta(req)
+        problem = problem or unstorable(
+            {"event name": parser.event_name(payload, meta), "delivery id": parser.delivery_id(payload, meta)}
+        )
+        return problem or unstorable({k: req.header(k) for k in KEPT_HEADERS if req.header(k)}, "header")
 
     def _meta(self, req: InboundRequest) -> DeliveryMeta:
         source = req.source
