@@ -8,12 +8,14 @@ seats this node runs.
 
 For each delivery, under a span that is a child of the edge's:
 
-1. read it — not a ``raw_webhook``, or a body that is not a JSON object:
-   ``unreadable delivery payload``;
+1. read it (with the edge's nesting limit) — not a ``raw_webhook``, or a
+   body that is not a JSON object: ``unreadable delivery payload``;
 2. find its parser — ``no parser for this source`` — and its surface in the
    company — ``this source was disconnected``;
-3. parse it — :class:`~notifications.parsers.ParseError`: ``parse failed``
-   with the parser's error as ``detail``;
+3. parse it — :class:`~notifications.parsers.ParseError` (anything a parser
+   raises, or a NUL or lone surrogate in what it read): ``parse failed``
+   with the parser's error as ``detail``, and the delivery is acked — a
+   payload that cannot be parsed now never can be, so it is not retried;
 4. the parser's own filtering (a system or deleted post, an edit) is logged
    at debug (``slack_event_skipped``, ``mattermost_post_skipped``), never
    recorded;
@@ -40,7 +42,6 @@ otherwise wake each other forever. Agents reach each other with a mention.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -78,7 +79,9 @@ from notifications.parsers import (
     Parsed,
     Parser,
     Recipient,
+    load_json,
     parser_for,
+    storable_text,
 )
 
 log = logging.getLogger("crewlet.notifications")
@@ -90,6 +93,14 @@ NOTIFY_GROUP = "notify"
 WAKE_ID_NAMESPACE = uuid.UUID("3c0e7a64-2b1f-5a8e-8f0d-6e6f74696679")
 
 RateCounterFn = Callable[[str, int], Awaitable[int]]
+#: How much of an error a log line or a skip's detail quotes.
+REASON_LIMIT = 300
+SKIP_DETAIL_LIMIT = 500
+
+
+def short_reason(exc: BaseException, limit: int = REASON_LIMIT) -> str:
+    """``Type: message``, clipped and safe to log: what a failure's one log line says."""
+    return storable_text(f"{type(exc).__name__}: {exc}", limit)
 
 
 def chat_skip_log(source: str) -> str:
@@ -195,12 +206,21 @@ class NotifyRouter:
             log.info("notify_service_stopped", extra={"group": self.group})
 
     async def _handle(self, delivery: Delivery) -> Outcome:
+        """Route one delivery; a failure is one short log line and a NAK, so the delivery is tried again.
+
+        A payload's own fault never gets here (routing records it as a skip
+        and acks), so what does is a broker or store that failed this time:
+        its redelivery re-publishes the same wake ids, so nothing is doubled.
+        The line carries the exception's type and message, never its
+        traceback: a failing delivery is tried up to 25 times.
+        """
         try:
             await self.route(delivery.event)
-        except QueueError:
-            # A wake could not be published: fail the delivery; its redelivery
-            # re-publishes the same wake ids, so nothing is doubled.
-            log.warning("notify_route_failed", extra={"event_id": delivery.event.id, "remaining": delivery.remaining}, exc_info=True)
+        except Exception as exc:
+            log.warning(
+                "notify_route_failed",
+                extra={"event_id": delivery.event.id, "remaining": delivery.remaining, "error": short_reason(exc)},
+            )
             return Outcome.NAK
         return Outcome.ACK
 
@@ -221,8 +241,8 @@ class NotifyRouter:
             await self._skip(result, SKIP_PAYLOAD_UNREADABLE, detail=f"a {event.type} event is not a webhook delivery")
             return
         try:
-            payload = json.loads(raw.raw_bytes())
-        except (ValueError, UnicodeDecodeError) as exc:
+            payload = load_json(raw.raw_bytes())
+        except ValueError as exc:
             await self._skip(result, SKIP_PAYLOAD_UNREADABLE, detail=f"not JSON: {exc}", event_name=raw.event_name, delivery_id=raw.delivery_id)
             return
         if not isinstance(payload, dict):
@@ -458,6 +478,9 @@ class NotifyRouter:
         """Publish ``notification_skipped`` (handle, reason, notification_source, detail) and log it."""
         source = parsed.source if parsed is not None else result.source
         handle = seat.handle if seat is not None else ""
+        # The detail quotes the delivery (a parser's error): make it recordable.
+        detail = storable_text(detail, SKIP_DETAIL_LIMIT)
+        event_name, delivery_id = storable_text(event_name), storable_text(delivery_id)
         extras: dict[str, Any] = {"handle": handle, "notification_source": source}
         if parsed is not None and parsed.conversation_identity:
             extras["conversation_key"] = parsed.conversation_identity
@@ -486,4 +509,4 @@ class NotifyRouter:
             log.warning("notification_skipped_publish_failed", extra={"reason": reason}, exc_info=True)
 
 
-__all__ = ["NOTIFY_GROUP", "NotifyRouter", "RateValve", "RouteResult", "chat_skip_log"]
+__all__ = ["NOTIFY_GROUP", "NotifyRouter", "RateValve", "RouteResult", "chat_skip_log", "short_reason"]
