@@ -1,7 +1,9 @@
 """The start hook the engine calls: ``NotifyService(queue, holder)`` with ``start()`` / ``stop()``.
 
 ``start()`` warns about every surface the company left unverified (the
-example company does, so the README's curl example works), installs this
+example company does, so the README's curl example works) and about every
+verified surface whose secret variable is unset (``webhook_secret_missing``,
+naming the variable: such a surface refuses every delivery), installs this
 process's webhook edge on ``queue`` (so ``POST /webhooks/<source>`` served by
 this process publishes through it), creates the fleet-wide ``notify`` group
 and attaches the router, and runs the hourly prune of old dedupe keys, rate
@@ -19,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Optional
+import os
+from typing import Any, Mapping, Optional
 
 from django.db import DatabaseError
 
-from crewlet.org import CompanyHolder, Organization
+from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
 from notifications import service, store
@@ -46,6 +49,36 @@ def warn_unverified(org: Organization) -> list[str]:
             extra={"surface": name, "hint": f"surfaces.{name}.verify is false: anyone who can reach /webhooks/{name} can wake a seat"},
         )
     return names
+
+
+def unconfigured_surfaces(org: Organization, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(surface, variable) for each verified surface whose secret variable is unset or empty in ``environ``.
+
+    ``variable`` is "" when the company names none. The edge refuses every
+    delivery to such a surface (401, "not configured").
+    """
+    return [
+        (name, surface.secret_env)
+        for name, surface in org.surfaces.items()
+        if surface.verify and not (surface.secret_env and environ.get(surface.secret_env, ""))
+    ]
+
+
+def warn_unconfigured(org: Organization, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Say at start, naming the VARIABLE (never a value), which verified surfaces will refuse everything."""
+    missing = unconfigured_surfaces(org, environ)
+    for name, variable in missing:
+        key = SURFACE_SECRET_KEYS.get(name, "secret_env")
+        hint = (
+            f"set {variable} in this process's environment, or say surfaces.{name}.verify: false"
+            if variable
+            else f"name the secret's variable with surfaces.{name}.{key}"
+        )
+        log.warning(
+            "webhook_secret_missing",
+            extra={"surface": name, "variable": variable, "hint": f"every delivery to /webhooks/{name} is refused until then: {hint}"},
+        )
+    return missing
 
 
 class NotifyService:
@@ -71,7 +104,10 @@ class NotifyService:
         self._prune: Optional[asyncio.Task[None]] = None
 
     async def start(self) -> None:
-        warn_unverified(self.holder.current())
+        org = self.holder.current()
+        warn_unverified(org)
+        environ = self.edge_options.get("environ")
+        warn_unconfigured(org, environ if environ is not None else os.environ)
         if self.install_edge:
             self.edge = edge_module.install(self.queue, self.holder, **self.edge_options)
         await self.router.start()
@@ -113,4 +149,12 @@ async def serve(engine: Any, holder: CompanyHolder) -> None:
         await notify.stop()
 
 
-__all__ = ["NotifyService", "PRUNE_INTERVAL_S", "serve", "unverified_surfaces", "warn_unverified"]
+__all__ = [
+    "NotifyService",
+    "PRUNE_INTERVAL_S",
+    "serve",
+    "unconfigured_surfaces",
+    "unverified_surfaces",
+    "warn_unconfigured",
+    "warn_unverified",
+]
