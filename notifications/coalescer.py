@@ -57,6 +57,8 @@ COALESCED_ID_NAMESPACE = uuid.UUID("0b8f3f52-6c1e-5d7a-9d2b-636f616c6573")
 DUPLICATE_MARKER = "(same as a later message from {sender}; collapsed)"
 COLLAPSED_DUPLICATE = "duplicate"
 COLLAPSED_SUPERSEDED = "superseded"
+#: How much of an unexpected merge error a log line carries.
+REASON_CHARS = 200
 _POSITION = re.compile(r"^(?P<stream>[^@]+)@(?P<generation>\d+):(?P<sequence>\d+)$")
 
 T = TypeVar("T")
@@ -381,8 +383,10 @@ async def dispatch(
 ) -> T:
     """One partition, end to end: dedupe, merge (or degrade), record the merge, run ONE trigger.
 
-    ``run`` is the caller's turn for one trigger. A malformed partition runs
-    its first event and requeues the rest first; a requeue that fails raises
+    ``run`` is the caller's turn for one trigger. A partition that cannot be
+    merged — a :class:`MalformedConstituent`, or anything else the pure merge
+    raised on one of its events (a value no rule anticipated) — runs its
+    first event and requeues the rest first; a requeue that fails raises
     before ``run`` was called.
     """
     unique = dedupe_same_id(evs)
@@ -390,11 +394,15 @@ async def dispatch(
         return await run(unique[0])
     try:
         merged = coalesce(unique)
-    except MalformedConstituent as exc:
+    except Exception as exc:  # coalesce is pure: whatever it raises, one of these events is why
         ordered = sorted(unique, key=lambda e: e.timestamp)
+        if isinstance(exc, MalformedConstituent):
+            malformed, reason = exc.event_id, exc.reason
+        else:
+            malformed, reason = "", f"{type(exc).__name__}: {exc}"[:REASON_CHARS]
         log.warning(
             "notifications_coalesce_degraded",
-            extra={"seat": handle, "events": len(ordered), "malformed": exc.event_id, "reason": exc.reason},
+            extra={"seat": handle, "events": len(ordered), "malformed": malformed, "reason": reason},
         )
         await requeue_tail(queue, handle, ordered)
         return await run(ordered[0])

@@ -11,12 +11,24 @@ carries one (``message_id`` — the message on its chat backend, however many
 deliveries brought it — then ``delivery_id``), namespaced by the wake's
 source, else the event id: a provider's retry is a new event with the same
 delivery, and only the provider's id says it is the same message.
+
+Values the stores cannot hold never reach them from here. PostgreSQL refuses
+a NUL in text and in jsonb, and no driver can encode a lone surrogate as
+UTF-8, so a wake carrying either (the edge refuses them, but other producers
+publish to inboxes too) would fail every store call its delivery makes, on
+every delivery. :func:`storable` writes each such code point as its
+``\\uXXXX`` escape instead — readable in a prompt or a ledger row, and the
+same escape for the same value, so an identity stays stable across
+redeliveries — and :func:`storable_event` applies it to a whole wake before
+the seat reads anything out of it.
 """
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Optional, TypeVar
+
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 
 from django.utils import timezone
 
@@ -39,6 +51,103 @@ T = TypeVar("T")
 
 in_store = shared_in_store  # re-exported: callers import it from here
 
+#: How a store failure is filed (``seat_store_failed`` ``fault=``).
+FAULT_DOWN = "store_down"
+FAULT_VALUE = "value_refused"
+FAULT_OTHER = "store_error"
+
+_NUL = "\x00"
+_NUL_ESCAPE = "\\u0000"
+
+
+def _unstorable(text: str) -> bool:
+    if _NUL in text:
+        return True
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def storable(text: str) -> str:
+    """``text`` with every NUL and lone surrogate written as its ``\\uXXXX`` escape; unchanged otherwise."""
+    if not _unstorable(text):
+        return text
+    text = text.replace(_NUL, _NUL_ESCAPE)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _needs_escape(value: Any) -> bool:
+    """Whether any string in a JSON-shaped value (keys included) is not storable; iterative, so depth costs no stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _unstorable(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+def storable_value(value: Any) -> Any:
+    """A JSON-shaped value with every string made :func:`storable`; the same object when none needed it.
+
+    Walked with an explicit stack: a wake nested as deep as the JSON decoder
+    allowed must not overflow the interpreter's stack here.
+    """
+    if not _needs_escape(value):
+        return value
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        item = parent[key]
+        if isinstance(item, str):
+            parent[key] = storable(item)
+        elif isinstance(item, dict):
+            rebuilt: dict[Any, Any] = {}
+            for k, v in item.items():
+                nk = storable(k) if isinstance(k, str) else k
+                rebuilt[nk] = v
+                stack.append((rebuilt, nk))
+            parent[key] = rebuilt
+        elif isinstance(item, (list, tuple)):
+            items = list(item)
+            parent[key] = items
+            stack.extend((items, i) for i in range(len(items)))
+    return root[0]
+
+
+def storable_event(event: Event) -> Event:
+    """``event`` itself when every string in it is storable, else a copy with each one escaped."""
+    wire = event.to_dict()
+    if not _needs_escape(wire):
+        return event
+    return Event.from_dict(storable_value(wire))
+
+
+def store_fault(exc: BaseException) -> str:
+    """Which store failure this is: the database is away, or it refused this value.
+
+    ``FAULT_DOWN`` (a connection error: the server is restarting, the network
+    dropped) is the node's problem and any delivery would fail the same way;
+    ``FAULT_VALUE`` (a value the column or the driver cannot take, a
+    constraint) follows the event, and retrying it can only fail again.
+    Anything else (a missing table, a driver bug) is ``FAULT_OTHER``.
+    """
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return FAULT_DOWN
+    if isinstance(exc, (DataError, IntegrityError, ValueError)):
+        return FAULT_VALUE
+    return FAULT_OTHER
+
 
 def field_of(event: Event, name: str) -> Any:
     """A wake's field wherever this build keeps it: the typed body, the payload map, or kept extras."""
@@ -58,13 +167,13 @@ def trigger_identity(event: Event) -> str:
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
             kind = key.split("_", 1)[0]
             scope = f"{event.source}:" if event.source else ""
-            return f"{kind}:{scope}{str(value).strip()}"[:255]
-    return f"event:{event.id}"
+            return storable(f"{kind}:{scope}{str(value).strip()}")[:255]
+    return storable(f"event:{event.id}")[:255]
 
 
 def worked(seat: str, identities: Iterable[str]) -> dict[str, str]:
     """The identities among ``identities`` the seat's turns already worked, each to the turn that did."""
-    wanted = list(dict.fromkeys(identities))
+    wanted = list(dict.fromkeys(storable(i) for i in identities))
     if not wanted:
         return {}
     return dict(LedgerEntry.objects.filter(seat=seat, trigger__in=wanted).values_list("trigger", "turn_id"))
@@ -95,7 +204,9 @@ def record(
     """
     at = now or timezone.now()
     rows = [
-        LedgerEntry(seat=seat, trigger=identity, turn_id=turn_id, event_id=event_id[:64], worked_at=at)
+        LedgerEntry(
+            seat=seat, trigger=storable(identity)[:255], turn_id=turn_id, event_id=storable(event_id)[:64], worked_at=at
+        )
         for identity, event_id in dict(identities).items()
     ]
     if not rows:
@@ -117,6 +228,9 @@ arecord = in_store(record)
 aprune = in_store(prune)
 
 __all__ = [
+    "FAULT_DOWN",
+    "FAULT_OTHER",
+    "FAULT_VALUE",
     "IDENTITY_KEYS",
     "LEDGER_KEEP_S",
     "SKIP_ALREADY_WORKED",
@@ -129,6 +243,10 @@ __all__ = [
     "prune",
     "record",
     "screen",
+    "storable",
+    "storable_event",
+    "storable_value",
+    "store_fault",
     "trigger_identity",
     "worked",
 ]
