@@ -22,13 +22,43 @@ handler here decides, per partition, in this order (design: Inbox Batching,
    of the delivery's; its triggers go to the ledger when it completes (or a
    person stopped it), and a failed turn NAKs its partition, which returns
    behind newer mail of the same conversation.
+
+One poison event never takes its batch-mates down with it (design: The
+digest trigger, the degraded per-event dispatch). Every wake is first made
+storable (``seats.ledger.storable_event``: a NUL or a lone surrogate becomes
+its ``\\uXXXX`` escape), so such a value runs its turn instead of failing every
+store call. What still breaks a multi-event partition because of one event —
+a store that refuses one of its values, a merge that fails, a turn that
+crashes (a model that answered with a failure is not put down to an event) —
+degrades it: the tail is requeued as independent inbox messages FIRST, then
+the first event is worked alone in the current ack scope. The partition's
+event ids are remembered as isolated, so the batch layer keys each of them
+(copies and originals alike) as a partition of its own from then on: the good
+ones run their own turns (or are skipped by the ledger, once their copy ran)
+and only the poison one keeps failing, alone, toward the dead-letter stream.
+
+Two store failures, two answers. A database this node cannot reach
+(``OperationalError``/``InterfaceError``, or any fault not caused by a value)
+is the node's problem: the delivery is deferred and the loop retries after
+``store_retry_s``, as for a lost lease. A value the store refuses
+(``DataError``, a constraint, an encoding ``ValueError``) follows the event:
+deferring it would park it at the head of the inbox forever and block the
+seat, so it is NAK'd (alone, after the degrade above) and spends its budget
+like any other failure.
+
+A failure is logged once per delivery, as one line with its event name
+(``seat_turn_failed``, ``seat_store_failed``, ``seat_turn_crashed`` ...), an
+``error_kind`` or ``fault`` and a truncated ``error``. The traceback is
+attached only while every event of the partition is on its first delivery;
+on each redelivery it goes to DEBUG, so a message failing 25 times logs one
+traceback, not 25.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Optional, Protocol, Sequence
 
@@ -37,14 +67,40 @@ from crewlet.events import Event
 from crewlet.events.types import NotificationsCoalesced, TurnTriggerSkipped
 from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
-from crewlet.queue.contract import BatchOptions, EventQueue, Outcome, Partition, Subscription, unique_partition_key
+from crewlet.queue.contract import (
+    MAX_DELIVERIES,
+    BatchOptions,
+    EventQueue,
+    Outcome,
+    Partition,
+    Subscription,
+    unique_partition_key,
+)
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import child_span, trace_of
 from django.db import DatabaseError
 from seats.hooks import run_after_turn
-from seats.ledger import SKIP_ALREADY_WORKED, arecord, ascreen, field_of, trigger_identity
+from seats.ledger import (
+    FAULT_VALUE,
+    SKIP_ALREADY_WORKED,
+    arecord,
+    ascreen,
+    field_of,
+    storable_event,
+    store_fault,
+    trigger_identity,
+)
 from seats.ownership import Ownership
-from seats.turns import OUTCOME_STOPPED, Trigger, TurnResult, TurnRunner
+from seats.turns import (
+    ERR_CRASHED,
+    OUTCOME_FAILED,
+    OUTCOME_STOPPED,
+    REASON_CHARS,
+    Trigger,
+    TurnResult,
+    TurnRunner,
+    short_reason,
+)
 
 log = logging.getLogger("crewlet.seats.inbox")
 
@@ -55,6 +111,8 @@ HOLD_NO_PROVIDER = "no_provider"
 STORE_RETRY_S = 1.0
 #: How many recent deliveries a loop's stats remember.
 STATS_KEEP = 256
+#: How many isolated event ids a loop remembers (see ``InboxLoop`` on poison).
+ISOLATED_KEEP = 4096
 
 
 def partition_key_of(event: Event) -> str:
@@ -190,6 +248,9 @@ class InboxLoop:
         self.runner = runner
         self.ownership = ownership
         self.options = options
+        self._key_of: Callable[[Event], str] = options.partition_key or partition_key_of
+        self._isolated: OrderedDict[str, None] = OrderedDict()
+        options.partition_key = self._partition_key
         self.store_retry_s = store_retry_s
         self.topic = topics.agent_inbox(handle)
         self.group = topics.agent_inbox_group(handle)
@@ -308,6 +369,26 @@ class InboxLoop:
 
     # -- the handler ---------------------------------------------------------------
 
+    def _partition_key(self, event: Event) -> str:
+        """The batch layer's key: an isolated event is a partition of its own, whatever it names."""
+        if event.id in self._isolated:
+            return unique_partition_key(event)
+        return self._key_of(event)
+
+    def _isolate(self, ids: Sequence[str]) -> None:
+        """Remember ``ids`` as events a partition failed on, so their redeliveries are never batched again."""
+        for event_id in ids:
+            self._isolated[event_id] = None
+            self._isolated.move_to_end(event_id)
+        while len(self._isolated) > ISOLATED_KEEP:
+            self._isolated.popitem(last=False)
+
+    def _failure(self, event: str, exc: BaseException, first_delivery: bool, **fields: object) -> None:
+        """One line per failed delivery; the traceback only on a first delivery (and at DEBUG after)."""
+        log.warning(event, extra={"seat": self.handle, "error": short_reason(exc), **fields}, exc_info=first_delivery)
+        if not first_delivery:
+            log.debug(f"{event}_traceback", extra={"seat": self.handle}, exc_info=exc)
+
     async def _handle(self, partition: Partition) -> Outcome:
         for d in partition.deliveries:
             self.stats.deliveries.append((d.event.id, d.remaining))
@@ -317,11 +398,36 @@ class InboxLoop:
         if seat is None or not seat.is_agent:
             # The apply that removed (or flipped) the seat stops this loop; until then its mail waits.
             return self._defer("not_an_agent_seat", partition)
+        first_delivery = partition.headroom >= MAX_DELIVERIES - 1
+        try:
+            evs = [storable_event(ev) for ev in partition.events]
+        except Exception as exc:  # an event this build cannot even copy: it is its own failure
+            self._failure("seat_delivery_failed", exc, first_delivery, events=len(partition.deliveries))
+            return self._nak_isolated(partition, [])
+        for raw, ev in zip(partition.events, evs):
+            if ev is not raw:
+                log.info("seat_event_escaped", extra={"seat": self.handle, "event_id": ev.id})
+        try:
+            return await self._work(seat, partition, evs, first_delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # nothing of a delivery's may escape to the consume loop as a traceback per try
+            self._failure("seat_delivery_failed", exc, first_delivery, events=len(evs))
+            return self._nak_isolated(partition, evs)
 
+    def _nak_isolated(self, partition: Partition, evs: Sequence[Event]) -> Outcome:
+        """NAK a partition that failed as a whole; a multi-event one comes back one event per partition."""
+        self.stats.failed += 1
+        if len(partition.deliveries) > 1:
+            self._isolate([*(d.event.id for d in partition.deliveries), *(ev.id for ev in evs)])
+        return Outcome.NAK
+
+    async def _work(self, seat: Seat, partition: Partition, evs: list[Event], first_delivery: bool) -> Outcome:
+        """Steps 2-6 of the module docstring for ``evs`` (all of the partition, or its first event when degraded)."""
         fresh_events: list[Event] = []
         identities: dict[str, str] = {}
         seen_ids: set[str] = set()
-        for ev in partition.events:
+        for ev in evs:
             ident = trigger_identity(ev)
             if ev.id in seen_ids or ident in identities.values():
                 self.stats.duplicates += 1
@@ -337,10 +443,15 @@ class InboxLoop:
 
         try:
             done, pause_row = await ascreen(self.handle, identities.values())
-        except DatabaseError:
-            log.error("seat_store_unavailable", extra={"seat": self.handle}, exc_info=True)
-            self._retry_later()
-            return self._defer("store_unavailable", partition)
+        except (DatabaseError, ValueError) as exc:
+            fault = store_fault(exc)
+            self._failure("seat_store_failed", exc, first_delivery, fault=fault, events=len(fresh_events))
+            if fault != FAULT_VALUE:
+                self._retry_later()
+                return self._defer("store_unavailable", partition)
+            if len(fresh_events) > 1:
+                return await self._degrade(seat, partition, fresh_events, first_delivery, why=fault)
+            return self._nak_isolated(partition, evs)
         if pause_row is not None and pause_row.version >= self._pause_version:  # older than a resume seen here: stale
             await self.pause(version=pause_row.version)
             return self._defer(HOLD_PAUSED, partition)
@@ -362,18 +473,70 @@ class InboxLoop:
             if not self.ownership.owns(self.handle):
                 return self._defer("not_owned", partition)
             seat = self.holder.current().seat_by_handle(self.handle) or seat
-            return await self._run_turn(seat, partition.key, fresh, {ev.id: identities[ev.id] for ev in fresh})
+            return await self._run_turn(
+                seat, partition, fresh, {ev.id: identities[ev.id] for ev in fresh}, first_delivery
+            )
 
-    async def _run_turn(self, seat: Seat, key: str, fresh: list[Event], identities: dict[str, str]) -> Outcome:
-        """Run the partition's turn and settle it: ledger on success (or a person's stop), NAK on failure."""
+    async def _requeue_tail(self, partition: Partition, ordered: Sequence[Event], why: str) -> bool:
+        """The degraded path's first step: every event but the first back on the inbox, as its own message.
+
+        The partition's events are isolated first, so neither these copies nor
+        the originals (should this delivery fail after all) are batched with
+        each other again; a copy meeting its original collapses in the same-id
+        dedupe. False when a publish failed: then nothing has run, and the
+        caller hands the whole partition back.
+        """
+        self._isolate([*(d.event.id for d in partition.deliveries), *(ev.id for ev in ordered)])
+        log.warning(
+            "seat_partition_degraded",
+            extra={"seat": self.handle, "events": len(ordered), "why": why, "first": ordered[0].id},
+        )
+        try:
+            for ev in ordered[1:]:
+                await self.queue.publish(self.topic, ev)
+        except Exception as exc:
+            log.warning("seat_requeue_failed", extra={"seat": self.handle, "error": short_reason(exc)})
+            return False
+        return True
+
+    async def _degrade(
+        self, seat: Seat, partition: Partition, fresh: list[Event], first_delivery: bool, *, why: str
+    ) -> Outcome:
+        """Per-event dispatch for a partition one of whose events broke it (design: The digest trigger).
+
+        The tail goes back to the inbox as independent messages FIRST, then
+        the first event is worked alone in this delivery's ack scope: a
+        requeue failure NAKs before any turn ran, and a completed turn is
+        never replayed by a later event's failure.
+        """
+        if not await self._requeue_tail(partition, fresh, why):
+            self.stats.failed += 1
+            return Outcome.NAK
+        return await self._work(seat, partition, fresh[:1], first_delivery)
+
+    async def _run_turn(
+        self, seat: Seat, partition: Partition, fresh: list[Event], identities: dict[str, str], first_delivery: bool
+    ) -> Outcome:
+        """Run the partition's turn and settle it: ledger on success (or a person's stop), NAK on failure.
+
+        A multi-event turn that crashed (rather than failed at the model) is
+        put down to one of its events and degrades to per-event dispatch, so
+        the events that can be worked are, and only the one that cannot keeps
+        failing toward the dead-letter stream.
+        """
+        key = partition.key
         covered: list[Event] = list(fresh)
         turn_ids: list[str] = []
+        degraded = False
 
         async def run_one(trigger_event: Event) -> Optional[TurnResult]:
             """One trigger's turn; what it covers is the partition, or that one event on a degraded merge."""
-            nonlocal covered
+            nonlocal covered, degraded
+            if trigger_event.id in identities and len(fresh) > 1:  # the merge degraded and requeued the rest
+                degraded = True
+                self._isolate([*(d.event.id for d in partition.deliveries), *identities])
             covered = [trigger_event] if trigger_event.id in identities else list(fresh)
-            trigger = self._trigger([trigger_event], key)
+            trigger = self._trigger([trigger_event], key, first_delivery)
             turn_ids.append(trigger.turn_id)
             return await self._turn(seat, trigger)
 
@@ -384,11 +547,11 @@ class InboxLoop:
                     result = await self.merge(self.queue, seat.handle, fresh, run_one, role=seat.role, agent_id=seat.agent_id)
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # e.g. the degrade path's requeue failed: nothing ran, so all of it goes back
-                    log.exception("seat_merge_failed", extra={"seat": seat.handle, "events": len(fresh)})
-                    result = None
+                except Exception as exc:  # e.g. the degrade path's requeue failed: nothing ran, so all of it goes back
+                    self._failure("seat_merge_failed", exc, first_delivery, events=len(fresh))
+                    return self._nak_isolated(partition, fresh)
             else:
-                trigger = self._trigger(fresh, key)
+                trigger = self._trigger(fresh, key, first_delivery)
                 turn_ids.append(trigger.turn_id)
                 if len(fresh) > 1:
                     await self._emit(
@@ -411,27 +574,40 @@ class InboxLoop:
                 extra={
                     "seat": seat.handle,
                     "turn_id": turn_id,
-                    "error_kind": result.error_kind if result else "crashed",
+                    "error_kind": result.error_kind if result else ERR_CRASHED,
+                    "error": (result.error[:REASON_CHARS] if result else ""),
                     "events": len(fresh),
                 },
             )
+            crashed = result is None or result.error_kind == ERR_CRASHED
+            if crashed and len(fresh) > 1 and not degraded:
+                if not await self._requeue_tail(partition, fresh, ERR_CRASHED):
+                    return Outcome.NAK
+                return await self._run_turn(seat, partition, fresh[:1], {fresh[0].id: identities[fresh[0].id]}, first_delivery)
+            if crashed and len(partition.deliveries) > 1:
+                self._isolate([d.event.id for d in partition.deliveries])
             return Outcome.NAK
         if result.ok:
             await run_after_turn(self.queue, seat, covered, result)
         try:
             await arecord(seat.handle, turn_id, [(identities[ev.id], ev.id) for ev in covered if ev.id in identities])
-        except DatabaseError:
+        except (DatabaseError, ValueError) as exc:
             # The turn happened; redoing it would be the duplicate the ledger exists to prevent.
-            log.error("seat_ledger_record_failed", extra={"seat": seat.handle, "turn_id": turn_id}, exc_info=True)
+            self._failure("seat_ledger_record_failed", exc, first_delivery, turn_id=turn_id, fault=store_fault(exc))
         return Outcome.ACK
 
     @staticmethod
-    def _trigger(evs: list[Event], key: str) -> Trigger:
+    def _trigger(evs: list[Event], key: str, first_delivery: bool = True) -> Trigger:
         conversation = field_of(evs[0], "conversation_identity")
-        return Trigger(events=evs, partition_key=key, conversation_key=conversation if isinstance(conversation, str) else "")
+        return Trigger(
+            events=evs,
+            partition_key=key,
+            conversation_key=conversation if isinstance(conversation, str) else "",
+            first_delivery=first_delivery,
+        )
 
-    async def _turn(self, seat: Seat, trigger: Trigger) -> Optional[TurnResult]:
-        """The runner in its own task, so a person's stop_running can end it; None when it crashed."""
+    async def _turn(self, seat: Seat, trigger: Trigger) -> TurnResult:
+        """The runner in its own task, so a person's stop_running can end it; a crash is a failed ``crashed`` result."""
         task = asyncio.get_running_loop().create_task(
             self.runner.run(seat, trigger), name=f"seat-turn:{seat.handle}:{trigger.turn_id}"
         )
@@ -446,9 +622,9 @@ class InboxLoop:
                 raise
             by, by_seat, reason = stop
             return await self.runner.stopped(seat, trigger, by=by, by_seat=by_seat, reason=reason)
-        except Exception:
-            log.exception("seat_turn_crashed", extra={"seat": seat.handle, "turn_id": trigger.turn_id})
-            return None
+        except Exception as exc:
+            self._failure("seat_turn_crashed", exc, trigger.first_delivery, turn_id=trigger.turn_id)
+            return TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, error=short_reason(exc, 1000), error_kind=ERR_CRASHED)
         finally:
             self._turn_task = None
             self._stop_request = None

@@ -50,7 +50,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import trace_of
-from seats.ledger import field_of
+from seats.ledger import field_of, storable
 
 log = logging.getLogger("crewlet.seats.turns")
 
@@ -70,6 +70,22 @@ ERR_BAD_RESPONSE = "bad_response"
 ERR_UNAVAILABLE = "unavailable"
 ERR_LLM_UNAVAILABLE = "llm_unavailable"
 ERR_NO_PROVIDER = "no_provider"
+#: The turn itself raised (a bug, or content nothing downstream could handle): not a provider kind.
+ERR_CRASHED = "crashed"
+#: How much of an exception's text a log line carries.
+REASON_CHARS = 200
+
+
+def short_reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
+    """``Type: message``, cut to ``limit`` characters: what one log line says about a failure.
+
+    A failure that repeats on every delivery of a message logs this line each
+    time; its traceback (which can be a hundred kilobytes for a deep
+    recursion) is logged in full once, on the first delivery, and at DEBUG after.
+    """
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = storable(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ProviderError(Exception):
@@ -251,12 +267,17 @@ def build_provider(config: ProviderConfig) -> ModelProvider:
 
 @dataclass
 class Trigger:
-    """What woke the seat: one partition's fresh events, oldest first."""
+    """What woke the seat: one partition's fresh events, oldest first.
+
+    ``first_delivery`` says every event is on its first delivery: a failure
+    then logs its traceback, and the same failure on a redelivery logs one line.
+    """
 
     events: list[Event]
     turn_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     partition_key: str = ""
     conversation_key: str = ""
+    first_delivery: bool = True
 
     @property
     def first(self) -> Event:
@@ -278,7 +299,7 @@ class Trigger:
                 lines.append(f"{sender}: {body}" if sender else str(body))
             else:
                 lines.append(ev.summary())
-        return "\n".join(lines)
+        return storable("\n".join(lines))
 
 
 @dataclass
@@ -364,9 +385,15 @@ class TurnRunner:
                 kind, message = exc.kind, str(exc)
             except (ValueError, TypeError) as exc:  # a provider that cannot even be built is a hand-off too
                 kind, message = ERR_BAD_REQUEST, str(exc)
-            except Exception as exc:  # a provider's own bug still hands off, and is logged whole
-                log.exception("provider_call_crashed", extra={"seat": seat.handle, "provider": config.key})
-                kind, message = ERR_UNAVAILABLE, f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a provider's own bug still hands off; its traceback once per message
+                log.warning(
+                    "provider_call_crashed",
+                    extra={"seat": seat.handle, "provider": config.key, "error": short_reason(exc)},
+                    exc_info=trigger.first_delivery,
+                )
+                if not trigger.first_delivery:
+                    log.debug("provider_call_crashed_traceback", extra={"seat": seat.handle}, exc_info=True)
+                kind, message = ERR_UNAVAILABLE, short_reason(exc, 1000)
             else:
                 result.rounds.append(
                     {
@@ -477,6 +504,8 @@ __all__ = [
     "TurnResult",
     "TurnRunner",
     "build_provider",
+    "short_reason",
+    "ERR_CRASHED",
     "OUTCOME_COMPLETED",
     "OUTCOME_FAILED",
     "OUTCOME_STOPPED",
