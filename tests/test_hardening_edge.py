@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
-from typing import Any
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
 
 import pytest
 
@@ -386,3 +393,137 @@ def test_unstorable_walks_a_deep_value_without_recursion() -> None:
         value = [value]
     problem = unstorable({"a": value}) or ""
     assert problem.startswith("a[0][0][0]") and problem.endswith("contains a NUL character (\\u0000), which the database cannot store")
+
+
+# -- all of it through a real `manage.py up` ---------------------------------------------------------------
+
+UP_TOKEN = "hardening-edge-operator-token-0123456789"
+UP_SLACK_SECRET = "up-slack-signing-secret-4711"
+UP_MM_TOKEN = "up-mattermost-token-4711"
+UP_COMPANY = """\
+org: acme
+providers: {llm: [{kind: echo}]}
+surfaces:
+  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: true}
+  github: {secret_env: GITHUB_WEBHOOK_SECRET, verify: true}
+  jira: {secret_env: JIRA_WEBHOOK_SECRET, verify: false}
+  confluence: {secret_env: CONFLUENCE_WEBHOOK_SECRET, verify: false}
+  mattermost: {token_env: MATTERMOST_TOKEN, verify: true}
+seats:
+  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA, jira: acc-ada, mattermost: mmada}}
+  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE, jira: acc-grace}}
+"""
+
+
+def _http(url: str, body: bytes = b"", headers: Optional[dict[str, str]] = None, method: str = "POST") -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(url, data=body if method == "POST" else None, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _turn_completed(url: str, trace_id: str, timeout_s: float = 60.0) -> list[str]:
+    """The event types of ``trace_id`` once its turn completed (the API polled: the process is another one)."""
+    deadline = time.monotonic() + timeout_s
+    types: list[str] = []
+    while time.monotonic() < deadline:
+        status, body = _http(f"{url}api/events?trace_id={trace_id}", method="GET", headers={"Authorization": f"Bearer {UP_TOKEN}"})
+        assert status == 200, body
+        types = [row["type"] for row in body["events"]]
+        if "agent_turn_completed" in types:
+            return types
+        time.sleep(0.2)
+    raise AssertionError(f"no agent_turn_completed in trace {trace_id} within {timeout_s}s: {types}")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_up_refuses_unstorable_and_too_deep_bodies_with_400_and_runs_a_deep_adf_comments_turn(tmp_path: Path) -> None:
+    from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+
+    (tmp_path / "acme.yaml").write_text(UP_COMPANY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_") and k not in {e for e, _ in SECRETS.values()}}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        DJANGO_SETTINGS_MODULE="crewlet.settings",
+        CREWLET_OPERATOR_TOKEN=UP_TOKEN,
+        SLACK_SIGNING_SECRET=UP_SLACK_SECRET,
+        MATTERMOST_TOKEN=UP_MM_TOKEN,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+         "--company", str(tmp_path / "acme.yaml"), "--node", "edge1"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )
+    out = ProcessOutput(proc)
+    children: dict[int, str] = {}
+    try:
+        ready = out.wait_for("Crewlet is up: ", timeout_s=120)
+        url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0]
+        children = _descendants(proc.pid)
+        # 5. the verified surface with no secret is named at start, by its variable
+        out.wait_for("event=webhook_secret_missing surface=github variable=GITHUB_WEBHOOK_SECRET", timeout_s=10)
+
+        def slack(payload: dict[str, Any] | bytes, stamp: Optional[str] = None) -> tuple[int, dict[str, Any]]:
+            body = payload if isinstance(payload, bytes) else body_of(payload)
+            headers = slack_headers(body, UP_SLACK_SECRET)
+            if stamp is not None:
+                headers = {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": "v0=" + hex_hmac(UP_SLACK_SECRET, f"v0:{stamp}:".encode() + body)}
+            return _http(url + "webhooks/slack", body, {"Content-Type": "application/json", **headers})
+
+        def dm(**event: Any) -> dict[str, Any]:
+            payload = slack_message("<@U0ADA> please look", channel="D0ADA", channel_type="im", user="U0GRACE", authorized="U0ADA",
+                                    event_id=f"Ev{time.monotonic_ns()}")
+            payload["event"].update(event)
+            return payload
+
+        # 1. a lone surrogate and a NUL, signed: refused with the reason, after verification
+        status, answer = slack(dm(text=f"<@U0ADA> hi {SURROGATE}"))
+        assert status == 400 and "event.text contains a lone surrogate" in answer["error"], answer
+        status, answer = slack(dm(channel=f"D0{NUL}X"))
+        assert status == 400 and "event.channel contains a NUL character" in answer["error"], answer
+        assert slack(dm(text=f"hi {SURROGATE}"), stamp="NaN")[0] == 401  # 4. NaN is no timestamp
+
+        # 3. too deep: 400 on an unverified route, and a verified one answers 401 before reading it
+        jira = {"Content-Type": "application/json"}
+        status, answer = _http(url + "webhooks/jira", nested(5000), jira)
+        assert status == 400 and "deeper than" in answer["error"], answer
+        assert slack(nested(5000))[0] == 400
+        assert _http(url + "webhooks/mattermost", nested(5000), jira)[0] == 401
+        status, answer = _http(url + "webhooks/mattermost", nested(5000), {**jira, "Authorization": f"Token {UP_MM_TOKEN}"})
+        assert status == 400 and "deeper than" in answer["error"], answer
+
+        # 2. a deep ADF comment: 5,000 levels is refused, 200 levels runs ada's turn
+        status, answer = _http(url + "webhooks/jira", jira_comment_json(deep_adf_json(5000)), jira)
+        assert status == 400 and "deeper than" in answer["error"], answer
+        status, answer = _http(url + "webhooks/jira", jira_comment_json(deep_adf_json(200)), jira)
+        assert status == 202, answer
+        types = _turn_completed(url, answer["trace_id"])
+        assert "external_notification" in types and "agent_turn_started" in types
+
+        # 5. the surface whose secret is unset says so
+        status, answer = _http(url + "webhooks/github", b"{}", {**jira, "X-GitHub-Event": "issues"})
+        assert status == 401 and "set GITHUB_WEBHOOK_SECRET (its webhook secret is not configured on this server)" in answer["error"]
+
+        # a good signed DM still runs its turn
+        status, answer = slack(dm())
+        assert status == 202, answer
+        _turn_completed(url, answer["trace_id"])
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.text()[-4000:]
+        text = out.text()
+        assert "Traceback" not in text and "status=500" not in text, text[-6000:]
+        assert UP_SLACK_SECRET not in text and UP_MM_TOKEN not in text and UP_TOKEN not in text
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in children:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)
