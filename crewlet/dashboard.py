@@ -154,7 +154,10 @@ def events(request: HttpRequest) -> HttpResponse:
 
 @staff_only
 def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
-    answer = store_api.trace(QueryDict(), trace_id)
+    try:
+        answer = store_api.trace(QueryDict(), trace_id)
+    except store_api.BadParameter as exc:
+        return render(request, "dashboard/error.html", {"title": "Trace", "reason": f"{exc.param}: {exc.reason}"}, status=400)
     if not answer.get("spans"):
         raise Http404(f"no trace {trace_id} in this node's history")
     return render(request, "dashboard/trace.html", {"page": "trace", "trace": answer})

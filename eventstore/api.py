@@ -36,8 +36,14 @@ DEFAULT_BUCKET = "1h"
 
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|z|[+-]\d{2}:\d{2})")
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
-#: A filter value longer than this cannot be a tag the store holds.
+#: A parameter value longer than this cannot be a tag the store holds (nor a cursor it made).
 MAX_VALUE_LENGTH = 1000
+#: The OpenAPI pattern of every text parameter: no NUL (PostgreSQL cannot hold one in text).
+TEXT_PATTERN = r"^[^\x00]*$"
+#: The earliest and latest instants a timestamp parameter stands for once in UTC; one past
+#: either end (a local time within a day of the calendar's edge) is clamped to it.
+EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
+LATEST = datetime.max.replace(tzinfo=timezone.utc)
 
 
 class BadParameter(exceptions.APIException):
@@ -94,16 +100,39 @@ def ask(question: Question) -> dict[str, Any]:
 # -- query parameters ----------------------------------------------------------------------------
 
 
+def check_text(param: str, value: str) -> str:
+    """The one rule every text a read takes (a query value, a path key) passes before it goes near SQL.
+
+    PostgreSQL refuses a NUL in text and a lone surrogate cannot be encoded for
+    either store: both would fail in the driver (a 500) rather than match
+    nothing, so they are refused here, named. The length bound keeps an absurd
+    value from being carried into a query at all.
+    """
+    if len(value) > MAX_VALUE_LENGTH:
+        raise BadParameter(param, f"longer than {MAX_VALUE_LENGTH} characters")
+    if "\x00" in value:
+        raise BadParameter(param, "must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadParameter(param, "must be valid Unicode text (it holds a lone surrogate)") from None
+    return value
+
+
 def check_params(query: QueryDict, allowed: Iterable[str], *, multi: Iterable[str] = ()) -> None:
-    """Refuse a parameter the route does not know (a typo must not widen the answer) or one given twice."""
+    """Refuse a parameter the route does not know (a typo must not widen the answer), one given twice,
+    or a value that is not text the store can compare (:func:`check_text`)."""
     allowed = set(allowed)
     multi = set(multi)
     for name in query.keys():
         if name not in allowed:
             known = ", ".join(sorted(allowed)) or "none"
-            raise BadParameter(name, f"unknown parameter; this route takes: {known}")
-        if name not in multi and len(query.getlist(name)) > 1:
+            raise BadParameter(check_text("query", name), f"unknown parameter; this route takes: {known}")
+        values = query.getlist(name)
+        if name not in multi and len(values) > 1:
             raise BadParameter(name, "given more than once")
+        for value in values:
+            check_text(name, value)
 
 
 def _text(query: QueryDict, name: str) -> str:
@@ -125,8 +154,13 @@ def _timestamp(query: QueryDict, name: str) -> Optional[datetime]:
         raise BadParameter(name, "must be an RFC 3339 timestamp with a time zone, e.g. 2025-01-31T09:30:00Z")
     try:
         return parse_timestamp(value)
+    except OverflowError:
+        # A valid local time whose UTC instant is past the calendar's edge: the
+        # year 9999 behind UTC or the year 1 ahead of it. No row can be beyond
+        # either end, so the edge itself answers exactly the same question.
+        return LATEST if value.strip().startswith("9999") else EARLIEST
     except ValueError:
-        raise BadParameter(name, "is not a valid date and time") from None
+        raise BadParameter(name, "is not a valid date and time (years 0001 to 9999)") from None
 
 
 def _bool(query: QueryDict, name: str) -> bool:
@@ -223,6 +257,7 @@ def events_page(query: QueryDict) -> dict[str, Any]:
 
 def event_detail(query: QueryDict, event_id: str) -> dict[str, Any]:
     check_params(query, ())
+    check_text("event_id", event_id)
     return ask(Question(kind=qs.EVENT, at=qs.instant(clock()), key=event_id))
 
 
@@ -253,6 +288,7 @@ def event_series(query: QueryDict) -> dict[str, Any]:
 
 def trace(query: QueryDict, trace_id: str) -> dict[str, Any]:
     check_params(query, ())
+    check_text("trace_id", trace_id)
     return ask(Question(kind=qs.TRACE, at=qs.instant(clock()), key=trace_id))
 
 
@@ -270,4 +306,5 @@ def turns_page(query: QueryDict) -> dict[str, Any]:
 
 def turn_detail(query: QueryDict, turn_id: str) -> dict[str, Any]:
     check_params(query, ())
+    check_text("turn_id", turn_id)
     return ask(Question(kind=qs.TURN, at=qs.instant(clock()), key=turn_id))

@@ -279,9 +279,17 @@ _DURATION = re.compile(r"([1-9][0-9]{0,5})([smhd])")
 _UNIT_US = {"s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
 
 
+#: The same rule as the OpenAPI pattern of ``window`` and ``bucket``.
+DURATION_PATTERN = "^" + _DURATION.pattern + "$"
+
+
 def parse_duration(text: str) -> int:
-    """``15m``, ``1h``, ``24h``, ``7d`` as microseconds; anything else is a ValueError."""
-    match = _DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
+    """``15m``, ``1h``, ``24h``, ``7d`` as microseconds; anything else is a ValueError.
+
+    Exactly :data:`DURATION_PATTERN` (no surrounding blanks): the schema and the
+    server accept the same strings.
+    """
+    match = _DURATION.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise ValueError("must be a whole number followed by s, m, h or d (for example 15m, 1h, 7d)")
     return int(match.group(1)) * _UNIT_US[match.group(2)]
@@ -293,12 +301,25 @@ def encode_cursor(tag: str, ts: datetime | int, key: str) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
+#: What encode_cursor writes: unpadded URL-safe base64 (the OpenAPI pattern of ``cursor``).
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"
+_CURSOR = re.compile(CURSOR_PATTERN[1:-1])
+_CURSOR_US = re.compile(r"-?[0-9]{1,19}")
+
+
 def decode_cursor(tag: str, text: str) -> tuple[datetime, str]:
-    """The (timestamp, id) a cursor stands for; BadQuestion when it is not one of ``tag``'s."""
+    """The (timestamp, id) a cursor stands for; BadQuestion when it is not one of ``tag``'s.
+
+    Only what :func:`encode_cursor` can have written decodes: base64's decoder
+    would skip stray characters and ``int`` would take ``+1_0``, and a key with
+    a NUL would reach PostgreSQL, which cannot compare it.
+    """
     try:
+        if not isinstance(text, str) or not _CURSOR.fullmatch(text):
+            raise ValueError
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8")
         got, us, key = raw.split("|", 2)
-        if got != tag or not key:
+        if got != tag or not key or "\x00" in key or not _CURSOR_US.fullmatch(us):
             raise ValueError
         return from_us(int(us)), key
     except (ValueError, binascii.Error, UnicodeDecodeError, OverflowError):

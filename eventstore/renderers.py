@@ -18,6 +18,7 @@ import logging
 from typing import Any, Mapping, Optional
 
 import orjson
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.encoders import JSONEncoder
 
@@ -55,3 +56,20 @@ class OrjsonRenderer(JSONRenderer):
         if not out.isascii() and _SEPARATOR_LEAD in out:
             out = out.replace(_LINE_SEPARATOR, b"\\u2028").replace(_PARAGRAPH_SEPARATOR, b"\\u2029")
         return out
+
+
+class _NoFormatOverride:
+    """The one setting DefaultContentNegotiation reads, with the ``?format=`` override off."""
+
+    URL_FORMAT_OVERRIDE = None
+
+
+class AcceptOnlyNegotiation(DefaultContentNegotiation):
+    """Chooses the renderer by ``Accept`` alone.
+
+    The reads check every query parameter themselves, and ``format`` is not one
+    of theirs: DRF's override would answer an unknown format with a bare 404
+    before the view runs, where the reads answer 400 naming the parameter.
+    """
+
+    settings = _NoFormatOverride

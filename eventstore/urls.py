@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
 
 from eventstore import operator_views, views
 
@@ -14,5 +13,5 @@ urlpatterns = [
     path("turns", views.TurnsView.as_view(), name="api-turns"),
     path("turns/<str:turn_id>", views.TurnView.as_view(), name="api-turn"),
     path("dead-letters", operator_views.DeadLettersView.as_view(), name="api-dead-letters"),
-    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("schema/", views.SchemaView.as_view(), name="api-schema"),
 ]

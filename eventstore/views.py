@@ -3,39 +3,76 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
+from django.utils.http import content_disposition_header
+from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from crewlet.events import CATEGORIES
 from eventstore import api
+from eventstore import questions as qs
 from eventstore import serializers as s
+from eventstore.renderers import AcceptOnlyNegotiation, OrjsonRenderer
 
 _ERRORS = {400: s.BadParameterSerializer, 401: s.DetailSerializer}
 
 
-def _p(name: str, description: str, kind: Any = str, *, many: bool = False) -> OpenApiParameter:
-    return OpenApiParameter(name, kind, OpenApiParameter.QUERY, required=False, description=description, many=many)
+def _p(name: str, description: str, schema: dict[str, Any]) -> OpenApiParameter:
+    """A query parameter whose schema states exactly what ``eventstore.api`` enforces."""
+    return OpenApiParameter(name, schema, OpenApiParameter.QUERY, required=False, description=description)
 
+
+def _text(**extra: Any) -> dict[str, Any]:
+    """Every text parameter's bounds (``api.check_text``): not empty, not absurdly long, no NUL."""
+    return {"type": "string", "minLength": 1, "maxLength": api.MAX_VALUE_LENGTH, "pattern": api.TEXT_PATTERN, **extra}
+
+
+_TIMESTAMP = {"type": "string", "format": "date-time"}
+_TIMESTAMP_NOTE = (
+    " (RFC 3339 with a time zone, years 0001 to 9999; a local time whose UTC instant falls past"
+    " either end of that calendar stands for its end)"
+)
+_CATEGORY = {"type": "array", "items": {"type": "string", "enum": list(CATEGORIES)}}
 
 _FILTERS = [
-    _p("category", "repeatable (or comma-separated): only these categories", many=True),
-    _p("type", "only rows filed under this type (an inbound delivery's label, e.g. webhook:push)"),
-    _p("seat", "only rows about this seat"),
-    _p("trace_id", "only rows of this trace"),
-    _p("conversation_key", "only rows of this conversation"),
-    _p("partition_key", "only rows naming this batch partition"),
-    _p("node", "only rows this node published"),
-    _p("since", "RFC 3339; rows at or after", OpenApiTypes.DATETIME),
-    _p("until", "RFC 3339; rows before", OpenApiTypes.DATETIME),
-    _p("feed_only", "leave out types the activity feed never holds", OpenApiTypes.BOOL),
+    OpenApiParameter(
+        "category", _CATEGORY, OpenApiParameter.QUERY, required=False, style="form", explode=True,
+        description="repeatable (or comma-separated): only these categories",
+    ),
+    _p("type", "only rows filed under this type (an inbound delivery's label, e.g. webhook:push)", _text()),
+    _p("seat", "only rows about this seat", _text()),
+    _p("trace_id", "only rows of this trace", _text()),
+    _p("conversation_key", "only rows of this conversation", _text()),
+    _p("partition_key", "only rows naming this batch partition", _text()),
+    _p("node", "only rows this node published", _text()),
+    _p("since", "rows at or after" + _TIMESTAMP_NOTE + "; not after until", _TIMESTAMP),
+    _p("until", "rows before" + _TIMESTAMP_NOTE, _TIMESTAMP),
+    _p("feed_only", "leave out types the activity feed never holds (true or false; 1 and 0 also do)",
+       {"type": "boolean", "default": False}),
 ]
 _PAGING = [
-    _p("limit", "rows per page, 1 to 500 (default 100)", OpenApiTypes.INT),
-    _p("cursor", "next_cursor of the previous page"),
+    _p(
+        "limit", f"rows per page, 1 to {qs.MAX_LIMIT} (default {qs.DEFAULT_LIMIT})",
+        {"type": "integer", "minimum": 1, "maximum": qs.MAX_LIMIT, "default": qs.DEFAULT_LIMIT},
+    ),
+    _p("cursor", "next_cursor of the previous page (opaque)", _text(pattern=qs.CURSOR_PATTERN)),
 ]
+_DURATION = {"type": "string", "pattern": qs.DURATION_PATTERN}
+
+
+def _key(name: str, description: str) -> OpenApiParameter:
+    """A path key (an event, trace or turn id): the same text rule as every query value."""
+    return OpenApiParameter(name, _text(), OpenApiParameter.PATH, description=description)
+
+
+class ReadView(APIView):
+    """A history read: its query parameters are all its own (``eventstore.api`` checks each)."""
+
+    content_negotiation_class = AcceptOnlyNegotiation
 
 
 def _not_found(answer: dict[str, Any], what: str) -> Response:
@@ -45,7 +82,7 @@ def _not_found(answer: dict[str, Any], what: str) -> Response:
     )
 
 
-class EventsView(APIView):
+class EventsView(ReadView):
     @extend_schema(
         operation_id="events_list",
         summary="A page of events, newest first",
@@ -56,9 +93,10 @@ class EventsView(APIView):
         return Response(api.events_page(request.query_params))
 
 
-class EventView(APIView):
+class EventView(ReadView):
     @extend_schema(operation_id="events_get",
-        summary="One event, whole", responses={200: s.EventDetailSerializer, 404: s.DetailSerializer, **_ERRORS})
+        summary="One event, whole",
+        parameters=[_key("event_id", "the event's id")], responses={200: s.EventDetailSerializer, 404: s.DetailSerializer, **_ERRORS})
     def get(self, request: Request, event_id: str) -> Response:
         answer = api.event_detail(request.query_params, event_id)
         if answer.get("event") is None:
@@ -66,13 +104,15 @@ class EventView(APIView):
         return Response(answer)
 
 
-class EventSeriesView(APIView):
+class EventSeriesView(ReadView):
     @extend_schema(
         operation_id="events_series",
         summary="Event counts in bars over a window",
         parameters=[
-            _p("window", "how far back: 15m, 24h, 7d (default 24h; floored at the retained history)"),
-            _p("bucket", "bar width: 1m, 1h, 1d (default 1h)"),
+            _p("window", "how far back: 15m, 24h, 7d (default 24h; floored at the retained history)",
+               {**_DURATION, "default": api.DEFAULT_WINDOW}),
+            _p("bucket", f"bar width: 1m, 1h, 1d (default 1h); not longer than the window, at most {qs.MAX_BARS} bars",
+               {**_DURATION, "default": api.DEFAULT_BUCKET}),
             *_FILTERS,
         ],
         responses={200: s.SeriesSerializer, **_ERRORS},
@@ -81,9 +121,10 @@ class EventSeriesView(APIView):
         return Response(api.event_series(request.query_params))
 
 
-class TraceView(APIView):
+class TraceView(ReadView):
     @extend_schema(operation_id="traces_get",
-        summary="A trace as a tree of spans", responses={200: s.TraceSerializer, 404: s.DetailSerializer, **_ERRORS})
+        summary="A trace as a tree of spans",
+        parameters=[_key("trace_id", "the trace's id")], responses={200: s.TraceSerializer, 404: s.DetailSerializer, **_ERRORS})
     def get(self, request: Request, trace_id: str) -> Response:
         answer = api.trace(request.query_params, trace_id)
         if not answer.get("spans"):
@@ -91,7 +132,7 @@ class TraceView(APIView):
         return Response(answer)
 
 
-class TurnsView(APIView):
+class TurnsView(ReadView):
     @extend_schema(
         operation_id="turns_list",
         summary="A page of turns, newest first",
@@ -102,11 +143,56 @@ class TurnsView(APIView):
         return Response(api.turns_page(request.query_params))
 
 
-class TurnView(APIView):
+class TurnView(ReadView):
     @extend_schema(operation_id="turns_get",
-        summary="One turn, folded, with its events", responses={200: s.TurnDetailSerializer, 404: s.DetailSerializer, **_ERRORS})
+        summary="One turn, folded, with its events",
+        parameters=[_key("turn_id", "the turn's id")], responses={200: s.TurnDetailSerializer, 404: s.DetailSerializer, **_ERRORS})
     def get(self, request: Request, turn_id: str) -> Response:
         answer = api.turn_detail(request.query_params, turn_id)
         if answer.get("turn") is None:
             return _not_found(answer, "such turn")
         return Response(answer)
+
+
+#: The schema route's own parameters: the schema's version and DRF's format override (json, yaml).
+SCHEMA_PARAMS = frozenset({"version", "format"})
+
+
+def schema_versions() -> tuple[str, ...]:
+    """The versions this API has: the one the schema document states."""
+    return (str(spectacular_settings.VERSION),)
+
+
+class SchemaView(SpectacularAPIView):
+    """``/api/schema/``: drf-spectacular's document, taking only a version this API has.
+
+    drf-spectacular writes ``?version=`` into the document's ``info.version`` and
+    into the ``Content-Disposition`` filename as given: a CR/LF there is a 500
+    and a quote lets the caller write the header's other fields. The version is
+    checked against the versions the API has, and the header is built by
+    Django's own quoting, so it never carries the caller's bytes.
+    """
+
+    @extend_schema(exclude=True)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        api.check_params(request.query_params, SCHEMA_PARAMS)
+        version = request.query_params.get("version")
+        known = schema_versions()
+        if version is not None and version not in known:
+            raise api.BadParameter("version", f"this API has version {', '.join(known)}")
+        response = super().get(request, *args, **kwargs)
+        suffix = self.perform_content_negotiation(request, force=True)[0].format
+        name = f"{spectacular_settings.TITLE or 'schema'}.{suffix}"
+        response["Content-Disposition"] = content_disposition_header(False, name)
+        return response
+
+    def _get_version_parameter(self, request: Request) -> None:
+        """The version ``get`` let through is this API's only one: its document is the unversioned one."""
+        return None
+
+    def handle_exception(self, exc: Exception) -> Response:
+        """A refusal is the API's JSON (``{"error": "bad_parameter", ...}``), not a YAML rendering of it."""
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = OrjsonRenderer()
+        self.request.accepted_media_type = "application/json"
+        return response
