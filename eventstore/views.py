@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import Http404
 from django.utils.http import content_disposition_header
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -185,6 +186,14 @@ class SchemaView(SpectacularAPIView):
         name = f"{spectacular_settings.TITLE or 'schema'}.{suffix}"
         response["Content-Disposition"] = content_disposition_header(False, name)
         return response
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        """``?format=`` names a renderer; one the route has not is a 400 naming it, not DRF's bare 404."""
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:
+            formats = ", ".join(sorted({renderer.format for renderer in self.get_renderers()}))
+            raise api.BadParameter("format", f"one of {formats}") from None
 
     def _get_version_parameter(self, request: Request) -> None:
         """The version ``get`` let through is this API's only one: its document is the unversioned one."""

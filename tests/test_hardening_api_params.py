@@ -200,6 +200,12 @@ def test_the_schema_route_refuses_a_parameter_it_does_not_take(client: Any) -> N
     assert_refused(client.get("/api/schema/?lang=%00"), "lang")
 
 
+@pytest.mark.parametrize("fmt", ["zz", "%00", "html"])
+def test_a_schema_format_the_route_cannot_render_is_400_naming_it(client: Any, fmt: str) -> None:
+    body = assert_refused(client.get(f"/api/schema/?format={fmt}"), "format")
+    assert "json" in body["reason"] and "yaml" in body["reason"]
+
+
 # -- the schema states what the server enforces ----------------------------------------------------
 
 
