@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from crewlet import events
 from crewlet.events.types import OperatorActed
 from crewlet.queue import topics
-from crewlet.queue.contract import EventQueue
+from crewlet.queue.contract import DEAD_LETTER_REF_RULE, EventQueue, dead_letter_seq
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, Unavailable
 from crewlet.tracing import trace_of
 
@@ -47,6 +47,11 @@ REFUSAL_UNAVAILABLE = "unavailable"
 REFUSAL_UNKNOWN_TOOL = "unknown_tool"
 REFUSAL_BAD_ARGS = "bad_args"
 
+#: What an answer says when the broker could not be reached: its own words stay in the log.
+DETAIL_UNAVAILABLE = "the broker could not be reached; the dead letter stays where it was, and a replay may be tried again"
+#: What an answer says of a dead letter whose mailbox no durable subscription reads any more.
+DETAIL_NO_SUBSCRIPTION = "no durable subscription reads the dead letter's topic any more: a replay would drop it, so it stays"
+
 #: The audit keeps at most this much of a caller-supplied string (an unknown tool name, a request id).
 _AUDIT_TEXT_MAX = 128
 
@@ -65,6 +70,13 @@ class ActResult:
     @property
     def ok(self) -> bool:
         return self.outcome == OUTCOME_REPLAYED
+
+
+def ref_refusal(ref: object) -> str:
+    """Why ``ref`` cannot name a dead letter ("" when it can): checked before any broker is asked."""
+    if dead_letter_seq(ref):
+        return ""
+    return f"args.ref={str(ref)[:40]!r} names no dead letter: {DEAD_LETTER_REF_RULE}"
 
 
 def _clip(text: str) -> str:
@@ -116,15 +128,29 @@ async def replay_dead_letter(
     transport: str = TRANSPORT_ACT,
     request_id: str = "",
 ) -> ActResult:
-    """Replay dead letter ``ref`` onto its original topic; audited once whatever became of it."""
+    """Replay dead letter ``ref`` onto its original topic; audited once whatever became of it.
+
+    A result's ``detail`` is written for the caller: the broker's own words
+    (which can name its internals) go to the log, never into an answer.
+    """
+    refused = ref_refusal(ref)
+    if refused:
+        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_BAD_ARGS, detail=refused)
+        await audit(queue, result, actor=actor, actor_seat=actor_seat, transport=transport, request_id=request_id)
+        return result
     try:
         letter = await queue.replay_dead_letter(ref)
-    except Gone as exc:
-        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_GONE, detail=str(exc))
+    except Gone:
+        result = ActResult(
+            TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_GONE,
+            detail=f"no dead letter {ref}: it was replayed, or is no longer kept",
+        )
     except InvalidArgument as exc:
-        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_NO_SUBSCRIPTION, detail=str(exc))
+        log.warning("operator_dead_letter_replay_refused", extra={"ref": ref, "error": str(exc)})
+        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_NO_SUBSCRIPTION, detail=DETAIL_NO_SUBSCRIPTION)
     except (Unavailable, NotLive) as exc:
-        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_FAILED, REFUSAL_UNAVAILABLE, detail=str(exc))
+        log.warning("operator_dead_letter_replay_failed", extra={"ref": ref, "error": str(exc)})
+        result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_FAILED, REFUSAL_UNAVAILABLE, detail=DETAIL_UNAVAILABLE)
     else:
         try:
             event_id = letter.event.id
@@ -148,6 +174,8 @@ async def replay_dead_letter(
 
 __all__ = [
     "ActResult",
+    "DETAIL_NO_SUBSCRIPTION",
+    "DETAIL_UNAVAILABLE",
     "OUTCOME_FAILED",
     "OUTCOME_REFUSED",
     "OUTCOME_REPLAYED",
@@ -161,5 +189,6 @@ __all__ = [
     "TRANSPORT_ACT",
     "TRANSPORT_MCP",
     "audit",
+    "ref_refusal",
     "replay_dead_letter",
 ]

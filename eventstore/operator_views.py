@@ -187,7 +187,7 @@ class DeadLettersView(APIView):
             return _unavailable(str(exc))
         except Exception as exc:  # Unavailable from the broker, or NotLive while stopping
             log.warning("dead_letters_read_failed", extra={"error": repr(exc)})
-            return _unavailable(f"the queue did not answer: {exc}")
+            return _unavailable("the broker could not be reached to list the dead letters; try again")
         return Response({K_DEAD_LETTERS: [dead_letter_row(letter) for letter in letters]})
 
 
@@ -232,13 +232,11 @@ class OperatorActView(APIView):
         if result.ok:
             return Response({K_OUTCOME: result.outcome, K_TOPIC: result.topic, K_EVENT_ID: result.event_id})
         code = {
+            ops.REFUSAL_BAD_ARGS: status.HTTP_400_BAD_REQUEST,
             ops.REFUSAL_GONE: status.HTTP_404_NOT_FOUND,
             ops.REFUSAL_NO_SUBSCRIPTION: status.HTTP_409_CONFLICT,
         }.get(result.refusal, status.HTTP_503_SERVICE_UNAVAILABLE)
-        detail = {
-            ops.REFUSAL_GONE: f"no dead letter {ref!r}: it was replayed, or is no longer kept",
-        }.get(result.refusal, result.detail)
-        return Response({K_DETAIL: detail, K_REFUSAL: result.refusal}, status=code)
+        return Response({K_DETAIL: result.detail, K_REFUSAL: result.refusal}, status=code)
 
     @staticmethod
     def _refusal(tool: str, args: Any) -> Optional[tuple[str, str]]:
@@ -249,6 +247,9 @@ class OperatorActView(APIView):
         ref = args.get(K_REF) if isinstance(args, dict) else None
         if not isinstance(ref, str) or not ref.strip():
             return ops.REFUSAL_BAD_ARGS, f"{tool} needs args.{K_REF}: the dead letter's ref from /api/dead-letters"
+        refused = ops.ref_refusal(ref.strip())
+        if refused:
+            return ops.REFUSAL_BAD_ARGS, refused
         return None
 
     @staticmethod

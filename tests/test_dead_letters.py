@@ -25,7 +25,8 @@ from eventstore import actions as ops
 from eventstore.models import EventRow
 from seats import actions
 from seats.models import OperatorToken
-from seats_support import bearer, eventually, in_thread, jetstream_queues, wake
+from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
+from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, wake
 from seats_support import _close_store_connections  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
@@ -45,6 +46,24 @@ async def engine() -> AsyncIterator[Any]:
         finally:
             actions.unbind(q)
             await writer.aclose()
+
+
+@pytest.fixture
+async def file_engine(tmp_path: Any) -> AsyncIterator[Any]:
+    """As ``engine``, on a broker whose streams are file-backed, as ``up`` keeps them."""
+    from crewlet.queue.broker import EmbeddedBroker
+    from crewlet.queue.jetstream import JetStreamQueue
+
+    async with EmbeddedBroker(store_dir=tmp_path / "jetstream") as broker:
+        q = await JetStreamQueue.connect(broker.url, node="n1", timings=FAST, event_retention_hours=2.0)
+        writer = eventstore.attach(q)
+        actions.bind(q)
+        try:
+            yield q
+        finally:
+            actions.unbind(q)
+            await writer.aclose()
+            await q.close()
 
 
 async def make_dead_letter(q: Any, body: str) -> Any:
@@ -195,6 +214,75 @@ async def test_an_unknown_ref_is_404(engine: Any) -> None:
     _, token = await sync_to_async(OperatorToken.mint)("ops-console")
     response = await replay(bearer(token), "424242")
     assert response.status_code == 404 and response.json()["refusal"] == ops.REFUSAL_GONE
+
+
+async def test_the_loser_of_two_racing_replays_on_a_file_store_is_404_gone_not_503(file_engine: Any) -> None:
+    """The loser has read the entry when the winner takes it.
+
+    The raced entry is the newest on the stream, as in a running company:
+    JetStream words a second delete of a stream's last sequence as "sequence
+    not found", not as the "no message found" of an inner one.
+    """
+    await make_dead_letter(file_engine, "older")
+    poison = await make_dead_letter(file_engine, "raced")
+    older, letter = await file_engine.dead_letters()
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    c = bearer(token)
+    transport = file_engine.transport
+    read = transport.dead_letter
+    winner: list[Any] = []
+
+    async def read_then_lose(ref: str) -> Any:
+        entry = await read(ref)
+        if not winner:  # the first read is the loser's; the winner's own read passes through
+            winner.append(None)
+            winner[0] = await replay(c, ref, request_id="winner")
+        return entry
+
+    transport.dead_letter = read_then_lose
+    try:
+        loser = await replay(c, letter.ref, request_id="loser")
+    finally:
+        del transport.dead_letter
+    assert winner[0].status_code == 200, winner[0].content
+    assert winner[0].json()["event_id"] == poison.id
+    assert loser.status_code == 404, loser.content
+    assert loser.json()["refusal"] == ops.REFUSAL_GONE
+    assert [d.ref for d in await file_engine.dead_letters()] == [older.ref]
+
+
+@pytest.mark.parametrize("ref", ["18446744073709551616", "99999999999999999999999", "abc", "0", "-1", "+7", "1.5", "١"])
+async def test_a_ref_that_cannot_name_an_entry_is_400_with_the_rule_and_no_broker_words(engine: Any, ref: str) -> None:
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    response = await replay(bearer(token), ref)
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["refusal"] == ops.REFUSAL_BAD_ARGS and "18446744073709551615" in body["detail"]
+    assert not any(word in body["detail"].lower() for word in ("nats", "json", "unmarshal", "err_code"))
+    await eventually(lambda: sync_to_async(lambda: len(audits()) == 1)(), what="the refusal audited")
+    assert '"refusal":"bad_args"' in (await sync_to_async(audits)())[0].body
+
+
+async def test_the_largest_well_formed_ref_that_names_nothing_is_404_gone(engine: Any) -> None:
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    response = await replay(bearer(token), "18446744073709551615")
+    assert response.status_code == 404 and response.json()["refusal"] == ops.REFUSAL_GONE
+
+
+async def test_a_dead_letter_leaves_one_message_dead_lettered_row_in_the_poisons_trace(engine: Any) -> None:
+    poison = await make_dead_letter(engine, "recorded")
+    (letter,) = await engine.dead_letters()
+
+    def burials() -> list[EventRow]:
+        return list(EventRow.objects.using("events").filter(type=MessageDeadLettered.event_type))
+
+    await eventually(lambda: sync_to_async(lambda: len(burials()) == 1)(), what="the message_dead_lettered row")
+    (row,) = await sync_to_async(burials)()
+    assert (row.category, row.seat, row.node, row.failed) == ("system", SEAT, "n1", True)
+    assert row.trace_id == poison.trace_id and row.parent_span_id == poison.span_id
+    assert f'"ref":"{letter.ref}"' in row.body and f'"original_id":"{poison.id}"' in row.body
+    assert f'"reason":"{DEAD_LETTER_MAX_DELIVERIES}"' in row.body and f'"deliveries":{MAX_DELIVERIES}' in row.body
+    assert "recorded" not in row.body, "never the buried bytes"
 
 
 async def test_the_limit_is_checked_and_honoured(engine: Any) -> None:

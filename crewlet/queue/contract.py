@@ -25,6 +25,11 @@ MAX_LINGER_SECONDS = 60
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 #: A broadcast consumer the broker has not seen activity on for this long is reaped.
 STREAM_INACTIVE_THRESHOLD_S = 60.0
+#: The largest stream sequence a broker can hold (JetStream's is a uint64), so
+#: the largest dead-letter ref that can name an entry.
+MAX_DEAD_LETTER_REF = 2**64 - 1
+#: Why a ref is refused before any broker is asked (an API's 400 names it).
+DEAD_LETTER_REF_RULE = f"a dead letter's ref is a whole number from 1 to {MAX_DEAD_LETTER_REF}"
 
 
 class Outcome(enum.Enum):
@@ -179,6 +184,20 @@ class DeadLetter:
     @property
     def event(self) -> Event:
         return Event.from_json(self.data)
+
+
+def dead_letter_seq(ref: object) -> int:
+    """``ref`` as the CREWLET_DLQ sequence it names; 0 when it cannot name one.
+
+    The one parse of a ref for every backend and every caller: plain ASCII
+    digits, 1 to MAX_DEAD_LETTER_REF. Anything else (a sign, a space inside, a
+    non-ASCII digit, a number past a uint64) names no entry, and is never sent
+    to a broker, whose own parse would refuse it in its own words.
+    """
+    if not isinstance(ref, str) or not ref.isascii() or not ref.isdigit() or len(ref) > 20:
+        return 0
+    seq = int(ref)
+    return seq if 1 <= seq <= MAX_DEAD_LETTER_REF else 0
 
 
 @dataclass(frozen=True, order=True)
@@ -351,6 +370,9 @@ __all__: Sequence[str] = (
     "MAX_LINGER_SECONDS",
     "MAX_PAYLOAD_BYTES",
     "STREAM_INACTIVE_THRESHOLD_S",
+    "MAX_DEAD_LETTER_REF",
+    "DEAD_LETTER_REF_RULE",
+    "dead_letter_seq",
     "Outcome",
     "Timings",
     "Delivery",

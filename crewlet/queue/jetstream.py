@@ -46,6 +46,7 @@ from crewlet.queue.contract import (
     EventQueue,
     SubscriptionRef,
     Timings,
+    dead_letter_seq,
 )
 from crewlet.queue.errors import Gone, InvalidArgument, QueueError, TooLarge, Unavailable
 from crewlet.queue.transport import DUPLICATE_WINDOW_S, Transport, dead_letter_from
@@ -85,6 +86,7 @@ ERR_STREAM_NAME_IN_USE = 10058
 ERR_CONSUMER_EXISTS = 10148
 ERR_MESSAGE_TOO_LARGE = 10054
 ERR_NO_MESSAGE_FOUND = 10037
+ERR_SEQUENCE_NOT_FOUND = 10043
 #: A message delete the broker refused; "no message found" when another delete took it first.
 ERR_MESSAGE_DELETE_FAILED = 10057
 
@@ -264,11 +266,22 @@ def _message_not_found(e: "nats.js.errors.APIError") -> bool:
     """A stream message get/delete that found no message at that sequence.
 
     A plain miss is a 404 (10037); a delete that lost a race with another delete
-    of the same sequence comes back as a 500 delete failure (10057) saying so.
+    of the same sequence comes back as a 500 delete failure (10057) saying so
+    on a memory store, and as a 400 "sequence N not found" (10043) on a file
+    store.
     """
-    if isinstance(e, nats.js.errors.NotFoundError) or e.err_code == ERR_NO_MESSAGE_FOUND:
+    if isinstance(e, nats.js.errors.NotFoundError) or e.err_code in (ERR_NO_MESSAGE_FOUND, ERR_SEQUENCE_NOT_FOUND):
         return True
     return e.err_code == ERR_MESSAGE_DELETE_FAILED and "no message found" in str(e.description or "").lower()
+
+
+def _acked_seq(body: bytes) -> int:
+    """The stream sequence a publish acknowledgement names; 0 when it names none."""
+    try:
+        seq = json.loads(body).get("seq")
+    except (ValueError, AttributeError):
+        return 0
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
 
 
 _NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, OSError, asyncio.TimeoutError)
@@ -1093,7 +1106,7 @@ class JetStreamTransport(Transport):
 
     # -- publishing ----------------------------------------------------------------
 
-    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
+    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> int:
         if len(data) > MAX_PAYLOAD_BYTES:
             raise TooLarge(f"{len(data)} bytes is over the limit of {MAX_PAYLOAD_BYTES}")
         if self._unsub_pending:
@@ -1131,7 +1144,8 @@ class JetStreamTransport(Transport):
                 if err.get("err_code") == ERR_MESSAGE_TOO_LARGE or "message size" in desc.lower():
                     raise TooLarge(f"publish to {subject!r}: {desc}")
                 raise Unavailable(f"publish to {subject!r}: {desc or body[:200]!r}")
-            return
+            return _acked_seq(body)
+        return 0
 
     # -- durable consumers -----------------------------------------------------------
 
@@ -1321,12 +1335,8 @@ class JetStreamTransport(Transport):
 
     @staticmethod
     def _dead_letter_seq(ref: str) -> int:
-        """``ref`` as a CREWLET_DLQ sequence; 0 when it cannot name one."""
-        try:
-            seq = int(str(ref).strip())
-        except ValueError:
-            return 0
-        return max(seq, 0)
+        """``ref`` as a CREWLET_DLQ sequence; 0 when it cannot name one (never sent to the broker)."""
+        return dead_letter_seq(ref)
 
     async def dead_letter(self, ref: str) -> DeadLetter:
         seq = self._dead_letter_seq(ref)
@@ -1357,6 +1367,14 @@ class JetStreamTransport(Transport):
         except nats.js.errors.APIError as e:
             if _message_not_found(e):
                 return False
+            # A refusal in words this build does not know: whether the entry is
+            # still there is the whole question, so ask that rather than guess.
+            try:
+                await self.dead_letter(ref)
+            except Gone:
+                return False
+            except QueueError:
+                pass
             raise Unavailable(f"deleting dead letter {ref!r} failed: {e}") from e
         except _NATS_ERRORS as e:
             raise Unavailable(f"deleting dead letter {ref!r} failed: {e!r}") from e

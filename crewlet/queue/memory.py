@@ -20,7 +20,7 @@ from typing import Awaitable, Callable, Mapping, Optional
 from crewlet.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.client import QueueClient
-from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings
+from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings, dead_letter_seq
 from crewlet.queue.errors import Gone, TooLarge, Unavailable
 from crewlet.queue.transport import DUPLICATE_WINDOW_S, H_MSG_ID, Transport, dead_letter_from
 
@@ -158,7 +158,8 @@ class MemoryBroker:
                 if index < consumer.head:
                     consumer.head -= 1
 
-    def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
+    def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> int:
+        """Store ``data``; the sequence it was stored at, 0 when nothing was (a duplicate, an unread mailbox)."""
         self._reach()
         if len(data) > MAX_PAYLOAD_BYTES:
             raise TooLarge(f"{len(data)} bytes is over {MAX_PAYLOAD_BYTES}")
@@ -166,7 +167,7 @@ class MemoryBroker:
         stream = self._stream(spec)
         msg_id = (headers or {}).get(H_MSG_ID)
         if msg_id and stream.duplicate(msg_id, time.monotonic()):
-            return  # acknowledged as a duplicate and stored nowhere, as JetStream does
+            return 0  # acknowledged as a duplicate and stored nowhere, as JetStream does
         interested = [c for c in self._consumers.values() if c.stream is stream and topics.matches(c.topic, subject)]
         payload = bytes(data)
         if spec.retention == "interest" and not interested:
@@ -184,6 +185,7 @@ class MemoryBroker:
                 consumer.signal.fire()
         for broadcast in list(self._broadcasts):
             broadcast.offer(subject, payload)
+        return stored.seq if stored is not None else 0
 
     # -- consumers -----------------------------------------------------------------
 
@@ -312,11 +314,7 @@ class MemoryBroker:
         stream = self._streams.get(topics.DLQ_STREAM.name)
         if stream is not None:
             self._expire(stream)
-        try:
-            seq = int(ref)
-        except (TypeError, ValueError):
-            seq = 0
-        return stream, max(seq, 0)
+        return stream, dead_letter_seq(ref)
 
     def dead_letter(self, ref: str) -> DeadLetter:
         stream, seq = self._dead_letter_seq(ref)
@@ -476,8 +474,8 @@ class MemoryTransport(Transport):
     def is_connected(self) -> bool:
         return self.broker.available and not self._closed
 
-    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
-        self.broker.publish(subject, data, headers)
+    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> int:
+        return self.broker.publish(subject, data, headers)
 
     async def ensure_consumer(self, topic: str, group: str) -> bool:
         return self.broker.ensure_consumer(topic, group)

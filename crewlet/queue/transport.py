@@ -98,8 +98,12 @@ class Transport(abc.ABC):
         return True
 
     @abc.abstractmethod
-    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> None:
-        """Store ``data`` on ``subject``; raise Unavailable or TooLarge."""
+    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> int:
+        """Store ``data`` on ``subject``; raise Unavailable or TooLarge.
+
+        Returns the stream sequence the broker acknowledged it at (a dead
+        letter's ref is that sequence), or 0 when it stored nothing new.
+        """
 
     @abc.abstractmethod
     async def ensure_consumer(self, topic: str, group: str) -> bool:

@@ -11,9 +11,13 @@ import asyncio
 
 import pytest
 
-from crewlet.queue.contract import MAX_DELIVERIES, DeadLetter, Outcome
+from crewlet.events import Event
+from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE, MessageDeadLettered
+from crewlet.queue import topics
+from crewlet.queue.contract import MAX_DEAD_LETTER_REF, MAX_DELIVERIES, DeadLetter, Outcome
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, Unavailable
 from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, needs
+from crewlet.tracing import Trace
 
 FIRST = MAX_DELIVERIES - 1  # what a first delivery says is left
 
@@ -22,13 +26,13 @@ def seen(letters: list[DeadLetter]) -> list[tuple[str, str, str, int, bytes]]:
     return [(d.ref, d.topic, d.group, d.deliveries, d.data) for d in letters]
 
 
-async def dead_letter(harness, queue, label: str = "poison"):
+async def dead_letter(harness, queue, label: str = "poison", event=None):
     """Spend a real message's whole delivery budget on a failing handler; return (topic, group, letter)."""
     topic, group = inbox(label)
     before = {d.ref for d in await queue.dead_letters()}
     failing = Collector(harness, lambda d: Outcome.NAK)
     sub = await queue.subscribe(topic, group, failing)
-    await queue.publish(topic, ev(label))
+    await queue.publish(topic, event if event is not None else ev(label))
 
     async def buried():
         return [d for d in await queue.dead_letters() if d.ref not in before and d.topic == topic]
@@ -138,3 +142,81 @@ async def test_a_replay_that_cannot_reach_the_broker_says_unavailable(harness, q
         assert not isinstance(info.value, (NotLive, Gone))
     finally:
         await harness.come_back()
+
+
+async def test_a_replay_that_read_the_entry_before_another_replay_took_it_raises_gone(harness, queue):
+    """The loser of a race, made deterministic: it has read the entry, the winner then replays it whole.
+
+    The raced entry is the newest of two: JetStream words a second delete of
+    a stream's last sequence differently from one of an inner sequence.
+    """
+    other = await harness.client("n2")
+    await dead_letter(harness, queue, "older")
+    topic, group, letter = await dead_letter(harness, queue)
+    transport = queue.transport
+    read = transport.dead_letter
+
+    async def read_then_lose(ref: str) -> DeadLetter:
+        entry = await read(ref)
+        await other.replay_dead_letter(ref)  # the winner publishes and takes it meanwhile
+        return entry
+
+    transport.dead_letter = read_then_lose
+    try:
+        with pytest.raises(Gone):
+            await queue.replay_dead_letter(letter.ref)
+    finally:
+        del transport.dead_letter
+    col = Collector(harness)
+    await queue.subscribe(topic, group, col)
+    (got,) = await col.wait_for(1)
+    assert got.event.id == letter.event.id, "the winner's replay arrived, once"
+    await col.quiet(1)
+    assert [d.ref for d in await queue.dead_letters()] != [letter.ref] and len(await queue.dead_letters()) == 1
+
+
+async def test_a_ref_that_cannot_name_an_entry_is_gone_without_asking_the_broker_in_its_words(harness, queue):
+    for ref in ("18446744073709551616", "99999999999999999999999", "+1", " 1", "1_0", "١"):
+        with pytest.raises(Gone) as info:
+            await queue.replay_dead_letter(ref)
+        assert "nats" not in str(info.value).lower() and "json" not in str(info.value).lower()
+    with pytest.raises(Gone):
+        await queue.replay_dead_letter(str(MAX_DEAD_LETTER_REF))  # well-formed, and nothing is there
+
+
+async def test_a_dead_letter_is_recorded_as_a_message_dead_lettered_event_in_the_buried_events_trace(harness, queue):
+    recorded = Collector(harness)
+    queue.add_publish_listener(recorded.stream_handler)
+    traced = Trace.root()
+    poison = Event(type="conformance_probe", payload={"i": "traced"}, trace_id=traced.trace_id, span_id=traced.span_id)
+    topic, group, letter = await dead_letter(harness, queue, event=poison)
+    burials = [(t, e) for t, e in recorded.items if e.type == MessageDeadLettered.event_type]
+    assert len(burials) == 1, burials
+    subject, event = burials[0]
+    assert subject == topics.event(MessageDeadLettered.event_type)
+    body = event.data
+    assert isinstance(body, MessageDeadLettered)
+    assert (body.topic, body.group, body.ref, body.deliveries) == (topic, group, letter.ref, MAX_DELIVERIES)
+    assert (body.original_id, body.original_type, body.reason) == (poison.id, poison.type, DEAD_LETTER_MAX_DELIVERIES)
+    assert event.trace_id == poison.trace_id and event.parent_span_id == poison.span_id
+    assert event.node == "n1", "the node whose consume loop buried it"
+    assert letter.data not in event.to_json(), "never the buried bytes"
+
+
+async def test_an_undecodable_message_is_buried_at_once_and_recorded_with_a_trace_of_its_own(harness, queue):
+    recorded = Collector(harness)
+    queue.add_publish_listener(recorded.stream_handler)
+    topic, group = inbox("garbage")
+    await queue.ensure_subscription(topic, group)
+    await queue.transport.publish(topic, b"\xffnot an event")
+    sub = await queue.subscribe(topic, group, Collector(harness))
+
+    async def recorded_burial():
+        return [e for _, e in recorded.items if e.type == MessageDeadLettered.event_type]
+
+    (event,) = await eventually(recorded_burial, harness.wait_s, "the undecodable message recorded")
+    await sub.detach()
+    assert (event.data.topic, event.data.reason, event.data.deliveries) == (topic, DEAD_LETTER_UNDECODABLE, 1)
+    assert event.data.original_id == "" and event.trace_id and not event.parent_span_id
+    (letter,) = [d for d in await queue.dead_letters() if d.topic == topic]
+    assert event.data.ref == letter.ref
