@@ -54,6 +54,7 @@ FAILURE_TYPES: frozenset[str] = frozenset(
         "budget_exhausted",
         "sandbox_run_failed",
         "skill_telemetry_write_failed",
+        "message_dead_lettered",
     }
 )
 

@@ -116,6 +116,7 @@ _CATEGORY_OF: dict[str, str] = {
         llm_unavailable provider_fallback
         subagent_batched phase.tool_skill_blocked skill_telemetry_write_failed
         prompt.size
+        message_dead_lettered
         """,
     ),
     **_group(
@@ -126,6 +127,18 @@ _CATEGORY_OF: dict[str, str] = {
     ),
 }
 CATEGORY_OF: Mapping[str, str] = MappingProxyType(_CATEGORY_OF)
+
+# Types this build adds to the design's list, each with the reason it exists.
+# Every one is categorised, registered and stored like a design type; a test
+# holds the map to the design's list plus exactly these.
+EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "message_dead_lettered": (
+            "a dead letter left no row: the only record of poison was the dead-letter stream, "
+            "which ages out and is not in any trace; the row names the entry and the event, never its bytes"
+        ),
+    }
+)
 
 # Live-only: never a row. Each for the design's stated reason —
 #   agent_spawned, agent_terminated: placement moves seats on every rebalance;
@@ -244,6 +257,7 @@ __all__ = [
     "CATEGORIES",
     "CATEGORY_OF",
     "DECISION",
+    "EXTENSIONS",
     "INBOUND_DELIVERY",
     "LEARNING",
     "LIFECYCLE",

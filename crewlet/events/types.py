@@ -1309,6 +1309,41 @@ class PromptSize(_TurnBody):
         return f"{self.actor(event)} opened phase" + _tail(self.phase, " ") + f" with a {total}-byte prompt"
 
 
+# dead_lettered reasons: the delivery budget ran out, or the bytes decode as no event.
+DEAD_LETTER_MAX_DELIVERIES = "max_deliveries"
+DEAD_LETTER_UNDECODABLE = "undecodable"
+DEAD_LETTER_REASONS: tuple[str, ...] = (DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE)
+
+
+@register("message_dead_lettered")
+@dataclass
+class MessageDeadLettered(EventBody):
+    """A message the queue copied to CREWLET_DLQ and terminated (an extension to the design's list).
+
+    Published by the node whose consume loop decided it, under the trace of
+    the event it buried, so the poison shows in the history and in the trace of
+    the work it belonged to rather than only on the dead-letter stream. Names
+    where it came from, the entry to replay (``ref``), how often it was tried
+    and what it was (``original_id``, ``original_type``), never its bytes:
+    those stay on CREWLET_DLQ.
+    """
+
+    topic: str = ""
+    group: str = ""
+    seat: str = ""
+    ref: str = ""
+    deliveries: int = 0
+    reason: str = ""  # DEAD_LETTER_REASONS
+    original_id: str = ""
+    original_type: str = ""
+
+    def summary(self, event=None):
+        what = _s(self.original_type) or "a message"
+        where = f"{_s(self.seat)}'s inbox" if _s(self.seat) else (_s(self.topic) or "its topic")
+        tries = f" after {_plural(self.deliveries, 'delivery', 'deliveries')}" if self.deliveries else ""
+        return f"{what} dead-lettered from {where}{tries}" + _tail(self.reason, " — ")
+
+
 # =============================================================================
 # webhook
 # =============================================================================

@@ -14,8 +14,10 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Optional, Union
 
+from crewlet import events
 from crewlet.aio import keeping_cancel
 from crewlet.events import Event
+from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE, MessageDeadLettered
 from crewlet.queue import topics
 from crewlet.queue.contract import (
     MAX_PAYLOAD_BYTES,
@@ -43,8 +45,20 @@ from crewlet.queue.transport import (
     dead_letter_headers,
     replay_msg_id,
 )
+from crewlet.tracing import Trace
 
 logger = logging.getLogger(__name__)
+
+#: The envelope ``source`` of what the queue itself publishes (a burial's record).
+_QUEUE_SOURCE = "queue"
+
+
+def _agent_inbox_or_empty(handle: str) -> str:
+    """The inbox subject of seat ``handle``, or "" when ``handle`` cannot be a seat's."""
+    try:
+        return topics.agent_inbox(handle)
+    except InvalidArgument:
+        return ""
 
 #: Spacing between attempts to reach a broker that is away.
 _UNAVAILABLE_RETRY_S = 0.2
@@ -162,7 +176,7 @@ class _Attachment:
                 return
             event = self.client._decode_or_bury(self.pair, msg)
             if event is None:
-                await self.client._bury(self.pair, msg, reason="undecodable")
+                await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             delivery = Delivery(event=event, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
             outcome = await self.client._call(self.handler, delivery)
@@ -199,7 +213,7 @@ class _Attachment:
         for idx, msg in enumerate(msgs):
             event = self.client._decode_or_bury(self.pair, msg)
             if event is None:
-                await self.client._bury(self.pair, msg, reason="undecodable")
+                await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             decoded.append((idx, msg, event))
         partitions = partition_drain(opts, decoded)
@@ -627,7 +641,7 @@ class QueueClient:
     async def _nak(self, pair: _Pair, msg: RawMessage) -> None:
         """A failure: behind the waiting mail after the backoff, or the dead letter."""
         if remaining_after(msg.delivered) == 0:
-            await self._bury(pair, msg, reason="max_deliveries")
+            await self._bury(pair, msg, reason=DEAD_LETTER_MAX_DELIVERIES)
             return
         try:
             await msg.nak(self._timings.backoff_s(msg.delivered))
@@ -637,7 +651,7 @@ class QueueClient:
     async def _hand_back(self, pair: _Pair, msg: RawMessage) -> None:
         """A hand-back: at the head at once; it spent a delivery like any other."""
         if remaining_after(msg.delivered) == 0:
-            await self._bury(pair, msg, reason="max_deliveries")
+            await self._bury(pair, msg, reason=DEAD_LETTER_MAX_DELIVERIES)
             return
         try:
             await msg.nak_head()
@@ -645,10 +659,16 @@ class QueueClient:
             logger.warning("queue_hand_back_failed", exc_info=True)
 
     async def _bury(self, pair: _Pair, msg: RawMessage, *, reason: str) -> None:
-        """Copy to CREWLET_DLQ, then terminate; if the copy fails, keep the message."""
+        """Copy to CREWLET_DLQ, then terminate; if the copy fails, keep the message.
+
+        Once the copy is stored, the burial is recorded as a
+        ``message_dead_lettered`` event, so it is a row in this node's history
+        and in the trace of the work it belonged to, not only an entry on a
+        stream that ages out.
+        """
         headers = dead_letter_headers(pair.topic, pair.group, msg.delivered)
         try:
-            await self._transport.publish(topics.dlq(pair.topic, pair.group), msg.data, headers)
+            seq = await self._transport.publish(topics.dlq(pair.topic, pair.group), msg.data, headers)
         except QueueError:
             logger.error("queue_dead_letter_failed", extra={"topic": pair.topic, "group": pair.group})
             try:
@@ -664,6 +684,44 @@ class QueueClient:
             await msg.term()
         except QueueError:
             logger.warning("queue_term_failed", exc_info=True)
+        await self._record_burial(pair, msg, reason=reason, ref=str(seq) if seq else "")
+
+    async def _record_burial(self, pair: _Pair, msg: RawMessage, *, reason: str, ref: str) -> None:
+        """Publish the ``message_dead_lettered`` of one burial; a failure is logged, never raised.
+
+        Under the buried event's own trace (a child span of it), so the row
+        lands in the trace of the delivery that failed; an undecodable
+        message has no trace and starts one. A buried record of a burial is
+        not recorded again, so a consumer failing everything on the event
+        stream cannot feed itself a chain of them.
+        """
+        try:
+            original: Optional[Event] = Event.from_json(msg.data)
+        except Exception:
+            original = None
+        if original is not None and original.type == MessageDeadLettered.event_type:
+            return
+        parent = Trace.of(original) if original is not None else None
+        parts = pair.topic.split(".")
+        body = MessageDeadLettered(
+            topic=pair.topic,
+            group=pair.group,
+            seat=parts[2] if len(parts) == 4 and _agent_inbox_or_empty(parts[2]) == pair.topic else "",
+            ref=ref,
+            deliveries=msg.delivered,
+            reason=reason,
+            original_id=original.id if original is not None else "",
+            original_type=original.type if original is not None else "",
+        )
+        event = events.new(body, parent.child() if parent is not None else Trace.root(), source=_QUEUE_SOURCE)
+        try:
+            await self.publish(topics.event(event.type), event)
+        except (QueueError, OSError):
+            logger.error(
+                "queue_dead_letter_unrecorded",
+                extra={"topic": pair.topic, "group": pair.group, "ref": ref, "reason": reason},
+                exc_info=True,
+            )
 
     # -- broadcast and scatter ---------------------------------------------------
 
