@@ -72,6 +72,7 @@ from notifications.parsers import (
     Parser,
     body_digest_id,
     load_json,
+    may_hold_unstorable,
     parser_for,
     unstorable,
 )
@@ -332,9 +333,11 @@ class Edge:
         delivery id the headers or the query give it. Accepting such a delivery
         would be a 202 whose routing fails on every redelivery.
         """
-        problem = unstorable(payload)
-        for where, document in parser.embedded(payload):
-            problem = problem or unstorable(document, where)
+        problem = None
+        if may_hold_unstorable(req.body):
+            problem = unstorable(payload)
+            for where, document in parser.embedded(payload):
+                problem = problem or unstorable(document, where)
         meta = self._meta(req)
         problem = problem or unstorable(
             {"event name": parser.event_name(payload, meta), "delivery id": parser.delivery_id(payload, meta)}

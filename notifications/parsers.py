@@ -46,7 +46,8 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from json.decoder import scanstring as json_scanstring
+from itertools import accumulate, count
+from operator import sub
 from typing import Any, ClassVar, Iterable, Mapping, Optional
 
 # Why a recipient was addressed.
@@ -184,8 +185,11 @@ def _first_line(text: str, limit: int = 200) -> str:
 #: at most (an ADF comment with lists in lists); the JSON decoder recurses once
 #: per level, so a body past this is refused before it is decoded.
 MAX_JSON_DEPTH = 512
-_JSON_MARK = re.compile(r'["\[\]{}]')
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\\.', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEPS = str.maketrans({"[": "\x02", "{": "\x02", "]": "\x00", "}": "\x00"})
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_UNSTORABLE_HINT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})|\x00|\xed[\xa0-\xbf]")
 #: How much of a path or a message a refusal quotes.
 _QUOTE_LIMIT = 200
 
@@ -197,33 +201,19 @@ class JSONTooDeep(ValueError):
 def json_depth_exceeds(text: str, max_depth: int = MAX_JSON_DEPTH) -> bool:
     """True when ``text`` opens more than ``max_depth`` arrays or objects inside each other.
 
-    A linear scan that skips strings with the decoder's own string scanner,
-    so a bracket inside a string never counts. It stops where a string never
-    ends: the decoder refuses the document there, before going any deeper.
+    Linear and without recursion: strings (and any stray escape) are cut out
+    first, so a bracket inside a string never counts; what is left is folded
+    into running depths by C-level iterators. A string that never ends leaves
+    its brackets counted, which can only call a malformed body too deep: both
+    are refused.
     """
     if text.count("[") + text.count("{") <= max_depth:
         return False
-    depth = 0
-    pos = 0
-    search = _JSON_MARK.search
-    while True:
-        mark = search(text, pos)
-        if mark is None:
-            return False
-        char, at = mark.group(), mark.start()
-        if char == '"':
-            try:
-                pos = json_scanstring(text, at + 1, True)[1]
-            except ValueError:
-                return False
-            continue
-        pos = at + 1
-        if char in "[{":
-            depth += 1
-            if depth > max_depth:
-                return True
-        else:
-            depth -= 1
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    steps = brackets.translate(_BRACKET_STEPS).encode("latin-1")
+    # Each opener adds 2 and each bracket costs 1: the running total minus the
+    # brackets seen is the depth after each one.
+    return max(map(sub, accumulate(steps), count(1)), default=0) > max_depth
 
 
 def load_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -240,6 +230,20 @@ def load_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         return json.loads(text)
     except RecursionError as exc:  # a caller already deep in its own stack
         raise JSONTooDeep(f"the JSON nests too deep to decode here: {exc}") from exc
+
+
+def may_hold_unstorable(raw: bytes) -> bool:
+    """False when a UTF-8 JSON body cannot decode to a NUL or a lone surrogate, so :func:`unstorable` need not walk it.
+
+    In UTF-8 JSON those characters arrive only as a ``\\u0000`` or
+    ``\\uD800``-``\\uDFFF`` escape (also inside a JSON document carried as a
+    string, where the escape is itself escaped) or as raw bytes the decoder
+    lets through. Conservative: a surrogate pair (an emoji escaped) also says
+    True, and the walk then finds nothing.
+    """
+    if json.detect_encoding(raw) not in ("utf-8", "utf-8-sig"):
+        return True
+    return _UNSTORABLE_HINT.search(raw) is not None
 
 
 def storable_text(text: str, limit: int = _QUOTE_LIMIT) -> str:
@@ -1019,6 +1023,7 @@ __all__ = [
     "body_digest_id",
     "json_depth_exceeds",
     "load_json",
+    "may_hold_unstorable",
     "parser_for",
     "storable_text",
     "unstorable",
