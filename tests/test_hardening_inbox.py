@@ -337,3 +337,102 @@ async def test_a_merge_that_raises_on_one_constituent_of_any_kind_degrades_to_pe
 
 async def _backlog_is(q: EventQueue, n: int) -> bool:
     return await q.backlog(topics.agent_inbox("ada"), topics.agent_inbox_group("ada")) == n
+
+
+# -- through a real `manage.py up` on PostgreSQL ------------------------------------------------------
+
+UP_TOKEN = "hardening-inbox-operator-token-0123456789"
+
+
+def _until(cond: Any, timeout_s: float, what: str) -> None:
+    """Wait for a condition the running process brings about; fail with ``what`` at the deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s}s: {what}")
+        time.sleep(0.05)
+
+
+def _api_post(url: str, path: str, token: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url + path, data=b"{}", headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.postgres
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@DB
+def test_in_manage_py_up_a_nul_wake_drained_with_a_posted_dm_neither_fails_nor_holds_the_dm_back(tmp_path: Any) -> None:
+    import os
+    import uuid
+
+    from crewlet.queue.broker import EmbeddedBroker
+    from crewlet.queue.jetstream import JetStreamQueue
+    from seats_support import FAST
+    from tests.browser_support import Company, LoopThread, slack_message
+
+    loop = LoopThread()
+    broker = EmbeddedBroker(store_dir=tmp_path / "jetstream")
+    loop.run(broker.start())
+    running_company = Company(tmp_path, broker.url)
+    running_company.env.update({k: v for k, v in os.environ.items() if k.startswith("CREWLET_PG_")})
+    running_company.env.update(
+        CREWLET_DATABASE="postgres",
+        CREWLET_PG_DBNAME=connections["default"].settings_dict["NAME"],
+        CREWLET_PG_EVENTS_DBNAME=connections["events"].settings_dict["NAME"],
+        CREWLET_OPERATOR_TOKEN=UP_TOKEN,
+    )
+    client: Any = None
+    seen: list[Event] = []
+    try:
+        running_company.start()
+        client = loop.run(JetStreamQueue.connect(broker.url, node="tester", timings=FAST, memory_storage=broker.memory_storage))
+
+        async def watch(topic: str, ev: Event) -> None:
+            seen.append(ev)
+
+        loop.run(client.subscribe_stream(topics.EVENTS_ALL, watch))
+        url = running_company.url
+
+        # Held, so the two wait together and are drained together when the hold lifts.
+        assert _api_post(url, "/api/seats/ada/pause", UP_TOKEN) == 200
+        poison = dm("hello from a client that sends NULs", channel="D0\x00X", n=1)  # older: its partition goes first
+        loop.run(client.publish(topics.agent_inbox("ada"), poison))
+        status, _ = running_company.post_json("/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "good DM"))
+        assert status == 202
+
+        def waiting() -> bool:
+            depth = loop.run(client.backlog(topics.agent_inbox("ada"), topics.agent_inbox_group("ada")))
+            return depth >= 2
+
+        _until(waiting, 30, "both wakes waiting in ada's held inbox")
+        assert _api_post(url, "/api/seats/ada/resume", UP_TOKEN) == 200
+
+        def prompts() -> list[str]:
+            return [
+                e.data.user_prompt for e in list(seen) if e.type == "agent_phase_completed" and e.data.seat == "ada"
+            ]
+
+        _until(lambda: any("good DM" in p for p in prompts()), 60, "the posted DM's turn")
+        _until(lambda: any("client that sends NULs" in p for p in prompts()), 60, "the NUL wake's turn")
+        started = [e for e in list(seen) if e.type == "agent_turn_started" and e.data.trigger_event_id == poison.id]
+        assert [s.data.conversation_key for s in started] == ["slack:D0\\u0000X"]
+        assert loop.run(client.dead_letters()) == []
+    finally:
+        output = running_company.stop()
+        if client is not None:
+            loop.run(client.close())
+        loop.run(broker.stop())
+        loop.close()
+    assert "Traceback" not in output, output[-4000:]
