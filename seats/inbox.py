@@ -383,9 +383,11 @@ class InboxLoop:
         while len(self._isolated) > ISOLATED_KEEP:
             self._isolated.popitem(last=False)
 
-    def _failure(self, event: str, exc: BaseException, first_delivery: bool, **fields: object) -> None:
+    def _failure(
+        self, event: str, exc: BaseException, first_delivery: bool, *, level: int = logging.WARNING, **fields: object
+    ) -> None:
         """One line per failed delivery; the traceback only on a first delivery (and at DEBUG after)."""
-        log.warning(event, extra={"seat": self.handle, "error": short_reason(exc), **fields}, exc_info=first_delivery)
+        log.log(level, event, extra={"seat": self.handle, "error": short_reason(exc), **fields}, exc_info=first_delivery)
         if not first_delivery:
             log.debug(f"{event}_traceback", extra={"seat": self.handle}, exc_info=exc)
 
@@ -445,7 +447,8 @@ class InboxLoop:
             done, pause_row = await ascreen(self.handle, identities.values())
         except (DatabaseError, ValueError) as exc:
             fault = store_fault(exc)
-            self._failure("seat_store_failed", exc, first_delivery, fault=fault, events=len(fresh_events))
+            level = logging.WARNING if fault == FAULT_VALUE else logging.ERROR  # a store that is away is the node's alarm
+            self._failure("seat_store_failed", exc, first_delivery, level=level, fault=fault, events=len(fresh_events))
             if fault != FAULT_VALUE:
                 self._retry_later()
                 return self._defer("store_unavailable", partition)

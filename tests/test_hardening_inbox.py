@@ -267,6 +267,35 @@ async def test_a_refused_value_inside_a_conversations_batch_degrades_it_and_only
         }
 
 
+@pytest.mark.postgres
+@DB
+async def test_a_store_that_is_down_still_defers_the_drain_and_retries_rather_than_failing_the_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    outages = [3]
+
+    def flaky(seat: str, identities: Any) -> Any:
+        if outages[0] > 0:
+            outages[0] -= 1
+            settings = {**connections["default"].settings_dict, "NAME": "crewlet_no_such_database_h2"}
+            type(connections["default"])(settings, alias="absent").ensure_connection()  # a real OperationalError
+        return screen(seat, identities)
+
+    monkeypatch.setattr(inbox_module, "ascreen", in_store(flaky))
+    async with memory_queues() as (_, [q]):
+        rec = Recorder().attach(q)
+        org = company()
+        await ensure_mailboxes(q, org)
+        first, second = dm("one", channel="D0A", n=1), dm("two", channel="D0B", n=2)
+        await put(q, first, second)
+        async with running(q, org, merge=dispatch, store_retry_s=0.01) as rt:
+            await eventually(lambda: ran(rec, first) and ran(rec, second), what="both turns after the outage")
+            await drained(q, "ada")
+            stats = rt.loops["ada"].stats
+            assert stats.deferred == 3 and stats.failed == 0
+        assert await dead_letter_ids(q) == []
+
+
 # -- a turn that crashes on one event; logging ----------------------------------------------------
 
 
