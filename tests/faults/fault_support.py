@@ -1,0 +1,449 @@
+"""What every fault case shares: `manage.py up` as a process, signed deliveries, the API, the ledger of what was sent.
+
+Each case runs ``manage.py up`` exactly as ``bin/up`` does (the embedded
+nats-server with a file-backed store under ``--data-dir``, SQLite unless the
+case says PostgreSQL), sends real signed Slack deliveries over HTTP on
+127.0.0.1, injects its fault, and then reads the outcome back from the event
+store through ``/api/``. Every delivery gets its own Slack DM channel, so its
+turns carry its own ``conversation_key`` (``slack:<channel>``): the count of
+completed turns per key is the count of times that delivery ran, whatever
+trace a retry was given.
+
+Durations are shrunk by injection only: the ``delivery.*`` engine settings
+(``CREWLET_DELIVERY_*``), the example company's echo provider ``delay_s`` and
+the company's coalescing knobs. Every wait is a bounded poll for a condition.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import http.client
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, TypeVar
+
+from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+
+T = TypeVar("T")
+
+TOKEN = "fault-suite-operator-token-0123456789abcdef"
+SECRETS = {
+    "SLACK_SIGNING_SECRET": "fault-slack-signing-secret",
+    "GITHUB_WEBHOOK_SECRET": "fault-github-secret",
+    "JIRA_WEBHOOK_SECRET": "fault-jira-secret",
+    "CONFLUENCE_WEBHOOK_SECRET": "fault-confluence-secret",
+    "MATTERMOST_TOKEN": "fault-mattermost-token",
+}
+#: How long `up` may take to print its ready line on a loaded 2-core machine.
+UP_READY_S = 90.0
+#: How long one HTTP request may take before the sender gives up on that attempt.
+REQUEST_TIMEOUT_S = 20.0
+AGENT = "U0ADA"
+
+_channel_seq = itertools.count(1)
+
+
+def company_yaml(
+    *,
+    providers: str = "[{kind: echo}]",
+    max_concurrent: int = 4,
+    coalesce_max_batch: int = 1,
+) -> str:
+    """The example company, every surface verified (secrets from :data:`SECRETS`), one delivery per turn."""
+    return f"""\
+org: acme
+providers:
+  llm: {providers}
+node: {{max_concurrent: {max_concurrent}}}
+notification_coalesce_window_seconds: 0
+notification_coalesce_max_batch: {coalesce_max_batch}
+notification_rate_limit: 0
+surfaces:
+  slack: {{signing_secret_env: SLACK_SIGNING_SECRET, verify: true}}
+  github: {{secret_env: GITHUB_WEBHOOK_SECRET, verify: true}}
+  jira: {{secret_env: JIRA_WEBHOOK_SECRET, verify: true}}
+  confluence: {{secret_env: CONFLUENCE_WEBHOOK_SECRET, verify: true}}
+  mattermost: {{token_env: MATTERMOST_TOKEN, verify: true}}
+seats:
+  - {{handle: ada, kind: agent, role: engineer, display_name: Ada,
+     identities: {{slack: U0ADA, mattermost: mmada, jira: "5b10ac8d82e05b22cc7d4ef5", github: ada-bot}}}}
+  - {{handle: linus, kind: agent, role: reviewer, display_name: Linus,
+     identities: {{slack: U0LINUS, mattermost: mmlinus, github: linus-bot}}}}
+  - {{handle: grace, kind: human, role: lead, identities: {{slack: U0GRACE}}}}
+"""
+
+
+def wait_until(check: Callable[[], Optional[T]], *, timeout_s: float, what: str, interval_s: float = 0.2) -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    for _ in range(int(timeout_s / interval_s) + 2):
+        try:
+            last = check()
+        except (OSError, http.client.HTTPException, ValueError) as exc:  # the process under test restarting
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval_s)  # the poll's spacing while waiting for the condition above
+    raise AssertionError(f"not within {timeout_s:.0f} s: {what} (last: {last!r})")
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+
+
+def request(
+    url: str,
+    method: str = "GET",
+    body: Optional[bytes] = None,
+    headers: Optional[dict[str, str]] = None,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> tuple[int, bytes]:
+    """One HTTP request on a fresh connection; (status, body). Connection errors raise OSError."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def sign_slack(body: bytes, *, secret: str = SECRETS["SLACK_SIGNING_SECRET"], stamp: Optional[str] = None) -> dict[str, str]:
+    """The Slack v0 signing headers for ``body`` (notifications.edge.verify_slack)."""
+    stamp = stamp if stamp is not None else str(int(time.time()))
+    digest = hmac.new(secret.encode(), b"v0:" + stamp.encode() + b":" + body, hashlib.sha256).hexdigest()
+    return {"Content-Type": "application/json", "X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
+
+
+def sign_hub(body: bytes, secret: str, header: str) -> dict[str, str]:
+    """GitHub's ``X-Hub-Signature-256`` / Atlassian's ``X-Hub-Signature``: ``sha256=HMAC(secret, body)``."""
+    return {"Content-Type": "application/json", header: "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()}
+
+
+def new_channel(prefix: str = "DF") -> str:
+    """A fresh Slack DM channel id: its own conversation, so its turns are countable."""
+    return f"{prefix}{os.getpid():X}{next(_channel_seq):06d}{uuid.uuid4().hex[:4].upper()}"
+
+
+def slack_dm(channel: str, text: str = "please summarise the build", *, event_id: Optional[str] = None) -> dict[str, Any]:
+    """A Slack DM to ada in ``channel`` (the README's delivery, one conversation per channel)."""
+    return {
+        "type": "event_callback",
+        "event_id": event_id or f"Ev{channel}",
+        "event": {
+            "type": "message",
+            "channel": channel,
+            "channel_type": "im",
+            "user": "U0GRACE",
+            "text": f"<@{AGENT}> {text}",
+            "ts": f"{int(time.time())}.{next(_channel_seq):06d}",
+        },
+        "authorizations": [{"user_id": AGENT, "is_bot": True}],
+    }
+
+
+# -- the process ---------------------------------------------------------------------------------
+
+
+class Up:
+    """``manage.py up`` on one data directory: start, restart, kill, stop; its URL and its broker child."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        company: str,
+        env: Optional[dict[str, str]] = None,
+        node: str = "fault1",
+    ) -> None:
+        self.tmp = tmp
+        self.data_dir = tmp / "data"
+        self.company_file = tmp / "company.yaml"
+        self.company_file.write_text(company)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
+        self.env.update(
+            PYTHONUNBUFFERED="1",
+            DJANGO_SETTINGS_MODULE="crewlet.settings",
+            CREWLET_OPERATOR_TOKEN=TOKEN,
+            CREWLET_DATABASE="sqlite",
+            **SECRETS,
+        )
+        self.env.update(env or {})
+        self.node = node
+        self.proc: Optional[subprocess.Popen[str]] = None
+        self.out: Optional[ProcessOutput] = None
+        self.url = ""
+        self.children: dict[int, str] = {}
+        self.logs: list[str] = []
+        self.starts = 0
+
+    # -- lifecycle --
+
+    def start(self) -> float:
+        """Start and wait for the ready line; returns the seconds it took."""
+        began = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0",
+                "--data-dir", str(self.data_dir), "--company", str(self.company_file), "--node", self.node,
+            ],
+            cwd=self.tmp,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.starts += 1
+        self.out = ProcessOutput(self.proc)
+        ready = self.out.wait_for("Crewlet is up: ", timeout_s=UP_READY_S)
+        self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
+        self.children = _descendants(self.proc.pid)
+        return time.monotonic() - began
+
+    @property
+    def broker_pid(self) -> int:
+        """The embedded nats-server child running now."""
+        assert self.proc is not None
+        found = [pid for pid, name in _descendants(self.proc.pid).items() if name == "nats-server" and _running(pid)]
+        assert len(found) == 1, f"expected one nats-server child, found {found}"
+        return found[0]
+
+    def kill9(self) -> None:
+        """SIGKILL ``up`` itself (not its group): its broker must die with it by the parent-death signal."""
+        assert self.proc is not None
+        children = _descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        wait_until(lambda: not [p for p in children if _running(p)], timeout_s=15, what=f"children of a killed up die: {children}")
+        self._keep_log()
+
+    def terminate(self, timeout_s: float = 90.0) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        assert self.proc is not None
+        self.children = _descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)
+        status = self.proc.wait(timeout=timeout_s)
+        self._keep_log()
+        return status
+
+    def leftover_children(self) -> list[int]:
+        return [pid for pid in self.children if _running(pid)]
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+            self._keep_log()
+        for pid in self.children:
+            if _running(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _keep_log(self) -> None:
+        if self.out is not None:
+            self.logs.append(self.out.text())
+            self.out = None
+
+    def log_text(self) -> str:
+        current = "\n".join(self.out.lines) if self.out is not None else ""
+        return "\n".join([*self.logs, current])
+
+    # -- HTTP --
+
+    def api(self, path: str, params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        query = f"?{urllib.parse.urlencode(params, doseq=True)}" if params else ""
+        status, body = request(f"{self.url}{path}{query}", headers={"Authorization": f"Bearer {TOKEN}"})
+        if status != 200:
+            raise ValueError(f"GET {path}{query}: {status} {body[:300]!r}")
+        return json.loads(body)
+
+    def post_api(self, path: str, payload: Any) -> tuple[int, dict[str, Any]]:
+        status, body = request(
+            f"{self.url}{path}", "POST", json.dumps(payload).encode(),
+            {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        return status, json.loads(body or b"{}")
+
+    def healthz(self) -> tuple[int, dict[str, Any]]:
+        status, body = request(f"{self.url}/healthz", timeout_s=10)
+        return status, json.loads(body or b"{}")
+
+    def events(self, **filters: Any) -> list[dict[str, Any]]:
+        """Every /api/events row matching ``filters``, following next_cursor (bounded)."""
+        rows: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 500, **filters}
+        for _ in range(200):
+            page = self.api("/api/events", params)
+            rows.extend(page["events"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return rows
+            params = {**params, "cursor": cursor}
+        raise AssertionError("more than 100,000 event rows: the suite never sends that many")
+
+    def depths(self) -> dict[str, Optional[int]]:
+        return {s["handle"]: s["depth"] for s in self.api("/api/seats/")["seats"] if s["kind"] == "agent"}
+
+
+# -- what was sent, and what ran ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Delivery:
+    channel: str
+    body: bytes
+    attempts: int = 0
+    statuses: list[Any] = dataclasses.field(default_factory=list)
+    accepted_at: Optional[float] = None  # wall clock of the 202, to compare with event timestamps
+
+    @property
+    def key(self) -> str:
+        return f"slack:{self.channel}"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the store says about a set of deliveries."""
+
+    sent: int
+    accepted: int
+    completed: dict[str, int]
+    started: dict[str, int]
+    failed: dict[str, int]
+    finished_at: dict[str, float]
+
+    def runs(self, key: str) -> int:
+        return self.completed.get(key, 0)
+
+
+class Sender:
+    """Signed Slack DMs to one `up`, each retried like a vendor does on 503 or a dropped connection."""
+
+    def __init__(self, up: Up) -> None:
+        self.up = up
+        self.deliveries: list[Delivery] = []
+        self._lock = threading.Lock()
+
+    def new(self, text: str = "please summarise the build") -> Delivery:
+        channel = new_channel()
+        delivery = Delivery(channel, json.dumps(slack_dm(channel, text)).encode())
+        with self._lock:
+            self.deliveries.append(delivery)
+        return delivery
+
+    def attempt(self, delivery: Delivery, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
+        """One POST (signed now, as a vendor's retry is); the status, or the connection error's name."""
+        delivery.attempts += 1
+        try:
+            status, _ = request(f"{self.up.url}/webhooks/slack", "POST", delivery.body, sign_slack(delivery.body), timeout_s)
+        except (OSError, http.client.HTTPException) as exc:
+            status = type(exc).__name__
+        delivery.statuses.append(status)
+        if status == 202 and delivery.accepted_at is None:
+            delivery.accepted_at = time.time()
+        return status
+
+    def send(self, delivery: Delivery, *, retries: int = 40, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
+        """Send until 2xx/4xx (a vendor stops on those) or ``retries`` attempts; 0.25 s apart, as a retry policy."""
+        status: Any = None
+        for _ in range(retries):
+            status = self.attempt(delivery, timeout_s)
+            if isinstance(status, int) and status < 500:
+                return status
+            time.sleep(0.25)  # the sender's retry spacing (a vendor's backoff), not a wait for a condition
+        return status
+
+    def send_new(self, count: int, text: str = "please summarise the build", **kw: Any) -> list[Delivery]:
+        out = []
+        for _ in range(count):
+            delivery = self.new(text)
+            self.send(delivery, **kw)
+            out.append(delivery)
+        return out
+
+    @property
+    def accepted(self) -> list[Delivery]:
+        return [d for d in self.deliveries if 202 in d.statuses]
+
+    def outcome(self, deliveries: Optional[Iterable[Delivery]] = None) -> Outcome:
+        chosen = list(self.deliveries if deliveries is None else deliveries)
+        keys = {d.key for d in chosen}
+        completed: dict[str, int] = {}
+        failed: dict[str, int] = {}
+        finished_at: dict[str, float] = {}
+        for row in self.up.events(type="agent_turn_completed"):
+            key = row.get("conversation_key") or ""
+            if key not in keys:
+                continue
+            if row.get("failed"):
+                failed[key] = failed.get(key, 0) + 1
+            else:
+                completed[key] = completed.get(key, 0) + 1
+                finished_at[key] = max(finished_at.get(key, 0.0), parse_ts(row["timestamp"]))
+        started: dict[str, int] = {}
+        for row in self.up.events(type="agent_turn_started"):
+            key = row.get("conversation_key") or ""
+            if key in keys:
+                started[key] = started.get(key, 0) + 1
+        return Outcome(
+            sent=len(chosen),
+            accepted=sum(1 for d in chosen if 202 in d.statuses),
+            completed=completed,
+            started=started,
+            failed=failed,
+            finished_at=finished_at,
+        )
+
+    def wait_all_ran(self, timeout_s: float, deliveries: Optional[Iterable[Delivery]] = None) -> Outcome:
+        """Wait until every accepted delivery has a completed turn and every agent inbox is empty.
+
+        On timeout the outcome so far is returned: the case records its figures, then asserts.
+        """
+        chosen = [d for d in (self.deliveries if deliveries is None else deliveries) if 202 in d.statuses]
+
+        def settled() -> Optional[Outcome]:
+            outcome = self.outcome(chosen)
+            if any(outcome.runs(d.key) < 1 for d in chosen):
+                return None
+            if any(depth != 0 for depth in self.up.depths().values()):
+                return None
+            return outcome
+
+        try:
+            return wait_until(settled, timeout_s=timeout_s, what=f"{len(chosen)} accepted deliveries each ran", interval_s=0.5)
+        except AssertionError:
+            return self.outcome(chosen)  # the caller records the figures, then fails on what is missing
+
+
+def parse_ts(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

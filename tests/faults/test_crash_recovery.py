@@ -1,0 +1,154 @@
+"""kill -9 of `up`, and SIGTERM under load: every accepted delivery runs exactly once, within the bound.
+
+The bounds are docs/RELIABILITY.md's: mail that was held (a paused seat) is
+on the broker, unfetched, and runs as soon as the seat is resumed after the
+restart; mail that was fetched when `up` died (a turn in flight, or waiting
+for a concurrency slot) comes back when its ack clock (``delivery.ack_wait_s``)
+runs out, and runs once — in-progress signals keep a long turn's clock alive,
+so the broker never hands out a delivery whose turn is still running. A clean
+stop hands back at once everything it fetched and did not finish.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import Figures
+from tests.faults.fault_support import Sender, Up, company_yaml, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: The production ack clock (``delivery.ack_wait_s`` default): what a crash costs fetched mail.
+PRODUCTION_ACK_WAIT_S = 30.0
+#: The shrunk ack clock of the progress case: shorter than a turn, so a turn whose
+#: delivery kept no clock alive would be handed out again while it runs.
+SHORT_ACK_WAIT_S = 3.0
+#: How long the echo model thinks per turn in the in-flight cases.
+TURN_S = 2.0
+#: Slack over a bound for a loaded 2-core machine (start-up, polling, the event writer).
+SLACK_S = 10.0
+
+
+def _figures(figures: Figures, sender: Sender, outcome, *, bound_s: float, origin: float, recovery_s: float, note: str = "") -> None:
+    accepted = [d for d in sender.deliveries if 202 in d.statuses]
+    lost = [d.key for d in accepted if outcome.runs(d.key) == 0]
+    doubled = [d.key for d in accepted if outcome.runs(d.key) > 1]
+    delays = [outcome.finished_at[d.key] - max(origin, d.accepted_at or origin) for d in accepted if d.key in outcome.finished_at]
+    figures.record(
+        sent=len(sender.deliveries),
+        accepted=len(accepted),
+        lost=len(lost),
+        duplicated=len(doubled),
+        delayed=sum(1 for x in delays if x > bound_s),
+        max_delay_s=max(delays, default=0.0),
+        recovery_s=recovery_s,
+        bound_s=bound_s,
+        restarted_turns=sum(max(outcome.started.get(d.key, 0) - 1, 0) for d in accepted),
+        note=note,
+    )
+    assert not lost, f"accepted and never run: {lost}"
+    assert not doubled, f"ran more than once: {doubled}"
+
+
+def test_kill_9_of_up_with_mail_held_for_a_paused_seat_loses_and_doubles_nothing_after_the_restart(
+    tmp_path: Path, figures: Figures
+) -> None:
+    up = Up(tmp_path, company=company_yaml())
+    try:
+        up.start()
+        sender = Sender(up)
+        assert up.post_api("/api/seats/ada/pause", {"reason": "fault suite"})[0] == 200
+        held = sender.send_new(12)
+        assert all(202 in d.statuses for d in held), [d.statuses for d in held]
+        wait_until(lambda: up.depths()["ada"] == 12, timeout_s=30, what="12 deliveries waiting in ada's inbox")
+        assert sender.outcome().completed == {}  # held: nothing ran
+
+        up.kill9()
+        began = time.monotonic()
+        up.start()
+        recovery_s = time.monotonic() - began
+        assert up.depths()["ada"] == 12  # the file store kept the held mail
+        resumed_at = time.time()
+        assert up.post_api("/api/seats/ada/resume", {})[0] == 200
+        outcome = sender.wait_all_ran(timeout_s=SLACK_S + 30)
+        _figures(figures, sender, outcome, bound_s=SLACK_S, origin=resumed_at, recovery_s=recovery_s, note="paused seat; delay from resume")
+    finally:
+        up.cleanup()
+
+
+def test_kill_9_of_up_with_a_turn_in_flight_and_mail_waiting_runs_each_delivery_exactly_once_after_the_restart(
+    tmp_path: Path, figures: Figures
+) -> None:
+    """The production ack clock: mail fetched by the dead process is back within one clock, not half an hour."""
+    company = company_yaml(providers=f"[{{kind: echo, delay_s: {TURN_S}}}]", max_concurrent=1, coalesce_max_batch=20)
+    up = Up(tmp_path, company=company)
+    try:
+        up.start()
+        sender = Sender(up)
+        sent = sender.send_new(4)
+        assert all(202 in d.statuses for d in sent)
+        # One turn thinks for TURN_S on the only slot; the others wait for it, fetched or not.
+        wait_until(lambda: up.events(type="agent_turn_started"), timeout_s=30, what="a turn in flight")
+        up.kill9()
+        began = time.monotonic()
+        up.start()
+        recovery_s = time.monotonic() - began
+        restarted_at = time.time()
+        # Serially, with one slot: 4 turns of TURN_S, after at most one ack clock.
+        bound_s = PRODUCTION_ACK_WAIT_S + 4 * TURN_S + SLACK_S
+        outcome = sender.wait_all_ran(timeout_s=bound_s + 30)
+        _figures(figures, sender, outcome, bound_s=bound_s, origin=restarted_at, recovery_s=recovery_s, note="turn in flight, 1 slot; delay from restart")
+    finally:
+        up.cleanup()
+
+
+def test_a_turn_longer_than_the_ack_clock_runs_once_without_a_crash(tmp_path: Path, figures: Figures) -> None:
+    """In-progress signals keep a running turn's delivery from being handed out again."""
+    turn_s = 2 * SHORT_ACK_WAIT_S
+    company = company_yaml(providers=f"[{{kind: echo, delay_s: {turn_s}}}]", max_concurrent=1, coalesce_max_batch=20)
+    up = Up(tmp_path, company=company, env={"CREWLET_DELIVERY_ACK_WAIT_S": str(SHORT_ACK_WAIT_S)})
+    try:
+        up.start()
+        sender = Sender(up)
+        started_at = time.time()
+        sent = sender.send_new(3)
+        assert all(202 in d.statuses for d in sent)
+        bound_s = 3 * turn_s + SLACK_S
+        outcome = sender.wait_all_ran(timeout_s=bound_s + 30)
+        _figures(figures, sender, outcome, bound_s=bound_s, origin=started_at, recovery_s=None, note=f"turns of {turn_s:g}s, ack clock {SHORT_ACK_WAIT_S:g}s")
+        assert all(outcome.started.get(d.key) == 1 for d in sent), outcome.started
+    finally:
+        up.cleanup()
+
+
+def test_sigterm_under_load_exits_0_leaves_no_child_and_hands_back_what_it_fetched_at_once(
+    tmp_path: Path, figures: Figures
+) -> None:
+    """With the production ack clock: anything a clean stop kept would wait for it after the restart."""
+    company = company_yaml(providers="[{kind: echo, delay_s: 1.0}]", max_concurrent=1, coalesce_max_batch=20)
+    up = Up(tmp_path, company=company)
+    try:
+        up.start()
+        sender = Sender(up)
+        sent = sender.send_new(8)
+        assert all(202 in d.statuses for d in sent)
+        wait_until(lambda: up.events(type="agent_turn_started"), timeout_s=30, what="a turn in flight")
+        status = up.terminate()
+        assert status == 0, up.log_text()[-3000:]
+        assert "clean=true" in up.log_text()
+        wait_until(lambda: not up.leftover_children() or None, timeout_s=10, what="no child outlives up")
+        began = time.monotonic()
+        up.start()
+        recovery_s = time.monotonic() - began
+        restarted_at = time.time()
+        # Less than one production ack clock: nothing handed back waits for it.
+        bound_s = 8 * 1.0 + SLACK_S
+        assert bound_s < PRODUCTION_ACK_WAIT_S
+        outcome = sender.wait_all_ran(timeout_s=bound_s + 30)
+        _figures(figures, sender, outcome, bound_s=bound_s, origin=restarted_at, recovery_s=recovery_s, note="production ack clock; delay from restart")
+        status = up.terminate()
+        assert status == 0
+    finally:
+        up.cleanup()
