@@ -50,6 +50,8 @@ UP_READY_S = 90.0
 #: How long one HTTP request may take before the sender gives up on that attempt.
 REQUEST_TIMEOUT_S = 20.0
 AGENT = "U0ADA"
+#: Where each case's `up` log is kept (beside CI's junit report).
+LOGS = REPO_ROOT / "var" / "ci" / "faults"
 
 _channel_seq = itertools.count(1)
 
@@ -260,6 +262,8 @@ class Up:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        LOGS.mkdir(parents=True, exist_ok=True)
+        (LOGS / f"{self.tmp.name}.log").write_text(self.log_text())  # the case's `up` log, a CI artifact
 
     def _keep_log(self) -> None:
         if self.out is not None:
