@@ -30,6 +30,24 @@ def _flag(name: str, default: bool = False) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _number(name: str, default: float, low: float, high: float) -> float:
+    """A numeric environment variable within [low, high]; a bad one stops start-up naming it."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r}: must be a number between {low:g} and {high:g}") from None
+    if not low <= number <= high:  # NaN fails this too
+        raise ImproperlyConfigured(f"{name}={value!r}: must be a number between {low:g} and {high:g}")
+    return number
+
+
+def _list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in (os.environ.get(name) or default).split(",") if item.strip()]
+
+
 def _secret_key() -> str:
     """The env key when given (a fleet must share one), else a per-install key kept in var/.
 
@@ -109,11 +127,28 @@ def database_settings(env: Mapping[str, str], var_dir: Path) -> dict[str, dict[s
 
 SECRET_KEY = _secret_key()
 DEBUG = _flag("CREWLET_DEBUG")
-ALLOWED_HOSTS = [
-    host.strip()
-    for host in os.environ.get("CREWLET_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
-    if host.strip()
-]
+ALLOWED_HOSTS = _list("CREWLET_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+#: Origins (scheme://host[:port]) other than the site's own trusted for unsafe requests and /ws/stream.
+CSRF_TRUSTED_ORIGINS = _list("CREWLET_TRUSTED_ORIGINS")
+
+# The web server (crewlet.web). A connection has HTTP_HEADER_TIMEOUT_S to send a
+# whole request head (from its opening, or from the end of its previous
+# response); silent for HTTP_IDLE_TIMEOUT_S while sending a body, it is closed.
+# A body over DATA_UPLOAD_MAX_MEMORY_SIZE (webhooks: CREWLET_WEBHOOK_MAX_BODY_BYTES)
+# is refused with 413 as soon as that many bytes have arrived.
+HTTP_HEADER_TIMEOUT_S = _number("CREWLET_HTTP_HEADER_TIMEOUT_S", 10.0, 0.1, 3600.0)
+HTTP_IDLE_TIMEOUT_S = _number("CREWLET_HTTP_IDLE_TIMEOUT_S", 30.0, 0.1, 3600.0)
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(_number("CREWLET_HTTP_MAX_BODY_BYTES", 2.5 * 1024 * 1024, 1024, 1024**3))
+#: An open /ws/stream checks its credential again this often (a revoked one closes it).
+WS_CREDENTIAL_RECHECK_S = _number("CREWLET_WS_RECHECK_S", 10.0, 0.1, 3600.0)
+#: Failed sign-ins allowed per client address and per username in LOGIN_FAILURE_WINDOW_S, then 429.
+LOGIN_FAILURE_LIMIT = int(_number("CREWLET_LOGIN_FAILURES", 5, 1, 1000))
+LOGIN_FAILURE_WINDOW_S = _number("CREWLET_LOGIN_WINDOW_S", 60.0, 1.0, 86400.0)
+#: /healthz waits this long for the broker to answer a round trip before calling it unresponsive.
+HEALTH_BROKER_TIMEOUT_S = _number("CREWLET_HEALTH_BROKER_TIMEOUT_S", 1.5, 0.05, 30.0)
+
+LOGIN_URL = "dash-login"
+LOGIN_REDIRECT_URL = "dash-overview"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

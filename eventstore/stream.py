@@ -16,7 +16,16 @@ Who may connect: the same credentials as ``/api/`` — a signed-in, active
 staff session, or ``Authorization: Bearer <operator token>`` in the handshake.
 Anything else is refused before the accept (an HTTP 403). A session is an
 ambient credential a browser sends cross-site too, so a session handshake
-whose ``Origin`` names a host this site does not serve is refused as well.
+whose ``Origin`` is not the origin the socket was reached on — scheme, host
+AND port, as the ``Host`` header and the connection's scheme give them — nor
+one of ``CSRF_TRUSTED_ORIGINS``, is refused as well.
+
+A credential is checked for as long as the socket is open, not only at the
+handshake: every ``WS_CREDENTIAL_RECHECK_S`` (10 s; ``CREWLET_WS_RECHECK_S``)
+the token is looked up again in the coordination store (not the verified-token
+cache) and a session is loaded again with its user; a revoked token, a signed
+out or deleted session, a user no longer active staff, closes the socket with
+4401 (Unauthorized) and its broadcast consumer with it.
 
 The protocol, JSON text frames (the dashboard's script depends on it exactly):
 
@@ -51,6 +60,10 @@ log = logging.getLogger("crewlet.eventstore.stream")
 STREAM_PATH = "/ws/stream"
 #: The close code of a socket with no queue behind it (RFC 6455 "Try Again Later").
 CLOSE_TRY_AGAIN_LATER = 1013
+#: The close code of a socket whose credential was revoked while it was open (HTTP's 401, in the 4xxx range).
+CLOSE_UNAUTHORIZED = 4401
+#: How often an open socket's credential is checked again when the settings name no interval.
+DEFAULT_RECHECK_S = 10.0
 
 # Frame kinds and keys.
 K_KIND = "kind"
@@ -67,6 +80,9 @@ REFUSED_NOT_STAFF = "session user is not active staff"
 REFUSED_BAD_TOKEN = "unknown operator token"
 REFUSED_BAD_AUTHORIZATION = "malformed Authorization header"
 REFUSED_ORIGIN = "cross-origin session"
+# Why an open socket was closed (the log's ``reason``).
+REVOKED_TOKEN = "operator token revoked"
+REVOKED_SESSION = "session signed out, or its user is no longer active staff"
 
 BEARER = "bearer"
 
@@ -102,22 +118,118 @@ def _token_name(token: str) -> Optional[str]:
     return row.name if row is not None else None
 
 
-def _origin_allowed(scope: dict[str, Any]) -> bool:
-    """No ``Origin`` (not a browser), or one whose host this site serves (``ALLOWED_HOSTS``)."""
+def _default_port(scheme: str) -> int:
+    return 443 if scheme == "https" else 80
+
+
+def _reached_on(scope: dict[str, Any]) -> Optional[tuple[str, str, int]]:
+    """(scheme, host, port) the socket was reached on: its ``Host`` header and the connection's scheme.
+
+    Behind a TLS-terminating proxy the connection is plain; Django's
+    ``SECURE_PROXY_SSL_HEADER``, when set and sent, says it was https.
+    """
+    from django.conf import settings
+    from django.http.request import split_domain_port
+
+    host_header = _header(scope, b"host")
+    if not host_header:
+        return None
+    secure = scope.get("scheme") in ("wss", "https")
+    proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if proxy and not secure:
+        name, wanted = proxy
+        meta = name[5:] if name.startswith("HTTP_") else name
+        sent = _header(scope, meta.lower().replace("_", "-").encode("latin1"))
+        secure = sent is not None and sent.split(",")[0].strip() == wanted
+    scheme = "https" if secure else "http"
+    host, port_text = split_domain_port(host_header.lower())
+    if not host:
+        return None
+    return scheme, host, int(port_text) if port_text else _default_port(scheme)
+
+
+def _origin_tuple(origin: str) -> Optional[tuple[str, str, int]]:
     from urllib.parse import urlparse
 
+    try:
+        parsed = urlparse(origin.strip().lower())
+        port = parsed.port
+    except ValueError:  # a port that is not a number, out of range
+        return None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return None
+    hostname = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+    return parsed.scheme, hostname, port if port is not None else _default_port(parsed.scheme)
+
+
+def _origin_allowed(scope: dict[str, Any]) -> bool:
+    """No ``Origin`` (not a browser); the very origin the socket was reached on; or a trusted one.
+
+    Same origin means scheme, host and port all equal, and the host one this
+    site serves (``ALLOWED_HOSTS``); ``CSRF_TRUSTED_ORIGINS`` (exact origins)
+    admits a page served from elsewhere on purpose.
+    """
     from django.conf import settings
-    from django.http.request import split_domain_port, validate_host
+    from django.http.request import validate_host
 
     origin = _header(scope, b"origin")
     if origin is None:
         return True
-    parsed = urlparse(origin)
-    if not parsed.scheme or not parsed.netloc:
+    claimed = _origin_tuple(origin)
+    if claimed is None:
         return False
-    host, _port = split_domain_port(parsed.netloc)
+    trusted = {_origin_tuple(o) for o in getattr(settings, "CSRF_TRUSTED_ORIGINS", ()) or ()}
+    if claimed in trusted:
+        return True
+    reached = _reached_on(scope)
+    if reached is None or claimed != reached:
+        return False
     allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
-    return bool(host) and validate_host(host, allowed)
+    return validate_host(claimed[1], allowed)
+
+
+def _bearer(scope: dict[str, Any]) -> Optional[str]:
+    """The ``Authorization: Bearer`` token of the handshake, or None when it carries no such header."""
+    header = _header(scope, b"authorization")
+    if header is None:
+        return None
+    parts = header.split()
+    if parts and parts[0].lower() == BEARER and len(parts) == 2:
+        return parts[1]
+    return None
+
+
+def _token_still_live(token: str) -> bool:
+    """The coordination store itself, not the verified-token cache: a revocation anywhere counts at once."""
+    from seats.models import OperatorToken
+
+    return OperatorToken.lookup(token) is not None
+
+
+async def _session_user_still_staff(session_key: Optional[str], user_pk: Any) -> bool:
+    """The session, loaded afresh from its store, still signs in ``user_pk``, who is still active staff."""
+    from importlib import import_module
+
+    from channels.auth import get_user
+    from django.conf import settings
+
+    if not session_key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=session_key)
+    user = await get_user({"session": store})  # loads the session and the user in the database thread
+    return bool(
+        getattr(user, "is_authenticated", False)
+        and user.pk == user_pk
+        and getattr(user, "is_active", False)
+        and getattr(user, "is_staff", False)
+    )
+
+
+def recheck_interval_s() -> float:
+    """``settings.WS_CREDENTIAL_RECHECK_S``, else :data:`DEFAULT_RECHECK_S`."""
+    from django.conf import settings
+
+    return float(getattr(settings, "WS_CREDENTIAL_RECHECK_S", DEFAULT_RECHECK_S) or DEFAULT_RECHECK_S)
 
 
 async def authenticate(scope: dict[str, Any]) -> tuple[Optional[str], str]:
@@ -150,6 +262,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
     _ready: bool = False
     _send_lock: Optional[asyncio.Lock] = None
     _live: Optional[projection.LiveProjection] = None
+    _recheck: Optional[asyncio.Task[None]] = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -187,6 +300,32 @@ class StreamConsumer(AsyncWebsocketConsumer):
             self._ready = True
             await self._send_frame(frame)
         log.info("ws_stream_connected", extra={"who": who, "client": self._client()})
+        self._recheck = asyncio.create_task(self._recheck_credential(recheck_interval_s()))
+
+    async def _still_authorised(self) -> tuple[bool, str]:
+        token = _bearer(self.scope)
+        if token is not None:
+            return await database_sync_to_async(_token_still_live)(token), REVOKED_TOKEN
+        session = self.scope.get("session")
+        user = self.scope.get("user")
+        key = getattr(session, "session_key", None)
+        return await _session_user_still_staff(key, getattr(user, "pk", None)), REVOKED_SESSION
+
+    async def _recheck_credential(self, every_s: float) -> None:
+        """Every ``every_s``, the handshake's credential again; a revoked one closes the socket with 4401."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                ok, why = await self._still_authorised()
+            except Exception:  # the store is away for a moment: the next check decides
+                log.warning("ws_stream_recheck_failed", extra={"who": self.who}, exc_info=True)
+                continue
+            if not ok:
+                log.info("ws_stream_revoked", extra={"who": self.who, "reason": why, "client": self._client()})
+                self._recheck = None  # this task ends here; closing must not cancel it under itself
+                await self._close_stream("revoked", CLOSE_UNAUTHORIZED)
+                await self.close(code=CLOSE_UNAUTHORIZED)
+                return
 
     async def _unavailable(self, why: str, *, accepted: bool = False) -> None:
         log.warning("ws_stream_unavailable", extra={"who": self.who, "reason": why, "client": self._client()})
@@ -211,6 +350,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
         await self._close_stream("disconnect", code)
 
     async def _close_stream(self, why: str, code: Optional[int] = None) -> None:
+        recheck, self._recheck = self._recheck, None
+        if recheck is not None and recheck is not asyncio.current_task():
+            recheck.cancel()
         stream, self._stream = self._stream, None
         self._ready = False
         if stream is None:
@@ -226,6 +368,7 @@ websocket_urlpatterns = [path(STREAM_PATH.lstrip("/"), StreamConsumer.as_asgi(),
 
 __all__ = [
     "CLOSE_TRY_AGAIN_LATER",
+    "CLOSE_UNAUTHORIZED",
     "KIND_EVENT",
     "KIND_SNAPSHOT",
     "STREAM_PATH",

@@ -7,10 +7,14 @@ settings ``check --deploy`` asks for.
 """
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import os
+import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -18,6 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
+from urllib.parse import urlencode
 
 import pytest
 
@@ -26,6 +31,9 @@ from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
 pytestmark = pytest.mark.integration
 
 UP_READY_S = 90.0
+STAFF_USER = "operator"
+STAFF_PASSWORD = "hardening-test-password-4711"
+TOKEN = "hardening-operator-token-0123456789abcdef"
 #: A condition the test waits for is expected well within this.
 WAIT_S = 30.0
 
@@ -203,3 +211,190 @@ def test_both_formatters_blank_credential_fields_headers_url_passwords_and_trace
             assert secret not in line
         assert "Slackbot" in line and "page=1" in line and "env:CREWLET_OPERATOR_TOKEN" in line
         assert "ValueError" in line and "127.0.0.1:4222" in line
+
+
+# -- a browser's and a socket's view of up -----------------------------------------------------------
+
+
+class Browser:
+    """Cookies, CSRF and a chosen source address (any 127.x.y.z reaches a loopback listener)."""
+
+    def __init__(self, up: Up, source_ip: str = "127.0.0.1") -> None:
+        self.up = up
+        self.source_ip = source_ip
+        self.cookies: dict[str, str] = {}
+
+    def call(
+        self, method: str, path: str, form: Optional[dict[str, str]] = None, headers: Optional[dict[str, str]] = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(self.up.host, self.up.port, timeout=30, source_address=(self.source_ip, 0))
+        sent = dict(headers or {})
+        if self.cookies:
+            sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        body = None
+        if form is not None:
+            body = urlencode(form).encode()
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        try:
+            conn.request(method, path, body=body, headers=sent)
+            response = conn.getresponse()
+            data = response.read()
+            for name, value in response.getheaders():
+                if name.lower() == "set-cookie":
+                    cookie = value.split(";", 1)[0]
+                    key, _, val = cookie.partition("=")
+                    self.cookies[key.strip()] = val.strip().strip('"')
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+        finally:
+            conn.close()
+
+    def sign_in(self, username: str, password: str) -> tuple[int, dict[str, str], bytes]:
+        status, _, page = self.call("GET", "/login/")
+        assert status == 200, page
+        token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert token is not None, page
+        form = {"csrfmiddlewaretoken": token.group(1).decode(), "username": username, "password": password, "next": ""}
+        return self.call("POST", "/login/", form=form)
+
+    def sign_out(self) -> int:
+        return self.call("POST", "/logout/", headers={"X-CSRFToken": self.cookies["csrftoken"]})[0]
+
+
+def staff_user(up: Up) -> None:
+    up.manage("createsuperuser", "--noinput", "--username", STAFF_USER, "--email", "op@example.com",
+              extra_env={"DJANGO_SUPERUSER_PASSWORD": STAFF_PASSWORD})
+
+
+class Socket:
+    """A WebSocket client in a few lines: the handshake, then frames (answering the server's pings)."""
+
+    def __init__(self, up: Up, headers: dict[str, str], host_header: Optional[str] = None) -> None:
+        self.sock = socket.create_connection((up.host, up.port), timeout=WAIT_S)
+        key = base64.b64encode(os.urandom(16)).decode()
+        lines = [
+            "GET /ws/stream HTTP/1.1",
+            f"Host: {host_header or f'{up.host}:{up.port}'}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {key}",
+            "Sec-WebSocket-Version: 13",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                break
+            self.buf += chunk
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        self.status = int(head.split()[1]) if head else 0
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("the server closed the connection")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked)
+
+    def frame(self) -> tuple[int, bytes]:
+        while True:
+            b0, b1 = self._read(2)
+            length = b1 & 0x7F
+            if length == 126:
+                length = struct.unpack("!H", self._read(2))[0]
+            elif length == 127:
+                length = struct.unpack("!Q", self._read(8))[0]
+            payload = self._read(length)
+            opcode = b0 & 0x0F
+            if opcode == 0x9:
+                self._send(0xA, payload)
+                continue
+            return opcode, payload
+
+    def text(self) -> dict[str, Any]:
+        opcode, payload = self.frame()
+        assert opcode == 0x1, (opcode, payload)
+        return json.loads(payload)
+
+    def close_code(self, timeout_s: float = WAIT_S) -> int:
+        """Read on (events, pings) until the server's close frame; its code. Fails after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"the server did not close the socket within {timeout_s} s")
+            self.sock.settimeout(remaining)
+            try:
+                opcode, payload = self.frame()
+            except socket.timeout:
+                raise AssertionError(f"the server did not close the socket within {timeout_s} s") from None
+            if opcode == 0x8:
+                return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# -- /ws/stream: the Origin is scheme, host and port; credentials are checked while it is open -------
+
+
+@pytest.mark.timeout(180)
+def test_a_staff_session_socket_is_refused_from_another_port_or_host_and_accepted_from_its_own_origin(
+    start_up: Callable[..., Up]
+) -> None:
+    up = start_up(CREWLET_TRUSTED_ORIGINS="https://dash.example.com")
+    staff_user(up)
+    browser = Browser(up)
+    status, headers, _ = browser.sign_in(STAFF_USER, STAFF_PASSWORD)
+    assert status == 302 and "sessionid" in browser.cookies, headers
+    cookie = {"Cookie": f"sessionid={browser.cookies['sessionid']}"}
+    own = f"http://{up.host}:{up.port}"
+
+    for origin in (f"http://{up.host}:1", f"http://localhost:{up.port}", f"https://{up.host}:{up.port}", "http://evil.example"):
+        refused = Socket(up, {**cookie, "Origin": origin})
+        assert refused.status == 403, origin
+        refused.close()
+    accepted = Socket(up, {**cookie, "Origin": own})
+    assert accepted.status == 101
+    assert accepted.text()["kind"] == "snapshot"
+    accepted.close()
+    trusted = Socket(up, {**cookie, "Origin": "https://dash.example.com"})
+    assert trusted.status == 101
+    trusted.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_socket_opened_with_an_operator_token_is_closed_4401_once_the_token_is_revoked(
+    start_up: Callable[..., Up]
+) -> None:
+    up = start_up(CREWLET_WS_RECHECK_S="0.2")
+    token = up.manage("operator_token", "ws-tab").strip()
+    ws = Socket(up, {"Authorization": f"Bearer {token}"})
+    assert ws.status == 101
+    assert ws.text()["kind"] == "snapshot"
+    up.manage("operator_token", "ws-tab", "--revoke")  # another process: the web process's cache never heard of it
+    assert ws.close_code() == 4401
+    ws.close()
+    assert "event=ws_stream_revoked" in up.out.wait_for("event=ws_stream_revoked", timeout_s=WAIT_S)  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(180)
+def test_a_staff_socket_is_closed_4401_when_its_session_signs_out(start_up: Callable[..., Up]) -> None:
+    up = start_up(CREWLET_WS_RECHECK_S="0.2")
+    staff_user(up)
+    browser = Browser(up)
+    assert browser.sign_in(STAFF_USER, STAFF_PASSWORD)[0] == 302
+    ws = Socket(up, {"Cookie": f"sessionid={browser.cookies['sessionid']}", "Origin": f"http://{up.host}:{up.port}"})
+    assert ws.status == 101
+    assert ws.text()["kind"] == "snapshot"
+    assert browser.sign_out() == 302
+    assert ws.close_code() == 4401
+    ws.close()

@@ -204,7 +204,7 @@ async def test_a_staff_session_from_another_site_is_refused_but_a_token_is_not_a
     connected, _ = await ws.connect(timeout=FRAME_TIMEOUT_S)
     assert connected is False
     await ws.disconnect(code=1006, timeout=FRAME_TIMEOUT_S)
-    async with tab(cookie, (b"origin", b"http://localhost:8000")) as (_, first):
+    async with tab(cookie, (b"origin", b"http://localhost:8000"), (b"host", b"localhost:8000")) as (_, first):
         assert first["kind"] == "snapshot"
     token = await operator_token()
     async with tab((b"authorization", f"Bearer {token}".encode()), (b"origin", b"https://evil.example")) as (_, first):
