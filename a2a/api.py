@@ -3,13 +3,16 @@
 Same credentials as the rest of ``/api/`` (an operator token or a staff
 session; 401 otherwise). ``POST ask`` is :func:`a2a.services.ask` run on the
 engine's loop (the queue the running seat runtime bound), so it answers 503
-when no runtime runs in this process. The reads are the records alone —
+when no runtime runs in this process or the loop does not answer within
+:data:`ASK_TIMEOUT_S`. An ask carrying a ``request_id`` is idempotent: 201 for
+the call that opened the channel, 200 with the same channel for a retry (so a
+client that saw a 503 or no answer retries without opening a second channel),
+409 when the id was used for a different ask. The reads are the records alone —
 participants, state, message count, opened/closed, closed_by — never content
 beyond the brief.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from typing import Any
@@ -22,9 +25,11 @@ from rest_framework.views import APIView
 
 from a2a import services
 from a2a.models import Channel
+from crewlet.bodies import ERROR_BAD_PARAMETER, StrictCharField, bad_request_body
 from crewlet.events import format_timestamp
+from crewlet.org import HANDLE_PATTERN
 from crewlet.tracing import Trace
-from eventstore.serializers import DetailSerializer
+from eventstore.serializers import BadParameterSerializer, DetailSerializer
 from seats import actions
 from seats.api import company
 
@@ -34,6 +39,14 @@ log = logging.getLogger("crewlet.a2a.api")
 ASK_TIMEOUT_S = 10.0
 #: The most records one list answers, newest first.
 LIST_LIMIT = 200
+#: What a seat handle must look like, in a person's words.
+HANDLE_SAYS = "must be a seat handle: 1-63 lowercase letters, digits, '_' or '-', starting with a letter or digit"
+#: A brief must say something.
+NOT_ONLY_SPACE = r"[\s\S]*\S[\s\S]*"
+#: A request id: printable ASCII without spaces (a UUID, a ULID, a client's own counter).
+REQUEST_ID_PATTERN = r"[!-~]{1,200}"
+#: The body field a 400 about the seat asked names.
+P_TO = "to"
 
 
 class ChannelSerializer(serializers.Serializer):
@@ -59,12 +72,20 @@ class ChannelListSerializer(serializers.Serializer):
 
 class AskSerializer(serializers.Serializer):
     # ``from`` is a keyword: the wire name is set in __init__.
-    to = serializers.CharField(max_length=63)
-    brief = serializers.CharField(max_length=20000)
+    to = StrictCharField(max_length=63, pattern=HANDLE_PATTERN, pattern_says=HANDLE_SAYS)
+    brief = StrictCharField(max_length=20000, pattern=NOT_ONLY_SPACE, pattern_says="must not be only white space")
+    request_id = StrictCharField(
+        required=False,
+        max_length=200,
+        pattern=REQUEST_ID_PATTERN,
+        pattern_says="must be 1-200 printable ASCII characters without spaces",
+        help_text="makes the ask idempotent: a retry with the same request_id (from the same seat) answers the "
+        "channel the first attempt opened instead of opening another",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["from"] = serializers.CharField(max_length=63)
+        self.fields["from"] = StrictCharField(max_length=63, pattern=HANDLE_PATTERN, pattern_says=HANDLE_SAYS)
 
 
 def render(row: Channel) -> dict[str, Any]:
@@ -90,45 +111,64 @@ def _detail(message: str, code: int) -> Response:
     return Response({"detail": message}, status=code)
 
 
+def _refused(param: str, reason: str) -> Response:
+    return Response(bad_request_body(ERROR_BAD_PARAMETER, param, reason), status=status.HTTP_400_BAD_REQUEST)
+
+
 class AskView(APIView):
     @extend_schema(
         operation_id="a2a_ask",
         summary="Open an A2A channel: put the brief on the target seat's inbox as an a2a_request",
         request=AskSerializer,
-        responses={201: ChannelSerializer, 400: DetailSerializer, 401: DetailSerializer, 404: DetailSerializer, 503: DetailSerializer},
+        responses={
+            200: ChannelSerializer,
+            201: ChannelSerializer,
+            400: BadParameterSerializer,
+            401: DetailSerializer,
+            404: DetailSerializer,
+            409: DetailSerializer,
+            503: DetailSerializer,
+        },
     )
     def post(self, request: Request) -> Response:
-        body = AskSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body = AskSerializer(data=request.data)  # the parser let only a JSON object through
         body.is_valid(raise_exception=True)
         asker, target, brief = body.validated_data["from"], body.validated_data["to"], body.validated_data["brief"]
+        request_id = body.validated_data.get("request_id", "")
         org = company()
         for handle in (asker, target):
             if org.seat_by_handle(handle) is None:
                 return _detail(f"no seat {handle!r} in the company", status.HTTP_404_NOT_FOUND)
         target_seat = org.seat_by_handle(target)
         if not target_seat.is_agent:  # type: ignore[union-attr]
-            return _detail(f"seat {target!r} is a human seat: it has no inbox to ask on", status.HTTP_400_BAD_REQUEST)
-        bound = actions.bound_queue()
-        if bound is None:
-            return _detail("no seat runtime runs in this process to publish the ask on", status.HTTP_503_SERVICE_UNAVAILABLE)
+            return _refused(P_TO, f"seat {target!r} is a human seat: it has no inbox to ask on")
         asker_seat = org.seat_by_handle(asker)
-        coro = services.ask(
-            bound[0],
-            asker,
-            target,
-            brief,
-            trace=Trace.root(),
-            role=getattr(asker_seat, "role", ""),
-            agent_id=getattr(asker_seat, "agent_id", ""),
-        )
+        opened_before = request_id and Channel.objects.filter(pk=services.ask_channel_id(asker, request_id)).exists()
         try:
-            row = asyncio.run_coroutine_threadsafe(coro, bound[1]).result(timeout=ASK_TIMEOUT_S)
+            row = actions.on_engine(
+                lambda queue: services.ask(
+                    queue,
+                    asker,
+                    target,
+                    brief,
+                    trace=Trace.root(),
+                    role=getattr(asker_seat, "role", ""),
+                    agent_id=getattr(asker_seat, "agent_id", ""),
+                    request_id=request_id,
+                ),
+                ASK_TIMEOUT_S,
+            )
+        except actions.EngineAway as exc:
+            log.warning("a2a_ask_unreachable", extra={"asker": asker, "target": target, "error": str(exc)})
+            return _detail(f"the ask could not be published: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE)
+        except services.RequestIdReused as exc:
+            return _detail(exc.reason, status.HTTP_409_CONFLICT)
         except services.A2AError as exc:
-            return _detail(exc.reason, status.HTTP_400_BAD_REQUEST)
+            return _refused(P_TO, exc.reason)
         except Exception:
             log.error("a2a_ask_failed", extra={"asker": asker, "target": target}, exc_info=True)
             return _detail("the ask could not be published", status.HTTP_503_SERVICE_UNAVAILABLE)
-        return Response(render(row), status=status.HTTP_201_CREATED)
+        return Response(render(row), status=status.HTTP_200_OK if opened_before else status.HTTP_201_CREATED)
 
 
 class ChannelsView(APIView):

@@ -59,6 +59,8 @@ A2A_MAX_DEPTH = 3
 GUARD_DEPTH_CAP = "depth_cap"
 #: Namespace of the answer wake's id: one channel, one answer id, however often it is sent.
 _ANSWER_NS = uuid.UUID("6f1f8f5e-6a52-4c3e-9a7a-2a2a0a2a0a2a")
+#: Namespace of the ids an ask derives: its channel's (from a caller's request id) and its two events'.
+_ASK_NS = uuid.UUID("0c5d4f7a-3b1e-4d9a-8f26-5a2c1e7b9d40")
 
 
 class A2AError(Exception):
@@ -85,6 +87,10 @@ class DepthCapExceeded(A2AError):
     pass
 
 
+class RequestIdReused(A2AError):
+    """A request id already opened a channel with a different asker, target or brief."""
+
+
 def conversation_key(channel_id: Any) -> str:
     """Both hops of a channel are one conversation: what the turns on either side are tagged with."""
     return f"a2a:{channel_id}"
@@ -92,6 +98,16 @@ def conversation_key(channel_id: Any) -> str:
 
 def answer_event_id(channel_id: Any) -> str:
     return str(uuid.uuid5(_ANSWER_NS, str(channel_id)))
+
+
+def ask_channel_id(asker: str, request_id: str) -> str:
+    """The channel an ask carrying ``request_id`` opens: a retry of that ask names the same channel."""
+    return str(uuid.uuid5(_ASK_NS, f"request\n{asker}\n{request_id}"))
+
+
+def _ask_event_id(channel_id: str, which: str) -> str:
+    """The id of an ask's ``which`` event: one per channel, so an ask completed twice is one event each."""
+    return str(uuid.uuid5(_ASK_NS, f"{which}\n{channel_id}"))
 
 
 @dataclass(frozen=True)
@@ -108,18 +124,33 @@ def _stamp(now: Optional[datetime]) -> Any:
 
 
 @in_store
-def _open(asker: str, target: str, brief: str, asker_turn_id: str, depth: int, chain: list[str], now: Optional[datetime]) -> Channel:
-    row = Channel.objects.create(
-        asker=asker,
-        target=target,
-        brief=brief,
-        asker_turn_id=asker_turn_id,
-        delegation_depth=depth,
-        delegation_chain=chain,
-        opened_at=_stamp(now),
-    )
+def _open(
+    asker: str,
+    target: str,
+    brief: str,
+    asker_turn_id: str,
+    depth: int,
+    chain: list[str],
+    now: Optional[datetime],
+    channel_id: Optional[str] = None,
+) -> tuple[Channel, bool]:
+    """The channel row and whether this call created it (False: ``channel_id`` was opened before)."""
+    fields = {
+        "asker": asker,
+        "target": target,
+        "brief": brief,
+        "asker_turn_id": asker_turn_id,
+        "delegation_depth": depth,
+        "delegation_chain": chain,
+        "opened_at": _stamp(now),
+    }
+    if channel_id is None:
+        row, created = Channel.objects.create(**fields), True
+    else:
+        with transaction.atomic(using="default"):
+            row, created = Channel.objects.get_or_create(pk=uuid.UUID(channel_id), defaults=fields)
     row.refresh_from_db()
-    return row
+    return row, created
 
 
 @in_store
@@ -194,11 +225,23 @@ async def ask(
     agent_id: str = "",
     max_depth: Optional[int] = None,
     now: Optional[datetime] = None,
+    request_id: str = "",
 ) -> Channel:
     """Open a channel from ``from_seat`` (asking from a turn at ``delegation_depth``) to ``to_handle``.
 
     A turn at or past the cap does not ask: ``turn.guard_breach`` (``depth_cap``)
     is published for it and :class:`DepthCapExceeded` raised.
+
+    With a ``request_id`` the ask is idempotent: the channel's id derives from
+    the asker and the request id, so a retry (after a timeout, or a lost
+    answer) finds the channel the first attempt opened instead of opening a
+    second one. A retry of a channel still open publishes its two events again
+    under their fixed ids — completing an attempt that stopped between the row
+    and the publishes; where the first attempt did publish, the event store
+    keeps one row per id and the target's inbox drops the same-id wake (or the
+    ledger skips it once worked). A retry of a closed channel publishes
+    nothing. The same request id with another target or brief is
+    :class:`RequestIdReused`.
     """
     trace = trace or trace_of()
     cap = A2A_MAX_DEPTH if max_depth is None else max_depth
@@ -223,8 +266,18 @@ async def ask(
         raise DepthCapExceeded(detail)
 
     chain = list(delegation_chain)
-    row = await _open(from_seat, to_handle, brief, parent_turn_id, delegation_depth, chain, now)
+    wanted = ask_channel_id(from_seat, request_id) if request_id else None
+    row, created = await _open(from_seat, to_handle, brief, parent_turn_id, delegation_depth, chain, now, wanted)
     cid = str(row.id)
+    if not created:
+        if (row.asker, row.target, row.brief) != (from_seat, to_handle, brief):
+            raise RequestIdReused(
+                f"request_id {request_id!r} already opened A2A channel {cid} "
+                f"({row.asker} → {row.target}) with another target or brief"
+            )
+        if row.state != Channel.OPEN:
+            log.info("a2a_ask_repeated", extra={"channel_id": cid, "asker": from_seat, "state": row.state})
+            return row
     envelope = {
         "delegation_depth": delegation_depth + 1,
         "parent_turn_id": parent_turn_id,
@@ -242,6 +295,7 @@ async def ask(
             agent_id=agent_id,
         ),
         trace,
+        event_id=_ask_event_id(cid, "opened"),
         **envelope,
     )
     await _publish(queue, topics.event(opened.type), opened)
@@ -259,10 +313,14 @@ async def ask(
         ),
         trace,
         extras={"sender": from_seat, "body": brief, "conversation_identity": conversation_key(cid)},
+        event_id=_ask_event_id(cid, "request"),
         **envelope,
     )
     await _publish(queue, topics.agent_inbox(to_handle), request)
-    log.info("a2a_channel_opened", extra={"channel_id": cid, "asker": from_seat, "target": to_handle})
+    log.info(
+        "a2a_channel_opened" if created else "a2a_ask_repeated",
+        extra={"channel_id": cid, "asker": from_seat, "target": to_handle},
+    )
     return row
 
 
@@ -373,11 +431,13 @@ __all__ = [
     "GUARD_DEPTH_CAP",
     "IDLE_CLOSE_S",
     "NotTheAnswerer",
+    "RequestIdReused",
     "SweepReport",
     "UnknownChannel",
     "answer",
     "answer_event_id",
     "ask",
+    "ask_channel_id",
     "conversation_key",
     "sweep",
 ]

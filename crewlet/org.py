@@ -43,6 +43,8 @@ MAX_CONCURRENT_RANGE = (1, 64)
 EXAMPLE_COMPANY = Path(__file__).resolve().parent / "companies" / "example.yaml"
 
 _HANDLE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+#: What a seat handle looks like (a whole-string match), for whoever validates one from outside.
+HANDLE_PATTERN: str = _HANDLE.pattern
 _ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")

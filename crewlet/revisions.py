@@ -41,6 +41,7 @@ from crewlet.org import CompanyError, Organization, parse_company_text
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
+from crewlet.runtime import call_on_loop
 from crewlet.tracing import Trace
 
 log = logging.getLogger("crewlet.revisions")
@@ -163,7 +164,7 @@ def activate(revision_id: int, by: str) -> bool:
             log.info("config_revision_activated_unannounced", extra={"revision": change.revision, "reason": "no engine here"})
             return
         try:
-            asyncio.run_coroutine_threadsafe(_announce(b.queue, change), b.loop).result(timeout=ANNOUNCE_TIMEOUT_S)
+            call_on_loop(lambda: _announce(b.queue, change), b.loop, ANNOUNCE_TIMEOUT_S)
         except Exception:
             # The pointer moved whatever happens here; every node's poller applies it.
             log.warning("config_revision_announce_failed", extra={"revision": change.revision}, exc_info=True)

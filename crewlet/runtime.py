@@ -9,12 +9,20 @@ A web-only process (no engine) has no queue registered. :func:`aget_queue`
 then dials the broker named by the settings (``stream.type: nats``) once,
 lazily, on first use; with ``stream.type: embedded`` there is no broker to
 dial from outside ``manage.py up``, and it says so.
+
+:func:`call_on_loop` is the one way a thread that is not the engine's (a sync
+view, an admin action, an ``on_commit`` announcement) runs a coroutine on the
+engine's loop and waits for its answer.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from typing import Optional
+from typing import Awaitable, Callable, Optional, TypeVar
+
+from asgiref.sync import SyncToAsync
+from opentelemetry import context as otel_context
 
 from crewlet.queue.contract import EventQueue
 
@@ -90,4 +98,83 @@ def is_connected(queue: EventQueue) -> bool:
     return queue.connected
 
 
-__all__ = ["NoQueue", "aget_queue", "clear_queue", "current_queue", "get_queue", "is_connected", "set_queue"]
+# -- a thread waiting on the engine's loop ---------------------------------------------------
+
+_T = TypeVar("_T")
+
+#: Why a thread could not ask the engine's loop, when no engine runs in this process.
+NO_ENGINE = "no engine runs in this process to reach the queue"
+
+
+class EngineAway(Exception):
+    """The engine's loop cannot be asked from here, or it did not answer in time."""
+
+
+def call_on_loop(
+    make: Callable[[], Awaitable[_T]], loop: Optional[asyncio.AbstractEventLoop], timeout_s: float
+) -> _T:
+    """Run ``make()`` as a task on ``loop`` and wait at most ``timeout_s`` for its result.
+
+    The task runs in a fresh :mod:`contextvars` context, as the engine's own
+    tasks do, never in a copy of the calling thread's. A copy would carry
+    asgiref's per-request thread marker: the coroutine's store calls
+    (``sync_to_async(thread_sensitive=True)``) would then be queued on the very
+    request thread that is blocked here waiting for them, and the wait could
+    only end by timing out — after the work had been half done. In a fresh
+    context they run on the engine's store thread. A copy would also carry the
+    request thread's database connections into that thread. The caller's
+    OpenTelemetry context (its current span) is carried across explicitly, so
+    events the coroutine publishes still hang off the caller's trace.
+
+    Refuses (:class:`EngineAway`) rather than waiting where waiting cannot
+    end: on a thread that runs an event loop (await the coroutine instead), and
+    on the store thread itself (the coroutine's store calls would queue behind
+    this wait). On a timeout the task is cancelled and :class:`EngineAway`
+    raised; what the coroutine had already committed stays committed.
+    """
+    if loop is None or loop.is_closed():
+        raise EngineAway(NO_ENGINE)
+    try:
+        running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not None:
+        raise EngineAway("a thread running an event loop must await the coroutine, not block on a loop")
+    if SyncToAsync.deadlock_context.get(False):
+        raise EngineAway("this is the store thread the engine's coroutine needs: blocking here would deadlock")
+    carried = otel_context.get_current()
+
+    async def run() -> _T:
+        token = otel_context.attach(carried)
+        try:
+            return await make()
+        finally:
+            otel_context.detach(token)
+
+    coro = run()
+    try:
+        # run_coroutine_threadsafe schedules the task with the context current at the call: a fresh one.
+        future = contextvars.Context().run(asyncio.run_coroutine_threadsafe, coro, loop)
+    except RuntimeError as exc:  # the loop closed since the check above
+        coro.close()
+        raise EngineAway(NO_ENGINE) from exc
+    try:
+        return future.result(timeout=timeout_s)
+    except TimeoutError as exc:
+        future.cancel()
+        log.warning("engine_loop_timeout", extra={"timeout_s": timeout_s})
+        raise EngineAway(f"the engine did not answer within {timeout_s:g}s") from exc
+
+
+__all__ = [
+    "NO_ENGINE",
+    "EngineAway",
+    "NoQueue",
+    "aget_queue",
+    "call_on_loop",
+    "clear_queue",
+    "current_queue",
+    "get_queue",
+    "is_connected",
+    "set_queue",
+]

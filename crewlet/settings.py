@@ -223,7 +223,7 @@ REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_PERMISSION_CLASSES": ["eventstore.auth.IsOperator"],
     "DEFAULT_RENDERER_CLASSES": ["eventstore.renderers.OrjsonRenderer"],  # DRF's JSON values, ~10x faster
     "UNICODE_JSON": False,  # only DRF's own renderer reads it (the indented and fallback answers): \u-escaped
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["crewlet.bodies.JSONObjectParser"],  # objects only, depth-limited, storable strings
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "eventstore.api.exception_handler",
 }

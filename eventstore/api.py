@@ -18,6 +18,7 @@ from django.http import QueryDict
 from rest_framework import exceptions, status
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from crewlet.bodies import ERROR_BAD_PARAMETER, as_one_shape, bad_request_body
 from crewlet.conf import SettingsError, load_settings
 from crewlet.events import CATEGORIES, parse_timestamp
 from eventstore import questions as qs
@@ -55,13 +56,14 @@ class BadParameter(exceptions.APIException):
     def __init__(self, param: str, reason: str) -> None:
         self.param = param
         self.reason = reason
-        super().__init__({"error": "bad_parameter", "param": param, "reason": reason})
+        super().__init__(reason)
         # APIException coerces a dict detail's values to ErrorDetail; keep plain strings.
-        self.detail = {"error": "bad_parameter", "param": param, "reason": reason}
+        self.detail = bad_request_body(ERROR_BAD_PARAMETER, param, reason)
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
-    return drf_exception_handler(exc, context)
+    """DRF's handler, with every 400 in the one shape ``{"error", "param", "reason"}`` (crewlet.bodies)."""
+    return drf_exception_handler(as_one_shape(exc), context)
 
 
 # -- the asker's instant and this node ---------------------------------------------------

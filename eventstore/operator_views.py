@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from crewlet.bodies import BadBody, StrictCharField, bad_request_body
 from crewlet.events import format_timestamp
 from crewlet.queue.contract import DeadLetter
 from eventstore import actions as ops
@@ -34,6 +35,8 @@ log = logging.getLogger("crewlet.eventstore.operator")
 
 #: How long a request waits for the engine's loop to answer.
 QUEUE_TIMEOUT_S = 10.0
+#: The longest ``request_id`` an operator call may carry (it is audited).
+MAX_REQUEST_ID = 200
 #: Dead letters listed when ``?limit=`` is not given, and the most one page may ask for.
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -85,13 +88,13 @@ class DeadLetterListSerializer(serializers.Serializer):
 
 
 class ReplayArgsSerializer(serializers.Serializer):
-    ref = serializers.CharField()
+    ref = StrictCharField(pattern=r"[\s\S]*\S[\s\S]*", pattern_says="must not be empty or only white space")
 
 
 class ActRequestSerializer(serializers.Serializer):
     tool = serializers.ChoiceField(choices=sorted(ops.TOOLS))
     args = ReplayArgsSerializer()
-    request_id = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    request_id = StrictCharField(required=False, allow_blank=True, max_length=MAX_REQUEST_ID)
 
 
 class ActResultSerializer(serializers.Serializer):
@@ -198,7 +201,7 @@ class OperatorActView(APIView):
         request=ActRequestSerializer,
         responses={
             200: ActResultSerializer,
-            400: RefusalSerializer,
+            400: BadParameterSerializer,
             401: DetailSerializer,
             404: RefusalSerializer,
             409: RefusalSerializer,
@@ -207,17 +210,20 @@ class OperatorActView(APIView):
     )
     def post(self, request: Request) -> Response:
         actor = actor_of(request)
-        body = request.data if isinstance(request.data, dict) else {}
+        try:
+            body = request.data  # the parser lets only a depth-limited JSON object of storable strings through
+        except BadBody:
+            self._audit_refusal("", ops.REFUSAL_BAD_ARGS, actor, "")
+            raise
         tool = body.get(K_TOOL)
         args = body.get(K_ARGS)
         request_id = body.get(K_REQUEST_ID, "")
-        request_id = request_id if isinstance(request_id, str) else ""
         tool_name = tool if isinstance(tool, str) else ""
-        refused = self._refusal(tool_name, args)
+        refused = self._refusal(tool_name, args, request_id)
         if refused is not None:
-            refusal, detail = refused
-            self._audit_refusal(tool_name, refusal, actor, request_id)
-            return Response({K_DETAIL: detail, K_REFUSAL: refusal}, status=status.HTTP_400_BAD_REQUEST)
+            refusal, param, detail = refused
+            self._audit_refusal(tool_name, refusal, actor, request_id if isinstance(request_id, str) else "")
+            return Response(bad_request_body(refusal, param, detail), status=status.HTTP_400_BAD_REQUEST)
         ref = args[K_REF].strip()
         try:
             result = seat_actions.on_engine(
@@ -236,20 +242,28 @@ class OperatorActView(APIView):
             ops.REFUSAL_GONE: status.HTTP_404_NOT_FOUND,
             ops.REFUSAL_NO_SUBSCRIPTION: status.HTTP_409_CONFLICT,
         }.get(result.refusal, status.HTTP_503_SERVICE_UNAVAILABLE)
+        if code == status.HTTP_400_BAD_REQUEST:  # every 400 has the one shape
+            return Response(bad_request_body(result.refusal, f"{K_ARGS}.{K_REF}", result.detail), status=code)
         return Response({K_DETAIL: result.detail, K_REFUSAL: result.refusal}, status=code)
 
     @staticmethod
-    def _refusal(tool: str, args: Any) -> Optional[tuple[str, str]]:
-        """Why the call cannot be run as asked, or None."""
+    def _refusal(tool: str, args: Any, request_id: Any) -> Optional[tuple[str, str, str]]:
+        """Why the call cannot be run as asked — (refusal, the field, the reason) — or None."""
         if tool not in ops.TOOLS:
             known = ", ".join(sorted(ops.TOOLS))
-            return ops.REFUSAL_UNKNOWN_TOOL, f"unknown tool {tool!r}: known tools are {known}"
+            return ops.REFUSAL_UNKNOWN_TOOL, K_TOOL, f"unknown tool {tool!r}: known tools are {known}"
         ref = args.get(K_REF) if isinstance(args, dict) else None
         if not isinstance(ref, str) or not ref.strip():
-            return ops.REFUSAL_BAD_ARGS, f"{tool} needs args.{K_REF}: the dead letter's ref from /api/dead-letters"
+            return (
+                ops.REFUSAL_BAD_ARGS,
+                f"{K_ARGS}.{K_REF}",
+                f"{tool} needs args.{K_REF}: the dead letter's ref from /api/dead-letters",
+            )
         refused = ops.ref_refusal(ref.strip())
         if refused:
-            return ops.REFUSAL_BAD_ARGS, refused
+            return ops.REFUSAL_BAD_ARGS, f"{K_ARGS}.{K_REF}", refused
+        if not isinstance(request_id, str) or len(request_id) > MAX_REQUEST_ID:
+            return ops.REFUSAL_BAD_ARGS, K_REQUEST_ID, f"must be a string of at most {MAX_REQUEST_ID} characters"
         return None
 
     @staticmethod

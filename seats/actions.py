@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 from django.db import transaction
 from django.utils import timezone
 
-from crewlet import events
+from crewlet import events, runtime
 from crewlet.events.types import SeatPaused, SeatResumed
 from crewlet.org import CompanyHolder
 from crewlet.queue import topics
@@ -138,38 +138,27 @@ def bound_queue() -> Optional[tuple[EventQueue, asyncio.AbstractEventLoop]]:
     return b.queue, b.loop
 
 
-#: Why a request thread could not ask the engine's queue, when no engine runs here.
-NO_ENGINE = "no engine runs in this process to reach the queue"
+#: Why a request thread could not ask the engine's queue, when no engine runs in this process.
+NO_ENGINE = runtime.NO_ENGINE
 #: How long a request thread waits for the engine's loop by default.
 ENGINE_TIMEOUT_S = 10.0
 _T = TypeVar("_T")
-
-
-class EngineAway(Exception):
-    """No engine runs in this process, or its loop did not answer in time."""
+EngineAway = runtime.EngineAway
 
 
 def on_engine(make: Callable[[EventQueue], Awaitable[_T]], timeout_s: float = ENGINE_TIMEOUT_S) -> _T:
     """Run ``make(queue)`` on the engine's loop and wait for it; EngineAway when it cannot be asked.
 
-    The one way a request thread (a view) reaches the engine's queue: the queue
-    lives on the engine's asyncio loop, so its verbs are awaited there.
+    The way a request thread (a view) reaches the bound queue: the queue
+    lives on the engine's asyncio loop, so its verbs are awaited there, through
+    :func:`crewlet.runtime.call_on_loop` (which cannot deadlock on the
+    request's own thread).
     """
     bound = bound_queue()
     if bound is None:
         raise EngineAway(NO_ENGINE)
     queue, loop = bound
-    try:
-        if asyncio.get_running_loop() is loop:
-            raise EngineAway("blocking on the engine's own loop would deadlock")
-    except RuntimeError:
-        pass
-    future = asyncio.run_coroutine_threadsafe(make(queue), loop)  # type: ignore[arg-type]
-    try:
-        return future.result(timeout=timeout_s)
-    except TimeoutError as exc:
-        future.cancel()
-        raise EngineAway(f"the engine did not answer within {timeout_s:g}s") from exc
+    return runtime.call_on_loop(lambda: make(queue), loop, timeout_s)
 
 
 # -- the compare-and-set ----------------------------------------------------------
@@ -340,8 +329,7 @@ def _sync(cas: Callable[[], Optional[PauseChange]]) -> bool:
         # The change is committed whatever happens here: a failed announcement is logged, and
         # every node's pause reconcile still applies the row.
         try:
-            future = asyncio.run_coroutine_threadsafe(_announce(b.queue, change, b.hook), b.loop)
-            future.result(timeout=ANNOUNCE_TIMEOUT_S)
+            runtime.call_on_loop(lambda: _announce(b.queue, change, b.hook), b.loop, ANNOUNCE_TIMEOUT_S)
         except Exception:
             log.error("seat_pause_announce_failed", extra={"seat": change.handle}, exc_info=True)
 
@@ -365,6 +353,9 @@ def resume_seat(handle: str, by: str, *, by_seat: str = "") -> bool:
 
 
 __all__ = [
+    "ENGINE_TIMEOUT_S",
+    "EngineAway",
+    "NO_ENGINE",
     "PauseChange",
     "SeatNotFound",
     "apause_seat",
@@ -372,6 +363,8 @@ __all__ = [
     "aresume_seat",
     "bind",
     "bound",
+    "bound_queue",
+    "on_engine",
     "pause_cas",
     "pause_seat",
     "pause_states",

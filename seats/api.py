@@ -24,10 +24,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from crewlet.bodies import ERROR_BAD_PARAMETER, StrictBooleanField, StrictCharField, bad_request_body
 from crewlet.org import Organization, Seat, load_company
 from crewlet.queue import topics
 from eventstore.auth import actor_of
-from eventstore.serializers import DetailSerializer
+from eventstore.serializers import BadParameterSerializer, DetailSerializer
 from seats import actions, runtime
 from seats.actions import SeatNotFound
 from seats.delivery_models import SeatPause
@@ -36,6 +37,8 @@ log = logging.getLogger("crewlet.seats.api")
 
 #: How long a list waits for the engine's loop to answer the mailbox depths.
 DEPTH_TIMEOUT_S = 2.0
+#: The path parameter a 400 about the seat names.
+P_HANDLE = "handle"
 
 
 # -- serializers (the schema; the answers are plain dicts) -------------------------------
@@ -72,8 +75,8 @@ class SeatListSerializer(serializers.Serializer):
 
 
 class PauseRequestSerializer(serializers.Serializer):
-    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
-    stop_running = serializers.BooleanField(required=False, default=False)
+    reason = StrictCharField(required=False, allow_blank=True, default="", max_length=2000)
+    stop_running = StrictBooleanField(required=False, default=False)
 
 
 class ChangeSerializer(serializers.Serializer):
@@ -81,7 +84,7 @@ class ChangeSerializer(serializers.Serializer):
     state = PauseStateSerializer()
 
 
-_ERRORS = {401: DetailSerializer, 404: DetailSerializer, 503: DetailSerializer}
+_ERRORS = {400: BadParameterSerializer, 401: DetailSerializer, 404: DetailSerializer, 503: DetailSerializer}
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -142,7 +145,8 @@ def _seat_or_error(handle: str) -> tuple[Optional[Seat], Optional[Response]]:
         return None, Response({"detail": f"no seat {handle!r} in the company"}, status=status.HTTP_404_NOT_FOUND)
     if not seat.is_agent:
         return None, Response(
-            {"detail": f"seat {handle!r} is a human seat: it has no inbox to hold"}, status=status.HTTP_400_BAD_REQUEST
+            bad_request_body(ERROR_BAD_PARAMETER, P_HANDLE, f"seat {handle!r} is a human seat: it has no inbox to hold"),
+            status=status.HTTP_400_BAD_REQUEST,
         )
     return seat, None
 
@@ -204,14 +208,14 @@ class SeatPauseView(APIView):
         operation_id="seats_pause",
         summary="Pause a seat: hold its inbox (optionally stopping the running turn)",
         request=PauseRequestSerializer,
-        responses={200: ChangeSerializer, 400: DetailSerializer, **_ERRORS},
+        responses={200: ChangeSerializer, **_ERRORS},
     )
     def post(self, request: Request, handle: str) -> Response:
+        body = PauseRequestSerializer(data=request.data)  # the parser let only a JSON object through
+        body.is_valid(raise_exception=True)
         _, error = _seat_or_error(handle)
         if error is not None:
             return error
-        body = PauseRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
-        body.is_valid(raise_exception=True)
         reason, stop_running = body.validated_data["reason"], body.validated_data["stop_running"]
         return _change(handle, "pause", lambda: actions.pause_seat(handle, actor_of(request), reason, stop_running))
 
@@ -221,9 +225,10 @@ class SeatResumeView(APIView):
         operation_id="seats_resume",
         summary="Resume a paused seat: release the hold on its inbox",
         request=None,
-        responses={200: ChangeSerializer, 400: DetailSerializer, **_ERRORS},
+        responses={200: ChangeSerializer, **_ERRORS},
     )
     def post(self, request: Request, handle: str) -> Response:
+        _ = request.data  # no body is needed, but one that is sent must be a JSON object (the parser refuses it)
         _, error = _seat_or_error(handle)
         if error is not None:
             return error

@@ -44,7 +44,7 @@ def test_an_ask_naming_an_unknown_seat_is_404_a_human_target_400_and_a_missing_f
     c = bearer(token)
     assert c.post("/api/a2a/ask", {"from": "ada", "to": "nobody", "brief": "hi"}, format="json").status_code == 404
     human = c.post("/api/a2a/ask", {"from": "ada", "to": "grace", "brief": "hi"}, format="json")
-    assert human.status_code == 400 and "human" in human.json()["detail"]
+    assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "to"
     assert c.post("/api/a2a/ask", {"to": "linus", "brief": "hi"}, format="json").status_code == 400
     assert not Channel.objects.exists()
 

@@ -202,9 +202,9 @@ async def test_an_unknown_tool_or_missing_args_is_400_and_still_audited_as_a_ref
     _, token = await sync_to_async(OperatorToken.mint)("ops-console")
     c = bearer(token)
     unknown = await call(c.post, "/operator/act", {"tool": "drop_tables", "args": {"ref": "1"}}, "json")
-    assert unknown.status_code == 400 and unknown.json()["refusal"] == ops.REFUSAL_UNKNOWN_TOOL
+    assert unknown.status_code == 400 and unknown.json()["error"] == ops.REFUSAL_UNKNOWN_TOOL
     missing = await call(c.post, "/operator/act", {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {}}, "json")
-    assert missing.status_code == 400 and missing.json()["refusal"] == ops.REFUSAL_BAD_ARGS
+    assert missing.status_code == 400 and missing.json()["error"] == ops.REFUSAL_BAD_ARGS
     assert len(await engine.dead_letters()) == 1
     await eventually(lambda: sync_to_async(lambda: len(audits()) == 2)(), what="two refusals audited")
     assert [r.tool for r in await sync_to_async(audits)()] == ["drop_tables", ops.TOOL_DEAD_LETTER_REPLAY]
@@ -257,8 +257,8 @@ async def test_a_ref_that_cannot_name_an_entry_is_400_with_the_rule_and_no_broke
     response = await replay(bearer(token), ref)
     assert response.status_code == 400, response.content
     body = response.json()
-    assert body["refusal"] == ops.REFUSAL_BAD_ARGS and "18446744073709551615" in body["detail"]
-    assert not any(word in body["detail"].lower() for word in ("nats", "json", "unmarshal", "err_code"))
+    assert body["error"] == ops.REFUSAL_BAD_ARGS and body["param"] == "args.ref" and "18446744073709551615" in body["reason"]
+    assert not any(word in body["reason"].lower() for word in ("nats", "json", "unmarshal", "err_code"))
     await eventually(lambda: sync_to_async(lambda: len(audits()) == 1)(), what="the refusal audited")
     assert '"refusal":"bad_args"' in (await sync_to_async(audits)())[0].body
 

@@ -68,7 +68,7 @@ def test_an_unknown_handle_is_404_and_a_human_seat_is_400_before_anything_change
     for action in ("pause", "resume"):
         assert c.post(f"/api/seats/nobody/{action}", {}, format="json").status_code == 404
         human = c.post(f"/api/seats/grace/{action}", {}, format="json")
-        assert human.status_code == 400 and "human" in human.json()["detail"]
+        assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "handle"
     assert not SeatPause.objects.exists()
 
 

@@ -1,0 +1,250 @@
+"""JSON request bodies, and the one shape of a 400 answer across ``/api/`` and ``/operator/``.
+
+Every JSON route of the API takes an object, so :class:`JSONObjectParser` (the
+REST framework's only parser, see ``REST_FRAMEWORK`` in the settings) refuses
+anything else before a view runs: a body that is not UTF-8, not JSON, not an
+object, nested deeper than :data:`MAX_DEPTH`, or carrying a string nothing
+downstream can store (a lone UTF-16 surrogate cannot be encoded as UTF-8, a
+NUL cannot be stored by PostgreSQL). The depth is measured by an iterative scan
+of the bytes *before* decoding, so a hostile body never reaches the recursive
+decoder. :func:`parse_object` is the same check for code that reads a body by
+hand.
+
+A refusal is ``400 {"error": <code>, "param": <what>, "reason": <why>}`` —
+:func:`bad_request_body`, the shape ``eventstore.api.BadParameter`` answers for
+a query parameter and ``eventstore.api.exception_handler`` gives a serializer's
+field errors too.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping, Optional
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import RegexValidator
+from rest_framework import exceptions, serializers, status
+from rest_framework.parsers import BaseParser
+
+#: The keys of every 400 answer.
+K_ERROR = "error"
+K_PARAM = "param"
+K_REASON = "reason"
+#: ``error`` codes: a query parameter or body field was refused / the body as a whole was.
+ERROR_BAD_PARAMETER = "bad_parameter"
+ERROR_BAD_BODY = "bad_body"
+#: ``param`` naming the request body as a whole.
+PARAM_BODY = "body"
+#: The deepest a request body's arrays and objects may nest (the API's own bodies nest 2 deep).
+MAX_DEPTH = 32
+
+#: A JSON string, escapes included (so brackets inside strings are not counted as nesting); an
+#: unterminated one runs to the end. Possessive, so every byte is looked at a bounded number of times.
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
+#: Everything but the structural brackets, once strings are gone.
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+#: What a stored string may not contain.
+_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
+
+
+def bad_request_body(error: str, param: str, reason: str) -> dict[str, str]:
+    """The body of every 400 answer: what was refused (``param``) and why, under one ``error`` code."""
+    return {K_ERROR: error, K_PARAM: param, K_REASON: reason}
+
+
+class BodyRefused(ValueError):
+    """A request body that is not a storable JSON object; ``reason`` says why in a person's words."""
+
+    def __init__(self, reason: str, param: str = PARAM_BODY) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.param = param
+
+
+class BadBody(exceptions.APIException):
+    """400 with :func:`bad_request_body`'s shape (``error: bad_body``), for a body refused as a whole or by field."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = ERROR_BAD_BODY
+
+    def __init__(self, reason: str, param: str = PARAM_BODY, error: str = ERROR_BAD_BODY) -> None:
+        super().__init__(reason)
+        # APIException coerces a dict detail's values to ErrorDetail; keep plain strings.
+        self.detail = bad_request_body(error, param, reason)  # type: ignore[assignment]
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """JSON ``true`` / ``false`` only: the schema says boolean, so ``"yes"``, ``1`` or ``"false"`` is refused."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if isinstance(data, bool):
+            return data
+        self.fail("invalid", input=data)
+        raise AssertionError("unreachable")  # fail() raises
+
+
+class WholeMatch(RegexValidator):
+    """A pattern the whole value must match (``RegexValidator`` searches, and its ``$`` passes a final newline).
+
+    Its ``regex.pattern`` is what the OpenAPI schema publishes, anchored, so a
+    client's validator and this one agree.
+    """
+
+    def __init__(self, pattern: str, message: str) -> None:
+        super().__init__(f"^(?:{pattern})$", message=message)
+
+    def __call__(self, value: Any) -> None:
+        if not self.regex.fullmatch(str(value)):
+            raise DjangoValidationError(self.message, code=self.code, params={"value": value})
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only, kept as sent (the REST framework would turn ``12`` into text and trim spaces).
+
+    ``pattern`` must match the whole value. Nothing is trimmed, so the schema's
+    lengths and pattern are exactly what the server checks.
+    """
+
+    def __init__(self, *, pattern: Optional[str] = None, pattern_says: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        if pattern is not None:
+            self.validators.append(WholeMatch(pattern, pattern_says or f"must match {pattern}"))
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+def first_field_error(detail: Any, path: str = "") -> tuple[str, str]:
+    """A serializer's error detail as (the first refused field's dotted path, its first message)."""
+    while True:
+        if isinstance(detail, dict) and detail:
+            key, detail = next(iter(detail.items()))
+            if key != "non_field_errors":
+                path = f"{path}.{key}" if path else str(key)
+        elif isinstance(detail, list) and detail:
+            detail = detail[0]
+        else:
+            return path or PARAM_BODY, str(detail)
+
+
+def as_one_shape(exc: Exception) -> Exception:
+    """A REST framework 400 (a serializer's field errors, a parser's refusal) as a 400 of the one shape."""
+    if isinstance(exc, exceptions.ValidationError):
+        param, reason = first_field_error(exc.detail)
+        return BadBody(reason, param, error=ERROR_BAD_PARAMETER if param != PARAM_BODY else ERROR_BAD_BODY)
+    if isinstance(exc, exceptions.ParseError):
+        return BadBody(str(exc.detail))
+    return exc
+
+
+def nesting_depth(raw: bytes, stop_above: Optional[int] = None) -> int:
+    """How deep the arrays and objects of the JSON text ``raw`` nest, found without recursion.
+
+    With ``stop_above`` the scan ends as soon as the depth passes it (and returns that depth).
+    """
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
+    depth = deepest = 0
+    for byte in brackets:
+        if byte in b"[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if stop_above is not None and deepest > stop_above:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise BodyRefused(f"{name} is not a JSON number")
+
+
+def _check_strings(value: Any) -> None:
+    """Refuse a key or string a store cannot keep, naming where it is (walked iteratively)."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            found = _UNSTORABLE.search(item)
+            if found:
+                what = "a NUL character" if found.group() == "\x00" else f"a lone surrogate (\\u{ord(found.group()):04x})"
+                raise BodyRefused(f"contains {what}, which cannot be stored", path or PARAM_BODY)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                where = f"{path}.{key}" if path else str(key)
+                if _UNSTORABLE.search(key):
+                    raise BodyRefused("a key contains a NUL character or a lone surrogate, which cannot be stored", path or PARAM_BODY)
+                stack.append((where, inner))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", inner) for i, inner in enumerate(item))
+
+
+def parse_object(raw: bytes, *, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    """``raw`` as a JSON object, or :class:`BodyRefused` saying why it is not one this API can take."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyRefused(f"is not UTF-8 (byte {exc.start})") from None
+    if nesting_depth(raw, stop_above=max_depth) > max_depth:
+        raise BodyRefused(f"nests deeper than {max_depth} levels of arrays and objects")
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except BodyRefused:
+        raise
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an over-long integer
+        raise BodyRefused(f"is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BodyRefused(f"must be a JSON object, not a JSON {_json_kind(value)}")
+    _check_strings(value)
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+class JSONObjectParser(BaseParser):
+    """The REST framework's JSON parser for this API: :func:`parse_object`, a refusal a 400 :class:`BadBody`."""
+
+    media_type = "application/json"
+
+    def parse(self, stream: Any, media_type: Optional[str] = None, parser_context: Optional[Mapping[str, Any]] = None) -> Any:
+        raw = stream.read() if stream is not None else b""
+        try:
+            return parse_object(raw)
+        except BodyRefused as exc:
+            raise BadBody(exc.reason, exc.param) from None
+
+
+__all__ = [
+    "BadBody",
+    "BodyRefused",
+    "ERROR_BAD_BODY",
+    "ERROR_BAD_PARAMETER",
+    "JSONObjectParser",
+    "K_ERROR",
+    "K_PARAM",
+    "K_REASON",
+    "MAX_DEPTH",
+    "PARAM_BODY",
+    "StrictBooleanField",
+    "StrictCharField",
+    "WholeMatch",
+    "as_one_shape",
+    "bad_request_body",
+    "first_field_error",
+    "nesting_depth",
+    "parse_object",
+]
