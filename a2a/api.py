@@ -72,10 +72,13 @@ class ChannelListSerializer(serializers.Serializer):
 
 class AskSerializer(serializers.Serializer):
     # ``from`` is a keyword: the wire name is set in __init__.
-    to = StrictCharField(max_length=63, pattern=HANDLE_PATTERN, pattern_says=HANDLE_SAYS)
-    brief = StrictCharField(max_length=20000, pattern=NOT_ONLY_SPACE, pattern_says="must not be only white space")
+    to = StrictCharField(min_length=1, max_length=63, pattern=HANDLE_PATTERN, pattern_says=HANDLE_SAYS)
+    brief = StrictCharField(
+        min_length=1, max_length=20000, pattern=NOT_ONLY_SPACE, pattern_says="must not be only white space"
+    )
     request_id = StrictCharField(
         required=False,
+        min_length=1,
         max_length=200,
         pattern=REQUEST_ID_PATTERN,
         pattern_says="must be 1-200 printable ASCII characters without spaces",
@@ -85,7 +88,7 @@ class AskSerializer(serializers.Serializer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["from"] = StrictCharField(max_length=63, pattern=HANDLE_PATTERN, pattern_says=HANDLE_SAYS)
+        self.fields["from"] = StrictCharField(min_length=1, max_length=63, pattern=HANDLE_PATTERN, pattern_says=HANDLE_SAYS)
 
 
 def render(row: Channel) -> dict[str, Any]:

@@ -88,7 +88,7 @@ class DeadLetterListSerializer(serializers.Serializer):
 
 
 class ReplayArgsSerializer(serializers.Serializer):
-    ref = StrictCharField(pattern=r"[\s\S]*\S[\s\S]*", pattern_says="must not be empty or only white space")
+    ref = StrictCharField(min_length=1, pattern=r"[\s\S]*\S[\s\S]*", pattern_says="must not be empty or only white space")
 
 
 class ActRequestSerializer(serializers.Serializer):

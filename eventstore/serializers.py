@@ -142,8 +142,13 @@ class TurnDetailSerializer(AnswerSerializer):
 
 
 class BadParameterSerializer(serializers.Serializer):
-    error = serializers.CharField(default="bad_parameter")
-    param = serializers.CharField()
+    """The one shape of every 400 (crewlet.bodies.bad_request_body)."""
+
+    error = serializers.CharField(
+        help_text="bad_parameter (a query parameter or body field), bad_body (the body as a whole), "
+        "or an operator tool's refusal (unknown_tool, bad_args)"
+    )
+    param = serializers.CharField(help_text="what was refused: a parameter, a body field's dotted path, or body")
     reason = serializers.CharField()
 
 
