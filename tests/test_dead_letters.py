@@ -312,3 +312,117 @@ def test_the_openapi_schema_documents_both_routes() -> None:
     paths = yaml.safe_load(response.content)["paths"]
     assert paths["/api/dead-letters"]["get"]["operationId"] == "dead_letters_list"
     assert paths["/operator/act"]["post"]["operationId"] == "operator_act"
+
+
+# -- inside a real `manage.py up` -----------------------------------------------------------------
+
+UP_TOKEN = "dead-letter-up-test-token-0123456789abcdef"
+
+
+def _http(url: str, token: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _until(fetch: Any, check: Any, what: str, timeout_s: float = 60.0) -> Any:
+    """Ask ``fetch()`` until ``check(answer)`` holds; the answer, or a failure naming the last one."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = fetch()
+        if check(answer):
+            return answer
+        assert time.monotonic() < deadline, f"not seen in {timeout_s:.0f} s: {what}; last answer {answer!r}"
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_wins_and_the_rest_are_404(
+    tmp_path: Any,
+) -> None:
+    """`up` buries what its own consume loop cannot decode; the operator sees it and replays it once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from crewlet.queue.broker import EmbeddedBroker
+    from tests.browser_support import Company, LoopThread
+
+    loop = LoopThread()
+    broker = EmbeddedBroker(store_dir=tmp_path / "jetstream")
+    loop.run(broker.start())
+    company = Company(tmp_path, broker.url)
+    company.env["CREWLET_OPERATOR_TOKEN"] = UP_TOKEN
+    try:
+        company.start()
+        events_url = f"{company.url}/api/events?type={MessageDeadLettered.event_type}"
+
+        async def publish_garbage() -> None:
+            from crewlet.queue.jetstream import JetStreamQueue
+
+            q = await JetStreamQueue.connect(broker.url, node="tester", timings=FAST)
+            try:
+                await q.transport.publish(TOPIC, b"\xff this is no event")
+            finally:
+                await q.close()
+
+        def burials() -> list[dict[str, Any]]:
+            status, body = _http(events_url, UP_TOKEN)
+            assert status == 200, body
+            return body["events"]
+
+        # Published only once up's seat loop reads ada's inbox: the mailbox keeps nothing nobody reads.
+        def inbox_read() -> bool:
+            async def covered() -> bool:
+                from crewlet.queue.jetstream import JetStreamQueue
+
+                q = await JetStreamQueue.connect(broker.url, node="probe", timings=FAST)
+                try:
+                    return bool(await q.list_subscriptions(TOPIC))
+                finally:
+                    await q.close()
+
+            return loop.run(covered())
+
+        _until(inbox_read, bool, "up's durable subscription on ada's inbox")
+        loop.run(publish_garbage())
+        (row,) = _until(burials, lambda rows: len(rows) == 1, "the message_dead_lettered row in /api/events")
+        assert (row["category"], row["seat"], row["node"], row["failed"]) == ("system", SEAT, "web1", True)
+        assert row["trace_id"]
+
+        status, listed = _http(f"{company.url}/api/dead-letters", UP_TOKEN)
+        assert status == 200, listed
+        (letter,) = [d for d in listed["dead_letters"] if d["topic"] == TOPIC]
+        assert letter["deliveries"] == 1 and letter["type"] == "unreadable"
+
+        act = {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": letter["ref"]}}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = list(pool.map(lambda _: _http(f"{company.url}/operator/act", UP_TOKEN, act), range(4)))
+        codes = sorted(code for code, _ in answers)
+        assert codes == [200, 404, 404, 404], answers
+        for code, body in answers:
+            if code == 404:
+                assert body["refusal"] == ops.REFUSAL_GONE and "nats" not in body["detail"].lower()
+
+        bad_code, bad = _http(f"{company.url}/operator/act", UP_TOKEN, {**act, "args": {"ref": "18446744073709551616"}})
+        assert bad_code == 400 and bad["refusal"] == ops.REFUSAL_BAD_ARGS, bad
+        assert "nats" not in bad["detail"].lower() and "json" not in bad["detail"].lower()
+
+        # The replay put the same bytes back on ada's inbox, and up buried them again: a second row.
+        _until(burials, lambda rows: len(rows) == 2, "the replayed garbage buried and recorded again")
+    finally:
+        output = company.stop()
+        loop.run(broker.stop())
+        loop.close()
+    assert "clean=true" in output, output[-4000:]
