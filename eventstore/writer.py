@@ -17,13 +17,21 @@ connection (server-side binding, the insert prepared after a few uses) and
 awaits the insert on the loop itself: no thread hand-off per event, and no
 queueing behind every other ``sync_to_async`` caller in the process. Elsewhere
 (SQLite, solo) it runs the insert on a thread of its own with Django's
-connection. A failure is raised to the queue, which logs it and never fails the
-publish (telemetry must not be able to); a broken connection is replaced on the
-next event.
+connection.
+
+A row whose insert fails is kept, not dropped: the event was published and the
+broker has it, so its row is owed. It waits in the writer's backlog, and a
+retry task writes the backlog oldest first, backing off while the store stays
+away; while a backlog waits, new rows join it behind the old ones rather than
+each waiting out a dead server. The publish never fails and never waits for
+the retry (telemetry must not be able to fail a publish). ``aclose`` gives the
+backlog one last bounded try and names how many rows it could not write. A
+broken connection is replaced on the next attempt.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
@@ -146,22 +154,55 @@ class _ThreadSink:
             self._executor.shutdown(wait=False)
 
 
+#: The first wait before a failed row is tried again; doubled per failure up to RETRY_MAX_S.
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 5.0
+#: How long ``aclose`` keeps trying to write a backlog before it gives up on it.
+CLOSE_FLUSH_S = 10.0
+#: Rows the backlog holds at most. Past it the oldest is dropped, with an error
+#: naming it: a store away for hours must not take the engine's memory with it.
+BACKLOG_MAX = 100_000
+
+
 class EventWriter:
     """The publish listener: ``await writer(topic, event)`` writes the event's row, if it has one.
 
     ``threaded`` forces the thread sink (True) or the PostgreSQL loop sink
-    (False); by default PostgreSQL gets the loop sink and everything else the thread.
+    (False); by default PostgreSQL gets the loop sink and everything else the
+    thread. ``retry_first_s`` / ``retry_max_s`` space the retries of a backlog
+    and ``close_flush_s`` bounds the last try at close (tests shrink them).
     """
 
-    def __init__(self, using: str = EVENTS_ALIAS, *, threaded: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        using: str = EVENTS_ALIAS,
+        *,
+        threaded: Optional[bool] = None,
+        retry_first_s: float = RETRY_FIRST_S,
+        retry_max_s: float = RETRY_MAX_S,
+        close_flush_s: float = CLOSE_FLUSH_S,
+        backlog_max: int = BACKLOG_MAX,
+    ) -> None:
         self.using = using
         if threaded is None:
             threaded = connections[using].vendor != "postgresql"
         self._sink: Optional[_PostgresSink | _ThreadSink] = _ThreadSink(using) if threaded else _PostgresSink(using)
+        self.retry_first_s = float(retry_first_s)
+        self.retry_max_s = max(float(retry_max_s), self.retry_first_s)
+        self.close_flush_s = float(close_flush_s)
+        self.backlog_max = max(int(backlog_max), 1)
+        #: (event id, row) of every row owed to the store, oldest first.
+        self._backlog: collections.deque[tuple[str, Sequence[Any]]] = collections.deque()
+        self._retrying: Optional[asyncio.Task[None]] = None
 
     @property
     def threaded(self) -> bool:
         return isinstance(self._sink, _ThreadSink)
+
+    @property
+    def backlog(self) -> int:
+        """Rows published and not yet written (the store was away when they came)."""
+        return len(self._backlog)
 
     async def __call__(self, topic: str, event: Event) -> None:
         row = row_for(topic, event)
@@ -169,20 +210,91 @@ class EventWriter:
             return
         sink = self._sink
         if sink is None:
-            log.warning("eventstore_writer_closed", extra={"event_id": event.id, "type": event.type})
+            log.error("eventstore_writer_closed", extra={"event_id": event.id, "type": event.type})
             return
-        await sink.insert(row)
+        if self._backlog:  # behind the rows already waiting, and without waiting out a store that is away
+            self._keep(event.id, row)
+            return
+        try:
+            await sink.insert(row)
+        except Exception as exc:
+            log.warning(
+                "eventstore_row_deferred",
+                extra={"event_id": event.id, "type": event.type, "error": type(exc).__name__},
+            )
+            self._keep(event.id, row)
+
+    def _keep(self, event_id: str, row: Sequence[Any]) -> None:
+        if len(self._backlog) >= self.backlog_max:
+            dropped, _ = self._backlog.popleft()
+            log.error("eventstore_row_dropped", extra={"event_id": dropped, "backlog": len(self._backlog)})
+        self._backlog.append((event_id, row))
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.get_running_loop().create_task(self._retry(), name="eventstore-writer-retry")
+
+    async def _write_backlog(self) -> None:
+        """Write the backlog oldest first; raise on the first row that fails (it stays at the head)."""
+        sink = self._sink
+        if sink is None:
+            raise StoreUnavailable("the writer is closed")
+        while self._backlog:
+            _, row = self._backlog[0]
+            await sink.insert(row)
+            self._backlog.popleft()
+
+    async def _retry(self) -> None:
+        wait_s = self.retry_first_s
+        while self._backlog and self._sink is not None:
+            await asyncio.sleep(wait_s)
+            try:
+                await self._write_backlog()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("eventstore_backlog_waiting", extra={"rows": len(self._backlog), "error": type(exc).__name__})
+                wait_s = min(wait_s * 2, self.retry_max_s)
+            else:
+                log.info("eventstore_backlog_written")
 
     async def aclose(self) -> None:
-        """Close the writer's connection; later events are logged and skipped."""
+        """Write what is owed (bounded by ``close_flush_s``), then close the connection.
+
+        Later events are logged, as errors, and skipped: nothing publishes
+        stored events once the engine has stopped its services.
+        """
+        retrying, self._retrying = self._retrying, None
+        if retrying is not None:
+            retrying.cancel()
+            await asyncio.gather(retrying, return_exceptions=True)
+        if self._backlog and self._sink is not None:
+            deadline = asyncio.get_running_loop().time() + self.close_flush_s
+            wait_s = self.retry_first_s
+            while self._backlog:
+                try:
+                    await self._write_backlog()
+                except Exception:
+                    if asyncio.get_running_loop().time() + wait_s > deadline:
+                        break
+                    await asyncio.sleep(wait_s)
+                    wait_s = min(wait_s * 2, self.retry_max_s)
+            if self._backlog:
+                log.error(
+                    "eventstore_rows_unwritten",
+                    extra={"rows": len(self._backlog), "first_event_id": self._backlog[0][0]},
+                )
         sink, self._sink = self._sink, None
         if sink is not None:
             await sink.aclose()
 
 
-def attach(queue: EventQueue, *, using: str = EVENTS_ALIAS, threaded: Optional[bool] = None) -> EventWriter:
-    """Register the writer as ``queue``'s publish listener; returns it (``aclose()`` on shutdown)."""
-    writer = EventWriter(using=using, threaded=threaded)
+def attach(
+    queue: EventQueue, *, using: str = EVENTS_ALIAS, threaded: Optional[bool] = None, **options: Any
+) -> EventWriter:
+    """Register the writer as ``queue``'s publish listener; returns it (``aclose()`` on shutdown).
+
+    ``options`` are :class:`EventWriter`'s retry settings.
+    """
+    writer = EventWriter(using=using, threaded=threaded, **options)
     queue.add_publish_listener(writer)
     log.info("eventstore_writer_attached", extra={"node": queue.node, "backend": queue.name, "threaded": writer.threaded})
     return writer

@@ -207,16 +207,49 @@ def test_one_rule_says_which_rows_are_failures(etype: str, fields: dict[str, Any
     assert is_failed(make_event(etype, T0, **fields)) is failed
 
 
-async def test_a_failing_write_never_fails_the_publish(queue: Any, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
-    async def broken(self: Any, row: Any) -> None:
-        raise RuntimeError("the store is down")
+#: Retries spaced in milliseconds: every code path of the backlog runs, quickly.
+FAST_RETRY = {"retry_first_s": 0.01, "retry_max_s": 0.05, "close_flush_s": 5.0}
 
-    monkeypatch.setattr(writer_module._PostgresSink, "insert", broken)
-    event = _publishable(make_event("seat_paused", T0, seat="grace"))
-    with caplog.at_level(logging.ERROR):
-        await queue.publish(topics.event(event.type), event)  # returns: telemetry cannot fail a publish
-    assert "queue_publish_listener_failed" in caplog.text
-    assert await rows() == []
+
+async def until_rows(expected: list[str], what: str) -> None:
+    """Wait for exactly these row ids (in ts order); fail with what there is at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20.0
+    while True:
+        got = [r.id for r in await rows()]
+        if got == expected:
+            return
+        assert loop.time() < deadline, f"{what}: rows {got}, expected {expected}"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_failing_write_never_fails_the_publish_and_the_row_is_written_once_the_store_answers(
+    monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    real = writer_module._PostgresSink.insert
+    failures = {"left": 3}
+
+    async def flaky(self: Any, row: Any) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("the store is busy")
+        await real(self, row)
+
+    monkeypatch.setattr(writer_module._PostgresSink, "insert", flaky)
+    client = MemoryBroker().client(node=NODE)
+    writer = eventstore.attach(client, **FAST_RETRY)
+    try:
+        first = _publishable(make_event("seat_paused", T0, seat="grace"))
+        second = _publishable(make_event("seat_resumed", T0 + timedelta(seconds=1), seat="grace"))
+        with caplog.at_level(logging.WARNING):
+            await client.publish(topics.event(first.type), first)  # returns: telemetry cannot fail a publish
+            await client.publish(topics.event(second.type), second)  # joins the backlog behind the first
+        assert "eventstore_row_deferred" in caplog.text and "queue_publish_listener_failed" not in caplog.text
+        await until_rows([first.id, second.id], "the backlog written once the store answered")
+        assert writer.backlog == 0 and failures["left"] == 0
+    finally:
+        await writer.aclose()
+        await client.close()
 
 
 @sync_to_async
@@ -232,46 +265,56 @@ def _terminate_writer_backends() -> int:
         return cursor.fetchone()[0]
 
 
-async def test_the_writer_reconnects_after_the_server_drops_its_connection() -> None:
-    writer = EventWriter()
+async def test_the_writer_reconnects_after_the_server_drops_its_connection_and_loses_no_row() -> None:
+    writer = EventWriter(**FAST_RETRY)
     try:
         first = make_event("seat_paused", T0, seat="grace")
         await writer(topics.event(first.type), first)
         assert await _terminate_writer_backends() == 1
         second = make_event("seat_resumed", T0 + timedelta(seconds=1), seat="grace")
-        with pytest.raises(Exception):
-            await writer(topics.event(second.type), second)  # the queue would log this one
+        await writer(topics.event(second.type), second)  # fails on the dead connection: kept, not raised
         third = make_event("seat_paused", T0 + timedelta(seconds=2), seat="grace")
         await writer(topics.event(third.type), third)
+        await until_rows([first.id, second.id, third.id], "every row, the one that met the dead connection too")
     finally:
         await writer.aclose()
-    assert [r.id for r in await rows()] == [first.id, third.id]
 
 
-async def test_an_unreachable_store_fails_events_fast_until_the_retry_window_passes() -> None:
-    import psycopg
-
-    writer = EventWriter()
+async def test_an_unreachable_store_keeps_the_rows_and_writes_them_when_it_is_back() -> None:
+    writer = EventWriter(**FAST_RETRY)
     sink = writer._sink
     assert isinstance(sink, writer_module._PostgresSink)
     good = dict(sink._params)
     sink._params.update(host="127.0.0.1", port=1)  # nothing listens there: refused at once
     try:
-        event = make_event("seat_paused", T0, seat="grace")
-        with pytest.raises(psycopg.OperationalError):
-            await writer(topics.event(event.type), event)
-        with pytest.raises(writer_module.StoreUnavailable):
-            await writer(topics.event(event.type), event)  # no second connect inside the window
+        events = [make_event("seat_paused", T0 + timedelta(seconds=i), seat="grace") for i in range(3)]
+        for event in events:
+            await writer(topics.event(event.type), event)  # never raises, never waits out the dead server
+        assert writer.backlog == 3 and await rows() == []
         sink._params = good
-        sink._retry_at = 0.0  # the window has passed
-        await writer(topics.event(event.type), event)
+        sink._retry_at = 0.0  # the store is back and the connect window has passed
+        await until_rows([e.id for e in events], "the backlog written when the store came back")
     finally:
         await writer.aclose()
+
+
+async def test_closing_the_writer_writes_its_backlog_first() -> None:
+    writer = EventWriter(retry_first_s=60.0, retry_max_s=60.0, close_flush_s=5.0)  # no retry before the close
+    sink = writer._sink
+    assert isinstance(sink, writer_module._PostgresSink)
+    good = dict(sink._params)
+    sink._params.update(host="127.0.0.1", port=1)
+    event = make_event("seat_paused", T0, seat="grace")
+    await writer(topics.event(event.type), event)
+    assert writer.backlog == 1
+    sink._params = good
+    sink._retry_at = 0.0
+    await writer.aclose()
     assert [r.id for r in await rows()] == [event.id]
 
 
-async def test_the_threaded_writer_replaces_a_broken_connection() -> None:
-    writer = EventWriter(threaded=True)
+async def test_the_threaded_writer_replaces_a_broken_connection_and_loses_no_row() -> None:
+    writer = EventWriter(threaded=True, **FAST_RETRY)
     sink = writer._sink
     assert isinstance(sink, writer_module._ThreadSink)
     try:
@@ -285,19 +328,18 @@ async def test_the_threaded_writer_replaces_a_broken_connection() -> None:
 
         await asyncio.get_running_loop().run_in_executor(sink._executor, sever)
         second = make_event("seat_resumed", T0 + timedelta(seconds=1), seat="grace")
-        with pytest.raises(Exception):
-            await writer(topics.event(second.type), second)
+        await writer(topics.event(second.type), second)
         third = make_event("seat_paused", T0 + timedelta(seconds=2), seat="grace")
         await writer(topics.event(third.type), third)
+        await until_rows([first.id, second.id, third.id], "every row, the one that met the severed connection too")
     finally:
         await writer.aclose()
-    assert [r.id for r in await rows()] == [first.id, third.id]
 
 
 async def test_a_closed_writer_skips_events_without_raising(caplog: Any) -> None:
     writer = EventWriter()
     await writer.aclose()
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.ERROR):
         await writer(topics.event("seat_paused"), make_event("seat_paused", T0))
     assert "eventstore_writer_closed" in caplog.text
     assert await rows() == []
