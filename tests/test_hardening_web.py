@@ -398,3 +398,25 @@ def test_a_staff_socket_is_closed_4401_when_its_session_signs_out(start_up: Call
     assert browser.sign_out() == 302
     assert ws.close_code() == 4401
     ws.close()
+
+
+# -- what an operator meets: the admin's look, where signing in lands ----------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_up_serves_the_admins_css_and_js_and_signing_in_lands_on_the_dashboard(start_up: Callable[..., Up]) -> None:
+    up = start_up()
+    status, headers, body = up.request("GET", "/static/admin/css/base.css")
+    assert status == 200 and headers["Content-Type"].startswith("text/css") and b"body" in body
+    status, headers, body = up.request("GET", "/static/admin/js/core.js")
+    assert status == 200 and b"function" in body
+    assert up.request("GET", "/static/admin/css/no-such-file.css")[0] == 404
+    status, _, page = up.request("GET", "/admin/login/")
+    assert status == 200 and b"/static/admin/css/base.css" in page
+
+    staff_user(up)
+    browser = Browser(up)
+    status, headers, _ = browser.sign_in(STAFF_USER, STAFF_PASSWORD)
+    assert status == 302 and headers["location"] == "/"
+    status, _, page = browser.call("GET", headers["location"])
+    assert status == 200 and b"Sign in" not in page

@@ -92,9 +92,9 @@ class Command(RunConsumersCommand):
             self.stdout.flush()
 
         def application() -> Any:
-            from crewlet.asgi import application
+            from crewlet.asgi import application, with_static_files
 
-            return application
+            return with_static_files(application)
 
         engine.add_service(web.service(application, host, port, announce), name="web", stop_first=True)
         return engine
