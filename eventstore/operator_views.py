@@ -3,8 +3,9 @@
 Same credentials as the rest of ``/api/`` (an operator token, or a staff
 session with its CSRF token; 401 otherwise). The views run in a request
 thread, while the engine's queue lives on the engine's asyncio loop: they reach
-it through :func:`seats.actions.bound_queue` with ``run_coroutine_threadsafe``
-and a deadline, as ``seats.api`` does. The action itself is
+it through :func:`seats.actions.on_engine` (:func:`crewlet.runtime.call_on_loop`)
+with a deadline, as ``seats.api`` does. A body is a JSON object or a 400 of the
+one shape (``crewlet.bodies``), audited as a ``bad_args`` refusal. The action itself is
 :func:`eventstore.actions.replay_dead_letter`, which publishes the one
 ``operator_acted`` of the call whatever became of it.
 """
