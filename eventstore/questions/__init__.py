@@ -1,0 +1,145 @@
+"""The history reads as questions, and this node's answer to each.
+
+Design (Reading the fleet's history): a read is a question object — its kind,
+its filters, the asker's instant, a cursor, the protocol version — answered by
+a per-node function, so the fleet read can scatter the same question to every
+node and merge what comes back. One node today, and every answer already
+carries ``coverage`` and ``at`` so nothing changes shape when there are more.
+
+Rules every answer here keeps:
+
+* The instant is the asker's, read once per question to the microsecond. A
+  question without one is refused (:class:`MissingInstant`), never answered
+  as of this node's clock; so is a question of another protocol version
+  (:class:`UnsupportedVersion`).
+* The history is ``[at - retention, at]``, both ends inclusive, for every kind
+  (a row exactly at the floor is not older than the bound; retention keeps it too).
+* Pages are newest first in (timestamp, id) order, and a cursor is the position
+  of the last row handed out, so a walk visits every row exactly once — rows
+  sharing a microsecond included.
+
+The answer functions are pure in the sense that matters to the fleet: a
+question in, plain JSON-ready dicts out, nothing read from this node's clock.
+They run raw SQL (PostgreSQL and SQLite alike) over ``eventstore_event``.
+
+The package, by seam: :mod:`.model` (the question, the node's scope, the
+refusals), :mod:`.timefmt` (exact microseconds and their wire spelling),
+:mod:`.cursor` (the page position), :mod:`.sql` (the WHERE builder over the
+table), :mod:`.listing` (a listing row), :mod:`.answers` (the checks, the
+dispatch and the events, series and trace answers) and :mod:`.turns` (the
+turn fold and the turn answers). Callers import from the package.
+"""
+from __future__ import annotations
+
+from eventstore.questions.answers import (
+    answer,
+    check,
+    coverage,
+    finish_series,
+    refusal,
+    series_grid,
+    span_tree,
+)
+from eventstore.questions.cursor import CURSOR_PATTERN, decode_cursor, encode_cursor
+from eventstore.questions.listing import LIST_COLUMNS, list_row, listing_of
+from eventstore.questions.model import (
+    DEFAULT_LIMIT,
+    EVENT,
+    EVENT_SERIES,
+    EVENTS,
+    KINDS,
+    MAX_BARS,
+    MAX_DETAIL_ROWS,
+    MAX_LIMIT,
+    PROTOCOL_VERSION,
+    TRACE,
+    TURN,
+    TURNS,
+    BadQuestion,
+    Filters,
+    MissingInstant,
+    NodeScope,
+    Question,
+    QuestionRefused,
+    UnsupportedVersion,
+)
+from eventstore.questions.sql import TABLE, us_sql
+from eventstore.questions.timefmt import (
+    DURATION_PATTERN,
+    EPOCH,
+    format_us,
+    from_us,
+    instant,
+    parse_duration,
+    to_us,
+)
+from eventstore.questions.turns import (
+    FOLD_TYPES,
+    OUTCOME_FAILED,
+    OUTCOME_OK,
+    OUTCOME_RUNNING,
+    OUTCOME_STOPPED,
+    OUTCOME_SUSPENDED,
+    PHASE_COMPLETED,
+    TURN_COMPLETED,
+    TURN_FAILURES,
+    TURN_STARTED,
+    TURN_STOPPED,
+    fold_turn,
+)
+
+__all__ = [
+    "BadQuestion",
+    "CURSOR_PATTERN",
+    "DEFAULT_LIMIT",
+    "DURATION_PATTERN",
+    "EPOCH",
+    "EVENT",
+    "EVENTS",
+    "EVENT_SERIES",
+    "FOLD_TYPES",
+    "Filters",
+    "KINDS",
+    "LIST_COLUMNS",
+    "MAX_BARS",
+    "MAX_DETAIL_ROWS",
+    "MAX_LIMIT",
+    "MissingInstant",
+    "NodeScope",
+    "OUTCOME_FAILED",
+    "OUTCOME_OK",
+    "OUTCOME_RUNNING",
+    "OUTCOME_STOPPED",
+    "OUTCOME_SUSPENDED",
+    "PHASE_COMPLETED",
+    "PROTOCOL_VERSION",
+    "Question",
+    "QuestionRefused",
+    "TABLE",
+    "TRACE",
+    "TURN",
+    "TURNS",
+    "TURN_COMPLETED",
+    "TURN_FAILURES",
+    "TURN_STARTED",
+    "TURN_STOPPED",
+    "UnsupportedVersion",
+    "answer",
+    "check",
+    "coverage",
+    "decode_cursor",
+    "encode_cursor",
+    "finish_series",
+    "fold_turn",
+    "format_us",
+    "from_us",
+    "instant",
+    "list_row",
+    "listing_of",
+    "parse_duration",
+    "refusal",
+    "series_grid",
+    "span_tree",
+    "to_us",
+    "us_sql",
+]

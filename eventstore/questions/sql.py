@@ -1,0 +1,90 @@
+"""The SQL every answer is built from: the table, exact-microsecond timestamps, a WHERE clause and its parameters.
+
+Raw SQL that PostgreSQL and SQLite both run, over ``eventstore_event``: the
+answers need row-value comparisons and integer timestamp arithmetic that the
+ORM does not spell on both.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Optional, Sequence
+
+from django.db import connections
+
+from crewlet.events import NOT_FED
+from eventstore.questions.model import Filters, NodeScope
+
+TABLE = "eventstore_event"
+
+
+def us_sql(vendor: str, expr: str = "ts") -> str:
+    """SQL for a timestamp expression as exact microseconds since the epoch.
+
+    Reads return timestamps this way rather than as datetimes: it is exact, it
+    is what the cursor and the bars are made of, and it skips a per-row
+    timestamp parse in the database driver.
+    """
+    if vendor == "postgresql":
+        return f"(EXTRACT(EPOCH FROM {expr}) * 1000000)::bigint"
+    if vendor == "sqlite":
+        # Django keeps an SQLite datetime as 'YYYY-MM-DD HH:MM:SS[.ffffff]' (UTC).
+        return f"(CAST(strftime('%%s', {expr}) AS INTEGER) * 1000000 + CAST(substr({expr}, 21, 6) AS INTEGER))"
+    raise NotImplementedError(f"event store reads on {vendor}")
+
+
+class Where:
+    """A WHERE clause being built, with its parameters in order."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.clauses: list[str] = []
+        self.params: list[Any] = []
+
+    def ts(self, value: datetime) -> Any:
+        return self.connection.ops.adapt_datetimefield_value(value)
+
+    def add(self, clause: str, *params: Any) -> None:
+        self.clauses.append(clause)
+        self.params.extend(params)
+
+    def history(self, at: datetime, scope: NodeScope, floor: Optional[datetime] = None) -> None:
+        """The asker's history: ``[max(at - retention, floor), at]``."""
+        lower = at - timedelta(hours=scope.retention_hours)
+        if floor is not None and floor > lower:
+            lower = floor
+        self.add("ts >= %s", self.ts(lower))
+        self.add("ts <= %s", self.ts(at))
+
+    def filters(self, f: Filters) -> None:
+        if f.categories:
+            self.add(f"category IN ({', '.join(['%s'] * len(f.categories))})", *f.categories)
+        for column in ("type", "node", "trace_id"):
+            value = getattr(f, column)
+            if value:
+                self.add(f"{column} = %s", value)
+        for column in ("seat", "conversation_key", "partition_key"):
+            value = getattr(f, column)
+            if value:
+                # The redundant "> ''" is the partial index's own predicate, so the planner can use it.
+                self.add(f"{column} = %s AND {column} > ''", value)
+        if f.since is not None:
+            self.add("ts >= %s", self.ts(f.since))
+        if f.until is not None:
+            self.add("ts < %s", self.ts(f.until))
+        if f.feed_only and NOT_FED:
+            kept_out = sorted(NOT_FED)
+            self.add(f"type NOT IN ({', '.join(['%s'] * len(kept_out))})", *kept_out)
+
+    def before(self, ts_column: str, key_column: str, ts: datetime, key: str) -> None:
+        """Strictly before (ts, key) in (ts, key) order: the cursor's cut."""
+        self.add(f"({ts_column}, {key_column}) < (%s, %s)", self.ts(ts), key)
+
+    @property
+    def where(self) -> str:
+        return " AND ".join(self.clauses) if self.clauses else "TRUE"
+
+
+def fetch(scope: NodeScope, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with connections[scope.using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()

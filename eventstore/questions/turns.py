@@ -1,0 +1,227 @@
+"""Turns: one folded from its rows, a page of them, and one with its events.
+
+A turn is not a stored row: it is folded (:func:`fold_turn`) from its starts,
+completions, phases, stops and failures, and the live projection reads a
+completion's outcome by the same rule.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any, Optional, Sequence
+
+from django.db import connections
+
+from crewlet.events import format_timestamp
+from eventstore.questions.cursor import decode_cursor, encode_cursor
+from eventstore.questions.listing import LIST_COLUMNS, list_row, list_sql
+from eventstore.questions.model import MAX_DETAIL_ROWS, MAX_LIMIT, Filters, NodeScope, Question
+from eventstore.questions.sql import TABLE, Where, fetch, us_sql
+from eventstore.questions.timefmt import format_us, from_us
+
+# The rows a turn is folded from.
+TURN_STARTED = "agent_turn_started"
+TURN_COMPLETED = "agent_turn_completed"
+PHASE_COMPLETED = "agent_phase_completed"
+TURN_STOPPED = "agent_turn_stopped"
+TURN_FAILURES: tuple[str, ...] = ("turn.guard_breach", "llm_unavailable", "budget_exhausted")
+FOLD_TYPES: tuple[str, ...] = (TURN_STARTED, TURN_COMPLETED, PHASE_COMPLETED, TURN_STOPPED, *TURN_FAILURES)
+#: The fold reads bodies of these only: a phase's body holds whole prompts.
+_BODY_TYPES: tuple[str, ...] = (TURN_STARTED, TURN_COMPLETED)
+
+OUTCOME_OK = "ok"
+OUTCOME_FAILED = "failed"
+OUTCOME_STOPPED = "stopped"
+OUTCOME_SUSPENDED = "suspended"
+OUTCOME_RUNNING = "running"
+
+
+def fold_turn(turn_id: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One turn, folded from its rows in (timestamp, id) order.
+
+    Each row: ``type``, ``timestamp`` (datetime), ``node``, ``seat``,
+    ``conversation_key``, ``trace_id``, ``input_tokens``, ``output_tokens``,
+    ``failed``, and ``body`` (the parsed event) for starts and completions.
+    A turn resumed after parking on a coding run has several starts and
+    completions under one id: it started at the first start and its outcome
+    is the last segment's. Tokens are the completions' when they carry any,
+    else the sum of the phases'.
+    """
+    starts = [r for r in rows if r["type"] == TURN_STARTED]
+    completions = [r for r in rows if r["type"] == TURN_COMPLETED]
+    phases = [r for r in rows if r["type"] == PHASE_COMPLETED]
+    first_start = starts[0] if starts else None
+    last_start = starts[-1] if starts else None
+    last_completion = completions[-1] if completions else None
+    since_start = (lambda r: last_start is None or r["timestamp"] >= last_start["timestamp"])
+
+    ended: Optional[datetime] = None
+    if last_completion is not None and since_start(last_completion):
+        body = last_completion.get("body") or {}
+        ended = last_completion["timestamp"]
+        if last_completion["failed"] or body.get("failed") is True:
+            outcome = OUTCOME_FAILED
+        elif body.get("stopped") is True:
+            outcome = OUTCOME_STOPPED
+        elif body.get("suspended") is True:
+            outcome = OUTCOME_SUSPENDED
+        else:
+            outcome = OUTCOME_OK
+    else:
+        failures = [r for r in rows if r["type"] in TURN_FAILURES and since_start(r)]
+        stops = [r for r in rows if r["type"] == TURN_STOPPED and since_start(r)]
+        if failures:
+            outcome, ended = OUTCOME_FAILED, failures[-1]["timestamp"]
+        elif stops:
+            outcome, ended = OUTCOME_STOPPED, stops[-1]["timestamp"]
+        else:
+            outcome = OUTCOME_RUNNING
+
+    tokens_in = sum(r["input_tokens"] for r in completions)
+    tokens_out = sum(r["output_tokens"] for r in completions)
+    if tokens_in == 0 and tokens_out == 0:
+        tokens_in = sum(r["input_tokens"] for r in phases)
+        tokens_out = sum(r["output_tokens"] for r in phases)
+
+    start_body = (first_start or {}).get("body") or {}
+    head = first_start or (rows[0] if rows else {})
+    started = first_start["timestamp"] if first_start else None
+    return {
+        "turn_id": turn_id,
+        "seat": head.get("seat", ""),
+        "nodes": sorted({r["node"] for r in rows if r["node"]}),
+        "conversation_key": head.get("conversation_key", ""),
+        "trace_id": head.get("trace_id", ""),
+        "trigger": {
+            "type": start_body.get("trigger_type", ""),
+            "event_id": start_body.get("trigger_event_id", ""),
+        }
+        if first_start
+        else None,
+        "work_item": start_body.get("work_item"),
+        "started": format_timestamp(started) if started else None,
+        "ended": format_timestamp(ended) if ended else None,
+        "duration_ms": (ended - started) // timedelta(milliseconds=1) if started and ended else None,
+        "outcome": outcome,
+        "segments": len(starts),
+        "phases": len(phases),
+        "tokens": {"input": tokens_in, "output": tokens_out, "total": tokens_in + tokens_out},
+    }
+
+
+def _fold_columns(vendor: str) -> str:
+    return f"turn_id, type, {us_sql(vendor)}, id, node, seat, conversation_key, trace_id, input_tokens, output_tokens, failed"
+
+
+def _body_case(params: list[Any]) -> str:
+    params.extend(_BODY_TYPES)
+    return f"CASE WHEN type IN ({', '.join(['%s'] * len(_BODY_TYPES))}) THEN body END"
+
+
+def _fold_row(values: Sequence[Any]) -> dict[str, Any]:
+    turn_id, etype, ts, eid, node, seat, conv, trace, tin, tout, failed, body = values
+    return {
+        "turn_id": turn_id,
+        "type": etype,
+        "timestamp": from_us(ts),
+        "id": eid,
+        "node": node,
+        "seat": seat,
+        "conversation_key": conv,
+        "trace_id": trace,
+        "input_tokens": int(tin or 0),
+        "output_tokens": int(tout or 0),
+        "failed": bool(failed),
+        "body": json.loads(body) if body else None,
+    }
+
+
+def _fold_rows(scope: NodeScope, turn_ids: Sequence[str], at: datetime) -> dict[str, list[dict[str, Any]]]:
+    """Every fold row of exactly these turns (whatever the page's filters), grouped by turn."""
+    if not turn_ids:
+        return {}
+    params: list[Any] = []
+    body = _body_case(params)
+    q = Where(connections[scope.using])
+    q.add(f"turn_id IN ({', '.join(['%s'] * len(turn_ids))})", *turn_ids)
+    q.add("turn_id > ''")
+    q.add(f"type IN ({', '.join(['%s'] * len(FOLD_TYPES))})", *FOLD_TYPES)
+    q.history(at, scope)
+    sql = f"SELECT {_fold_columns(q.connection.vendor)}, {body} FROM {TABLE} WHERE {q.where} ORDER BY ts, id"
+    grouped: dict[str, list[dict[str, Any]]] = {t: [] for t in turn_ids}
+    for values in fetch(scope, sql, [*params, *q.params]):
+        grouped[values[0]].append(_fold_row(values))
+    return grouped
+
+
+def answer_turns(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    """A page of turns, newest first by (earliest listed start, turn id), each folded whole."""
+    limit = max(1, min(int(question.limit), MAX_LIMIT))
+    f = question.filters
+    q = Where(connections[scope.using])
+    q.add("type = %s", TURN_STARTED)
+    q.add("turn_id > ''")
+    q.history(at, scope)
+    q.filters(Filters(seat=f.seat, node=f.node, trace_id=f.trace_id, conversation_key=f.conversation_key, since=f.since, until=f.until))
+    having = ""
+    params = list(q.params)
+    if question.cursor:
+        ts, key = decode_cursor("t", question.cursor)
+        having = " HAVING (MIN(ts), turn_id) < (%s, %s)"
+        params += [q.ts(ts), key]
+    sql = (
+        f"SELECT turn_id, {us_sql(q.connection.vendor, 'MIN(ts)')} FROM {TABLE} WHERE {q.where}"
+        f" GROUP BY turn_id{having} ORDER BY MIN(ts) DESC, turn_id DESC LIMIT %s"
+    )
+    page = fetch(scope, sql, [*params, limit + 1])
+    listed = [(turn_id, int(started)) for turn_id, started in page[:limit]]
+    grouped = _fold_rows(scope, [t for t, _ in listed], at)
+    turns = []
+    for turn_id, started in listed:
+        folded = fold_turn(turn_id, grouped.get(turn_id, []))
+        # Paged where this page lists it: the earliest start that passed the filters.
+        folded["listed_at"] = format_us(started)
+        turns.append(folded)
+    next_cursor = None
+    if len(page) > limit:
+        turn_id, started = listed[-1]
+        next_cursor = encode_cursor("t", started, turn_id)
+    return {"turns": turns, "next_cursor": next_cursor}
+
+
+def answer_turn(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    params: list[Any] = []
+    body = _body_case(params)
+    q = Where(connections[scope.using])
+    q.add("turn_id = %s", question.key)
+    q.add("turn_id > ''")
+    q.history(at, scope)
+    sql = (
+        f"SELECT {list_sql(q.connection.vendor)}, input_tokens, output_tokens, {body} FROM {TABLE}"
+        f" WHERE {q.where} ORDER BY ts, id LIMIT %s"
+    )
+    fetched = fetch(scope, sql, [*params, *q.params, MAX_DETAIL_ROWS + 1])
+    truncated = len(fetched) > MAX_DETAIL_ROWS
+    fetched = fetched[:MAX_DETAIL_ROWS]
+    if not fetched:
+        return {"turn": None}
+    events, fold = [], []
+    width = len(LIST_COLUMNS)
+    for values in fetched:
+        row = list_row(values[:width])
+        events.append(row)
+        if row["type"] in FOLD_TYPES:
+            tin, tout, raw = values[width:]
+            fold.append(
+                {
+                    **row,
+                    "timestamp": from_us(values[1]),
+                    "input_tokens": int(tin or 0),
+                    "output_tokens": int(tout or 0),
+                    "body": json.loads(raw) if raw else None,
+                }
+            )
+    turn = fold_turn(question.key, fold)
+    turn["events"] = events
+    turn["truncated"] = truncated
+    return {"turn": turn}
