@@ -215,6 +215,66 @@ async def test_a_durable_consumer_has_the_contract_settings_and_the_pair_in_its_
     assert "deliver_subject" not in cfg  # pull, never push
 
 
+async def test_ensure_consumer_gives_an_existing_durable_the_configured_ack_wait_and_keeps_its_mail(
+    broker: EmbeddedBroker, raw: nats.NATS
+) -> None:
+    topic, group = topics.agent_inbox("elder"), topics.agent_inbox_group("elder")
+    name = durable_name(topic, group)
+    old = await JetStreamTransport.connect(
+        broker.url, timings=Timings(ack_wait_s=1800.0), memory_storage=broker.memory_storage
+    )
+    try:
+        assert await old.ensure_consumer(topic, group) is True
+        await old.publish(topic, event(n=1))
+    finally:
+        await old.close()
+    before = (await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}"))["config"]
+    assert before["ack_wait"] == 1800 * NS  # a mailbox made by a build with the half-hour clock
+
+    new = await JetStreamTransport.connect(broker.url, timings=TIMINGS, memory_storage=broker.memory_storage)
+    try:
+        assert await new.ensure_consumer(topic, group) is False  # not created: aligned
+        info = await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}")
+        assert info["config"]["ack_wait"] == int(TIMINGS.ack_wait_s * NS)
+        assert info["config"]["metadata"] == before["metadata"]
+        assert info["config"]["description"] == before["description"]
+        assert info["num_pending"] == 1  # the mail it held is still there, in place
+        assert await new.list_consumers(topic) == [SubscriptionRef(topic, group)]
+    finally:
+        await new.close()
+
+
+async def test_an_in_progress_signal_restarts_the_brokers_ack_clock(broker: EmbeddedBroker, raw: nats.NATS) -> None:
+    short = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=1.0)
+    t = await JetStreamTransport.connect(broker.url, timings=short, memory_storage=broker.memory_storage)
+    topic, group = topics.agent_inbox("busy"), topics.agent_inbox_group("busy")
+    name = durable_name(topic, group)
+    try:
+        await t.ensure_consumer(topic, group)
+        await t.publish(topic, event(n=1))
+        puller = await t.open_puller(topic, group)
+        try:
+            (msg,) = await puller.fetch(1, 5.0, always_ready)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + 3 * short.ack_wait_s
+            while loop.time() < until:  # three ack windows, signalled well inside each
+                await msg.in_progress()
+                info = await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}")
+                assert info["num_redelivered"] == 0 and info["num_ack_pending"] == 1, info
+                await asyncio.sleep(short.ack_wait_s / 4)
+            await msg.ack()
+            await eventually(lambda: _acked(raw, name))
+        finally:
+            await puller.close()
+    finally:
+        await t.close()
+
+
+async def _acked(raw: nats.NATS, name: str) -> bool:
+    info = await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}")
+    return info["num_ack_pending"] == 0 and info["num_pending"] == 0 and info["num_redelivered"] == 0
+
+
 async def test_ensure_consumer_says_whether_it_created_even_when_callers_race(transport: JetStreamTransport) -> None:
     topic = topics.agent_inbox("racer")
     results = await asyncio.gather(*(transport.ensure_consumer(topic, "agent-racer") for _ in range(6)))

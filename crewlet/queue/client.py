@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Optional, Union
 
@@ -64,6 +65,8 @@ def _agent_inbox_or_empty(handle: str) -> str:
 _UNAVAILABLE_RETRY_S = 0.2
 #: How long close() waits for a running handler before cancelling its loop.
 _CLOSE_GRACE_S = 10.0
+#: Marks a message this attachment no longer holds.
+_NOT_HELD = -1.0
 
 
 def _validate_group(group: str) -> str:
@@ -94,7 +97,16 @@ class _Pair:
 
 
 class _Attachment:
-    """One consume loop: fetch when the gate is open, dispatch, settle."""
+    """One consume loop: fetch when the gate is open, dispatch, settle.
+
+    ``held`` is every message this loop fetched and has not settled, in fetch
+    order (with when it was fetched), whether its handler runs (``running``),
+    a batch is still collecting it, or its partition waits behind another.
+    The client keeps each one's ack clock running while it is held, and
+    nothing leaves the loop still held: a stop (pause of all delivery, a
+    detach, close) hands back at once what no handler is working on, and the
+    loop's end hands back whatever a cancelled handler was working on.
+    """
 
     def __init__(
         self,
@@ -113,6 +125,8 @@ class _Attachment:
         self.detached = False
         self.wake = asyncio.Event()
         self.task: Optional[asyncio.Task[None]] = None
+        self.held: dict[RawMessage, float] = {}
+        self.running: frozenset[RawMessage] = frozenset()
 
     # -- the gate -----------------------------------------------------------
 
@@ -120,13 +134,47 @@ class _Attachment:
         c = self.client
         return not (self.detached or self.quiesced or self.pair.holds or c._paused or c._closed)
 
+    def stopping(self) -> bool:
+        """Closed for this process rather than for this seat: all delivery paused, detached, or closed."""
+        c = self.client
+        return self.detached or c._paused or c._closed
+
     def poke(self) -> None:
-        """The gate may have changed: wake the loop, and end a waiting fetch if it closed."""
+        """The gate may have changed: wake the loop, and end a waiting fetch if it closed.
+
+        On a stop, what was fetched and is not being handled goes back now,
+        not after the running handler: the next process (or another member)
+        gets it in milliseconds. A quiesce or a hold leaves it to the loop,
+        which hands it back once the running handler returns, as before.
+        """
         self.wake.set()
         if not self.ready():
             self.puller.interrupt()
+            if self.stopping():
+                waiting = [msg for msg in self.held if msg not in self.running]
+                if waiting:
+                    self.client._spawn(self._give_back(waiting))
+
+    # -- what this loop holds -------------------------------------------------
+
+    def _take(self, msgs: list[RawMessage]) -> None:
+        now = time.monotonic()
+        for msg in msgs:
+            self.held[msg] = now
+        self.client._keep_alive()
+
+    def _forget(self, msg: RawMessage) -> bool:
+        """Stop holding ``msg``; False when it was settled or handed back already."""
+        return self.held.pop(msg, _NOT_HELD) != _NOT_HELD
+
+    async def _give_back(self, msgs: list[RawMessage]) -> None:
+        """Hand back at the head each of ``msgs`` this loop still holds."""
+        for msg in msgs:
+            if self._forget(msg):
+                await self.client._hand_back(self.pair, msg)
 
     def start(self) -> None:
+        self.client._attachments.add(self)
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"queue-consume:{self.pair.topic}:{self.pair.group}"
         )
@@ -154,6 +202,7 @@ class _Attachment:
                     break
                 if not msgs:
                     continue
+                self._take(msgs)
                 if self.options is None:
                     await self._deliver_one(msgs)
                 else:
@@ -163,23 +212,44 @@ class _Attachment:
         except Exception:  # the loop must never die silently
             logger.exception("queue_consume_loop_failed", extra={"topic": topic, "group": group})
         finally:
+            self.running = frozenset()
+            if self.held:
+                # A handler cancelled at the end of a stop's grace, or a loop that
+                # failed: its mail goes back now instead of waiting out the ack clock.
+                left = list(self.held)
+                logger.info("queue_handed_back_on_stop", extra={"topic": topic, "group": group, "messages": len(left)})
+                try:
+                    await self._give_back(left)
+                except Exception:
+                    logger.warning("queue_hand_back_on_stop_failed", extra={"topic": topic, "group": group}, exc_info=True)
+            self.client._attachments.discard(self)
             try:
                 await self.puller.close()
             except Exception:
                 logger.debug("queue_puller_close_failed", exc_info=True)
 
+    async def _handle(self, msgs: list[RawMessage], fn: Any, arg: Any) -> Outcome:
+        """Run the handler with ``msgs`` marked as being worked on (a stop leaves them to it)."""
+        self.running = frozenset(msgs)
+        try:
+            return await self.client._call(fn, arg)
+        finally:
+            self.running = frozenset()
+
     async def _deliver_one(self, msgs: list[RawMessage]) -> None:
         for i, msg in enumerate(msgs):
             if not self.ready():
-                for rest in msgs[i:]:
-                    await self.client._hand_back(self.pair, rest)
+                await self._give_back(msgs[i:])
                 return
+            if msg not in self.held:
+                continue  # handed back by a stop meanwhile
             event = self.client._decode_or_bury(self.pair, msg)
             if event is None:
-                await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
+                if self._forget(msg):
+                    await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             delivery = Delivery(event=event, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
-            outcome = await self.client._call(self.handler, delivery)
+            outcome = await self._handle([msg], self.handler, delivery)
             await self._settle([msg], outcome)
 
     async def _drain(self, first: list[RawMessage]) -> None:
@@ -189,8 +259,7 @@ class _Attachment:
         cap = opts.effective_max_batch()
         linger = opts.effective_linger_s()
         msgs = list(first[:cap])
-        for extra in first[cap:]:  # a backend that overdelivered: give the surplus back untouched
-            await self.client._hand_back(self.pair, extra)
+        await self._give_back(list(first[cap:]))  # a backend that overdelivered: give the surplus back untouched
         loop = asyncio.get_running_loop()
         deadline = loop.time() + linger
         while len(msgs) < cap and self.ready():
@@ -201,29 +270,31 @@ class _Attachment:
                 more = await self.puller.fetch(cap - len(msgs), min(left, self.client._transport.poll_s), self.ready)
             except (Unavailable, Gone):
                 break
+            self._take(more)
             msgs.extend(more)
         if not self.ready():
             # A pause, hold, quiesce or detach taken during collection: nothing
             # collected may start a turn. Being drained was the delivery.
-            for msg in msgs:
-                await self.client._hand_back(self.pair, msg)
+            await self._give_back(msgs)
             return
 
         decoded: list[tuple[int, RawMessage, Event]] = []
         for idx, msg in enumerate(msgs):
             event = self.client._decode_or_bury(self.pair, msg)
             if event is None:
-                await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
+                if self._forget(msg):
+                    await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             decoded.append((idx, msg, event))
         partitions = partition_drain(opts, decoded)
 
         for pi, (key, items) in enumerate(partitions):
             if not self.ready():
-                for _, rest in partitions[pi:]:
-                    for _, msg, _ in rest:
-                        await self.client._hand_back(self.pair, msg)
+                await self._give_back([msg for _, rest in partitions[pi:] for _, msg, _ in rest])
                 return
+            items = [item for item in items if item[1] in self.held]  # a stop may have handed some back
+            if not items:
+                continue
             partition = Partition(
                 key=key,
                 deliveries=tuple(
@@ -231,20 +302,21 @@ class _Attachment:
                     for _, msg, ev in items
                 ),
             )
-            outcome = await self.client._call(self.handler, partition)
+            outcome = await self._handle([msg for _, msg, _ in items], self.handler, partition)
             await self._settle([msg for _, msg, _ in items], outcome)
 
     async def _settle(self, msgs: list[RawMessage], outcome: Outcome) -> None:
         client = self.client
+        mine = [msg for msg in msgs if self._forget(msg)]
         if outcome is Outcome.ACK:
-            for msg in msgs:
+            for msg in mine:
                 await client._ack(msg)
         elif outcome is Outcome.NAK:
-            for msg in msgs:
+            for msg in mine:
                 await client._nak(self.pair, msg)
         else:  # DEFER: back at the head, and this attachment stops taking work
             self.quiesced = True
-            for msg in msgs:
+            for msg in mine:
                 await client._hand_back(self.pair, msg)
 
 
@@ -347,6 +419,11 @@ class QueueClient:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closables: set[Any] = set()
+        #: Every consume loop still running, attached or already detached (its handler may run on).
+        self._attachments: set[_Attachment] = set()
+        #: Hand-backs a stop started outside a consume loop.
+        self._background: set[asyncio.Task[None]] = set()
+        self._keepalive: Optional[asyncio.Task[None]] = None
 
     # -- identity -------------------------------------------------------------
 
@@ -593,6 +670,41 @@ class QueueClient:
             for att in pair.attachments:
                 att.poke()
 
+    # -- the ack clock, kept running while mail is held -------------------------
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _keep_alive(self) -> None:
+        """Start the in-progress signaller, once, when this client first holds mail."""
+        if self._closed or (self._keepalive is not None and not self._keepalive.done()):
+            return
+        self._keepalive = asyncio.get_running_loop().create_task(self._signal_progress(), name="queue-keepalive")
+
+    async def _signal_progress(self) -> None:
+        """Every ``progress_every_s``: tell the broker each held message is still being worked on.
+
+        One loop for the whole client, covering every held message of every
+        consume loop (running, collected, waiting behind another partition),
+        so the ack clock only runs out on mail whose process died, or whose
+        handler has held it past ``progress_limit_s``.
+        """
+        every = self._timings.progress_every_s
+        limit = self._timings.progress_limit_s
+        while not self._closed:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for att in list(self._attachments):
+                for msg, since in list(att.held.items()):
+                    if now - since >= limit or msg not in att.held:
+                        continue
+                    try:
+                        await msg.in_progress()
+                    except QueueError:
+                        logger.debug("queue_progress_failed", exc_info=True)
+
     # -- handlers in flight -----------------------------------------------------
 
     def in_flight(self) -> int:
@@ -764,22 +876,28 @@ class QueueClient:
 
     # -- closing -------------------------------------------------------------------
 
-    async def close(self) -> None:
+    async def close(self, grace_s: Optional[float] = None) -> None:
         if self._closed:
             return
         self._closed = True
         tasks = []
-        for pair in list(self._pairs.values()):
-            for att in list(pair.attachments):
-                att.poke()
-                if att.task is not None and att.task is not asyncio.current_task():
-                    tasks.append(att.task)
+        for att in list(self._attachments):
+            att.poke()  # hands back at once what no handler is working on
+            if att.task is not None and att.task is not asyncio.current_task():
+                tasks.append(att.task)
+        grace = _CLOSE_GRACE_S if grace_s is None else max(float(grace_s), 0.0)
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=_CLOSE_GRACE_S)
+            done, pending = await asyncio.wait(tasks, timeout=grace) if grace > 0 else (set(), set(tasks))
+            pending = {task for task in pending if not task.done()}
             for task in pending:
-                task.cancel()
+                task.cancel()  # each loop hands back what its handler held as it ends
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            await asyncio.gather(self._keepalive, return_exceptions=True)
         for closable in list(self._closables):
             try:
                 await closable.close()

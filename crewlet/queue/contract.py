@@ -18,8 +18,9 @@ from crewlet.events import Event
 #: Deliveries a message gets before it is dead-lettered. Sized for handoffs as
 #: well as poison: a deferral costs one delivery like a Nak does.
 MAX_DELIVERIES = 25
-#: The linger cap. Collection plus one whole turn must fit inside the ack
-#: window, so the contract clamps every read of ``linger_s`` to this.
+#: The linger cap. A lingering drain keeps what it collected from every other
+#: member (in-progress signals keep its ack clock running), so the contract
+#: clamps every read of ``linger_s`` to this.
 MAX_LINGER_SECONDS = 60
 #: An encoded event larger than this is refused as permanently too large.
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
@@ -53,19 +54,44 @@ class Timings:
 
     Production defaults; tests shrink them and run the same code paths.
     A Nak's n-th redelivery waits ``min(backoff_base_s * 2**(n-1), backoff_cap_s)``.
+
+    The ack clock measures whether the process holding a message is alive,
+    not how long its handler takes: a fetched message that is not settled
+    within ``ack_wait_s`` goes to another member, so a crashed process costs
+    its mail about ``ack_wait_s``. While this client holds a fetched message
+    (running, waiting in a batch drain, or waiting behind another partition)
+    it tells the broker every ``progress_s`` (default a third of
+    ``ack_wait_s``, so two signals may be lost before the clock runs out) that
+    the work is in progress, which restarts the clock. It does so for at
+    most ``progress_limit_s`` per message: a handler wedged for longer loses
+    its message to a healthy member one ack window later, as a process that
+    died would.
     """
 
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
-    ack_wait_s: float = 1800.0
+    ack_wait_s: float = 30.0
+    progress_s: Optional[float] = None
+    progress_limit_s: float = 1800.0
 
     def __post_init__(self) -> None:
-        for name in ("backoff_base_s", "backoff_cap_s", "ack_wait_s"):
+        for name in ("backoff_base_s", "backoff_cap_s", "ack_wait_s", "progress_limit_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise ValueError(f"Timings.{name}={value!r}: must be a number >= 0")
         if self.ack_wait_s <= 0:
             raise ValueError(f"Timings.ack_wait_s={self.ack_wait_s!r}: must be > 0")
+        if self.progress_s is not None:
+            value = self.progress_s
+            if not isinstance(value, (int, float)) or math.isnan(value) or not 0 < value < self.ack_wait_s:
+                raise ValueError(
+                    f"Timings.progress_s={value!r}: must be > 0 and below ack_wait_s={self.ack_wait_s!r}"
+                )
+
+    @property
+    def progress_every_s(self) -> float:
+        """How often a held message's in-progress signal restarts its ack clock."""
+        return float(self.progress_s) if self.progress_s is not None else self.ack_wait_s / 3.0
 
     def backoff_s(self, delivered: int) -> float:
         """Spacing before redelivering a message that has been delivered ``delivered`` times."""
@@ -351,7 +377,12 @@ class EventQueue(Protocol):
     async def release(self, topic: str, group: str, key: str) -> None: ...
 
     async def pause_delivery(self) -> None:
-        """Stop every attachment of this client from fetching; publishes still work. Idempotent."""
+        """Stop every attachment of this client from fetching; publishes still work. Idempotent.
+
+        What the attachments fetched and have not handed to a handler (a batch
+        being collected, partitions not yet dispatched) is handed back at once;
+        running handlers finish and settle as usual.
+        """
 
     async def resume_delivery(self) -> None: ...
 
@@ -361,8 +392,15 @@ class EventQueue(Protocol):
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no handler runs; False when the deadline passed first."""
 
-    async def close(self) -> None:
-        """Detach everything and disconnect. Idempotent; afterwards every verb raises NotLive."""
+    async def close(self, grace_s: Optional[float] = None) -> None:
+        """Detach everything and disconnect. Idempotent; afterwards every verb raises NotLive.
+
+        Everything fetched and not being handled is handed back at once (at
+        the head, one delivery spent), so another member has it in
+        milliseconds rather than after the ack clock. A handler still running
+        gets ``grace_s`` (default 10 s) to finish; then it is cancelled and
+        its mail handed back the same way.
+        """
 
 
 __all__: Sequence[str] = (

@@ -220,9 +220,11 @@ async def ordered_flush(nc: NatsClient, timeout_s: float = 5.0) -> None:
     """Push the write buffer out, then PING/PONG: everything written before is at the server.
 
     nats-py's ``flush()`` writes its PING straight to the socket, so on its own
-    it can overtake a SUB or a NAK still sitting in the client's buffer.
+    it can overtake a SUB or a NAK still sitting in the client's buffer. The
+    buffer push is bounded too: nats-py waits for its flusher without a
+    deadline, and a connection dropping under it ends the flusher first.
     """
-    await nc._flush_pending(force_flush=True)
+    await keeping_cancel(asyncio.wait_for(nc._flush_pending(force_flush=True), timeout=timeout_s))
     await keeping_cancel(nc.flush(timeout=timeout_s))
 
 
@@ -348,6 +350,15 @@ class JetStreamMessage:
             return
         except _NATS_ERRORS as e:
             raise Unavailable(f"term failed: {e!r}") from e
+
+    async def in_progress(self) -> None:
+        """``+WPI``: the broker restarts this delivery's ack clock (allowed any number of times)."""
+        if self._msg._ackd:
+            return
+        try:
+            await self._msg.in_progress()
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"in-progress signal failed: {e!r}") from e
 
     def __repr__(self) -> str:
         return f"<JetStreamMessage {self._msg.subject} delivered={self.delivered} bytes={len(self.data)}>"
@@ -1154,13 +1165,15 @@ class JetStreamTransport(Transport):
         await self._ensure_stream(spec)
         name = durable_name(topic, group)
         try:
-            await self._api(f"CONSUMER.INFO.{spec.name}.{name}", None, what="consumer info")
-            return False
+            info = await self._api(f"CONSUMER.INFO.{spec.name}.{name}", None, what="consumer info")
         except _ApiError as e:
             if e.err_code == ERR_STREAM_NOT_FOUND:
                 await self._ensure_stream(spec, force=True)
             elif e.err_code != ERR_CONSUMER_NOT_FOUND:
                 raise
+        else:
+            await self._align_ack_wait(spec.name, name, info.get("config") or {})
+            return False
         cfg = consumer_config(topic, group, self.timings)
         # A per-call nonce: of two racing creators exactly one gets "created"
         # (the broker refuses an action=create whose config differs).
@@ -1180,6 +1193,37 @@ class JetStreamTransport(Transport):
             extra={"stream": spec.name, "consumer": name, "topic": topic, "group": group},
         )
         return True
+
+    async def _align_ack_wait(self, stream: str, name: str, current: dict[str, Any]) -> None:
+        """Give an existing durable this client's ack window (one made with another keeps it otherwise).
+
+        Only the ack window is aligned: it is what decides how long a dead
+        process's mail waits, and the broker lets it change in place. The
+        rest of the consumer (its position, its metadata, its nonce) is kept
+        as it is, and a refusal leaves the consumer as it was.
+        """
+        want = int(float(self.timings.ack_wait_s) * _NS)
+        have = current.get("ack_wait")
+        if not current or have == want:
+            return
+        cfg = dict(current)
+        cfg["ack_wait"] = want
+        try:
+            await self._api(
+                f"CONSUMER.CREATE.{stream}.{name}",
+                {"stream_name": stream, "config": cfg, "action": "update"},
+                what=f"update consumer {name}",
+            )
+        except _ApiError as e:
+            logger.warning(
+                "jetstream_consumer_config_kept",
+                extra={"stream": stream, "consumer": name, "ack_wait_s": (have or 0) / _NS, "error": e.description},
+            )
+            return
+        logger.info(
+            "jetstream_consumer_updated",
+            extra={"stream": stream, "consumer": name, "ack_wait_s_was": (have or 0) / _NS, "ack_wait_s": want / _NS},
+        )
 
     async def delete_consumer(self, topic: str, group: str) -> bool:
         spec = self._stream_of(topic)
@@ -1472,6 +1516,20 @@ class JetStreamTransport(Transport):
         return server
 
     # -- closing ------------------------------------------------------------------------
+
+    def sever(self) -> None:
+        """What a killed process leaves behind: the connection drops without another byte.
+
+        Nothing buffered (an ack, a hand-back, an in-progress signal) reaches
+        the broker and the client does not reconnect, so the broker gets this
+        client's mail back only when each message's ack clock runs out.
+        """
+        self._nc.options["allow_reconnect"] = False
+        self._nc._pending = []  # nats-py's write buffer: dropped, as a killed process's would be
+        self._nc._pending_data_size = 0
+        writer = getattr(self._nc._transport, "_io_writer", None)
+        if writer is not None:
+            writer.transport.abort()
 
     async def close(self) -> None:
         if self._closed:

@@ -4,7 +4,8 @@ It models the semantics, not just the plumbing: streams with interest or
 limits retention, durable consumers positioned at DeliverAll, encoded bytes
 (never objects), per-consumer delivery counts, the ack clock, Nak to the back
 of the mailbox (the backoff modelled virtually, with no timer), hand-backs at
-the head, dead letters on CREWLET_DLQ and NATS wildcards (``topics.matches``).
+the head, in-progress signals that restart the ack clock, dead letters on
+CREWLET_DLQ and NATS wildcards (``topics.matches``).
 Everything the contract decides is the shared :class:`QueueClient`'s.
 """
 from __future__ import annotations
@@ -267,6 +268,15 @@ class MemoryBroker:
             out.append(_MemoryMessage(self, consumer, seq, token, stored.data, count))
         return out
 
+    def progress(self, msg: "_MemoryMessage") -> None:
+        """JetStream's ``+WPI``: the delivery is still being worked on; its ack clock starts again."""
+        self._reach()
+        consumer = msg.consumer
+        current = consumer.inflight.get(msg.seq)
+        if consumer.deleted or current is None or current[0] != msg.token:
+            return  # settled, or the clock already took it back: a late signal changes nothing
+        consumer.inflight[msg.seq] = (msg.token, time.monotonic() + self.timings.ack_wait_s)
+
     def settle(self, msg: "_MemoryMessage", how: str) -> None:
         self._reach()
         consumer = msg.consumer
@@ -333,32 +343,54 @@ class MemoryBroker:
 
 
 class _MemoryMessage:
-    __slots__ = ("broker", "consumer", "seq", "token", "data", "delivered")
+    __slots__ = ("broker", "transport", "consumer", "seq", "token", "data", "delivered")
 
-    def __init__(self, broker: MemoryBroker, consumer: _Consumer, seq: int, token: int, data: bytes, delivered: int):
+    def __init__(
+        self,
+        broker: MemoryBroker,
+        consumer: _Consumer,
+        seq: int,
+        token: int,
+        data: bytes,
+        delivered: int,
+        transport: Optional["MemoryTransport"] = None,
+    ):
         self.broker = broker
+        self.transport = transport
         self.consumer = consumer
         self.seq = seq
         self.token = token
         self.data = data
         self.delivered = delivered
 
+    def _say(self, how: str) -> None:
+        if self.transport is not None and self.transport.severed:
+            raise Unavailable("the connection to the memory broker was severed")
+        if how == "progress":
+            self.broker.progress(self)
+        else:
+            self.broker.settle(self, how)
+
     async def ack(self) -> None:
-        self.broker.settle(self, "ack")
+        self._say("ack")
 
     async def nak(self, delay_s: float) -> None:
-        self.broker.settle(self, "nak")
+        self._say("nak")
 
     async def nak_head(self) -> None:
-        self.broker.settle(self, "head")
+        self._say("head")
 
     async def term(self) -> None:
-        self.broker.settle(self, "term")
+        self._say("term")
+
+    async def in_progress(self) -> None:
+        self._say("progress")
 
 
 class _MemoryPuller:
-    def __init__(self, broker: MemoryBroker, topic: str, group: str) -> None:
+    def __init__(self, broker: MemoryBroker, topic: str, group: str, transport: Optional["MemoryTransport"] = None) -> None:
         self._broker = broker
+        self._transport = transport
         self._key = (topic, group)
         self._interrupted = asyncio.Event()
 
@@ -370,11 +402,15 @@ class _MemoryPuller:
         deadline = loop.time() + timeout_s
         self._interrupted.clear()
         while True:
+            if self._transport is not None and self._transport.severed:
+                raise Unavailable("the connection to the memory broker was severed")
             consumer = self._broker.consumer(*self._key)
             next_deadline = self._broker._reclaim_expired(consumer)
             if ready():
                 got = self._broker.take(consumer, max_n)
                 if got:
+                    for msg in got:
+                        msg.transport = self._transport
                     return got
             left = deadline - loop.time()
             if left <= 0 or self._interrupted.is_set():
@@ -469,10 +505,19 @@ class MemoryTransport(Transport):
     def __init__(self, broker: MemoryBroker) -> None:
         self.broker = broker
         self._closed = False
+        self.severed = False
 
     @property
     def is_connected(self) -> bool:
-        return self.broker.available and not self._closed
+        return self.broker.available and not self._closed and not self.severed
+
+    def sever(self) -> None:
+        """What a killed process leaves behind: from now on nothing this client fetched is settled.
+
+        No hand-back, no in-progress signal: the broker gets this client's
+        mail back only when each message's ack clock runs out.
+        """
+        self.severed = True
 
     async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> int:
         return self.broker.publish(subject, data, headers)
@@ -488,7 +533,7 @@ class MemoryTransport(Transport):
 
     async def open_puller(self, topic: str, group: str) -> _MemoryPuller:
         self.broker.consumer(topic, group)
-        return _MemoryPuller(self.broker, topic, group)
+        return _MemoryPuller(self.broker, topic, group, self)
 
     async def open_broadcast(self, pattern: str, on_message: Callable[[str, bytes], Awaitable[None]]) -> Closable:
         self.broker._reach()

@@ -66,6 +66,9 @@ class RawMessage(Protocol):
     async def term(self) -> None:
         """Never deliver again (after the dead-letter copy was published)."""
 
+    async def in_progress(self) -> None:
+        """Still being worked on: restart this delivery's ack clock (JetStream's ``+WPI``)."""
+
 
 class Puller(Protocol):
     """A pull consumer bound to one durable (topic, group)."""

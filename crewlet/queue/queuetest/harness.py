@@ -58,6 +58,16 @@ class Harness:
     async def come_back(self) -> None:
         raise NotImplementedError
 
+    async def crash(self, client: EventQueue) -> None:
+        """Kill ``client``'s process, as kill -9 would: its connection drops and nothing it fetched is settled.
+
+        The client object is then closed to free its tasks; everything it
+        tries to hand back by then goes nowhere.
+        """
+        client.transport.sever()  # type: ignore[attr-defined]
+        await eventually(lambda: not client.connected, self.wait_s, "the severed connection seen as down")
+        await client.close(grace_s=0.0)
+
     async def with_timings(self, timings: Timings) -> "Harness":
         """A second harness of the same backend with other durations (e.g. a short ack clock)."""
         other = type(self)(timings)
