@@ -416,8 +416,8 @@ def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_win
                 assert body["refusal"] == ops.REFUSAL_GONE and "nats" not in body["detail"].lower()
 
         bad_code, bad = _http(f"{company.url}/operator/act", UP_TOKEN, {**act, "args": {"ref": "18446744073709551616"}})
-        assert bad_code == 400 and bad["refusal"] == ops.REFUSAL_BAD_ARGS, bad
-        assert "nats" not in bad["detail"].lower() and "json" not in bad["detail"].lower()
+        assert bad_code == 400 and bad["error"] == ops.REFUSAL_BAD_ARGS and bad["param"] == "args.ref", bad
+        assert "nats" not in bad["reason"].lower() and "json" not in bad["reason"].lower()
 
         # The replay put the same bytes back on ada's inbox, and up buried them again: a second row.
         _until(burials, lambda rows: len(rows) == 2, "the replayed garbage buried and recorded again")
