@@ -27,8 +27,9 @@ from crewlet.queue.contract import MAX_LINGER_SECONDS
 AGENT_ID_NAMESPACE = uuid.UUID("6f1d7c0e-3b0a-5c55-9d55-6372657765c1")
 
 SEAT_KINDS = ("agent", "human")
-SURFACES = ("slack", "github", "jira", "confluence", "mattermost")
-#: Which key names the secret's environment variable, per surface.
+#: The company file's surface kinds, and which key names each one's secret
+#: variable. notifications.sources registers one webhook source per kind and
+#: refuses to load unless the two lists agree.
 SURFACE_SECRET_KEYS = {
     "slack": "signing_secret_env",
     "github": "secret_env",
@@ -36,6 +37,7 @@ SURFACE_SECRET_KEYS = {
     "confluence": "secret_env",
     "mattermost": "token_env",
 }
+SURFACES = tuple(SURFACE_SECRET_KEYS)
 PROVIDER_KINDS = ("echo", "openai")
 COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
 COALESCE_MAX_BATCH_RANGE = (1, 100)

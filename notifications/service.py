@@ -80,9 +80,10 @@ from notifications.parsers import (
     Parser,
     Recipient,
     load_json,
-    parser_for,
     storable_text,
 )
+from notifications.sources import parser_for, source_for
+from notifications.sources.base import default_filtered_event
 
 log = logging.getLogger("crewlet.notifications")
 
@@ -104,8 +105,9 @@ def short_reason(exc: BaseException, limit: int = REASON_LIMIT) -> str:
 
 
 def chat_skip_log(source: str) -> str:
-    """The debug event a chat parser's filtering is logged under."""
-    return {"slack": "slack_event_skipped", "mattermost": "mattermost_post_skipped"}.get(source, f"{source}_event_skipped")
+    """The debug event a chat parser's filtering is logged under (the source names it)."""
+    found = source_for(source)
+    return found.filtered_log if found is not None else default_filtered_event(source)
 
 
 class RateValve:

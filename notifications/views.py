@@ -13,7 +13,8 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from notifications.edge import EdgeResponse, InboundRequest, current_edge
+from notifications.edge import EdgeResponse, current_edge, refuse
+from notifications.sources.base import InboundRequest
 
 log = logging.getLogger("crewlet.notifications.edge")
 
@@ -26,7 +27,7 @@ def _respond(resp: EdgeResponse) -> JsonResponse:
 
 
 def _error(status: int, reason: str, **headers: str) -> JsonResponse:
-    return _respond(EdgeResponse(status, {"error": reason}, dict(headers)))
+    return _respond(refuse(status, reason, **headers))
 
 
 @csrf_exempt

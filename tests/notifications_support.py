@@ -18,7 +18,7 @@ from crewlet.events import Event
 from crewlet.events.types import RawWebhook
 from crewlet.org import CompanyHolder, Organization, parse_company
 from crewlet.tracing import Trace
-from notifications.parsers import PARSERS
+from notifications.sources import PARSERS
 
 WEBHOOKS_DIR = SHARED_DIR / "fixtures" / "webhooks"
 README = SHARED_DIR / "fixtures" / "README.md"

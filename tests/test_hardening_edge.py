@@ -24,11 +24,9 @@ import pytest
 from crewlet.events.types import SKIP_PARSER_REFUSED, SKIP_PAYLOAD_UNREADABLE
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
-from notifications.edge import InboundRequest, verify_slack
+from notifications.edge import InboundRequest
 from notifications.parsers import (
-    ADF_MAX_NODES,
     MAX_JSON_DEPTH,
-    JiraParser,
     JSONTooDeep,
     ParseError,
     json_depth_exceeds,
@@ -37,6 +35,9 @@ from notifications.parsers import (
 )
 from notifications.runtime import NotifyService
 from notifications.service import NotifyRouter, RateValve
+from notifications.sources.atlassian import ADF_MAX_NODES
+from notifications.sources.jira import JiraParser
+from notifications.sources.slack import verify as verify_slack
 from notifications_support import (
     SECRETS,
     company,

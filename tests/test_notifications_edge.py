@@ -204,7 +204,7 @@ async def test_a_stale_slack_signature_is_refused_even_when_it_is_correct(monkey
 
 
 def test_slack_tolerance_is_five_minutes_either_side_on_an_injected_clock(monkeypatch) -> None:
-    from notifications.edge import verify_slack
+    from notifications.sources.slack import verify as verify_slack
 
     body = b'{"type":"event_callback"}'
     secret = "s"

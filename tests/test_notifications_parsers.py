@@ -17,7 +17,6 @@ from typing import Optional
 import pytest
 
 from notifications.parsers import (
-    PARSERS,
     WHY_ASSIGNEE,
     WHY_DM,
     WHY_MENTION,
@@ -26,6 +25,7 @@ from notifications.parsers import (
     ParseError,
     Parsed,
 )
+from notifications.sources import PARSERS
 from notifications_support import fixture, fixture_files, fixture_params, github_event_of, need, readme_keys
 
 # (partition_key, conversation_identity); "" for a delivery nothing routes.

@@ -126,7 +126,7 @@ def request(
 
 
 def sign_slack(body: bytes, *, secret: str = SECRETS["SLACK_SIGNING_SECRET"], stamp: Optional[str] = None) -> dict[str, str]:
-    """The Slack v0 signing headers for ``body`` (notifications.edge.verify_slack)."""
+    """The Slack v0 signing headers for ``body`` (notifications.sources.slack.verify)."""
     stamp = stamp if stamp is not None else str(int(time.time()))
     digest = hmac.new(secret.encode(), b"v0:" + stamp.encode() + b":" + body, hashlib.sha256).hexdigest()
     return {"Content-Type": "application/json", "X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
