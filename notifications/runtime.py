@@ -8,14 +8,6 @@ process's webhook edge on ``queue`` (so ``POST /webhooks/<source>`` served by
 this process publishes through it), creates the fleet-wide ``notify`` group
 and attaches the router, and runs the hourly prune of old dedupe keys, rate
 windows and cold thread follows. ``stop()`` undoes all of it.
-
-Wiring (for the lead)::
-
-    holder = CompanyHolder(load_company(...))
-    notify = NotifyService(engine.queue, holder)
-    await notify.start()
-    ...
-    await notify.stop()
 """
 from __future__ import annotations
 
@@ -115,17 +107,26 @@ class NotifyService:
             self._prune = asyncio.get_running_loop().create_task(self._prune_loop(), name="notify-prune")
 
     async def stop(self) -> None:
-        if self._prune is not None:
-            self._prune.cancel()
-            try:
-                await self._prune
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._prune = None
-        await self.router.stop()
-        if self.edge is not None:
-            edge_module.uninstall(self.edge)
-            self.edge = None
+        """Stop the prune, detach the router, remove the edge; a cancel of the caller still does all three, then propagates."""
+        try:
+            await self._stop_prune()
+        finally:
+            await self.router.stop()
+            if self.edge is not None:
+                edge_module.uninstall(self.edge)
+                self.edge = None
+
+    async def _stop_prune(self) -> None:
+        prune, self._prune = self._prune, None
+        if prune is None:
+            return
+        prune.cancel()
+        # asyncio.wait, not ``await prune``: the prune's own cancellation stays
+        # inside it, while a cancel of the task calling stop() reaches that task.
+        await asyncio.wait({prune})
+        failure = None if prune.cancelled() else prune.exception()
+        if failure is not None:
+            log.warning("notify_prune_failed", extra={"error": service.short_reason(failure)})
 
     async def _prune_loop(self) -> None:
         while True:
@@ -139,20 +140,9 @@ class NotifyService:
                 log.info("notify_pruned", extra=deleted)
 
 
-async def serve(engine: Any, holder: CompanyHolder) -> None:
-    """An ``Engine.add_service`` factory body: run the notify duties until cancelled."""
-    notify = NotifyService(engine.queue, holder)
-    await notify.start()
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await notify.stop()
-
-
 __all__ = [
     "NotifyService",
     "PRUNE_INTERVAL_S",
-    "serve",
     "unconfigured_surfaces",
     "unverified_surfaces",
     "warn_unconfigured",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from crewlet.org import SURFACES
 from notifications import edge as edge_module
 from notifications import sources
 from notifications.edge import Edge, InboundRequest
+from notifications.runtime import NotifyService
 from notifications.sources import REGISTRY, SourceRegistryError, registry_of, slack
 from notifications.urls import urlpatterns
 from notifications_support import company, fixture_bytes, holder, set_secrets, slack_headers
@@ -88,6 +90,27 @@ async def test_a_slack_url_verification_without_a_challenge_string_is_400_and_ro
         # The handshake is Slack's alone: the same body to another source is a delivery.
         other = await post("/webhooks/jira", body)
         assert other.status_code == 202
+
+
+async def test_a_cancel_of_the_task_stopping_the_notify_service_reaches_that_task_after_the_stop_finishes() -> None:
+    async with memory_queues("n1") as (_, (q,)):
+        notify = NotifyService(q, holder(company()), prune_interval_s=3600.0)
+        await notify.start()
+        assert edge_module.current_edge() is notify.edge
+        prune = notify._prune
+        assert prune is not None
+        stopping = asyncio.get_running_loop().create_task(notify.stop())
+        # stop() cancels the prune and waits for it in one step: once the
+        # prune is being cancelled, the stopper is waiting, and is cancelled itself.
+        while not prune.cancelling():
+            await asyncio.sleep(0)
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        assert stopping.cancelled()
+        # The stop still finished its work before the cancel propagated.
+        assert edge_module.current_edge() is None and notify.edge is None
+        assert notify.router._sub is None
 
 
 async def test_the_slack_handshake_body_still_verifies_first(monkeypatch) -> None:
