@@ -1,1 +1,1 @@
-"""notifications: webhook edge, per-source parsers, routing service, coalescer, skip reasons, rate valve."""
+"""notifications: the webhook edge, its sources (one module per vendor, one registry), routing, the coalescer, skip reasons, the rate valve."""
