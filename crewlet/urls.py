@@ -7,6 +7,9 @@ from django.urls import include, path
 from crewlet.health import healthz
 from eventstore.operator_views import OperatorActView
 
+#: Where the webhook routes are mounted (the web server gives their bodies the webhook limit).
+WEBHOOKS_PREFIX = "webhooks/"
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
@@ -14,6 +17,6 @@ urlpatterns = [
     path("api/a2a/", include("a2a.urls")),
     path("api/", include("eventstore.urls")),
     path("operator/act", OperatorActView.as_view(), name="operator-act"),
-    path("webhooks/", include("notifications.urls")),
+    path(WEBHOOKS_PREFIX, include("notifications.urls")),
     path("", include("crewlet.dashboard_urls")),
 ]

@@ -12,14 +12,36 @@ is left.
 Because the web server shares the engine's loop, a view publishes through the
 engine's queue client (``crewlet.runtime.get_queue()``), with no second
 connection to the broker.
+
+What a client can make the server hold is bounded here, before any Django
+code runs:
+
+* the body — Twisted reads a whole body before the application sees a byte
+  (and Daphne then queues all of it), so a body limit checked in a view comes
+  too late. :class:`LimitedRequest` counts the bytes as they arrive and, the
+  moment they pass the route's limit (a declared ``Content-Length`` over it
+  at once), answers ``413`` with a JSON reason, half-closes, and reads what
+  is still in flight only to drop it for :data:`LINGER_S` so the client sees
+  the answer rather than a reset. Webhooks get the edge's limit
+  (``CREWLET_WEBHOOK_MAX_BODY_BYTES``), everything else Django's
+  ``DATA_UPLOAD_MAX_MEMORY_SIZE``;
+* the request head — :class:`DeadlineChannel` gives a connection
+  ``HTTP_HEADER_TIMEOUT_S`` to send a complete request head, counted from its
+  opening or from the end of its previous response, however slowly the bytes
+  trickle in; then it is closed. A body whose bytes stop for
+  ``HTTP_IDLE_TIMEOUT_S`` is closed too (Twisted's idle timeout, which
+  Daphne leaves at 12 hours).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
@@ -28,6 +50,46 @@ log = logging.getLogger("crewlet.web")
 
 #: How long requests in flight may take to finish once the server stops listening.
 GRACE_S = 5.0
+#: After a 413, how long the rest of an oversized body is read (and dropped) before the connection is cut.
+LINGER_S = 2.0
+#: Defaults when the Django settings name none.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_IDLE_TIMEOUT_S = 30.0
+DEFAULT_MAX_BODY_BYTES = 2621440
+REASON_TOO_LARGE = "the body is over the {limit}-byte limit"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one connection may make the server hold: time for a request head, silence in a body, body bytes."""
+
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Path prefix -> its own body limit (the webhooks').
+    body_limits: tuple[tuple[str, int], ...] = ()
+
+    def body_limit(self, path: str) -> int:
+        for prefix, limit in self.body_limits:
+            if path.startswith(prefix):
+                return limit
+        return self.max_body_bytes
+
+
+def limits_from_settings() -> Limits:
+    """The limits the Django settings (and the webhook edge's own setting) give."""
+    from django.conf import settings
+
+    from crewlet.urls import WEBHOOKS_PREFIX
+    from notifications.edge import max_body_bytes
+
+    general = getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None) or DEFAULT_MAX_BODY_BYTES
+    return Limits(
+        header_timeout_s=float(getattr(settings, "HTTP_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S)),
+        idle_timeout_s=float(getattr(settings, "HTTP_IDLE_TIMEOUT_S", DEFAULT_IDLE_TIMEOUT_S)),
+        max_body_bytes=int(general),
+        body_limits=(("/" + WEBHOOKS_PREFIX, max_body_bytes()),),
+    )
 
 
 class AddressError(ValueError):
@@ -62,14 +124,139 @@ def install_reactor(loop: asyncio.AbstractEventLoop) -> Any:
     return reactor
 
 
+def _client_of(transport: Any) -> str:
+    try:
+        peer = transport.getPeer()
+        return f"{peer.host}:{peer.port}"
+    except Exception:
+        return ""
+
+
+def _discard(_data: bytes) -> None:
+    """A refused connection's further bytes: read (so the client can finish sending) and dropped."""
+
+
+def bounded_http(limits: Limits) -> tuple[type, type]:
+    """(request class, channel class): Daphne's request and Twisted's channel with ``limits`` enforced.
+
+    Built once the reactor is installed (Daphne's modules import it).
+    """
+    from daphne.http_protocol import WebRequest
+    from twisted.web import http
+
+    class LimitedRequest(WebRequest):  # type: ignore[misc]
+        """Daphne's request, refusing a body with 413 as soon as it passes its route's limit."""
+
+        _limit = 0
+        _received = 0
+        _refused = False
+        _linger: Any = None
+
+        def gotLength(self, length: Optional[int]) -> None:
+            target = getattr(self.channel, "_path", b"") or b""  # the request line's target, parsed already
+            path = urlsplit(target.decode("latin-1")).path
+            self._limit = limits.body_limit(path)
+            super().gotLength(length)
+            if length is not None and length > self._limit:
+                self._refuse(path, declared=length)
+
+        def handleContentChunk(self, data: bytes) -> None:
+            if self._refused:
+                return
+            self._received += len(data)
+            if self._received > self._limit:
+                target = getattr(self.channel, "_path", b"") or b""
+                self._refuse(urlsplit(target.decode("latin-1")).path)
+                return
+            super().handleContentChunk(data)
+
+        def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+            if not self._refused:
+                super().requestReceived(command, path, version)
+
+        def _refuse(self, path: str, declared: Optional[int] = None) -> None:
+            self._refused = True
+            channel = self.channel
+            transport = channel.transport
+            body = json.dumps({"error": REASON_TOO_LARGE.format(limit=self._limit)}).encode()
+            head = (
+                b"HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            )
+            log.info(
+                "web_body_too_large",
+                extra={
+                    "path": path,
+                    "limit": self._limit,
+                    "declared": declared,
+                    "received": self._received,
+                    "client": _client_of(transport),
+                },
+            )
+            channel.dataReceived = _discard  # nothing more of this connection is parsed or kept
+            channel.setTimeout(None)
+            transport.write(head + body)
+            transport.loseWriteConnection()  # the answer, then FIN; reading goes on (dropping) for LINGER_S
+            self._linger = channel.callLater(LINGER_S, transport.abortConnection)
+
+        def connectionLost(self, reason: Any) -> None:
+            if self._linger is not None and self._linger.active():
+                self._linger.cancel()
+            super().connectionLost(reason)
+
+    class DeadlineChannel(http.HTTPChannel):
+        """Twisted's HTTP/1.1 channel, with a deadline for each request head that trickled bytes do not extend."""
+
+        _head_deadline: Any = None
+
+        def connectionMade(self) -> None:
+            super().connectionMade()
+            self._arm_head_deadline()
+
+        def _arm_head_deadline(self) -> None:
+            self._disarm_head_deadline()
+            self._head_deadline = self.callLater(limits.header_timeout_s, self._head_too_slow)
+
+        def _disarm_head_deadline(self) -> None:
+            deadline, self._head_deadline = self._head_deadline, None
+            if deadline is not None and deadline.active():
+                deadline.cancel()
+
+        def _head_too_slow(self) -> None:
+            self._head_deadline = None
+            log.info(
+                "web_header_timeout",
+                extra={"client": _client_of(self.transport), "timeout_s": limits.header_timeout_s},
+            )
+            self.transport.abortConnection()
+
+        def allHeadersReceived(self) -> None:
+            self._disarm_head_deadline()
+            super().allHeadersReceived()
+
+        def requestDone(self, request: Any) -> None:
+            # Armed before the next pipelined request is parsed (inside requestDone), so that request's head disarms it.
+            self._arm_head_deadline()
+            super().requestDone(request)
+
+        def connectionLost(self, reason: Any) -> None:
+            self._disarm_head_deadline()
+            super().connectionLost(reason)
+
+    return LimitedRequest, DeadlineChannel
+
+
 class WebServer:
     """Daphne serving ``application`` on ``host:port`` of the running loop, until :meth:`close`."""
 
-    def __init__(self, application: Any, host: str, port: int, *, grace_s: float = GRACE_S) -> None:
+    def __init__(
+        self, application: Any, host: str, port: int, *, grace_s: float = GRACE_S, limits: Optional[Limits] = None
+    ) -> None:
         self.application = application
         self.host = host
         self.port = port
         self.grace_s = grace_s
+        self.limits = limits if limits is not None else Limits()
         self.server: Any = None
         self.ports: list[Any] = []
         self.bound: Optional[tuple[str, int]] = None
@@ -104,7 +291,18 @@ class WebServer:
         self.closing = False
         server = Server(self.application, endpoints=[_endpoint(self.host, self.port)], signal_handlers=False)
         server.connections = {}
-        server.http_factory = dserver.HTTPFactory(server)
+        request_class, channel_class = bounded_http(self.limits)
+
+        class HTTPFactory(dserver.HTTPFactory):
+            protocol = channel_class  # plain HTTP/1.1 (no TLS here, so no ALPN to negotiate h2)
+
+            def buildProtocol(self, addr: Any) -> Any:
+                channel = super().buildProtocol(addr)
+                channel.requestFactory = request_class
+                return channel
+
+        server.http_factory = HTTPFactory(server)
+        server.http_factory.timeOut = self.limits.idle_timeout_s
         server.ws_factory = dserver.WebSocketFactory(server, server=server.server_name)
         server.ws_factory.setProtocolOptions(
             autoPingTimeout=server.ping_timeout,
@@ -185,7 +383,7 @@ def service(
     """
 
     async def web_server(engine: "Engine") -> None:
-        web = WebServer(application(), host, port)
+        web = WebServer(application(), host, port, limits=limits_from_settings())
         try:
             bound = await web.start()
             if on_listening is not None:
@@ -199,4 +397,14 @@ def service(
     return web_server
 
 
-__all__ = ["AddressError", "GRACE_S", "WebServer", "install_reactor", "parse_addr", "service"]
+__all__ = [
+    "AddressError",
+    "GRACE_S",
+    "Limits",
+    "WebServer",
+    "bounded_http",
+    "install_reactor",
+    "limits_from_settings",
+    "parse_addr",
+    "service",
+]

@@ -420,3 +420,144 @@ def test_up_serves_the_admins_css_and_js_and_signing_in_lands_on_the_dashboard(s
     assert status == 302 and headers["location"] == "/"
     status, _, page = browser.call("GET", headers["location"])
     assert status == 200 and b"Sign in" not in page
+
+
+# -- the web server bounds what a client can make it hold --------------------------------------------
+
+
+MIB = 1024 * 1024
+
+
+def vm_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def read_response_head(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.timeout(300)
+def test_a_chunked_body_over_the_webhook_limit_is_refused_413_while_it_is_still_being_sent_holding_no_memory(
+    start_up: Callable[..., Up]
+) -> None:
+    import select
+
+    up = start_up()
+    assert up.proc is not None
+    peak_before = vm_kib(up.proc.pid, "VmHWM")
+    total = 300 * MIB
+    chunk = b"x" * MIB
+    frame = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+    sock = socket.create_connection((up.host, up.port), timeout=WAIT_S)
+    sock.sendall(
+        b"POST /webhooks/slack HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" % (up.host.encode(), up.port)
+    )
+    sent = 0
+    answered = False
+    while sent < total:
+        if select.select([sock], [], [], 0)[0]:
+            answered = True
+            break
+        try:
+            sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        sent += len(chunk)
+    if not answered:  # the connection broke: the answer must already be waiting
+        answered = bool(select.select([sock], [], [], WAIT_S)[0])
+    head = read_response_head(sock) if answered else b""
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert b"1048576-byte limit" in head or b"Content-Length" in head
+    assert sent < total, "the server waited for the whole body before answering"
+    growth_mib = (vm_kib(up.proc.pid, "VmHWM") - peak_before) / 1024
+    assert growth_mib < 100, f"the server's peak RSS grew {growth_mib:.0f} MiB"
+    up.out.wait_for("event=web_body_too_large path=/webhooks/slack limit=1048576", timeout_s=WAIT_S)  # type: ignore[union-attr]
+
+    # A small chunked delivery still goes through, on a fresh connection.
+    from tests.browser_support import slack_message
+
+    body = json.dumps(slack_message("Ev-chunked-ok", "hello")).encode()
+    sock = socket.create_connection((up.host, up.port), timeout=WAIT_S)
+    sock.sendall(
+        b"POST /webhooks/slack HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+        % (up.host.encode(), up.port, len(body), body)
+    )
+    assert read_response_head(sock).startswith(b"HTTP/1.1 202")
+    sock.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_declared_length_over_the_routes_limit_is_refused_413_before_any_body_is_sent(start_up: Callable[..., Up]) -> None:
+    up = start_up(CREWLET_HTTP_MAX_BODY_BYTES="65536")
+    for path, length, limit in (("/webhooks/github", 2 * MIB, 1048576), ("/api/events", 70000, 65536)):
+        sock = socket.create_connection((up.host, up.port), timeout=WAIT_S)
+        sock.sendall(
+            b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (path.encode(), up.host.encode(), up.port, length)
+        )
+        response = read_response_head(sock)
+        while b'"}' not in response:
+            more = sock.recv(65536)
+            if not more:
+                break
+            response += more
+        sock.close()
+        assert response.startswith(b"HTTP/1.1 413"), (path, response)
+        assert json.loads(response.split(b"\r\n\r\n", 1)[1]) == {"error": f"the body is over the {limit}-byte limit"}
+
+
+@pytest.mark.timeout(180)
+def test_connections_that_do_not_finish_their_request_head_in_time_are_closed_even_when_trickling(
+    start_up: Callable[..., Up]
+) -> None:
+    import select
+
+    up = start_up(CREWLET_HTTP_HEADER_TIMEOUT_S="1")
+    partial = b"GET /healthz HTTP/1.1\r\nHost: %s:%d\r\nX-Slow: " % (up.host.encode(), up.port)
+    silent = []
+    for _ in range(5):
+        sock = socket.create_connection((up.host, up.port), timeout=WAIT_S)
+        sock.sendall(partial)
+        silent.append(sock)
+    trickler = socket.create_connection((up.host, up.port), timeout=WAIT_S)
+    trickler.sendall(partial)
+
+    def closed(sock: socket.socket) -> bool:
+        try:
+            return sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    deadline = time.monotonic() + WAIT_S
+    while True:  # a byte of the head at a time, each well inside the timeout: it never completes
+        if select.select([trickler], [], [], 0.2)[0]:
+            assert closed(trickler)
+            break
+        assert time.monotonic() < deadline, "the trickling connection was never closed"
+        try:
+            trickler.sendall(b"a")
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    for sock in silent:
+        assert closed(sock)  # a blocking read: returns once the server closed it (socket timeout WAIT_S)
+        sock.close()
+    trickler.close()
+    assert "event=web_header_timeout" in up.out.wait_for("event=web_header_timeout", timeout_s=WAIT_S)  # type: ignore[union-attr]
+    # A whole request on a kept-alive connection is answered, and the next one too.
+    conn = http.client.HTTPConnection(up.host, up.port, timeout=WAIT_S)
+    for _ in range(2):
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read()
+    conn.close()
