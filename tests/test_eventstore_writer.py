@@ -365,3 +365,87 @@ async def test_the_engine_writes_what_its_queue_publishes_once_the_store_is_inst
         assert await serving == 0
     got = await row(event.id)
     assert (got.node, got.category) == ("n9", "lifecycle")
+
+
+async def test_across_a_broker_kill_and_restart_every_event_reported_published_or_stored_has_its_row(
+    tmp_path: Any,
+) -> None:
+    """A stream of publishes on a real nats-server that is killed (-9) and restarted by its supervisor on the
+    same file store, the events database dropping the writer's connection at each kill: every publish the
+    client reported as done has its row, and so does every event the stream holds afterwards."""
+    from crewlet.queue.broker import EmbeddedBroker
+    from crewlet.queue.contract import Outcome
+    from crewlet.queue.errors import QueueError
+    from crewlet.queue.jetstream import JetStreamQueue
+    from seats_support import FAST
+
+    etype = "seat_paused"
+    topic = topics.event(etype)
+    async with EmbeddedBroker(store_dir=tmp_path / "jetstream") as broker:
+        client = await JetStreamQueue.connect(broker.url, node=NODE, timings=FAST)
+        writer = eventstore.attach(client, **FAST_RETRY)
+        reported: list[str] = []
+        refused: list[str] = []
+        stop = asyncio.Event()
+
+        async def publisher() -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                event = _publishable(make_event(etype, datetime.now(timezone.utc), seat=f"s{i}"))
+                try:
+                    await client.publish(topic, event)
+                except QueueError:
+                    refused.append(event.id)
+                    while not client.connected and not stop.is_set():
+                        await asyncio.sleep(0.01)  # the condition: the client is connected again
+                else:
+                    reported.append(event.id)
+
+        async def until(cond: Any, what: str) -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60.0
+            while not cond():
+                assert loop.time() < deadline, what
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(publisher())
+        try:
+            for round_ in range(2):
+                before = len(reported)
+                await until(lambda: len(reported) >= before + 50, f"publishes before kill {round_}")
+                restarts = broker.restarts
+                # The events database drops the writer's connection as the broker dies: a restart
+                # of both, as a machine coming back brings them, and the row path must ride out both.
+                assert await _terminate_writer_backends() == 1
+                await broker.kill()
+                await until(lambda: broker.restarts > restarts and client.connected, f"the broker back after kill {round_}")
+            before = len(reported)
+            await until(lambda: len(reported) >= before + 50, "publishes after the last restart")
+        finally:
+            stop.set()
+            await task
+
+        stored: list[str] = []
+
+        async def collect(delivery: Any) -> Outcome:
+            stored.append(delivery.event.id)
+            return Outcome.ACK
+
+        await client.ensure_subscription(topic, "audit")
+        held = await client.backlog(topic, "audit")
+        sub = await client.subscribe(topic, "audit", collect)
+        await until(lambda: len(stored) >= held, "the stream read back")
+        await sub.detach()
+        await until(lambda: writer.backlog == 0, "the writer's backlog written")
+        await writer.aclose()
+        await client.close()
+
+    written = {r.id for r in await rows()}
+    assert len(reported) >= 150
+    missing_reported = [i for i in reported if i not in written]
+    missing_stored = [i for i in stored if i not in written]
+    assert not missing_reported, f"{len(missing_reported)} publishes reported done have no row"
+    assert not missing_stored, (
+        f"{len(missing_stored)} events on the stream have no row ({len(refused)} publishes were refused)"
+    )
