@@ -561,3 +561,35 @@ def test_connections_that_do_not_finish_their_request_head_in_time_are_closed_ev
         conn.request("GET", "/healthz")
         assert conn.getresponse().read()
     conn.close()
+
+
+# -- sign-in throttle ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_failed_sign_ins_are_throttled_per_address_and_per_username_with_429_and_retry_after(
+    start_up: Callable[..., Up]
+) -> None:
+    up = start_up(CREWLET_LOGIN_FAILURES="3", CREWLET_LOGIN_WINDOW_S="600")
+    staff_user(up)
+
+    guesser = Browser(up, source_ip="127.0.0.2")
+    for _ in range(3):
+        status, _, page = guesser.sign_in(STAFF_USER, "wrong-password")
+        assert status == 200 and b"match, or the account is not staff" in page
+    status, headers, page = guesser.sign_in(STAFF_USER, STAFF_PASSWORD)  # the right password no longer helps
+    assert status == 429 and b"Too many failed sign-ins" in page
+    assert 0 < int(headers["retry-after"]) <= 600
+    status, headers, _ = guesser.call("POST", "/admin/login/", form={"username": "nobody", "password": "x"})
+    assert status == 429 and "retry-after" in headers  # the admin's form shares the address's count
+
+    # The username is locked from anywhere...
+    assert Browser(up, source_ip="127.0.0.3").sign_in(STAFF_USER, STAFF_PASSWORD)[0] == 429
+    # ...and an address is locked whatever username it tries.
+    sprayer = Browser(up, source_ip="127.0.0.4")
+    for name in ("alice", "bob", "carol"):
+        assert sprayer.sign_in(name, "guess")[0] == 200
+    assert sprayer.sign_in("dave", "guess")[0] == 429
+    # An address and a username with no failures are not held back.
+    assert Browser(up, source_ip="127.0.0.5").sign_in("erin", "guess")[0] == 200
+    assert "event=sign_in_locked" in up.out.wait_for("event=sign_in_locked", timeout_s=WAIT_S)  # type: ignore[union-attr]
