@@ -60,7 +60,7 @@ def register(type_name: str) -> Callable[[type[T]], type[T]]:
         if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
             raise ValueError(f"event type {type_name!r} is registered twice")
         _REGISTRY[type_name] = cls
-        cls.event_type = type_name  # type: ignore[attr-defined]
+        setattr(cls, "event_type", type_name)
         return cls
 
     return deco
@@ -243,13 +243,15 @@ class Event:
     def actor(self) -> str:
         """Who did this: the typed body's answer, else role, source, agent id, "system"."""
         if self.data is not None and callable(getattr(self.data, "actor", None)):
-            return self.data.actor(self)
+            who: str = self.data.actor(self)
+            return who
         return default_actor(self._loose("role"), self.source, self._loose("agent_id"))
 
     def summary(self) -> str:
         """One line in a person's words; an unknown type still says who and what happened."""
         if self.data is not None and callable(getattr(self.data, "summary", None)):
-            return self.data.summary(self)
+            line: str = self.data.summary(self)
+            return line
         what = self.type.replace("_", " ").replace(".", " ").strip()
         return f"{self.actor()}: {what}"
 

@@ -220,7 +220,7 @@ class OrgStarted(EventBody):
     org: str = ""
     revision: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} started the org" + _tail(self.org, " ") + _tail(self.revision, " on revision ")
 
 
@@ -232,7 +232,7 @@ class OrgStopped(EventBody):
     org: str = ""
     reason: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} stopped the org" + _tail(self.org, " ") + _tail(self.reason)
 
 
@@ -246,7 +246,7 @@ class ConfigRevisionActivated(EventBody):
     activated_by: str = ""
     activated_by_seat: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         who = _s(self.activated_by) or _s(self.activated_by_seat) or self.actor(event)
         prev = f" (was {self.previous_revision})" if self.previous_revision else ""
         return f"{who} activated config revision {self.revision}{prev}"
@@ -262,7 +262,7 @@ class ConfigRevisionApplied(EventBody):
     reached: str = ""  # the last step it completed
     error: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         node = _s(event.node) if event is not None else ""
         where = f"node {node}" if node else self.actor(event)
         how = _s(self.outcome) or "applied"
@@ -288,11 +288,11 @@ class OperatorActed(EventBody):
     position: str = ""
     refusal: str = ""
 
-    def actor(self, event=None):
+    def actor(self, event: Optional[Event] = None) -> str:
         """The token's own name (design: the runtime audit), then the general rule."""
         return _s(self.token) or super().actor(event)
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         who = self.actor(event)
         seat = f" ({_s(self.actor_seat)})" if _s(self.actor_seat) and _s(self.actor_seat) != who else ""
         result = f", refused: {_s(self.refusal)}" if _s(self.refusal) else _tail(self.outcome, ", ")
@@ -311,11 +311,11 @@ class BackupRequested(EventBody):
     actor_seat: str = ""
     error: str = ""
 
-    def actor(self, event=None):
+    def actor(self, event: Optional[Event] = None) -> str:
         """Like the rest of the runtime audit, the token's own name first."""
         return _s(self.token) or super().actor(event)
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         state = "finished" if self.finished else "did not finish"
         where = _tail(self.dir, " to ")
         return f"{self.actor(event)} backed up {_plural(self.streams, 'stream')}{where} ({state})" + _tail(self.error)
@@ -333,7 +333,7 @@ class SeatPaused(EventBody):
     stop_running: bool = False
     paused_at: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         stop = " and stopped its running turn" if self.stop_running else ""
         return f"{_person(self.paused_by, self.paused_by_seat)} paused {self._seat_ref()}{stop}" + _tail(self.reason)
 
@@ -349,7 +349,7 @@ class SeatResumed(EventBody):
     paused_by: str = ""
     paused_at: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         ended = f" (paused by {_s(self.paused_by)})" if _s(self.paused_by) else ""
         return f"{_person(self.resumed_by, self.resumed_by_seat)} resumed {self._seat_ref()}{ended}"
 
@@ -364,7 +364,7 @@ class AgentSpawned(EventBody):
     agent_id: str = ""
     reason: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         node = _s(event.node) if event is not None else ""
         return f"{self.actor(event)} came up as {self._seat_ref()}" + _tail(node, " on ")
 
@@ -379,7 +379,7 @@ class AgentTerminated(EventBody):
     agent_id: str = ""
     reason: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} stopped as {self._seat_ref()}" + _tail(self.reason)
 
 
@@ -402,7 +402,7 @@ class TaskAssigned(EventBody):
     work_item: Optional[dict[str, Any]] = None
     assigned_by: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         by = _s(self.assigned_by) or "the scheduler"
         return f"{by} assigned {self._seat()} a task" + _tail(self.title)
 
@@ -427,7 +427,7 @@ class SandboxRunStarted(_RunBody):
 
     task: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} started coding run" + _tail(self.run_id, " ") + _tail(self.task)
 
 
@@ -439,7 +439,7 @@ class SandboxClarificationRequested(_RunBody):
     question: str = ""
     asked_in: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)}'s coding run" + _tail(self.run_id, " ") + " asked" + _tail(self.question)
 
 
@@ -452,7 +452,7 @@ class SandboxRunCompleted(_RunBody):
     result: str = ""
     duration_seconds: float = 0.0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} finished coding run" + _tail(self.run_id, " ") + _tail(self.outcome or self.result)
 
 
@@ -464,7 +464,7 @@ class SandboxRunFailed(_RunBody):
     error: str = ""
     ended_at: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)}'s coding run" + _tail(self.run_id, " ") + " failed" + _tail(self.error)
 
 
@@ -478,7 +478,7 @@ class SandboxRunAnswered(_RunBody):
     answered_by: str = ""
     answered_by_seat: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         via = f" via {_s(self.route)}" if _s(self.route) else ""
         return (
             f"{_person(self.answered_by, self.answered_by_seat)} answered {self._seat()}'s coding run"
@@ -496,7 +496,7 @@ class SandboxAnswerGiven(_RunBody):
     answered_by_seat: str = ""
     request_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_person(self.answered_by, self.answered_by_seat)} answered coding run" + _tail(self.run_id, " ")
 
 
@@ -513,7 +513,7 @@ class ScheduledTaskFired(EventBody):
     task_event_id: str = ""
     fired_at: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         name = _s(self.schedule_name) or _s(self.schedule_id)
         return (f"schedule {name}" if name else "a schedule") + f" fired for {self._seat()}"
 
@@ -538,7 +538,7 @@ class A2AChannelOpened(EventBody):
     role: str = ""
     agent_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         who = _s(self.opened_by) or self.actor(event)
         return f"{who} asked {_s(self.target) or 'another agent'} over A2A" + _tail(self.brief)
 
@@ -557,7 +557,7 @@ class A2AMessageSent(EventBody):
     role: str = ""
     agent_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         who = _s(self.from_seat) or self.actor(event)
         return f"{who} replied to {_s(self.to_seat) or 'another agent'} over A2A" + _tail(self.message)
 
@@ -585,7 +585,7 @@ class A2AChannelClosed(EventBody):
     turn_id: str = ""
     work_key: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         head = f"{_s(self.closed_by)} closed A2A channel" if _s(self.closed_by) else SYSTEM_CLOSED_A2A
         between = " and ".join(_s(p) for p in self.participants if _s(p))
         return (
@@ -608,7 +608,7 @@ class A2ARequest(EventBody):
     role: str = ""
     agent_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.from_seat) or self.actor(event)} asked {_s(self.to_seat) or 'another agent'}" + _tail(self.brief)
 
 
@@ -626,7 +626,7 @@ class A2AMessage(EventBody):
     role: str = ""
     agent_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.from_seat) or self.actor(event)} answered {_s(self.to_seat) or 'another agent'}" + _tail(
             self.message
         )
@@ -650,7 +650,7 @@ class DecisionRequested(EventBody):
     informed: list[str] = field(default_factory=list)
     work_item: Optional[dict[str, Any]] = None
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.requested_by) or self.actor(event)} asked for a decision" + _tail(self.title)
 
 
@@ -663,7 +663,7 @@ class DecisionResolved(EventBody):
     resolved_by: str = ""
     rationale: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.resolved_by) or self.actor(event)} decided" + _tail(
             _s(self.title) or _s(self.decision_id), " "
         ) + _tail(self.choice)
@@ -677,7 +677,7 @@ class ContributionRequested(EventBody):
     requested_from: str = ""
     question: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.requested_by) or self.actor(event)} asked {_s(self.requested_from) or 'someone'} for input" + _tail(
             self.question
         )
@@ -690,7 +690,7 @@ class ContributionReceived(EventBody):
     contributed_by: str = ""
     contribution: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.contributed_by) or self.actor(event)} gave input" + _tail(self.contribution)
 
 
@@ -723,7 +723,7 @@ class ExternalNotification(EventBody):
     url: str = ""
     messages: list[dict[str, Any]] = field(default_factory=list)
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         app = _s(event.source) if event is not None else ""
         who = _s(self.sender) or app or "someone"
         what = _s(self.title) or _s(self.event_name) or "a notification"
@@ -743,7 +743,7 @@ class NotificationSkipped(EventBody):
     event_name: str = ""
     delivery_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         app = _s(event.source) if event is not None else ""
         what = f"a {app} delivery" if app else "a delivery"
         to = _s(self.seat) or _s(self.recipient)
@@ -767,7 +767,7 @@ class NotificationsCoalesced(EventBody):
     event_ids: list[str] = field(default_factory=list)
     duplicates_collapsed: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} merged {_plural(self.count, 'notification')} into one turn" + _tail(
             self.partition_key, " on "
         )
@@ -787,7 +787,7 @@ class TurnTriggerSkipped(EventBody):
     reason: str = ""
     detail: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} skipped a trigger" + _tail(self.reason) + _tail(self.detail, " — ")
 
 
@@ -814,7 +814,7 @@ class TurnCompleted(_TurnBody):
 
     work_item: Optional[dict[str, Any]] = None
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} handed a finished turn to reflection"
 
 
@@ -823,7 +823,7 @@ class TurnCompleted(_TurnBody):
 class EpisodeWritten(_TurnBody):
     episode_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} recorded an episode" + _tail(self.conversation_key, " for ")
 
 
@@ -833,7 +833,7 @@ class PersistDeciderCompleted(_TurnBody):
     persisted: bool = False
     reason: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         verdict = "kept" if self.persisted else "did not keep"
         return f"{self.actor(event)} {verdict} what it learned" + _tail(self.reason)
 
@@ -843,7 +843,7 @@ class PersistDeciderCompleted(_TurnBody):
 class CounterpartyProfileUpdated(_TurnBody):
     counterparty: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} updated what it knows about {_s(self.counterparty) or 'someone'}"
 
 
@@ -853,7 +853,7 @@ class ReflectionCompleted(_TurnBody):
     insights: int = 0
     duration_ms: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} reflected on a turn ({_plural(self.insights, 'insight')})"
 
 
@@ -873,7 +873,7 @@ class _SkillBody(EventBody):
 
     _verb = "changed"
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} {self._verb} skill {self._skill()}" + _tail(self.reason)
 
 
@@ -937,7 +937,7 @@ class PrefetchSummary(_TurnBody):
     bytes: int = 0
     duration_ms: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} started its turn with {_plural(self.pages, 'page')} of context"
 
 
@@ -958,7 +958,7 @@ class KnowledgeRead(_TurnBody):
     via: str = ""
     query: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         how = {VIA_SEARCH: "searched and read", VIA_GET_PAGE: "read"}.get(_s(self.via), "read")
         q = f' for "{_s(self.query)}"' if _s(self.query) else ""
         return f"{self.actor(event)} {how} {_plural(len(self.pages), 'page')}{q}"
@@ -971,7 +971,7 @@ class CompactionRequested(_TurnBody):
     reason: str = ""
     tokens: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} asked to compact its context" + _tail(self.reason)
 
 
@@ -982,7 +982,7 @@ class CompactionCompleted(_TurnBody):
     tokens_before: int = 0
     tokens_after: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} compacted its context from {self.tokens_before} to {self.tokens_after} tokens"
 
 
@@ -1008,7 +1008,7 @@ class AgentTurnStarted(_TurnBody):
     trigger_event_id: str = ""
     resumed: bool = False
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         verb = "resumed" if self.resumed else "started"
         woke = _tail(self.trigger_type, " on ")
         item = _tail((self.work_item or {}).get("key") if isinstance(self.work_item, dict) else "", " for ")
@@ -1039,7 +1039,7 @@ class AgentTurnCompleted(_TurnBody):
     suspended: bool = False
     stopped: bool = False
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         who = self.actor(event)
         if self.failed:
             return f"{who}'s turn failed" + _tail(self.error)
@@ -1060,7 +1060,7 @@ class AgentTurnStopped(_TurnBody):
     stopped_by_seat: str = ""
     reason: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{_person(self.stopped_by, self.stopped_by_seat)} stopped {self._seat()}'s turn" + _tail(self.reason)
 
 
@@ -1079,7 +1079,7 @@ class AgentTurnSteered(_TurnBody):
     steered_by_seat: str = ""
     sent_at: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         who = _person(self.steered_by, self.steered_by_seat)
         if _s(self.status) == STEER_EXPIRED:
             return f"{who}'s note to {self._seat()} expired before it was read" + _tail(self.note)
@@ -1098,7 +1098,7 @@ class AgentTurnProgress(_TurnBody):
     output_tokens: int = 0
     tool: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} is working" + _tail(self.phase, " on ") + _tail(self.tool, ", using ")
 
 
@@ -1108,7 +1108,7 @@ class AgentPhaseStarted(_TurnBody):
     phase: str = ""
     iteration: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} began phase" + _tail(self.phase, " ")
 
 
@@ -1138,7 +1138,7 @@ class AgentPhaseCompleted(_TurnBody):
     error: str = ""
     refusal: Optional[dict[str, Any]] = None
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         who = self.actor(event)
         if self.failed or _s(self.error_kind):
             return f"{who}'s phase" + _tail(self.phase, " ") + " failed" + _tail(self.error_kind)
@@ -1171,7 +1171,7 @@ class AuxiliarySpend(EventBody):
     first_started_at: str = ""
     last_ended_at: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         for_whom = _s(self.seat) or _s(self.person) or "the company"
         return (
             f"{for_whom} spent {self.input_tokens + self.output_tokens} auxiliary tokens over"
@@ -1191,7 +1191,7 @@ class BudgetExhausted(_TurnBody):
     spend: int = 0
     ceiling: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} ran out of {_s(self.period) or 'token'} budget ({self.spend}/{self.ceiling})" + _tail(
             self.resets_at, ", resets "
         )
@@ -1209,7 +1209,7 @@ class BudgetMeters(EventBody):
     windows: list[dict[str, Any]] = field(default_factory=list)
     trigger: str = ""  # tick | refusal
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} reported {_plural(len(self.windows), 'budget window')}"
 
 
@@ -1221,7 +1221,7 @@ class TurnGuardBreach(_TurnBody):
     guard: str = ""
     detail: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)}'s turn broke a guard" + _tail(self.guard) + _tail(self.detail, " — ")
 
 
@@ -1234,7 +1234,7 @@ class LLMUnavailable(_TurnBody):
     providers: list[str] = field(default_factory=list)
     error: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} could reach no model provider" + _tail(self.error)
 
 
@@ -1250,7 +1250,7 @@ class ProviderFallback(_TurnBody):
     error_kind: str = ""
     error: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         to = _s(self.to_provider_key) or "nothing left"
         return f"{self.actor(event)} fell back from {_s(self.from_provider_key) or '?'} to {to}" + _tail(self.error_kind)
 
@@ -1262,7 +1262,7 @@ class SubagentBatched(_TurnBody):
     count: int = 0
     tasks: list[str] = field(default_factory=list)
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} ran {_plural(self.count, 'subagent')} together"
 
 
@@ -1274,7 +1274,7 @@ class PhaseToolSkillBlocked(_TurnBody):
     skill: str = ""
     reason: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} was kept from {_s(self.tool) or _s(self.skill) or 'a tool'}" + _tail(self.reason)
 
 
@@ -1287,7 +1287,7 @@ class SkillTelemetryWriteFailed(EventBody):
     skill_id: str = ""
     error: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} could not record use of skill {_s(self.skill_id) or '?'}" + _tail(self.error)
 
 
@@ -1304,7 +1304,7 @@ class PromptSize(_TurnBody):
     tool_count: int = 0
     approx_tokens: int = 0
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         total = self.system_bytes + self.user_bytes + self.message_bytes + self.tool_bytes
         return f"{self.actor(event)} opened phase" + _tail(self.phase, " ") + f" with a {total}-byte prompt"
 
@@ -1337,7 +1337,7 @@ class MessageDeadLettered(EventBody):
     original_id: str = ""
     original_type: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         what = _s(self.original_type) or "a message"
         where = f"{_s(self.seat)}'s inbox" if _s(self.seat) else (_s(self.topic) or "its topic")
         tries = f" after {_plural(self.deliveries, 'delivery', 'deliveries')}" if self.deliveries else ""
@@ -1392,7 +1392,7 @@ class InboundDelivery(_DeliveryBody):
     role: str = ""
     agent_id: str = ""
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         app = _s(self.provider) or (_s(event.source) if event is not None else "")
         frm = f" from {app}" if app else ""
         return f"{self._seat()} received {self.label()}{frm}"
@@ -1405,7 +1405,7 @@ class RawWebhook(_DeliveryBody):
 
     headers: dict[str, str] = field(default_factory=dict)
 
-    def summary(self, event=None):
+    def summary(self, event: Optional[Event] = None) -> str:
         app = _s(self.provider) or (_s(event.source) if event is not None else "")
         return f"{app or 'a provider'} delivered {self.label()}"
 
