@@ -58,14 +58,6 @@ class LogoutView(auth_views.LogoutView):
 # -- reads shared by the pages -----------------------------------------------------------
 
 
-def _live_snapshot() -> Optional[dict[str, Any]]:
-    """The live projection's snapshot, or None when no projection runs in this process."""
-    from eventstore import projection
-
-    live = projection.current()
-    return live.snapshot() if live is not None else None
-
-
 def on_engine_loop(make: Callable[[Any], Any]) -> tuple[Optional[Any], str]:
     """Ask the engine's queue for a page: (answer, "") or (None, why it could not be read)."""
     from seats.actions import EngineAway, on_engine
@@ -94,21 +86,17 @@ def _query(**params: Any) -> QueryDict:
 
 @staff_only
 def overview(request: HttpRequest) -> HttpResponse:
-    from seats.api import company
+    """The engine's company live; in a process with no engine, the stored feed and why there are no seats."""
+    from eventstore import projection
 
-    snapshot = _live_snapshot()
-    org = company()
-    if snapshot is None:  # no engine here: the company's seats, state unknown, and the stored feed
+    try:
+        live = projection.running()
+    except projection.NoEngineHere as exc:
         rows = store_api.events_page(_query(feed_only="true", limit=EVENTS_PAGE_SIZE))["events"]
-        snapshot = {
-            "seats": [
-                {"handle": s.handle, "kind": s.kind, "display_name": s.display_name, "role": s.role,
-                 "state": "unknown", "reason": "", "queued": 0, "last_turn": None}
-                for s in org.seats
-            ],
-            "feed": rows,
-            "counters": {},
-        }
+        context = {"org": None, "live": {"seats": [], "feed": rows}, "counters": [], "no_engine": str(exc)}
+        return render(request, "dashboard/overview.html", {**context, "page": "overview"})
+    org = live.company()
+    snapshot = live.snapshot()
     counters = [
         {"name": name, "label": name.replace("_", " ").capitalize(), "value": value}
         for name, value in (snapshot.get("counters") or {}).items()
@@ -166,30 +154,33 @@ def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
 @staff_only
 def seat(request: HttpRequest, handle: str) -> HttpResponse:
     from crewlet.queue import topics
+    from eventstore import projection
     from seats import actions
-    from seats.api import company, state
+    from seats.api import state
 
-    target = company().seat_by_handle(handle)
-    if target is None:
+    projected = projection.current()
+    target = projected.company().seat_by_handle(handle) if projected is not None else None
+    if projected is not None and target is None:
         raise Http404(f"no seat {handle!r} in the company")
     turns = store_api.turns_page(_query(seat=handle, limit=SEAT_TURNS))["turns"]
     recent = store_api.events_page(_query(seat=handle, feed_only="true", limit=EVENTS_PAGE_SIZE))["events"]
     depth: Optional[int] = None
     depth_error = ""
-    if target.is_agent:
+    if target is None:  # no engine here: which seat this is, and its inbox, are not known
+        depth_error = projection.NO_ENGINE
+    elif target.is_agent:
         depth, depth_error = on_engine_loop(
             lambda queue: queue.backlog(topics.agent_inbox(handle), topics.agent_inbox_group(handle))
         )
-    from eventstore import projection
-
-    projected = projection.current()
     live = projected.seat(handle) if projected is not None else None
     return render(
         request,
         "dashboard/seat.html",
         {
             "page": "seat",
+            "handle": handle,
             "seat": target,
+            "no_engine": projection.NO_ENGINE if projected is None else "",
             "live": live,
             "pause": state(actions.pause_states([handle]).get(handle)),
             "turns": turns,

@@ -59,12 +59,12 @@ import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Deque, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Deque, Optional
 
 from crewlet.events import Event, format_timestamp, is_fed, is_stored
 from crewlet.events import types
-from crewlet.org import Organization, Seat
+from crewlet.org import CompanyHolder, Organization, Seat
+from crewlet.runtime import NO_ENGINE
 from crewlet.queue import topics
 from eventstore import questions as qs
 from eventstore.rows import is_failed, row_for
@@ -229,21 +229,17 @@ class Applied:
         return self.row is not None
 
 
-@lru_cache(maxsize=1)
-def _example_company() -> Organization:
-    from crewlet.org import load_company
+class NoEngineHere(LookupError):
+    """No engine runs in this process, so no projection does: its seats and their live state are not known here.
 
-    return load_company()
+    A web-only process serves the store's reads but not the company: which
+    seats there are is the running engine's company file (or its active
+    revision), so a page says so rather than guess with some other company.
+    ``str()`` is :data:`NO_ENGINE`, the words the dashboard's other reads use.
+    """
 
-
-def running_company() -> Organization:
-    """The company the running seat runtime serves (its holder, read now), else the example one (as ``/api/seats``)."""
-    from seats import runtime
-
-    rt = runtime.current()
-    if rt is not None:
-        return rt.holder.current()
-    return _example_company()
+    def __init__(self) -> None:
+        super().__init__(NO_ENGINE)
 
 
 def _held_locally() -> dict[str, bool]:
@@ -261,12 +257,13 @@ class LiveProjection:
 
     Mutated on the engine's loop by :meth:`apply`; :meth:`snapshot` may be
     called from any thread (a sync view), so every read and write holds one
-    lock and a snapshot is a deep copy.
+    lock and a snapshot is a deep copy. ``company`` is the engine's company,
+    read per use (a config revision swaps it): the holder the engine serves.
     """
 
     def __init__(
         self,
-        company: Callable[[], Organization] = running_company,
+        company: Callable[[], Organization],
         *,
         feed_size: int = FEED_SIZE,
         seen_size: int = SEEN_SIZE,
@@ -722,6 +719,13 @@ def current() -> Optional[LiveProjection]:
     return _current
 
 
+def running() -> LiveProjection:
+    """This process's projection; :class:`NoEngineHere` when none runs here (a web-only process)."""
+    if _current is None:
+        raise NoEngineHere()
+    return _current
+
+
 def install(projection: LiveProjection) -> LiveProjection:
     """Make ``projection`` this process's one."""
     global _current
@@ -736,20 +740,28 @@ def uninstall(projection: Optional[LiveProjection] = None) -> None:
         _current = None
 
 
-def ensure() -> LiveProjection:
-    """This process's projection, installing an unseeded one when none runs yet."""
-    return _current if _current is not None else install(LiveProjection())
-
-
 async def subscribe(queue: "EventQueue", projection: LiveProjection) -> "Closable":
     """The one broadcast consumer that feeds ``projection`` everything under ``crewlet.events.>``."""
     return await queue.subscribe_stream(topics.EVENTS_ALL, projection.handler)
 
 
-async def projection_service(engine: "Engine") -> None:
-    """The engine's projection: stream first (so nothing falls between), then the seed, until cancelled."""
+def projection_service(holder: CompanyHolder) -> Callable[["Engine"], Awaitable[None]]:
+    """The engine's projection of ``holder``'s company, as an engine service.
+
+    The company is handed in by whoever loads it for the engine, so the seed
+    reads the seats the engine serves even before the seat runtime is up.
+    """
+
+    async def service(engine: "Engine") -> None:
+        await _serve(engine, holder)
+
+    return service
+
+
+async def _serve(engine: "Engine", holder: CompanyHolder) -> None:
+    """Stream first (so nothing falls between), then the seed, until cancelled."""
     assert engine.queue is not None
-    projection = install(LiveProjection())
+    projection = install(LiveProjection(holder.current))
     with projection._lock:
         projection._pending = []  # what the stream delivers while the seed reads waits for it
     stream = await subscribe(engine.queue, projection)
@@ -776,12 +788,13 @@ __all__ = [
     "SEAT_KEYS",
     "STATES",
     "STOPPED",
+    "NO_ENGINE",
+    "NoEngineHere",
     "current",
-    "ensure",
     "feed_row",
     "install",
     "projection_service",
-    "running_company",
+    "running",
     "subscribe",
     "uninstall",
 ]

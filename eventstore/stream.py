@@ -34,8 +34,9 @@ The protocol, JSON text frames (the dashboard's script depends on it exactly):
 * then per event, ``{"kind": "event", "event": <feed row or null>, "fed": bool,
   "seat": <seat row or null>, "counters": {...}}`` — ``event`` null for a type
   the feed never holds, which then carries only its seat's change, if any;
-* no queue in this process (or the broker refuses the stream): the socket is
-  accepted and closed at once with 1013, "try again later".
+* no queue or no live projection in this process (no engine runs here), or
+  the broker refuses the stream: the socket is accepted and closed at once
+  with 1013, "try again later".
 """
 from __future__ import annotations
 
@@ -285,7 +286,10 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if queue is None or not queue.connected:
             await self._unavailable("no queue" if queue is None else "broker disconnected")
             return
-        live = self._live = projection.ensure()
+        live = self._live = projection.current()
+        if live is None:  # no engine's projection here: no company to show, rather than some other one
+            await self._unavailable(projection.NO_ENGINE)
+            return
         self._send_lock = asyncio.Lock()
         await self.accept()
         try:

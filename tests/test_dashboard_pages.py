@@ -7,17 +7,19 @@ here: who may look, and what each page renders from the store.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
 from crewlet.events.types import SYSTEM_CLOSED_A2A
+from crewlet.org import Organization
 from crewlet.tracing import Trace
 from eventstore.questions import NodeScope
 from eventstore_support import AT, make_event, scope, store  # noqa: F401
 from seats.actions import NO_ENGINE
+from seats_support import company
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
 
@@ -38,13 +40,31 @@ def staff() -> Client:
 
 
 @pytest.fixture
-def no_live(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No engine in this process: no projection, no seat runtime."""
+def no_live() -> None:
+    """A web-only process, as this test process is: no engine, so no projection, no seat runtime, no queue."""
+    from crewlet import runtime as queue_runtime
     from eventstore import projection
     from seats import runtime
 
-    monkeypatch.setattr(projection, "current", lambda: None)
-    monkeypatch.setattr(runtime, "current", lambda: None)
+    assert (projection.current(), runtime.current(), queue_runtime.current_queue()) == (None, None, None)
+
+
+@pytest.fixture
+def engine_company() -> Iterator[Organization]:
+    """The projection an engine runs, of its company (one that is not the example company)."""
+    from eventstore import projection
+
+    org = company(
+        seats=[
+            {"handle": "zed", "kind": "agent", "role": "engineer"},
+            {"handle": "yve", "kind": "human", "role": "lead"},
+        ]
+    )
+    installed = projection.install(projection.LiveProjection(company=lambda: org))
+    try:
+        yield org
+    finally:
+        projection.uninstall(installed)
 
 
 def a_turn() -> list[Any]:
@@ -123,26 +143,47 @@ def test_a_trace_is_a_tree_of_folding_spans_and_a_swept_a2a_close_says_the_syste
     assert staff.get("/traces/" + "0" * 32 + "/").status_code == 404
 
 
-def test_a_seat_page_shows_its_turns_and_the_pause_controls_only_for_an_agent(
+def test_a_seat_page_shows_its_turns_and_the_pause_controls_only_for_an_agent_of_the_engines_company(
+    staff: Client, scope: NodeScope, engine_company: Organization
+) -> None:
+    store(make_event("agent_turn_started", T0, event_id="start", span=span(1), seat="zed", turn_id="t1"))
+    page = staff.get("/seats/zed/").content.decode()
+    assert 'data-turn="t1"' in page and 'id="pause"' in page and 'id="no-engine"' not in page
+    assert 'id="depth"' in page and f'title="{NO_ENGINE}"' in page  # no queue here: unknown, and says why
+    assert 'id="pause"' not in staff.get("/seats/yve/").content.decode()  # a person has no inbox to pause
+    assert staff.get("/seats/ada/").status_code == 404  # the example company's seat is not this company's
+
+
+def test_without_an_engine_a_seat_page_shows_the_stored_turns_and_says_no_engine_runs_here(
     staff: Client, scope: NodeScope, no_live: None
 ) -> None:
     a_turn()
-    page = staff.get("/seats/ada/").content.decode()
-    assert 'data-turn="t1"' in page and 'id="pause"' in page
-    assert 'id="depth"' in page and f'title="{NO_ENGINE}"' in page  # unknown, and says why
-    assert 'id="pause"' not in staff.get("/seats/grace/").content.decode()  # a person has no inbox to pause
-    assert staff.get("/seats/nobody/").status_code == 404
+    page = staff.get("/seats/ada/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-turn="t1"' in html and 'data-id="end"' in html  # the store's rows of that handle
+    assert f'<p class="notice" id="no-engine">Which seat this is and its live state are known where an engine runs: {NO_ENGINE}</p>' in html
+    assert 'id="pause"' not in html and "engineer" not in html  # nothing taken from the example company
+    assert 'data-state="unknown"' in html and f'title="{NO_ENGINE}"' in html
 
 
-def test_without_an_engine_the_overview_shows_the_company_and_the_stored_feed(
+def test_without_an_engine_the_overview_shows_the_stored_feed_and_says_no_engine_runs_here_instead_of_any_seats(
     staff: Client, scope: NodeScope, no_live: None
 ) -> None:
     a_turn()
     html = staff.get("/").content.decode()
-    for handle in ("ada", "linus", "grace"):
-        assert f'<tr data-seat="{handle}">' in html
-    assert 'data-state="unknown"' in html
+    assert "<tr data-seat=" not in html and "<h1>acme</h1>" not in html  # not the example company's seats
+    assert f'<p class="notice" id="no-engine">The seats and their live state are shown where an engine runs: {NO_ENGINE}</p>' in html
     assert 'data-id="end"' in html and 'data-id="spend"' not in html
+
+
+def test_with_an_engine_the_overview_lists_the_engines_company_live(
+    staff: Client, scope: NodeScope, engine_company: Organization
+) -> None:
+    html = staff.get("/").content.decode()
+    assert '<tr data-seat="zed">' in html and '<tr data-seat="yve">' in html
+    assert '<tr data-seat="ada">' not in html and 'id="no-engine"' not in html
+    assert 'data-state="idle"' in html
 
 
 def test_the_dead_letter_page_says_why_it_cannot_read_the_stream_without_an_engine(staff: Client, no_live: None) -> None:

@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 import eventstore
 from crewlet.conf import load_settings
 from crewlet.engine import Engine
+from crewlet.org import CompanyHolder, load_company
 from crewlet.events import NOT_STORED, Event, registered_type
 from crewlet.queue import topics
 from crewlet.queue.memory import MemoryBroker
@@ -352,7 +353,7 @@ async def test_the_engine_writes_what_its_queue_publishes_once_the_store_is_inst
         return broker.client(node=kwargs["node"]), None
 
     engine = Engine(load_settings({}, env={}, overrides={"node.id": "n9"}), connect=connect)
-    eventstore.install(engine)
+    eventstore.install(engine, CompanyHolder(load_company()))
     serving = asyncio.create_task(engine.serve())
     try:
         while engine.queue is None or not engine.queue._listeners:  # the writer service has attached

@@ -21,9 +21,12 @@ from crewlet.events.types import (
     ExternalNotification,
     LLMUnavailable,
 )
-from crewlet.org import Organization
+from crewlet.conf import load_settings
+from crewlet.engine import Engine
+from crewlet.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
+from crewlet.queue.memory import MemoryBroker
 from crewlet.tracing import Trace
 from eventstore import projection, questions as qs
 from eventstore.projection import LiveProjection
@@ -307,5 +310,24 @@ def test_the_engine_installs_the_projection_service_beside_the_writer() -> None:
             self.names.append(name)
 
     engine = Recording()
-    eventstore.install(engine)  # type: ignore[arg-type]
+    eventstore.install(engine, CompanyHolder(company()))  # type: ignore[arg-type]
     assert "eventstore_projection" in engine.names and "eventstore_writer" in engine.names
+
+
+async def test_the_engines_projection_shows_the_company_it_was_handed_before_any_seat_runtime_runs() -> None:
+    broker = MemoryBroker()
+
+    async def connect(**kwargs: Any) -> Any:
+        return broker.client(node=kwargs["node"]), None
+
+    engine = Engine(load_settings({}, env={}, overrides={"node.id": NODE}), connect=connect)
+    eventstore.install(engine, CompanyHolder(company(seats=[{"handle": "zed", "kind": "agent", "role": "engineer"}])))
+    serving = asyncio.create_task(engine.serve())
+    try:
+        await eventually(lambda: projection.current() is not None and projection.current().seeded, what="the seed")
+        assert [seat["handle"] for seat in projection.running().snapshot()["seats"]] == ["zed"]
+    finally:
+        engine.stop()
+        assert await serving == 0
+    with pytest.raises(projection.NoEngineHere, match=projection.NO_ENGINE):
+        projection.running()  # the engine stopped: no engine here, and no company made up

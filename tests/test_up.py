@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlencode
 
 import pytest
 from django.core.management import CommandError, load_command_class
@@ -106,6 +109,60 @@ def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: P
         while any(_running(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not [pid for pid in children if _running(pid)], f"outlived manage.py up: {children}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in children:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+OTHER_COMPANY = """\
+org: zeta
+providers: {llm: [{kind: echo}]}
+seats:
+  - {handle: zed, kind: agent, role: engineer}
+  - {handle: yve, kind: human, role: lead}
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_up_shows_the_company_it_was_given_on_the_overview_and_never_the_example_one(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    company = tmp_path / "zeta.yaml"
+    company.write_text(OTHER_COMPANY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
+    env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_VAR_DIR=str(data_dir))
+    argv = ["up", "--addr", "127.0.0.1:0", "--data-dir", str(data_dir), "--node", "u2", "--company", str(company)]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "manage.py"), *argv],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )
+    out = ProcessOutput(proc)
+    children: dict[int, str] = {}
+    try:
+        ready = out.wait_for("Crewlet is up: ", timeout_s=90)
+        url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
+        children = _descendants(proc.pid)
+        made = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "manage.py"), "createsuperuser", "--noinput", "--username", "op", "--email", "op@example.com"],
+            cwd=tmp_path, env={**env, "DJANGO_SUPERUSER_PASSWORD": "pw-0123456789"}, capture_output=True, text=True, timeout=120,
+        )
+        assert made.returncode == 0, made.stderr
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        with browser.open(url + "/login/", timeout=30) as response:
+            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.read().decode())
+        assert token is not None
+        form = urlencode({"csrfmiddlewaretoken": token.group(1), "username": "op", "password": "pw-0123456789", "next": "/"})
+        with browser.open(urllib.request.Request(url + "/login/", data=form.encode()), timeout=30) as response:
+            html = response.read().decode()  # signed in, and sent on to the overview
+        assert "<h1>zeta</h1>" in html and '<tr data-seat="zed">' in html and '<tr data-seat="yve">' in html
+        assert '<tr data-seat="ada">' not in html and 'id="no-engine"' not in html
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -288,6 +288,22 @@ async def test_with_no_queue_in_the_process_the_socket_is_accepted_then_closed_t
     assert [r.reason for r in caplog.records if r.getMessage() == "ws_stream_unavailable"] == ["no queue"]
 
 
+async def test_with_a_queue_but_no_engines_projection_the_socket_says_no_engine_runs_here_instead_of_showing_another_company(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="crewlet.eventstore.stream")
+    assert projection.current() is None
+    ws = socket(await staff_headers())
+    connected, _ = await ws.connect(timeout=FRAME_TIMEOUT_S)
+    assert connected is True
+    closed = await ws.receive_output(timeout=FRAME_TIMEOUT_S)
+    assert closed == {"type": "websocket.close", "code": stream.CLOSE_TRY_AGAIN_LATER}  # no snapshot frame first
+    await ws.disconnect(code=stream.CLOSE_TRY_AGAIN_LATER, timeout=FRAME_TIMEOUT_S)
+    assert [r.reason for r in caplog.records if r.getMessage() == "ws_stream_unavailable"] == [projection.NO_ENGINE]
+    assert projection.current() is None  # none was made up for the tab
+    assert await backend.open_broadcasts() == 0
+
+
 async def test_plain_http_is_still_djangos(backend: Backend) -> None:
     from channels.testing import HttpCommunicator
 

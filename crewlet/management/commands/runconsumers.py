@@ -60,7 +60,7 @@ class Command(BaseCommand):
         import eventstore  # the store's writer and retention duty
         import seats.runtime  # mailboxes, inbox loops, scheduler, retirement sweep
 
-        eventstore.install(engine)
+        eventstore.install(engine, holder)
         seats.runtime.install(engine, holder)
         install_notify(engine, holder)
         crewlet.revisions.install(engine)  # applies the active config revision when it changes
