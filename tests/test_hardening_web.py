@@ -593,3 +593,29 @@ def test_failed_sign_ins_are_throttled_per_address_and_per_username_with_429_and
     # An address and a username with no failures are not held back.
     assert Browser(up, source_ip="127.0.0.5").sign_in("erin", "guess")[0] == 200
     assert "event=sign_in_locked" in up.out.wait_for("event=sign_in_locked", timeout_s=WAIT_S)  # type: ignore[union-attr]
+
+
+# -- /healthz asks the broker ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_healthz_says_the_broker_is_unresponsive_while_it_is_frozen_and_connected_once_it_resumes(
+    start_up: Callable[..., Up]
+) -> None:
+    up = start_up(CREWLET_HEALTH_BROKER_TIMEOUT_S="0.5")
+    broker = [pid for pid, name in up.children.items() if name == "nats-server"]
+    assert len(broker) == 1, up.children
+
+    def health() -> tuple[int, dict[str, Any]]:
+        status, _, body = up.request("GET", "/healthz")
+        return status, json.loads(body)
+
+    assert health() == (200, {"status": "ok", "broker": "connected", "loops": "running", "node": "hw1"})
+    os.kill(broker[0], signal.SIGSTOP)
+    try:
+        frozen = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(health()), what="a 503 while frozen")
+        assert frozen == (503, {"status": "down", "broker": "unresponsive", "loops": "running", "node": "hw1"})
+    finally:
+        os.kill(broker[0], signal.SIGCONT)
+    wait_until(lambda: health()[0] == 200, what="/healthz back to 200 after SIGCONT")
+    assert health()[1]["broker"] == "connected"

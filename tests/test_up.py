@@ -182,6 +182,9 @@ class FakeQueue:
         self.connected = connected
         self.node = "h1"
 
+    async def round_trip(self, timeout_s: float) -> None:
+        return None
+
 
 class FakeSeatRuntime:
     def __init__(self, healthy: bool) -> None:

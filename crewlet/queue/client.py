@@ -448,6 +448,11 @@ class QueueClient:
         """Open, and the transport's broker connection is up (``/healthz``)."""
         return not self._closed and self._transport.is_connected
 
+    async def round_trip(self, timeout_s: float) -> None:
+        """The broker answers within ``timeout_s`` (a frozen broker keeps its socket, so ``connected`` cannot tell)."""
+        self._live()
+        await self._transport.round_trip(timeout_s)
+
     def _live(self) -> None:
         if self._closed:
             raise NotLive()

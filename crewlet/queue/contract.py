@@ -301,6 +301,9 @@ class EventQueue(Protocol):
     def connected(self) -> bool:
         """Open, and the broker reachable right now (what ``/healthz`` reports)."""
 
+    async def round_trip(self, timeout_s: float) -> None:
+        """Returns once the broker answered a round trip within ``timeout_s``; else ``Unavailable`` (``/healthz``)."""
+
     async def publish(self, topic: str, event: Event) -> None:
         """Store ``event`` on ``topic``; returns once the broker has it.
 

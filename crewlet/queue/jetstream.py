@@ -999,6 +999,15 @@ class JetStreamTransport(Transport):
     def is_connected(self) -> bool:
         return self._nc.is_connected
 
+    async def round_trip(self, timeout_s: float) -> None:
+        """A PING answered by a PONG within ``timeout_s``; anything else is ``Unavailable``."""
+        if not self._nc.is_connected:
+            raise Unavailable("the broker is disconnected")
+        try:
+            await asyncio.wait_for(self._nc.flush(timeout=max(timeout_s, 0.001)), timeout_s)
+        except (asyncio.TimeoutError, nats.errors.Error) as exc:
+            raise Unavailable(f"the broker did not answer a round trip within {timeout_s:g} s") from exc
+
     def _require_connected(self) -> None:
         if self._closed:
             raise Unavailable("the JetStream transport is closed")

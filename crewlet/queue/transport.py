@@ -98,6 +98,18 @@ class Transport(abc.ABC):
     @property
     def is_connected(self) -> bool:
         """Whether the broker can be reached right now (``/healthz``)."""
+
+    async def round_trip(self, timeout_s: float) -> None:
+        """Returns once the broker answered within ``timeout_s``, else raises ``Unavailable`` (``/healthz``).
+
+        A connection can look up while its broker no longer answers (a frozen
+        process keeps its socket open); only a round trip tells. An in-process
+        broker answers at once: the default is the connection state itself.
+        """
+        from crewlet.queue.errors import Unavailable
+
+        if not self.is_connected:
+            raise Unavailable("the broker is disconnected")
         return True
 
     @abc.abstractmethod

@@ -196,6 +196,7 @@ async def test_a_verb_that_cannot_reach_the_broker_says_unavailable(harness, que
             "backlog": lambda: queue.backlog(topic, group),
             "dead_letters": lambda: queue.dead_letters(),
             "replay_dead_letter": lambda: queue.replay_dead_letter("1"),
+            "round_trip": lambda: queue.round_trip(1.0),
         }
         for name, call in verbs.items():
             with pytest.raises(Unavailable) as info:
