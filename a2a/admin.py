@@ -1,7 +1,10 @@
 """Read-only admin for A2A channel records (the state; the content lives in events)."""
 from __future__ import annotations
 
+from typing import Optional
+
 from django.contrib import admin
+from django.http import HttpRequest
 
 from a2a.models import Channel
 
@@ -13,8 +16,8 @@ class ChannelAdmin(admin.ModelAdmin):
     search_fields = ("id", "asker", "target", "closed_by", "turn_id")
     readonly_fields = [f.name for f in Channel._meta.fields]
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request: HttpRequest, obj: Optional[Channel] = None) -> bool:
         return False

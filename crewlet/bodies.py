@@ -70,7 +70,7 @@ class BadBody(exceptions.APIException):
     def __init__(self, reason: str, param: str = PARAM_BODY, error: str = ERROR_BAD_BODY) -> None:
         super().__init__(reason)
         # APIException coerces a dict detail's values to ErrorDetail; keep plain strings.
-        self.detail = bad_request_body(error, param, reason)  # type: ignore[assignment]
+        self.detail = bad_request_body(error, param, reason)
 
 
 class StrictBooleanField(serializers.BooleanField):

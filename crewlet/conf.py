@@ -127,9 +127,11 @@ class _Section:
     """Validation shared by every settings section; runs on construction, however constructed."""
 
     SECTION = ""
+    # Every section is a dataclass; this tells the type checker so (dataclasses.fields accepts it).
+    __dataclass_fields__: typing.ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self):
             value = _check_field(self.SECTION, f, type(self), getattr(self, f.name))
             object.__setattr__(self, f.name, value)
         self.check()
@@ -326,8 +328,8 @@ def load_settings(
         names = [f.name for f in dataclasses.fields(sections[key])]
         for name, value in body.items():
             if name not in names:
-                known = ", ".join(f"{key}.{n}" for n in names)
-                raise SettingsError(f"{key}.{name}", value, f"unknown setting; known: {known}", source)
+                listed = ", ".join(f"{key}.{n}" for n in names)
+                raise SettingsError(f"{key}.{name}", value, f"unknown setting; known: {listed}", source)
             values[f"{key}.{name}"] = (value, source)
 
     known = {dotted: (f, kind) for dotted, f, kind in known_settings()}
