@@ -26,7 +26,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, TypedDict
 
 from django.db import transaction
 from django.db.models import F
@@ -108,6 +108,14 @@ def ask_channel_id(asker: str, request_id: str) -> str:
 def _ask_event_id(channel_id: str, which: str) -> str:
     """The id of an ask's ``which`` event: one per channel, so an ask completed twice is one event each."""
     return str(uuid.uuid5(_ASK_NS, f"{which}\n{channel_id}"))
+
+
+class _Delegation(TypedDict):
+    """The envelope fields every event of one A2A exchange carries (``events.new``'s keywords)."""
+
+    delegation_depth: int
+    parent_turn_id: str
+    delegation_chain: list[str]
 
 
 @dataclass(frozen=True)
@@ -278,7 +286,7 @@ async def ask(
         if row.state != Channel.OPEN:
             log.info("a2a_ask_repeated", extra={"channel_id": cid, "asker": from_seat, "state": row.state})
             return row
-    envelope = {
+    envelope: _Delegation = {
         "delegation_depth": delegation_depth + 1,
         "parent_turn_id": parent_turn_id,
         "delegation_chain": [*chain, from_seat],
@@ -347,7 +355,7 @@ async def answer(
         raise NotTheAnswerer(f"{answering_seat} may not answer A2A channel {cid}: only {row.target}, the seat asked, may")
     if row.state != Channel.OPEN:
         raise ChannelClosed(_closed_reason(row))
-    envelope = {
+    envelope: _Delegation = {
         "delegation_depth": row.delegation_depth,
         "parent_turn_id": turn_id,
         "delegation_chain": list(row.delegation_chain or []),

@@ -8,6 +8,7 @@ Nothing here touches SQL; the answers are :mod:`eventstore.questions`'.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from datetime import datetime, timezone
@@ -215,7 +216,7 @@ def filters_from(query: QueryDict, *, turns: bool = False) -> Filters:
     until = _timestamp(query, "until")
     if since is not None and until is not None and since > until:
         raise BadParameter("since", "must not be after until")
-    common = dict(
+    common = Filters(
         seat=_text(query, "seat"),
         trace_id=_text(query, "trace_id"),
         conversation_key=_text(query, "conversation_key"),
@@ -224,13 +225,13 @@ def filters_from(query: QueryDict, *, turns: bool = False) -> Filters:
         until=until,
     )
     if turns:
-        return Filters(**common)
-    return Filters(
+        return common
+    return dataclasses.replace(
+        common,
         categories=_categories(query),
         type=_text(query, "type"),
         partition_key=_text(query, "partition_key"),
         feed_only=_bool(query, "feed_only"),
-        **common,
     )
 
 

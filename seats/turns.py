@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence, TypedDict
 
 from crewlet import events
 from crewlet.events import Event
@@ -235,7 +235,9 @@ class OpenAIProvider:
             text = choice["message"].get("content") or ""
         except (KeyError, IndexError, TypeError, AttributeError):
             raise ProviderError(ERR_BAD_RESPONSE, f"{self.url} answered no choices[0].message") from None
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
         return Completion(
             text=str(text),
             input_tokens=int(usage.get("prompt_tokens") or 0),
@@ -263,6 +265,16 @@ def build_provider(config: ProviderConfig) -> ModelProvider:
 
 
 # -- the trigger and the result -----------------------------------------------
+
+
+class _TurnTags(TypedDict):
+    """The fields every event of one turn carries, spread into each body."""
+
+    seat: str
+    role: str
+    agent_id: str
+    turn_id: str
+    conversation_key: str
 
 
 @dataclass
@@ -354,7 +366,7 @@ class TurnRunner:
         except QueueError:
             log.warning("turn_event_publish_failed", extra={"type": event.type}, exc_info=True)
 
-    def _tags(self, seat: Seat, trigger: Trigger) -> dict[str, str]:
+    def _tags(self, seat: Seat, trigger: Trigger) -> _TurnTags:
         return {
             "seat": seat.handle,
             "role": seat.role,
