@@ -104,7 +104,7 @@ class Engine:
         """
         if self._stop is not None:
             raise RuntimeError("add_service() must be called before the engine starts")
-        self._factories.append((name or getattr(factory, "__name__", repr(factory)), factory, stop_first))
+        self._factories.append((name or str(getattr(factory, "__name__", repr(factory))), factory, stop_first))
 
     # -- lifecycle --------------------------------------------------------
 
@@ -255,7 +255,7 @@ class Engine:
         url = self.broker.client_url if self.broker is not None else self.settings.stream.url
         return redact_url(url)
 
-    def _install_signal_handlers(self) -> list[int]:
+    def _install_signal_handlers(self) -> list[signal.Signals]:
         assert self._loop is not None
         installed = []
         for signum in (signal.SIGTERM, signal.SIGINT):

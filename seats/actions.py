@@ -277,8 +277,9 @@ async def _announce(queue: EventQueue, change: PauseChange, hook: Optional[Pause
 def _resolve(queue: Optional[EventQueue]) -> tuple[EventQueue, Optional[PauseHook], Optional[CompanyHolder]]:
     b = _binding
     if queue is not None:
-        same = b is not None and b.queue is queue
-        return queue, (b.hook if same else None), (b.holder if same else None)
+        if b is not None and b.queue is queue:
+            return queue, b.hook, b.holder
+        return queue, None, None
     if b is None:
         raise RuntimeError("no queue to announce seat pauses on: pass queue= or run a SeatRuntime in this process")
     return b.queue, b.hook, b.holder

@@ -152,7 +152,7 @@ def answer_series(question: Question, at: datetime, scope: NodeScope) -> dict[st
         f" FROM {TABLE} WHERE {q.where} GROUP BY 1, 2"
     )
     at_us = to_us(at)
-    bars = []
+    bars: list[dict[str, Any]] = []
     for i in range(count):
         start = origin_us + i * bucket_us
         bars.append(

@@ -54,10 +54,10 @@ def verify(secret: str, req: InboundRequest, now: float) -> Optional[str]:
         body = load_json(req.body)
     except ValueError:
         return "missing 'Authorization: Token <token>' header, and the body is not JSON a token field can be read from"
-    token = body.get(TOKEN_FIELD) if isinstance(body, dict) else None
-    if not isinstance(token, str) or not token:
+    field = body.get(TOKEN_FIELD) if isinstance(body, dict) else None
+    if not isinstance(field, str) or not field:
         return "missing 'Authorization: Token <token>' header or a token field"
-    return None if same(token, secret) else "the Mattermost token does not match"
+    return None if same(field, secret) else "the Mattermost token does not match"
 
 
 meta = query_meta
