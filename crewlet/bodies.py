@@ -5,9 +5,10 @@ REST framework's only parser, see ``REST_FRAMEWORK`` in the settings) refuses
 anything else before a view runs: a body that is not UTF-8, not JSON, not an
 object, nested deeper than :data:`MAX_DEPTH`, or carrying a string nothing
 downstream can store (a lone UTF-16 surrogate cannot be encoded as UTF-8, a
-NUL cannot be stored by PostgreSQL). The depth is measured by an iterative scan
-of the bytes *before* decoding, so a hostile body never reaches the recursive
-decoder. :func:`parse_object` is the same check for code that reads a body by
+NUL cannot be stored by PostgreSQL). Both checks are
+:mod:`crewlet.jsontext`'s: the depth is measured without recursion *before*
+decoding, so a hostile body never reaches the recursive decoder.
+:func:`parse_object` is the same check for code that reads a body by
 hand.
 
 A refusal is ``400 {"error": <code>, "param": <what>, "reason": <why>}`` —
@@ -17,14 +18,14 @@ field errors too.
 """
 from __future__ import annotations
 
-import json
-import re
 from typing import Any, Mapping, Optional
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
 from rest_framework import exceptions, serializers, status
 from rest_framework.parsers import BaseParser
+
+from crewlet.jsontext import JSONTooDeep, dotted, escape, find_unstorable, load_json
 
 #: The keys of every 400 answer.
 K_ERROR = "error"
@@ -37,14 +38,6 @@ ERROR_BAD_BODY = "bad_body"
 PARAM_BODY = "body"
 #: The deepest a request body's arrays and objects may nest (the API's own bodies nest 2 deep).
 MAX_DEPTH = 32
-
-#: A JSON string, escapes included (so brackets inside strings are not counted as nesting); an
-#: unterminated one runs to the end. Possessive, so every byte is looked at a bounded number of times.
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
-#: Everything but the structural brackets, once strings are gone.
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
-#: What a stored string may not contain.
-_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
 
 
 def bad_request_body(error: str, param: str, reason: str) -> dict[str, str]:
@@ -140,47 +133,21 @@ def as_one_shape(exc: Exception) -> Exception:
     return exc
 
 
-def nesting_depth(raw: bytes, stop_above: Optional[int] = None) -> int:
-    """How deep the arrays and objects of the JSON text ``raw`` nest, found without recursion.
-
-    With ``stop_above`` the scan ends as soon as the depth passes it (and returns that depth).
-    """
-    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
-    depth = deepest = 0
-    for byte in brackets:
-        if byte in b"[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if stop_above is not None and deepest > stop_above:
-                    break
-        else:
-            depth -= 1
-    return deepest
-
-
 def _refuse_constant(name: str) -> Any:
     raise BodyRefused(f"{name} is not a JSON number")
 
 
 def _check_strings(value: Any) -> None:
-    """Refuse a key or string a store cannot keep, naming where it is (walked iteratively)."""
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, str):
-            found = _UNSTORABLE.search(item)
-            if found:
-                what = "a NUL character" if found.group() == "\x00" else f"a lone surrogate (\\u{ord(found.group()):04x})"
-                raise BodyRefused(f"contains {what}, which cannot be stored", path or PARAM_BODY)
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                where = f"{path}.{key}" if path else str(key)
-                if _UNSTORABLE.search(key):
-                    raise BodyRefused("a key contains a NUL character or a lone surrogate, which cannot be stored", path or PARAM_BODY)
-                stack.append((where, inner))
-        elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", inner) for i, inner in enumerate(item))
+    """Refuse a key or string a store cannot keep, naming where it is."""
+    found = find_unstorable(value)
+    if found is None:
+        return
+    if found.in_key:
+        raise BodyRefused(
+            "a key contains a NUL character or a lone surrogate, which cannot be stored", dotted(found.parts[:-1]) or PARAM_BODY
+        )
+    what = "a NUL character" if found.is_nul else f"a lone surrogate ({escape(found.char)})"
+    raise BodyRefused(f"contains {what}, which cannot be stored", dotted(found.parts) or PARAM_BODY)
 
 
 def parse_object(raw: bytes, *, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
@@ -189,13 +156,13 @@ def parse_object(raw: bytes, *, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BodyRefused(f"is not UTF-8 (byte {exc.start})") from None
-    if nesting_depth(raw, stop_above=max_depth) > max_depth:
-        raise BodyRefused(f"nests deeper than {max_depth} levels of arrays and objects")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = load_json(text, max_depth=max_depth, parse_constant=_refuse_constant)
+    except JSONTooDeep:
+        raise BodyRefused(f"nests deeper than {max_depth} levels of arrays and objects") from None
     except BodyRefused:
         raise
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an over-long integer
+    except ValueError as exc:  # JSONDecodeError, an over-long integer
         raise BodyRefused(f"is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise BodyRefused(f"must be a JSON object, not a JSON {_json_kind(value)}")
@@ -245,6 +212,5 @@ __all__ = [
     "as_one_shape",
     "bad_request_body",
     "first_field_error",
-    "nesting_depth",
     "parse_object",
 ]

@@ -32,14 +32,12 @@ and :func:`unstorable` names what in a delivery no store downstream can hold.
 from __future__ import annotations
 
 import hashlib
-import json
-import re
-from dataclasses import dataclass, field, fields, is_dataclass
-from itertools import accumulate, count
-from operator import sub
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping, Optional
 
+from crewlet import jsontext
 from crewlet.events.categories import SURFACE_WEBHOOK
+from crewlet.jsontext import QUOTE_LIMIT, JSONTooDeep, dotted, may_hold_unstorable, storable_text
 
 # Why a recipient was addressed.
 WHY_MENTION = "mention"
@@ -171,35 +169,8 @@ def body_digest_id(raw: bytes) -> str:
 #: at most (an ADF comment with lists in lists); the JSON decoder recurses once
 #: per level, so a body past this is refused before it is decoded.
 MAX_JSON_DEPTH = 512
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\\.', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_BRACKET_STEPS = str.maketrans({"[": "\x02", "{": "\x02", "]": "\x00", "}": "\x00"})
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-_UNSTORABLE_HINT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})|\x00|\xed[\xa0-\xbf]")
-#: How much of a path or a message a refusal quotes.
-_QUOTE_LIMIT = 200
-
-
-class JSONTooDeep(ValueError):
-    """A JSON document nests deeper than :data:`MAX_JSON_DEPTH`."""
-
-
-def json_depth_exceeds(text: str, max_depth: int = MAX_JSON_DEPTH) -> bool:
-    """True when ``text`` opens more than ``max_depth`` arrays or objects inside each other.
-
-    Linear and without recursion: strings (and any stray escape) are cut out
-    first, so a bracket inside a string never counts; what is left is folded
-    into running depths by C-level iterators. A string that never ends leaves
-    its brackets counted, which can only call a malformed body too deep: both
-    are refused.
-    """
-    if text.count("[") + text.count("{") <= max_depth:
-        return False
-    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
-    steps = brackets.translate(_BRACKET_STEPS).encode("latin-1")
-    # Each opener adds 2 and each bracket costs 1: the running total minus the
-    # brackets seen is the depth after each one.
-    return max(map(sub, accumulate(steps), count(1)), default=0) > max_depth
+#: How much of a key a refusal's path quotes.
+_KEY_QUOTE_LIMIT = 40
 
 
 def load_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -209,72 +180,35 @@ def load_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     recurses per level, and a body nested a thousand levels would otherwise
     overflow the interpreter's stack (a 500) instead of being refused.
     """
-    text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, (bytes, bytearray)) else raw
-    if json_depth_exceeds(text, max_depth):
-        raise JSONTooDeep(f"the JSON nests deeper than {max_depth} levels")
-    try:
-        return json.loads(text)
-    except RecursionError as exc:  # a caller already deep in its own stack
-        raise JSONTooDeep(f"the JSON nests too deep to decode here: {exc}") from exc
-
-
-def may_hold_unstorable(raw: bytes) -> bool:
-    """False when a UTF-8 JSON body cannot decode to a NUL or a lone surrogate, so :func:`unstorable` need not walk it.
-
-    In UTF-8 JSON those characters arrive only as a ``\\u0000`` or
-    ``\\uD800``-``\\uDFFF`` escape (also inside a JSON document carried as a
-    string, where the escape is itself escaped) or as raw bytes the decoder
-    lets through. Conservative: a surrogate pair (an emoji escaped) also says
-    True, and the walk then finds nothing.
-    """
-    if json.detect_encoding(raw) not in ("utf-8", "utf-8-sig"):
-        return True
-    return _UNSTORABLE_HINT.search(raw) is not None
-
-
-def storable_text(text: str, limit: int = _QUOTE_LIMIT) -> str:
-    """``text`` with NUL and lone surrogates spelled as ``\\uXXXX`` escapes, clipped to ``limit`` characters.
-
-    For quoting a delivery's own words (a key, a parser's error) in a reason,
-    a log line or a recorded event, none of which may carry those characters.
-    """
-    clipped = text if len(text) <= limit else text[: limit - 1] + "…"
-    return _UNSTORABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", clipped)
+    return jsontext.load_json(raw, max_depth=max_depth)
 
 
 def _unstorable_problem(char: str) -> str:
     if char == "\x00":
         return "a NUL character (\\u0000), which the database cannot store"
-    return f"a lone surrogate (\\u{ord(char):04x}), which has no UTF-8 encoding"
+    return f"a lone surrogate ({jsontext.escape(char)}), which has no UTF-8 encoding"
+
+
+def _key(name: str) -> str:
+    return storable_text(name, _KEY_QUOTE_LIMIT)
 
 
 def unstorable(value: Any, where: str = "") -> Optional[str]:
     """Why ``value`` cannot be stored downstream, naming the first offending key or string; None when it can.
 
-    Walks every key and string of a decoded JSON value (and the fields of a
-    :class:`Parsed`) with an explicit stack, so depth costs no call stack.
+    Every key and string of a decoded JSON value (and the fields of a
+    :class:`Parsed`) is looked at (:func:`crewlet.jsontext.find_unstorable`);
+    the path it names starts at ``where``.
     """
-    stack: list[tuple[Any, str]] = [(value, where)]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            bad = _UNSTORABLE.search(item)
-            if bad is not None:
-                return f"{path or 'the body'} contains {_unstorable_problem(bad.group())}"
-        elif isinstance(item, Mapping):
-            for key, child in reversed(list(item.items())):
-                name = key if isinstance(key, str) else str(key)
-                inner = f"{path}.{storable_text(name, 40)}" if path else storable_text(name, 40)
-                bad = _UNSTORABLE.search(name)
-                if bad is not None:
-                    return f"the key {inner!s} contains {_unstorable_problem(bad.group())}"[:_QUOTE_LIMIT * 2]
-                stack.append((child, inner[:_QUOTE_LIMIT]))
-        elif isinstance(item, (list, tuple)):
-            for index in range(len(item) - 1, -1, -1):
-                stack.append((item[index], f"{path}[{index}]"[:_QUOTE_LIMIT]))
-        elif is_dataclass(item) and not isinstance(item, type):
-            stack.append(({f.name: getattr(item, f.name) for f in fields(item)}, path))
-    return None
+    found = jsontext.find_unstorable(value)
+    if found is None:
+        return None
+    problem = _unstorable_problem(found.char)
+    if found.in_key:
+        parent = dotted(found.parts[:-1], where, _key)[:QUOTE_LIMIT]
+        name = _key(str(found.parts[-1]))
+        return f"the key {f'{parent}.{name}' if parent else name} contains {problem}"[: QUOTE_LIMIT * 2]
+    return f"{dotted(found.parts, where, _key)[:QUOTE_LIMIT] or 'the body'} contains {problem}"
 
 
 # ---------------------------------------------------------------------------
@@ -371,7 +305,6 @@ __all__ = [
     "as_list",
     "as_text",
     "body_digest_id",
-    "json_depth_exceeds",
     "load_json",
     "may_hold_unstorable",
     "need",

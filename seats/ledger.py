@@ -16,8 +16,8 @@ Values the stores cannot hold never reach them from here. PostgreSQL refuses
 a NUL in text and in jsonb, and no driver can encode a lone surrogate as
 UTF-8, so a wake carrying either (the edge refuses them, but other producers
 publish to inboxes too) would fail every store call its delivery makes, on
-every delivery. :func:`storable` writes each such code point as its
-``\\uXXXX`` escape instead — readable in a prompt or a ledger row, and the
+every delivery. :func:`crewlet.jsontext.storable` writes each such code
+point as its ``\\uXXXX`` escape instead — readable in a prompt or a ledger row, and the
 same escape for the same value, so an identity stays stable across
 redeliveries — and :func:`storable_event` applies it to a whole wake before
 the seat reads anything out of it.
@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from crewlet.db import in_store as shared_in_store
 from crewlet.events import Event
+from crewlet.jsontext import holds_unstorable, storable, storable_value
 from seats.delivery_models import LedgerEntry, SeatPause
 
 log = logging.getLogger("crewlet.seats.ledger")
@@ -56,79 +57,11 @@ FAULT_DOWN = "store_down"
 FAULT_VALUE = "value_refused"
 FAULT_OTHER = "store_error"
 
-_NUL = "\x00"
-_NUL_ESCAPE = "\\u0000"
-
-
-def _unstorable(text: str) -> bool:
-    if _NUL in text:
-        return True
-    if text.isascii():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def storable(text: str) -> str:
-    """``text`` with every NUL and lone surrogate written as its ``\\uXXXX`` escape; unchanged otherwise."""
-    if not _unstorable(text):
-        return text
-    text = text.replace(_NUL, _NUL_ESCAPE)
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _needs_escape(value: Any) -> bool:
-    """Whether any string in a JSON-shaped value (keys included) is not storable; iterative, so depth costs no stack."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _unstorable(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return False
-
-
-def storable_value(value: Any) -> Any:
-    """A JSON-shaped value with every string made :func:`storable`; the same object when none needed it.
-
-    Walked with an explicit stack: a wake nested as deep as the JSON decoder
-    allowed must not overflow the interpreter's stack here.
-    """
-    if not _needs_escape(value):
-        return value
-    root: list[Any] = [value]
-    stack: list[tuple[Any, Any]] = [(root, 0)]
-    while stack:
-        parent, key = stack.pop()
-        item = parent[key]
-        if isinstance(item, str):
-            parent[key] = storable(item)
-        elif isinstance(item, dict):
-            rebuilt: dict[Any, Any] = {}
-            for k, v in item.items():
-                nk = storable(k) if isinstance(k, str) else k
-                rebuilt[nk] = v
-                stack.append((rebuilt, nk))
-            parent[key] = rebuilt
-        elif isinstance(item, (list, tuple)):
-            items = list(item)
-            parent[key] = items
-            stack.extend((items, i) for i in range(len(items)))
-    return root[0]
-
 
 def storable_event(event: Event) -> Event:
     """``event`` itself when every string in it is storable, else a copy with each one escaped."""
     wire = event.to_dict()
-    if not _needs_escape(wire):
+    if not holds_unstorable(wire):
         return event
     return Event.from_dict(storable_value(wire))
 

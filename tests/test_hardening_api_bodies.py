@@ -9,7 +9,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from a2a.models import Channel
-from crewlet.bodies import MAX_DEPTH, BodyRefused, nesting_depth, parse_object
+from crewlet.bodies import MAX_DEPTH, BodyRefused, parse_object
+from crewlet.jsontext import nesting_depth
 from seats.delivery_models import SeatPause
 from seats.models import OperatorToken
 from tests.test_request_bridge import Up

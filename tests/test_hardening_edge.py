@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pytest
 
 from crewlet.events.types import SKIP_PARSER_REFUSED, SKIP_PAYLOAD_UNREADABLE
+from crewlet.jsontext import depth_exceeds
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from notifications.edge import InboundRequest
@@ -29,7 +30,6 @@ from notifications.parsers import (
     MAX_JSON_DEPTH,
     JSONTooDeep,
     ParseError,
-    json_depth_exceeds,
     load_json,
     unstorable,
 )
@@ -215,9 +215,9 @@ async def test_a_deep_body_to_a_verified_mattermost_route_is_401_without_a_token
 
 def test_brackets_inside_strings_do_not_count_towards_the_depth() -> None:
     text = json.dumps({"text": "[" * 5000, "escaped": '\\"[[[' * 300, "list": [[["ok"]]]})
-    assert not json_depth_exceeds(text, 4)
+    assert not depth_exceeds(text, 4)
     assert load_json(text)["list"] == [[["ok"]]]
-    assert json_depth_exceeds(text, 3)
+    assert depth_exceeds(text, 3)
     with pytest.raises(JSONTooDeep):
         load_json(nested(MAX_JSON_DEPTH + 1))
 
