@@ -1,13 +1,12 @@
 """Helpers the seat delivery tests share: companies, wakes, a recorder of what was published, brokers."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Union
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -23,6 +22,7 @@ from crewlet.queue.memory import MemoryBroker
 from crewlet.tracing import Trace
 from seats import actions
 from seats.runtime import SeatRuntime
+from waiting_support import eventually
 
 #: Shrunk delivery timings: the real paths, in milliseconds.
 FAST = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=30.0)
@@ -115,21 +115,6 @@ class Recorder:
 
     def types(self) -> list[str]:
         return [ev.type for _, ev in self.seen]
-
-
-async def eventually(cond: Callable[[], Union[bool, Awaitable[bool]]], timeout: float = 10.0, what: str = "") -> None:
-    """Poll a condition until it holds; fail when the deadline passes first."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = cond()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s{': ' + what if what else ''}")
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Awaitable, Callable, Optional
+from typing import Optional
 
 import nats
 import pytest
@@ -21,24 +21,10 @@ from crewlet.queue.broker import BrokerStartError, EmbeddedBroker, connect_queue
 from crewlet.queue.contract import Timings
 from crewlet.queue.errors import InvalidArgument, QueueError
 from crewlet.queue.jetstream import JetStreamTransport
+from waiting_support import eventually
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-async def eventually(cond: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll ``cond`` until it holds; fail when the deadline passes first."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = cond()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.02)
 
 
 async def js_info(url: str) -> dict:

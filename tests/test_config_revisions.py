@@ -240,7 +240,7 @@ async def test_an_activation_nudge_wakes_the_poller_before_its_interval() -> Non
     async with node(company_yaml(), interval_s=60.0) as (rt, q, rec):
         revision = await sync_to_async(revisions.create_revision)(company_yaml(window_s=1), "ops")
         assert await revisions.aactivate(revision.pk, "ops", queue=q)
-        await eventually(lambda: applied(rec, revision.pk), timeout=5.0, what="applied on the nudge, not the 60 s poll")
+        await eventually(lambda: applied(rec, revision.pk), timeout_s=5.0, what="applied on the nudge, not the 60 s poll")
         assert rt.loops["ada"].options.linger_s == 1
 
 
@@ -274,7 +274,7 @@ async def test_on_the_real_broker_an_activation_nudge_reaches_the_poller_and_the
         try:
             revision = await sync_to_async(revisions.create_revision)(company_yaml(window_s=2), "ops")
             assert await revisions.aactivate(revision.pk, "ops", queue=q)
-            await eventually(lambda: applied(rec, revision.pk), timeout=10.0, what="applied on the nudge")
+            await eventually(lambda: applied(rec, revision.pk), timeout_s=10.0, what="applied on the nudge")
             assert rt.loops["ada"].options.linger_s == 2
             assert [e.node for e in applied(rec, revision.pk)] == ["n1"]
         finally:

@@ -43,6 +43,7 @@ from seats.mailboxes import ensure_mailboxes
 from seats.turns import Trigger, TurnResult, TurnRunner
 from seats_support import Recorder, company, drained, eventually, holder, memory_queues, running
 from seats_support import _close_store_connections  # noqa: F401 (fixture)
+from waiting_support import wait_until
 
 DB = pytest.mark.django_db(transaction=True, databases=["default", "events"])
 T0 = datetime(2024, 6, 10, 9, 0, tzinfo=timezone.utc)
@@ -373,17 +374,6 @@ async def _backlog_is(q: EventQueue, n: int) -> bool:
 UP_TOKEN = "hardening-inbox-operator-token-0123456789"
 
 
-def _until(cond: Any, timeout_s: float, what: str) -> None:
-    """Wait for a condition the running process brings about; fail with ``what`` at the deadline."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s}s: {what}")
-        time.sleep(0.05)
-
-
 def _api_post(url: str, path: str, token: str) -> int:
     import urllib.error
     import urllib.request
@@ -445,7 +435,7 @@ def test_in_manage_py_up_a_nul_wake_drained_with_a_posted_dm_neither_fails_nor_h
             depth = loop.run(client.backlog(topics.agent_inbox("ada"), topics.agent_inbox_group("ada")))
             return depth >= 2
 
-        _until(waiting, 30, "both wakes waiting in ada's held inbox")
+        wait_until(waiting, 30, "both wakes waiting in ada's held inbox")
         assert _api_post(url, "/api/seats/ada/resume", UP_TOKEN) == 200
 
         def prompts() -> list[str]:
@@ -453,8 +443,8 @@ def test_in_manage_py_up_a_nul_wake_drained_with_a_posted_dm_neither_fails_nor_h
                 e.data.user_prompt for e in list(seen) if e.type == "agent_phase_completed" and e.data.seat == "ada"
             ]
 
-        _until(lambda: any("good DM" in p for p in prompts()), 60, "the posted DM's turn")
-        _until(lambda: any("client that sends NULs" in p for p in prompts()), 60, "the NUL wake's turn")
+        wait_until(lambda: any("good DM" in p for p in prompts()), 60, "the posted DM's turn")
+        wait_until(lambda: any("client that sends NULs" in p for p in prompts()), 60, "the NUL wake's turn")
         started = [e for e in list(seen) if e.type == "agent_turn_started" and e.data.trigger_event_id == poison.id]
         assert [s.data.conversation_key for s in started] == ["slack:D0\\u0000X"]
         assert loop.run(client.dead_letters()) == []

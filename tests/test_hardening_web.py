@@ -137,18 +137,6 @@ def start_up(tmp_path: Path) -> Iterator[Callable[..., Up]]:
         up.stop()
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float = WAIT_S, what: str = "condition") -> Any:
-    """Poll ``condition`` until it is truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s} s")
-        time.sleep(0.05)
-
-
 # -- credentials never reach a log line ------------------------------------------------------------
 
 

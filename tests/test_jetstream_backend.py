@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Optional
+from typing import AsyncIterator, Optional
 
 import nats
 import pytest
@@ -32,25 +32,11 @@ from crewlet.queue.jetstream import (
     is_subset,
 )
 from crewlet.queue.transport import H_DLQ_DELIVERIES, H_DLQ_GROUP, H_DLQ_TOPIC
+from waiting_support import eventually
 
 
 TIMINGS = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=30.0)
 NS = 1_000_000_000
-
-
-async def eventually(cond: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll ``cond`` until it holds; fail when the deadline passes first."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = cond()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.02)
 
 
 def always_ready() -> bool:
@@ -635,7 +621,7 @@ async def test_a_broadcast_finds_its_feed_again_after_the_broker_restarts(
             await transport.publish("crewlet.events.again", b"again")
             return b"again" in seen
 
-        await eventually(arrives, timeout=20)
+        await eventually(arrives, timeout_s=20)
     finally:
         await bc.close()
 
@@ -773,7 +759,7 @@ async def test_the_client_reconnects_and_a_file_store_keeps_the_mail_across_a_re
                         await m.ack()
                     return len(got) >= 2
 
-                await eventually(both, timeout=20)
+                await eventually(both, timeout_s=20)
                 assert got == {3: 1, 2: 2}
             finally:
                 await puller.close()
@@ -850,7 +836,7 @@ async def test_a_message_that_keeps_failing_is_dead_lettered_with_its_headers(
 
     sub = await queue.subscribe(topic, group, handler)  # type: ignore[attr-defined]
     await queue.publish(topic, Event(type="poison", payload={"n": 1}))  # type: ignore[attr-defined]
-    await eventually(lambda: len(calls) == MAX_DELIVERIES, timeout=30)
+    await eventually(lambda: len(calls) == MAX_DELIVERIES, timeout_s=30)
 
     async def buried() -> bool:
         return (await stream_info(raw, "CREWLET_DLQ"))["state"]["messages"] == 1

@@ -29,6 +29,7 @@ from crewlet.queue import Outcome, Timings, topics
 from crewlet.queue.errors import NotLive
 from crewlet.queue.memory import MemoryBroker
 from crewlet.events import Event
+from waiting_support import eventually
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -174,13 +175,6 @@ def twin_connect(broker: FakeBroker, seen: Optional[dict[str, Any]] = None) -> C
     return connect
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
 def events_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "crewlet.engine"]
 
@@ -260,7 +254,7 @@ async def test_engine_drains_handlers_in_flight_before_closing() -> None:
     engine.add_service(service)
     run = asyncio.create_task(engine.serve())
     await asyncio.wait_for(subscribed.wait(), 5)
-    await until(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
+    await eventually(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
     engine.stop()
     assert await asyncio.wait_for(run, 5) == 0
     assert closed_after_handler == [True]
@@ -283,9 +277,9 @@ async def test_engine_drain_gives_up_at_its_timeout(caplog: pytest.LogCaptureFix
 
     engine.add_service(service)
     run = asyncio.create_task(engine.serve())
-    await until(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
+    await eventually(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
     engine.stop()
-    await until(lambda: "engine_drain_incomplete" in events_logged(caplog))
+    await eventually(lambda: "engine_drain_incomplete" in events_logged(caplog))
     assert engine.queue.in_flight() == 1  # gave up waiting while the handler still ran
     release.set()  # let the queue's own close finish promptly
     assert await asyncio.wait_for(run, 5) == 0
@@ -308,11 +302,11 @@ async def test_a_second_signal_skips_the_drain(caplog: pytest.LogCaptureFixture)
 
     engine.add_service(service)
     run = asyncio.create_task(engine.serve())
-    await until(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
+    await eventually(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
     engine._on_signal(signal.SIGTERM)
-    await until(lambda: engine._drain_task is not None)
+    await eventually(lambda: engine._drain_task is not None)
     engine._on_signal(signal.SIGINT)
-    await until(lambda: "engine_drain_incomplete" in events_logged(caplog))  # long before 60 s
+    await eventually(lambda: "engine_drain_incomplete" in events_logged(caplog))  # long before 60 s
     release.set()
     assert await asyncio.wait_for(run, 5) == 0
     assert events_logged(caplog) == [
@@ -350,7 +344,7 @@ async def test_the_logged_broker_url_carries_no_secret(caplog: pytest.LogCapture
     caplog.set_level(logging.INFO, logger="crewlet.engine")
     engine = Engine(fast_settings(), connect=twin_connect(FakeBroker("nats://crewlet:s3cret@127.0.0.1:4999")))
     run = asyncio.create_task(engine.serve())
-    await until(lambda: "engine_started" in events_logged(caplog))
+    await eventually(lambda: "engine_started" in events_logged(caplog))
     engine.stop()
     assert await asyncio.wait_for(run, 5) == 0
     record = next(r for r in caplog.records if r.getMessage() == "engine_started")
