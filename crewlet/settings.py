@@ -150,6 +150,19 @@ HEALTH_BROKER_TIMEOUT_S = _number("CREWLET_HEALTH_BROKER_TIMEOUT_S", 1.5, 0.05, 
 LOGIN_URL = "dash-login"
 LOGIN_REDIRECT_URL = "dash-overview"
 
+# Production behind TLS (what `manage.py check --deploy` asks for; README "Production").
+# Off by default: `up` on a laptop is plain http, where secure-only cookies would never be sent back.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _flag("CREWLET_SECURE_COOKIES")
+SECURE_HSTS_SECONDS = int(_number("CREWLET_HSTS_SECONDS", 0, 0, 10 * 365 * 86400))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("CREWLET_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = _flag("CREWLET_HSTS_PRELOAD")
+SECURE_SSL_REDIRECT = _flag("CREWLET_SSL_REDIRECT")
+#: Load balancers probe /healthz over plain http: never redirected.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+if _flag("CREWLET_BEHIND_TLS_PROXY"):
+    # Only behind a proxy that sets this header itself (and strips a client's): then a request is https when it says so.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

@@ -607,3 +607,50 @@ def test_healthz_says_the_broker_is_unresponsive_while_it_is_frozen_and_connecte
         os.kill(broker[0], signal.SIGCONT)
     wait_until(lambda: health()[0] == 200, what="/healthz back to 200 after SIGCONT")
     assert health()[1]["broker"] == "connected"
+
+
+# -- production settings ---------------------------------------------------------------------------------
+
+#: The environment README's "Production" section gives for a deployment behind TLS.
+PRODUCTION_ENV = {
+    "CREWLET_SECURE_COOKIES": "1",
+    "CREWLET_HSTS_SECONDS": "31536000",
+    "CREWLET_HSTS_INCLUDE_SUBDOMAINS": "1",
+    "CREWLET_HSTS_PRELOAD": "1",
+    "CREWLET_SSL_REDIRECT": "1",
+    "CREWLET_BEHIND_TLS_PROXY": "1",
+    "CREWLET_ALLOWED_HOSTS": "crewlet.example.com",
+}
+
+
+def _check_deploy(tmp_path: Path, extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
+    env.update(DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_VAR_DIR=str(tmp_path / "var"), **extra)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "manage.py"), "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_check_deploy_reports_nothing_with_the_documented_production_environment(tmp_path: Path) -> None:
+    laptop = _check_deploy(tmp_path, {})
+    assert laptop.returncode != 0 and "security.W012" in laptop.stderr  # the laptop defaults are not production
+    production = _check_deploy(tmp_path, PRODUCTION_ENV)
+    assert production.returncode == 0, production.stderr
+    assert "System check identified no issues" in production.stdout
+    readme = (REPO_ROOT / "README.md").read_text()
+    for name in PRODUCTION_ENV:
+        assert f"`{name}=" in readme, f"{name} is not documented"
+
+
+@pytest.mark.timeout(180)
+def test_behind_a_tls_proxy_up_redirects_http_to_https_but_not_healthz_and_sets_secure_cookies(
+    start_up: Callable[..., Up]
+) -> None:
+    up = start_up(**{**PRODUCTION_ENV, "CREWLET_ALLOWED_HOSTS": "127.0.0.1"})
+    status, headers, _ = up.request("GET", "/login/")
+    assert status == 301 and headers["Location"].startswith("https://")
+    assert up.request("GET", "/healthz")[0] == 200
+    status, headers, _ = up.request("GET", "/login/", headers={"X-Forwarded-Proto": "https"})
+    assert status == 200
+    assert "secure" in headers["Set-Cookie"].lower() and "max-age=31536000" in headers["Strict-Transport-Security"]
