@@ -103,7 +103,8 @@ def _ratio(value: float) -> str:
 
 def _write_events(n: int, start: datetime) -> list[Any]:
     """A turn's worth of mixed rows, repeated: what a busy node publishes."""
-    from crewlet.events import new, registered_type
+    from crewlet.events import new
+    from crewlet.events.types import AgentPhaseCompleted, AgentTurnCompleted, AgentTurnStarted, AuxiliarySpend, EventBody, KnowledgeRead
     from crewlet.tracing import Trace
 
     rng = random.Random(7)
@@ -115,19 +116,19 @@ def _write_events(n: int, start: datetime) -> list[Any]:
         seat = f"seat-{i % 20}"
         turn = f"turn-{i // 5}"
         if kind == 0:
-            body = registered_type("agent_turn_started")(seat=seat, turn_id=turn, trigger_type="task_assigned", conversation_key=f"jira:POC-{i % 300}")
+            body: EventBody = AgentTurnStarted(seat=seat, turn_id=turn, trigger_type="task_assigned", conversation_key=f"jira:POC-{i % 300}")
         elif kind == 1:
-            body = registered_type("agent_phase_completed")(
+            body = AgentPhaseCompleted(
                 seat=seat, turn_id=turn, phase="plan", system_prompt="You are a careful engineer. " * 8,
                 user_prompt="Fix the failing build on POC-7. " * 6, response="Done: the import was missing. " * 5,
                 rounds=[{"stop_reason": "end", "input_tokens": 900, "output_tokens": 120}], input_tokens=900, output_tokens=120,
             )
         elif kind == 2:
-            body = registered_type("knowledge_read")(seat=seat, turn_id=turn)
+            body = KnowledgeRead(seat=seat, turn_id=turn)
         elif kind == 3:
-            body = registered_type("auxiliary_spend")(seat=seat, turn_id=turn, stage="turn", calls=3, input_tokens=300, output_tokens=40)
+            body = AuxiliarySpend(seat=seat, turn_id=turn, stage="turn", calls=3, input_tokens=300, output_tokens=40)
         else:
-            body = registered_type("agent_turn_completed")(seat=seat, turn_id=turn, input_tokens=1800, output_tokens=300, tool_calls=4)
+            body = AgentTurnCompleted(seat=seat, turn_id=turn, input_tokens=1800, output_tokens=300, tool_calls=4)
         event = new(body, trace, event_id=f"w{i:09d}", timestamp=ts, source="bench")
         event.node = "bench-node"
         out.append(event)
@@ -185,7 +186,8 @@ def bench_writes(n: int, rounds: int, chunk: int = 250) -> tuple[float, float]:
             raw_rate, ours_rate = asyncio.run(one_round())
             raw_rates.append(raw_rate)
             ours_rates.append(ours_rate)
-            assert admin.execute("SELECT count(*) FROM eventstore_event").fetchone()[0] == 2 * n
+            stored = admin.execute("SELECT count(*) FROM eventstore_event").fetchone()
+            assert stored is not None and stored[0] == 2 * n
     return statistics.median(raw_rates), statistics.median(ours_rates)
 
 

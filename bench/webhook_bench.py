@@ -306,7 +306,7 @@ def part1(tmp: Path, k: int, concurrency: int, raw: list[float], idle_n: int) ->
                 sample = sample or row
                 tid = row.get("trace_id")
                 t = event_time(row)
-                if tid in sent_by_trace and t is not None:
+                if isinstance(tid, str) and tid in sent_by_trace and t is not None:
                     started[tid] = min(t, started.get(tid, t))
             if len(started) >= len(sent_by_trace):
                 break

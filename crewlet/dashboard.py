@@ -93,7 +93,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         live = projection.running()
     except projection.NoEngineHere as exc:
         rows = store_api.events_page(_query(feed_only="true", limit=EVENTS_PAGE_SIZE))["events"]
-        context = {"org": None, "live": {"seats": [], "feed": rows}, "counters": [], "no_engine": str(exc)}
+        context: dict[str, Any] = {"org": None, "live": {"seats": [], "feed": rows}, "counters": [], "no_engine": str(exc)}
         return render(request, "dashboard/overview.html", {**context, "page": "overview"})
     org = live.company()
     snapshot = live.snapshot()

@@ -142,9 +142,11 @@ def bounded_http(limits: Limits) -> tuple[type, type]:
     Built once the reactor is installed (Daphne's modules import it).
     """
     from daphne.http_protocol import WebRequest
+    from twisted.internet.protocol import connectionDone
+    from twisted.python.failure import Failure
     from twisted.web import http
 
-    class LimitedRequest(WebRequest):  # type: ignore[misc]
+    class LimitedRequest(WebRequest):
         """Daphne's request, refusing a body with 413 as soon as it passes its route's limit."""
 
         _limit = 0
@@ -228,6 +230,7 @@ def bounded_http(limits: Limits) -> tuple[type, type]:
                 "web_header_timeout",
                 extra={"client": _client_of(self.transport), "timeout_s": limits.header_timeout_s},
             )
+            assert self.transport is not None  # the deadline is disarmed when the connection is lost
             self.transport.abortConnection()
 
         def allHeadersReceived(self) -> None:
@@ -239,7 +242,7 @@ def bounded_http(limits: Limits) -> tuple[type, type]:
             self._arm_head_deadline()
             super().requestDone(request)
 
-        def connectionLost(self, reason: Any) -> None:
+        def connectionLost(self, reason: Failure = connectionDone) -> None:
             self._disarm_head_deadline()
             super().connectionLost(reason)
 
@@ -267,7 +270,12 @@ class WebServer:
         reactor = install_reactor(loop)
         import daphne.server as dserver  # after the reactor: daphne then uses ours
         from twisted.internet.endpoints import serverFromString
-        from twisted.logger import globalLogBeginner
+        from twisted.logger import ILogObserver, globalLogBeginner
+        from zope.interface import provider
+
+        @provider(ILogObserver)
+        def _discard_twisted_log(event: Any) -> None:
+            """Twisted's own log is not ours: the server's events are logged by this module."""
 
         stray = getattr(dserver, "twisted_loop", None)  # the loop daphne makes at import, unused here
         if stray is not None and stray is not loop and not stray.is_closed():
@@ -311,7 +319,7 @@ class WebServer:
             maxMessagePayloadSize=server.websocket_max_message_size,
             maxFramePayloadSize=server.websocket_max_frame_size,
         )
-        globalLogBeginner.beginLoggingTo([lambda _event: None], redirectStandardIO=False, discardBuffer=True)
+        globalLogBeginner.beginLoggingTo([_discard_twisted_log], redirectStandardIO=False, discardBuffer=True)
         self.server = server
         reactor.callLater(1, server.application_checker)
         reactor.callLater(2, server.timeout_checker)
