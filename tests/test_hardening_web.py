@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 import pytest
 
 from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+from waiting_support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -601,11 +602,11 @@ def test_healthz_says_the_broker_is_unresponsive_while_it_is_frozen_and_connecte
     assert health() == (200, {"status": "ok", "broker": "connected", "loops": "running", "node": "hw1"})
     os.kill(broker[0], signal.SIGSTOP)
     try:
-        frozen = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(health()), what="a 503 while frozen")
+        frozen = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(health()), WAIT_S, "a 503 while frozen")
         assert frozen == (503, {"status": "down", "broker": "unresponsive", "loops": "running", "node": "hw1"})
     finally:
         os.kill(broker[0], signal.SIGCONT)
-    wait_until(lambda: health()[0] == 200, what="/healthz back to 200 after SIGCONT")
+    wait_until(lambda: health()[0] == 200, WAIT_S, "/healthz back to 200 after SIGCONT")
     assert health()[1]["broker"] == "connected"
 
 
