@@ -3,8 +3,11 @@
 ``manage.py up`` and ``manage.py runconsumers`` are thin shells around
 :meth:`Engine.run`. The engine connects the queue (starting the embedded broker
 when ``stream.type`` is ``embedded``), starts every registered service as a
-task, and on SIGTERM/SIGINT drains: it stops fetching, waits for handlers in
-flight, cancels the services, closes the queue and stops the broker. Later
+task, and on SIGTERM/SIGINT drains: it stops fetching (the queue hands back at
+once what no handler is working on), runs the stop hooks (the seat runtime's
+concurrency gate turns away what waits at it), stops the front services, waits
+for handlers in flight, cancels the services, closes the queue (handing back
+the mail of any handler that outlived the drain) and stops the broker. Later
 issues plug the inbox loops, sweeps and the scheduler in with
 :meth:`Engine.add_service`; nothing here knows what they are.
 """
@@ -23,6 +26,8 @@ log = logging.getLogger("crewlet.engine")
 #: A service: given the running engine, a coroutine that runs until cancelled
 #: (or returns early when it only had set-up to do).
 ServiceFactory = Callable[["Engine"], Awaitable[None]]
+#: Run at the start of a stop, once delivery is paused: turn away work that has not started.
+StopHook = Callable[[], Awaitable[None]]
 
 #: A service still running this long after its cancellation is cancelled again.
 RECANCEL_AFTER_S = 5.0
@@ -81,12 +86,14 @@ class Engine:
         self.drain_timeout_s = drain_timeout_s
         self._connect = connect
         self._factories: list[tuple[str, ServiceFactory, bool]] = []
+        self._stop_hooks: list[StopHook] = []
         self._services: list[asyncio.Task[None]] = []
         self._front: list[asyncio.Task[None]] = []
         self._stop: Optional[asyncio.Event] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._signals = 0
         self._drain_task: Optional[asyncio.Task[bool]] = None
+        self._skip_drain = False
         self._failed = False
         self.queue: Optional[EventQueue] = None
         self.broker: Optional[Broker] = None
@@ -105,6 +112,16 @@ class Engine:
         if self._stop is not None:
             raise RuntimeError("add_service() must be called before the engine starts")
         self._factories.append((name or str(getattr(factory, "__name__", repr(factory))), factory, stop_first))
+
+    def add_stop_hook(self, hook: StopHook) -> None:
+        """Run ``hook`` at the start of a stop, right after delivery pauses.
+
+        For work a service holds that has not started yet (a turn waiting at
+        the concurrency gate): it is handed back at once rather than started
+        during the drain or held until the drain's deadline. A service adds it
+        once it is running; a hook that raises is logged and the stop goes on.
+        """
+        self._stop_hooks.append(hook)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -131,10 +148,13 @@ class Engine:
         if self._signals == 1:
             log.info("engine_stopping", extra={"signal": signal.Signals(signum).name})
             self.stop()
-        elif self._drain_task is not None and not self._drain_task.done():
-            # A second signal means "now": stop waiting for handlers in flight.
+        elif not self._skip_drain:
+            # A second signal means "now": stop waiting for handlers in flight,
+            # whether the drain has begun or the web server is still stopping.
+            self._skip_drain = True
             log.warning("engine_drain_skipped", extra={"signal": signal.Signals(signum).name})
-            self._drain_task.cancel()
+            if self._drain_task is not None and not self._drain_task.done():
+                self._drain_task.cancel()
 
     async def serve(self) -> int:
         """Connect, run the services, wait for a stop, drain. Returns the exit status."""
@@ -195,14 +215,30 @@ class Engine:
             self.stop()
 
     async def _shutdown(self) -> None:
-        """Drain in the order that loses nothing: stop fetching, let handlers finish, then tear down."""
+        """Drain in the order that loses nothing and delays nothing.
+
+        Fetching stops first, and with it everything fetched that no handler
+        is working on goes back to the broker at once, so another node (or
+        the next start) has it in milliseconds; then the stop hooks turn away
+        what waits to start; then the web server stops taking requests (a
+        publish still works: the queue stays open); then the handlers in
+        flight get ``drain_timeout_s``. Whatever they still hold after that
+        is handed back when the queue closes, not left to the ack clock.
+        """
         queue = self.queue
         assert queue is not None
-        # Stop taking work in (the web server's listeners) before the loops drain.
-        await self._cancel_services(self._front)
         try:
             await queue.pause_delivery()
-            self._drain_task = asyncio.create_task(queue.wait_idle(self.drain_timeout_s))
+        except Exception:
+            log.exception("engine_pause_delivery_failed")
+        for hook in list(self._stop_hooks):
+            try:
+                await hook()
+            except Exception:
+                log.exception("engine_stop_hook_failed", extra={"hook": getattr(hook, "__qualname__", repr(hook))})
+        await self._cancel_services(self._front)
+        try:
+            self._drain_task = asyncio.create_task(queue.wait_idle(0.0 if self._skip_drain else self.drain_timeout_s))
             idle = await self._drain_task
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -220,7 +256,10 @@ class Engine:
 
         runtime.clear_queue(queue)
         try:
-            await queue.close()
+            if idle:
+                await queue.close()
+            else:  # the handlers had their grace: cancel them now, their mail goes back
+                await queue.close(grace_s=0.0)
         except Exception:
             log.exception("engine_queue_close_failed")
         await self._stop_broker()

@@ -86,6 +86,7 @@ async def aget_queue() -> EventQueue:
         queue = await JetStreamQueue.connect(
             settings.stream.url,
             node=settings.node.id,
+            timings=settings.delivery.timings(),  # ensuring a mailbox aligns its ack window with these
             event_retention_hours=settings.stream.event_retention_hours,
         )
         log.info("web_queue_connected", extra={"node": settings.node.id})

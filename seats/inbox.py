@@ -107,6 +107,8 @@ log = logging.getLogger("crewlet.seats.inbox")
 #: Hold keys this module takes on a seat's inbox.
 HOLD_PAUSED = "paused"
 HOLD_NO_PROVIDER = "no_provider"
+#: Why a delivery waiting at the gate of a stopping node is handed back.
+NODE_STOPPING = "node_stopping"
 #: How long after a coordination-store failure a deferred inbox tries again.
 STORE_RETRY_S = 1.0
 #: How many recent deliveries a loop's stats remember.
@@ -149,12 +151,19 @@ class Merge(Protocol):
     ) -> Awaitable[Optional[TurnResult]]: ...
 
 
+class GateClosed(Exception):
+    """The node is stopping: the concurrency gate admits no new turn."""
+
+
 class ConcurrencyGate:
     """The per-node gate: at most ``limit`` turns at once, the rest wait here.
 
     Resizable while work waits (an applied company changes
     ``node.max_concurrent``): growing it lets waiters in at once, shrinking
     it lets running turns finish and admits nobody until below the new size.
+    Closed when the node stops: every waiter, and anyone arriving later, gets
+    :class:`GateClosed` instead of a slot, so its delivery goes back to the
+    broker at once rather than starting a turn during the drain.
     """
 
     def __init__(self, limit: int) -> None:
@@ -162,6 +171,7 @@ class ConcurrencyGate:
         self._active = 0
         self._waiting = 0
         self._peak = 0
+        self._closed = False
         self._cond: Optional[asyncio.Condition] = None
 
     @property
@@ -192,15 +202,24 @@ class ConcurrencyGate:
             self._limit = max(int(limit), 1)
             cond.notify_all()
 
+    async def close(self) -> None:
+        """Admit nobody from now on; turns already running keep their slots."""
+        cond = self._condition()
+        async with cond:
+            self._closed = True
+            cond.notify_all()
+
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         cond = self._condition()
         async with cond:
             self._waiting += 1
             try:
-                await cond.wait_for(lambda: self._active < self._limit)
+                await cond.wait_for(lambda: self._closed or self._active < self._limit)
             finally:
                 self._waiting -= 1
+            if self._closed:
+                raise GateClosed()
             self._active += 1
             self._peak = max(self._peak, self._active)
         try:
@@ -469,16 +488,19 @@ class InboxLoop:
         if not fresh:
             return Outcome.ACK
 
-        async with self.gate.slot():
-            refusal = await self._refusal()
-            if refusal is not None:
-                return self._defer(refusal, partition)
-            if not self.ownership.owns(self.handle):
-                return self._defer("not_owned", partition)
-            seat = self.holder.current().seat_by_handle(self.handle) or seat
-            return await self._run_turn(
-                seat, partition, fresh, {ev.id: identities[ev.id] for ev in fresh}, first_delivery
-            )
+        try:
+            async with self.gate.slot():
+                refusal = await self._refusal()
+                if refusal is not None:
+                    return self._defer(refusal, partition)
+                if not self.ownership.owns(self.handle):
+                    return self._defer("not_owned", partition)
+                seat = self.holder.current().seat_by_handle(self.handle) or seat
+                return await self._run_turn(
+                    seat, partition, fresh, {ev.id: identities[ev.id] for ev in fresh}, first_delivery
+                )
+        except GateClosed:
+            return self._defer(NODE_STOPPING, partition)  # at the head, for whoever runs the seat next
 
     async def _requeue_tail(self, partition: Partition, ordered: Sequence[Event], why: str) -> bool:
         """The degraded path's first step: every event but the first back on the inbox, as its own message.
@@ -667,6 +689,7 @@ __all__ = [
     "HOLD_NO_PROVIDER",
     "HOLD_PAUSED",
     "ConcurrencyGate",
+    "GateClosed",
     "InboxLoop",
     "LoopStats",
     "batch_options",

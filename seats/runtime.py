@@ -362,6 +362,7 @@ def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
         runtime = SeatRuntime(engine.queue, holder, node_id=engine.settings.node.id, **options)
+        engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
         await runtime.start()
         try:
             await asyncio.Event().wait()  # until the engine cancels its services

@@ -260,15 +260,26 @@ async def test_engine_drains_handlers_in_flight_before_closing() -> None:
     assert closed_after_handler == [True]
 
 
-async def test_engine_drain_gives_up_at_its_timeout(caplog: pytest.LogCaptureFixture) -> None:
+async def test_engine_drain_gives_up_at_its_timeout_and_hands_the_running_handlers_mail_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, logger="crewlet.engine")
-    engine = Engine(fast_settings(), drain_timeout_s=0.2, connect=twin_connect(FakeBroker()))
-    topic, group = topics.agent_inbox("bob"), topics.agent_inbox_group("bob")
+    twins: list[MemoryBroker] = []
 
-    release = asyncio.Event()
+    async def connect(**kwargs: Any) -> tuple[Any, FakeBroker]:
+        twins.append(MemoryBroker(kwargs["timings"], event_retention_hours=kwargs["event_retention_hours"]))
+        return twins[0].client(kwargs["node"]), FakeBroker()
+
+    engine = Engine(fast_settings(), drain_timeout_s=0.2, connect=connect)
+    topic, group = topics.agent_inbox("bob"), topics.agent_inbox_group("bob")
+    cancelled = asyncio.Event()
 
     async def stuck(delivery: Any) -> None:
-        await release.wait()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
     async def service(e: Engine) -> None:
         assert e.queue is not None
@@ -279,11 +290,13 @@ async def test_engine_drain_gives_up_at_its_timeout(caplog: pytest.LogCaptureFix
     run = asyncio.create_task(engine.serve())
     await eventually(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
     engine.stop()
-    await eventually(lambda: "engine_drain_incomplete" in events_logged(caplog))
-    assert engine.queue.in_flight() == 1  # gave up waiting while the handler still ran
-    release.set()  # let the queue's own close finish promptly
     assert await asyncio.wait_for(run, 5) == 0
-    assert events_logged(caplog)[-1] == "engine_stopped"
+    events = events_logged(caplog)
+    assert "engine_drain_incomplete" in events and events[-1] == "engine_stopped"
+    # Past the drain the handler was cancelled and its message went back, not left to the ack clock.
+    assert cancelled.is_set()
+    consumer = twins[0].consumer(topic, group)
+    assert (len(consumer.available), len(consumer.inflight)) == (1, 0)
 
 
 async def test_a_second_signal_skips_the_drain(caplog: pytest.LogCaptureFixture) -> None:

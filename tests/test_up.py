@@ -257,7 +257,7 @@ async def test_a_web_only_process_with_an_embedded_broker_cannot_dial_one_lazily
 # -- the engine's side: the queue is registered, front services stop first -----------------------
 
 
-async def test_the_engine_registers_its_queue_and_stops_front_services_before_the_drain(no_process_queue: None) -> None:
+async def test_the_engine_registers_its_queue_pauses_delivery_then_stops_front_services_before_the_drain(no_process_queue: None) -> None:
     engine = Engine(fast_settings(), timings=Timings(backoff_base_s=0.01), connect=twin_connect(FakeBroker()))
     order: list[str] = []
     up = asyncio.Event()
@@ -289,7 +289,8 @@ async def test_the_engine_registers_its_queue_and_stops_front_services_before_th
     engine.queue.pause_delivery = pause  # type: ignore[union-attr, method-assign]
     engine.stop()
     assert await asyncio.wait_for(run, 5) == 0
-    assert order == ["front stopped, queue connected=True", "drain", "loop stopped"]
+    # Delivery pauses first (what no handler works on goes back at once), then the web server stops.
+    assert order == ["drain", "front stopped, queue connected=True", "loop stopped"]
     assert runtime.current_queue() is None
 
 
