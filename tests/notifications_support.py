@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import pytest
 
-from conftest import SHARED_DIR, skip_or_fail
+from tests.conftest import SHARED_DIR, skip_or_fail
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import RawWebhook
