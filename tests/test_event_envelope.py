@@ -77,3 +77,51 @@ def test_go_zero_time_round_trips_with_a_four_digit_year():
     again = Event.from_json(Event(type="x", timestamp=e.timestamp).to_json())
     assert again.timestamp == e.timestamp
     assert json.loads(Event(type="x", timestamp=e.timestamp).to_json())["timestamp"].startswith("0001-01-01T")
+
+
+# --- Event.field: one precedence for every reader -----------------------------
+
+
+def test_a_set_typed_field_wins_over_the_kept_keys_and_the_payload():
+    e = Event(type="envelope_test_typed", data=_Typed(seat="ada"), payload={"seat": "bob"}, extra={"seat": "eve"})
+    assert e.field("seat") == "ada"
+
+
+def test_an_unset_typed_field_yields_to_a_kept_key_then_to_the_payload():
+    e = Event(type="envelope_test_typed", data=_Typed(), payload={"seat": "bob"})
+    assert e.field("seat") == "bob"
+    e.extra["seat"] = "eve"
+    assert e.field("seat") == "eve", "a newer build's flat field wins over a payload copy"
+
+
+def test_false_and_zero_are_values_and_an_unset_typed_field_still_reads_as_its_default():
+    e = Event(type="envelope_test_typed", data=_Typed(count=0), payload={"flag": False})
+    assert e.field("flag") is False
+    assert e.field("count") == 0 and e.field("seat") == ""
+
+
+def test_an_untyped_event_reads_its_kept_keys_before_its_payload_and_a_named_empty_value_stays_empty():
+    e = Event.from_json(b'{"id":"1","type":"from_a_newer_build","payload":{"seat":"bob","body":""},"seat":"ada"}')
+    assert e.data is None
+    assert e.field("seat") == "ada"
+    assert e.field("body") == "", "named and empty is not the same as not named"
+    assert e.field("nowhere") is None
+
+
+def test_building_and_decoding_an_event_loads_neither_opentelemetry_nor_crewlet_tracing():
+    """The envelope and the trace codec are usable without the SDK: the import runs one way."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from crewlet.events import Event, Trace, new\n"
+        "from crewlet.events.types import SeatPaused\n"
+        "e = Event.from_json(new(SeatPaused(seat='ada'), Trace.root()).to_json())\n"
+        "assert e.data == SeatPaused(seat='ada') and Trace.of(e) is not None\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'crewlet.tracing')))\n"
+        "print(','.join(loaded))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""

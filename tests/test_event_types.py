@@ -477,3 +477,26 @@ def test_new_refuses_a_missing_trace_and_an_unregistered_body():
         new(NotRegistered(), Trace.root())
     with pytest.raises(TypeError):
         new({"type": "seat_paused"}, Trace.root())
+
+
+# --- the declaration is the registration ------------------------------------
+
+
+def test_a_registration_outside_the_closed_category_set_is_refused():
+    with pytest.raises(ValueError, match="closed"):
+        register("event_types_test_misc", category="misc")
+
+
+def test_a_live_only_type_cannot_be_declared_fed_and_an_extension_needs_a_category():
+    with pytest.raises(ValueError, match="fed without being stored"):
+        register("event_types_test_fed_ghost", category="system", stored=False, fed=True)
+    with pytest.raises(ValueError, match="category"):
+        register("event_types_test_stray_extension", extension="a reason given in several words here")
+
+
+def test_each_types_declaration_is_what_the_maps_report():
+    for name, cls in _typed_registry().items():
+        declared = events.registration(name)
+        assert declared is not None and declared.cls is cls
+        assert category_of(name) == declared.category
+        assert is_stored(name) == declared.stored and is_fed(name) == declared.fed

@@ -2,8 +2,11 @@
 
 Importing this package registers every typed event body (``crewlet.events.types``),
 so an event decoded anywhere in the engine comes back as its class rather than
-as an unknown type; the category map and the stored/fed classes live beside it
-in ``crewlet.events.categories``.
+as an unknown type. Each type declares its category and whether it is stored
+and fed where it is registered (``crewlet.events.registry``);
+``crewlet.events.categories`` derives the maps the store and the feed read.
+``crewlet.events.trace`` is the trace value and its W3C codec, with no
+OpenTelemetry, so building and decoding an event never loads the SDK.
 """
 from __future__ import annotations
 
@@ -28,10 +31,9 @@ from crewlet.events.envelope import (
     format_timestamp,
     new,
     parse_timestamp,
-    register,
-    registered_type,
-    registered_types,
 )
+from crewlet.events.registry import register, registered_type, registered_types, registration
+from crewlet.events.trace import Trace
 
 __all__ = [
     "CATEGORIES",
@@ -40,6 +42,7 @@ __all__ = [
     "Event",
     "NOT_FED",
     "NOT_STORED",
+    "Trace",
     "category_of",
     "default_actor",
     "delivery_label",
@@ -52,6 +55,7 @@ __all__ = [
     "register",
     "registered_type",
     "registered_types",
+    "registration",
     "store_label",
     "types",
     "types_in",

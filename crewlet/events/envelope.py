@@ -13,10 +13,10 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence, TypeVar
+from typing import Any, ClassVar, Optional, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover - hints only; tracing is imported where it is used
-    from crewlet.tracing import Trace
+from crewlet.events.registry import registered_type
+from crewlet.events.trace import Trace
 
 # Envelope keys, in wire order.
 K_ID = "id"
@@ -46,33 +46,6 @@ ENVELOPE_KEYS: tuple[str, ...] = (
     K_DELEGATION_CHAIN,
     K_NODE,
 )
-
-_REGISTRY: dict[str, type] = {}
-T = TypeVar("T")
-
-
-def register(type_name: str) -> Callable[[type[T]], type[T]]:
-    """Register a dataclass as the typed body of ``type_name``."""
-
-    def deco(cls: type[T]) -> type[T]:
-        if not dataclasses.is_dataclass(cls):
-            raise TypeError(f"{cls.__name__} must be a dataclass to be an event body")
-        if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
-            raise ValueError(f"event type {type_name!r} is registered twice")
-        _REGISTRY[type_name] = cls
-        setattr(cls, "event_type", type_name)
-        return cls
-
-    return deco
-
-
-def registered_type(type_name: str) -> Optional[type]:
-    return _REGISTRY.get(type_name)
-
-
-def registered_types() -> dict[str, type]:
-    return dict(_REGISTRY)
-
 
 def format_timestamp(ts: datetime) -> str:
     """RFC 3339, UTC, microseconds: the store's own resolution."""
@@ -115,6 +88,11 @@ def default_actor(role: Any, source: Any, agent_id: Any) -> str:
         if isinstance(candidate, str) and candidate.strip():
             return candidate.strip()
     return SYSTEM_ACTOR
+
+
+def _unset(value: Any) -> bool:
+    """None, "", or an empty list or map: what a body field nobody set holds."""
+    return value is None or (isinstance(value, (str, list, dict)) and not value)
 
 
 def _now() -> datetime:
@@ -214,7 +192,7 @@ class Event:
         )
         if isinstance(ts_text, str) and ts_text:
             event._timestamp_text = (timestamp, ts_text)
-        body_cls = _REGISTRY.get(etype)
+        body_cls = registered_type(etype)
         if body_cls is not None:
             kwargs = {}
             for f in dataclasses.fields(body_cls):
@@ -234,18 +212,50 @@ class Event:
         """A deep copy the caller may mutate freely."""
         return copy.deepcopy(self)
 
-    def _loose(self, name: str) -> Any:
-        """A body field of an untyped event: a kept unknown key, else the free-form payload."""
+    def field(self, name: str) -> Any:
+        """A body field by name, wherever this event keeps it; None when no layer names it.
+
+        The ONE precedence every reader uses (design: Event Schema), first
+        layer that holds the name wins:
+
+        1. the typed body (``data``), when the field is set: the field as this
+           build declares it;
+        2. the kept unknown keys (``extra``): the flat fields of a type, or of
+           a newer version of a type, this build does not know — the same
+           typed layer as ``data``, only undecoded;
+        3. the free-form ``payload`` map: extras a publisher rides beside the
+           typed fields (an ``external_notification``'s ``partition_key`` and
+           ``conversation_identity``, an ``a2a_request``'s ``body``);
+        4. the typed body's unset value, when ``data`` declares the field and
+           no layer above holds it.
+
+        "Set" means anything but what a field nobody filled holds by default —
+        None, "", an empty list or map; False and 0 are values. An unset typed
+        field yields to a payload that carries the name, because a wake's
+        publisher may ride a value in the payload beside a typed field it left
+        empty, and a reader must see that value. Typed before untyped, because
+        a field a newer build promotes from the payload to the body must win
+        over a stale payload copy of it. A key present in ``extra`` or
+        ``payload`` is a value even when empty, so "named and empty" and "not
+        named at all" (None) stay distinct for a reader that requires a field.
+        """
+        data = self.data
+        declared = data is not None and hasattr(data, name)
+        value = getattr(data, name) if declared else None
+        if declared and not _unset(value):
+            return value
         if name in self.extra:
             return self.extra[name]
-        return self.payload.get(name) if isinstance(self.payload, dict) else None
+        if isinstance(self.payload, dict) and name in self.payload:
+            return self.payload[name]
+        return value
 
     def actor(self) -> str:
         """Who did this: the typed body's answer, else role, source, agent id, "system"."""
         if self.data is not None and callable(getattr(self.data, "actor", None)):
             who: str = self.data.actor(self)
             return who
-        return default_actor(self._loose("role"), self.source, self._loose("agent_id"))
+        return default_actor(self.field("role"), self.source, self.field("agent_id"))
 
     def summary(self) -> str:
         """One line in a person's words; an unknown type still says who and what happened."""
@@ -258,7 +268,7 @@ class Event:
 
 def new(
     payload: Any,
-    trace: "Trace",
+    trace: Trace,
     *,
     source: str = "",
     extras: Optional[dict[str, Any]] = None,
@@ -271,8 +281,8 @@ def new(
     """Build an event from a typed body and the trace it belongs to (``events.New``).
 
     ``payload`` is an instance of a registered event class; its wire type is
-    the one it was registered under. ``trace`` is a ``crewlet.tracing.Trace``
-    the caller derived (normally ``trace_of()``) and is copied onto the
+    the one it was registered under. ``trace`` is a ``crewlet.events.trace.Trace``
+    the caller derived (normally ``crewlet.tracing.trace_of()``) and is copied onto the
     envelope as given: nothing here reads an ambient span, because an event
     whose trace depended on the frame that built it would hang off the wrong
     work. ``extras`` fills the envelope's free-form ``payload`` map.
@@ -280,15 +290,13 @@ def new(
     exactly (a run's ending recorded on its row is re-published under the same
     id and instant); ``node`` is never set here — the queue stamps it.
     """
-    from crewlet.tracing import Trace  # lazy: the envelope must not need OpenTelemetry to decode
-
     if not isinstance(trace, Trace):
         raise TypeError(
-            "new() needs a crewlet.tracing.Trace (derive one with crewlet.tracing.trace_of()), "
+            "new() needs a crewlet.events.trace.Trace (derive one with crewlet.tracing.trace_of()), "
             f"not {type(trace).__name__}"
         )
     etype = getattr(type(payload), "event_type", None)
-    if not isinstance(etype, str) or _REGISTRY.get(etype) is not type(payload):
+    if not isinstance(etype, str) or registered_type(etype) is not type(payload):
         raise TypeError(f"new() needs an instance of a registered event class, not {type(payload).__name__}")
     event = Event(
         type=etype,

@@ -1,7 +1,12 @@
 """Every typed event body the design lists under Event Types, one class per wire type.
 
-Each class is a dataclass registered with ``@register("<wire type>")``, so its
-fields are marshalled flat beside the envelope and it decodes back as itself.
+Each class is a dataclass registered with ``@register("<wire type>",
+category=...)``, so its fields are marshalled flat beside the envelope and it
+decodes back as itself. The registration is the one place a type is declared:
+its category (the closed set in ``crewlet.events.registry``), ``stored=False``
+for a live-only type (each class's docstring says why it is never a row),
+``fed=False`` for a stored type kept out of the activity feed, and an
+``extension`` reason for a type this build adds to the design's list.
 The rules every class follows, because they are wire contracts:
 
 * Every field has a default: changes are additive-only, and an event from an
@@ -22,15 +27,26 @@ by the design's precedence — the body's ``role``, then the envelope's
 ``source``, then the body's ``agent_id``, then "system" — with one documented
 exception (``operator_acted``, whose actor is the token's own name).
 
-The category each type is filed under, and whether it is stored and fed, live
-beside the map in ``crewlet.events.categories``.
+``crewlet.events.categories`` derives the category map and the not-stored and
+not-fed classes from these registrations.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from crewlet.events.envelope import default_actor, register
+from crewlet.events.envelope import default_actor
+from crewlet.events.registry import (
+    A2A,
+    DECISION,
+    LEARNING,
+    LIFECYCLE,
+    NOTIFICATION,
+    SYSTEM,
+    TASK,
+    WEBHOOK,
+    register,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
@@ -212,7 +228,7 @@ class EventBody:
 # =============================================================================
 
 
-@register("org_started")
+@register("org_started", category=LIFECYCLE)
 @dataclass
 class OrgStarted(EventBody):
     """The org came up on this node."""
@@ -224,7 +240,7 @@ class OrgStarted(EventBody):
         return f"{self.actor(event)} started the org" + _tail(self.org, " ") + _tail(self.revision, " on revision ")
 
 
-@register("org_stopped")
+@register("org_stopped", category=LIFECYCLE)
 @dataclass
 class OrgStopped(EventBody):
     """The org went down on this node."""
@@ -236,7 +252,7 @@ class OrgStopped(EventBody):
         return f"{self.actor(event)} stopped the org" + _tail(self.org, " ") + _tail(self.reason)
 
 
-@register("config_revision_activated")
+@register("config_revision_activated", category=LIFECYCLE)
 @dataclass
 class ConfigRevisionActivated(EventBody):
     """A new revision is the one to serve."""
@@ -252,7 +268,7 @@ class ConfigRevisionActivated(EventBody):
         return f"{who} activated config revision {self.revision}{prev}"
 
 
-@register("config_revision_applied")
+@register("config_revision_applied", category=LIFECYCLE)
 @dataclass
 class ConfigRevisionApplied(EventBody):
     """One node's outcome applying a revision, and how far it got (the node is the envelope's)."""
@@ -269,7 +285,7 @@ class ConfigRevisionApplied(EventBody):
         return f"{where} {how} config revision {self.revision}" + _tail(self.reached, ", reached ") + _tail(self.error)
 
 
-@register("operator_acted")
+@register("operator_acted", category=LIFECYCLE)
 @dataclass
 class OperatorActed(EventBody):
     """The runtime audit: one operator tool call that is not a proven read, whatever became of it.
@@ -299,7 +315,7 @@ class OperatorActed(EventBody):
         return f"{who}{seat} called {_s(self.tool) or 'an operator tool'}{result}"
 
 
-@register("backup_requested")
+@register("backup_requested", category=LIFECYCLE)
 @dataclass
 class BackupRequested(EventBody):
     """A POST /backup that began copying. Which node's disk holds it is the envelope's ``node``."""
@@ -321,7 +337,7 @@ class BackupRequested(EventBody):
         return f"{self.actor(event)} backed up {_plural(self.streams, 'stream')}{where} ({state})" + _tail(self.error)
 
 
-@register("seat_paused")
+@register("seat_paused", category=LIFECYCLE)
 @dataclass
 class SeatPaused(EventBody):
     """A person paused a seat; published once per change by the caller whose compare-and-set won."""
@@ -338,7 +354,7 @@ class SeatPaused(EventBody):
         return f"{_person(self.paused_by, self.paused_by_seat)} paused {self._seat_ref()}{stop}" + _tail(self.reason)
 
 
-@register("seat_resumed")
+@register("seat_resumed", category=LIFECYCLE)
 @dataclass
 class SeatResumed(EventBody):
     """The pause was lifted; names the pause it ended."""
@@ -354,10 +370,10 @@ class SeatResumed(EventBody):
         return f"{_person(self.resumed_by, self.resumed_by_seat)} resumed {self._seat_ref()}{ended}"
 
 
-@register("agent_spawned")
+@register("agent_spawned", category=LIFECYCLE, stored=False)
 @dataclass
 class AgentSpawned(EventBody):
-    """Not stored: this node acquired a seat (live projection only)."""
+    """Not stored: this node acquired a seat. Placement moves seats on every rebalance; live projection only."""
 
     seat: str = ""
     role: str = ""
@@ -369,10 +385,10 @@ class AgentSpawned(EventBody):
         return f"{self.actor(event)} came up as {self._seat_ref()}" + _tail(node, " on ")
 
 
-@register("agent_terminated")
+@register("agent_terminated", category=LIFECYCLE, stored=False)
 @dataclass
 class AgentTerminated(EventBody):
-    """Not stored: this node released a seat (live projection only)."""
+    """Not stored: this node released a seat. Placement moves seats on every rebalance; live projection only."""
 
     seat: str = ""
     role: str = ""
@@ -388,7 +404,7 @@ class AgentTerminated(EventBody):
 # =============================================================================
 
 
-@register("task_assigned")
+@register("task_assigned", category=TASK)
 @dataclass
 class TaskAssigned(EventBody):
     """Work published to a seat's inbox by the scheduler."""
@@ -420,7 +436,7 @@ class _RunBody(EventBody):
     work_key: str = ""
 
 
-@register("sandbox_run_started")
+@register("sandbox_run_started", category=TASK)
 @dataclass
 class SandboxRunStarted(_RunBody):
     """A detached coding run began executing."""
@@ -431,7 +447,7 @@ class SandboxRunStarted(_RunBody):
         return f"{self.actor(event)} started coding run" + _tail(self.run_id, " ") + _tail(self.task)
 
 
-@register("sandbox_clarification_requested")
+@register("sandbox_clarification_requested", category=TASK)
 @dataclass
 class SandboxClarificationRequested(_RunBody):
     """A run stopped to ask a person something; it holds nothing while it waits."""
@@ -443,7 +459,7 @@ class SandboxClarificationRequested(_RunBody):
         return f"{self.actor(event)}'s coding run" + _tail(self.run_id, " ") + " asked" + _tail(self.question)
 
 
-@register("sandbox_run_completed")
+@register("sandbox_run_completed", category=TASK)
 @dataclass
 class SandboxRunCompleted(_RunBody):
     """A run settled."""
@@ -456,7 +472,7 @@ class SandboxRunCompleted(_RunBody):
         return f"{self.actor(event)} finished coding run" + _tail(self.run_id, " ") + _tail(self.outcome or self.result)
 
 
-@register("sandbox_run_failed")
+@register("sandbox_run_failed", category=TASK)
 @dataclass
 class SandboxRunFailed(_RunBody):
     """A run lost, once: republished under the id and instant its ending recorded on the row."""
@@ -468,7 +484,7 @@ class SandboxRunFailed(_RunBody):
         return f"{self.actor(event)}'s coding run" + _tail(self.run_id, " ") + " failed" + _tail(self.error)
 
 
-@register("sandbox_run_answered")
+@register("sandbox_run_answered", category=TASK)
 @dataclass
 class SandboxRunAnswered(_RunBody):
     """What an answer to a parked run's question became, by which route, and from whom."""
@@ -486,7 +502,7 @@ class SandboxRunAnswered(_RunBody):
         )
 
 
-@register("sandbox_answer_given")
+@register("sandbox_answer_given", category=TASK, stored=False)
 @dataclass
 class SandboxAnswerGiven(_RunBody):
     """Not stored: the operator route's answer to a parked run, travelling as an inbox wake; never a turn."""
@@ -500,7 +516,7 @@ class SandboxAnswerGiven(_RunBody):
         return f"{_person(self.answered_by, self.answered_by_seat)} answered coding run" + _tail(self.run_id, " ")
 
 
-@register("scheduled_task_fired")
+@register("scheduled_task_fired", category=TASK)
 @dataclass
 class ScheduledTaskFired(EventBody):
     """A schedule fired and created a task for its target seat."""
@@ -523,7 +539,7 @@ class ScheduledTaskFired(EventBody):
 # =============================================================================
 
 
-@register("a2a_channel_opened")
+@register("a2a_channel_opened", category=A2A)
 @dataclass
 class A2AChannelOpened(EventBody):
     """An agent asked another one something: the channel and its brief (content lives only in events)."""
@@ -543,7 +559,7 @@ class A2AChannelOpened(EventBody):
         return f"{who} asked {_s(self.target) or 'another agent'} over A2A" + _tail(self.brief)
 
 
-@register("a2a_message_sent")
+@register("a2a_message_sent", category=A2A)
 @dataclass
 class A2AMessageSent(EventBody):
     """A message on an A2A channel (the answer, in practice)."""
@@ -566,7 +582,7 @@ class A2AMessageSent(EventBody):
 SYSTEM_CLOSED_A2A = "system closed A2A channel"
 
 
-@register("a2a_channel_closed")
+@register("a2a_channel_closed", category=A2A)
 @dataclass
 class A2AChannelClosed(EventBody):
     """A channel closed, by its answering turn or by the sweep.
@@ -594,7 +610,7 @@ class A2AChannelClosed(EventBody):
         )
 
 
-@register("a2a_request")
+@register("a2a_request", category=A2A, stored=False)
 @dataclass
 class A2ARequest(EventBody):
     """Not stored: the ask, as a wake in the target's inbox (its row is a2a_channel_opened)."""
@@ -612,7 +628,7 @@ class A2ARequest(EventBody):
         return f"{_s(self.from_seat) or self.actor(event)} asked {_s(self.to_seat) or 'another agent'}" + _tail(self.brief)
 
 
-@register("a2a_message")
+@register("a2a_message", category=A2A, stored=False)
 @dataclass
 class A2AMessage(EventBody):
     """Not stored: the answer, as a wake in the asker's inbox (its row is a2a_message_sent)."""
@@ -637,7 +653,7 @@ class A2AMessage(EventBody):
 # =============================================================================
 
 
-@register("decision_requested")
+@register("decision_requested", category=DECISION)
 @dataclass
 class DecisionRequested(EventBody):
     decision_id: str = ""
@@ -654,7 +670,7 @@ class DecisionRequested(EventBody):
         return f"{_s(self.requested_by) or self.actor(event)} asked for a decision" + _tail(self.title)
 
 
-@register("decision_resolved")
+@register("decision_resolved", category=DECISION)
 @dataclass
 class DecisionResolved(EventBody):
     decision_id: str = ""
@@ -669,7 +685,7 @@ class DecisionResolved(EventBody):
         ) + _tail(self.choice)
 
 
-@register("contribution_requested")
+@register("contribution_requested", category=DECISION)
 @dataclass
 class ContributionRequested(EventBody):
     decision_id: str = ""
@@ -683,7 +699,7 @@ class ContributionRequested(EventBody):
         )
 
 
-@register("contribution_received")
+@register("contribution_received", category=DECISION)
 @dataclass
 class ContributionReceived(EventBody):
     decision_id: str = ""
@@ -699,7 +715,7 @@ class ContributionReceived(EventBody):
 # =============================================================================
 
 
-@register("external_notification")
+@register("external_notification", category=NOTIFICATION)
 @dataclass
 class ExternalNotification(EventBody):
     """Inbound from a third-party app webhook or chat socket, as the wake a seat receives.
@@ -731,7 +747,7 @@ class ExternalNotification(EventBody):
         return f"{who} notified {self._seat()}{via}: {what}"
 
 
-@register("notification_skipped")
+@register("notification_skipped", category=NOTIFICATION)
 @dataclass
 class NotificationSkipped(EventBody):
     """A delivery addressed to somebody was dropped. ``reason`` is one of SKIP_REASONS; ``detail`` the particulars."""
@@ -750,7 +766,7 @@ class NotificationSkipped(EventBody):
         return f"skipped {what}" + _tail(to, " for ") + _tail(self.reason) + _tail(self.detail, " — ")
 
 
-@register("notifications_coalesced")
+@register("notifications_coalesced", category=NOTIFICATION)
 @dataclass
 class NotificationsCoalesced(EventBody):
     """N same-partition inbox events merged into one digest trigger.
@@ -773,7 +789,7 @@ class NotificationsCoalesced(EventBody):
         )
 
 
-@register("turn_trigger_skipped")
+@register("turn_trigger_skipped", category=NOTIFICATION)
 @dataclass
 class TurnTriggerSkipped(EventBody):
     """A trigger not run: already worked (ledger), answered by a later turn in its thread, or abandoned."""
@@ -807,7 +823,7 @@ class _TurnBody(EventBody):
     conversation_key: str = ""
 
 
-@register("turn_completed")
+@register("turn_completed", category=LEARNING)
 @dataclass
 class TurnCompleted(_TurnBody):
     """A finished turn handed to reflection on the node holding the seat."""
@@ -818,7 +834,7 @@ class TurnCompleted(_TurnBody):
         return f"{self.actor(event)} handed a finished turn to reflection"
 
 
-@register("episode_written")
+@register("episode_written", category=LEARNING)
 @dataclass
 class EpisodeWritten(_TurnBody):
     episode_id: str = ""
@@ -827,7 +843,7 @@ class EpisodeWritten(_TurnBody):
         return f"{self.actor(event)} recorded an episode" + _tail(self.conversation_key, " for ")
 
 
-@register("persist_decider_completed")
+@register("persist_decider_completed", category=LEARNING)
 @dataclass
 class PersistDeciderCompleted(_TurnBody):
     persisted: bool = False
@@ -838,7 +854,7 @@ class PersistDeciderCompleted(_TurnBody):
         return f"{self.actor(event)} {verdict} what it learned" + _tail(self.reason)
 
 
-@register("counterparty_profile_updated")
+@register("counterparty_profile_updated", category=LEARNING)
 @dataclass
 class CounterpartyProfileUpdated(_TurnBody):
     counterparty: str = ""
@@ -847,7 +863,7 @@ class CounterpartyProfileUpdated(_TurnBody):
         return f"{self.actor(event)} updated what it knows about {_s(self.counterparty) or 'someone'}"
 
 
-@register("reflection_completed")
+@register("reflection_completed", category=LEARNING)
 @dataclass
 class ReflectionCompleted(_TurnBody):
     insights: int = 0
@@ -877,25 +893,25 @@ class _SkillBody(EventBody):
         return f"{self.actor(event)} {self._verb} skill {self._skill()}" + _tail(self.reason)
 
 
-@register("skill_synthesized")
+@register("skill_synthesized", category=LEARNING)
 @dataclass
 class SkillSynthesized(_SkillBody):
     _verb = "wrote"
 
 
-@register("skill_refined")
+@register("skill_refined", category=LEARNING)
 @dataclass
 class SkillRefined(_SkillBody):
     _verb = "refined"
 
 
-@register("skill_promoted")
+@register("skill_promoted", category=LEARNING)
 @dataclass
 class SkillPromoted(_SkillBody):
     _verb = "promoted"
 
 
-@register("skill_used")
+@register("skill_used", category=LEARNING)
 @dataclass
 class SkillUsed(_SkillBody):
     """A seat loaded a skill; a company-published one names the page it was read from.
@@ -910,25 +926,25 @@ class SkillUsed(_SkillBody):
     _verb = "used"
 
 
-@register("skill_staled")
+@register("skill_staled", category=LEARNING)
 @dataclass
 class SkillStaled(_SkillBody):
     _verb = "marked stale"
 
 
-@register("skill_archived")
+@register("skill_archived", category=LEARNING)
 @dataclass
 class SkillArchived(_SkillBody):
     _verb = "archived"
 
 
-@register("skill_revived")
+@register("skill_revived", category=LEARNING)
 @dataclass
 class SkillRevived(_SkillBody):
     _verb = "revived"
 
 
-@register("prefetch_summary")
+@register("prefetch_summary", category=LEARNING)
 @dataclass
 class PrefetchSummary(_TurnBody):
     """The turn-start knowledge block: how much was put in front of the seat."""
@@ -941,7 +957,7 @@ class PrefetchSummary(_TurnBody):
         return f"{self.actor(event)} started its turn with {_plural(self.pages, 'page')} of context"
 
 
-@register("knowledge_read")
+@register("knowledge_read", category=LEARNING)
 @dataclass
 class KnowledgeRead(_TurnBody):
     """One act of reading the knowledge base, listing the pages it reached.
@@ -964,7 +980,7 @@ class KnowledgeRead(_TurnBody):
         return f"{self.actor(event)} {how} {_plural(len(self.pages), 'page')}{q}"
 
 
-@register("compaction_requested")
+@register("compaction_requested", category=LEARNING)
 @dataclass
 class CompactionRequested(_TurnBody):
     phase: str = ""
@@ -975,7 +991,7 @@ class CompactionRequested(_TurnBody):
         return f"{self.actor(event)} asked to compact its context" + _tail(self.reason)
 
 
-@register("compaction_completed")
+@register("compaction_completed", category=LEARNING)
 @dataclass
 class CompactionCompleted(_TurnBody):
     phase: str = ""
@@ -991,7 +1007,7 @@ class CompactionCompleted(_TurnBody):
 # =============================================================================
 
 
-@register("agent_turn_started")
+@register("agent_turn_started", category=SYSTEM)
 @dataclass
 class AgentTurnStarted(_TurnBody):
     """A turn, or a resumed segment of one, beginning — before its context is assembled.
@@ -1015,7 +1031,7 @@ class AgentTurnStarted(_TurnBody):
         return f"{self.actor(event)} {verb} a turn{item}{woke}"
 
 
-@register("agent_turn_completed")
+@register("agent_turn_completed", category=SYSTEM)
 @dataclass
 class AgentTurnCompleted(_TurnBody):
     """A full reasoning cycle with tokens and tools.
@@ -1051,7 +1067,7 @@ class AgentTurnCompleted(_TurnBody):
         return f"{who} finished a turn ({tokens} tokens, {_plural(self.tool_calls, 'tool call')})"
 
 
-@register("agent_turn_stopped")
+@register("agent_turn_stopped", category=SYSTEM)
 @dataclass
 class AgentTurnStopped(_TurnBody):
     """A pause with stop_running ended this turn at its next round; its trigger counts as worked."""
@@ -1064,7 +1080,7 @@ class AgentTurnStopped(_TurnBody):
         return f"{_person(self.stopped_by, self.stopped_by_seat)} stopped {self._seat()}'s turn" + _tail(self.reason)
 
 
-@register("agent_turn_steered")
+@register("agent_turn_steered", category=SYSTEM)
 @dataclass
 class AgentTurnSteered(_TurnBody):
     """What became of a person's note to a running turn; the note's only durable record."""
@@ -1086,7 +1102,7 @@ class AgentTurnSteered(_TurnBody):
         return f"{who} steered {self._seat()}'s turn" + _tail(self.note)
 
 
-@register("agent_turn_progress")
+@register("agent_turn_progress", category=SYSTEM, stored=False)
 @dataclass
 class AgentTurnProgress(_TurnBody):
     """Not stored: a live per-round signal; agent_phase_completed is the durable record."""
@@ -1102,7 +1118,7 @@ class AgentTurnProgress(_TurnBody):
         return f"{self.actor(event)} is working" + _tail(self.phase, " on ") + _tail(self.tool, ", using ")
 
 
-@register("agent_phase_started")
+@register("agent_phase_started", category=SYSTEM)
 @dataclass
 class AgentPhaseStarted(_TurnBody):
     phase: str = ""
@@ -1112,7 +1128,7 @@ class AgentPhaseStarted(_TurnBody):
         return f"{self.actor(event)} began phase" + _tail(self.phase, " ")
 
 
-@register("agent_phase_completed")
+@register("agent_phase_completed", category=SYSTEM)
 @dataclass
 class AgentPhaseCompleted(_TurnBody):
     """One phase's durable record: prompts, response, tool calls and ``rounds[]``.
@@ -1145,7 +1161,7 @@ class AgentPhaseCompleted(_TurnBody):
         return f"{who} completed phase" + _tail(self.phase, " ") + f" in {_plural(len(self.rounds), 'round')}"
 
 
-@register("auxiliary_spend")
+@register("auxiliary_spend", category=SYSTEM, fed=False)
 @dataclass
 class AuxiliarySpend(EventBody):
     """What the auxiliary model cost for one key, coalesced over one flush of the node's ledger.
@@ -1179,7 +1195,7 @@ class AuxiliarySpend(EventBody):
         )
 
 
-@register("budget_exhausted")
+@register("budget_exhausted", category=SYSTEM)
 @dataclass
 class BudgetExhausted(_TurnBody):
     """A charge the token budget refused ended a turn; names the refusing window."""
@@ -1197,7 +1213,7 @@ class BudgetExhausted(_TurnBody):
         )
 
 
-@register("budget_meters")
+@register("budget_meters", category=SYSTEM, stored=False)
 @dataclass
 class BudgetMeters(EventBody):
     """Not stored: the fleet's shared token counters, every capped window with its state.
@@ -1213,7 +1229,7 @@ class BudgetMeters(EventBody):
         return f"{self.actor(event)} reported {_plural(len(self.windows), 'budget window')}"
 
 
-@register("turn.guard_breach")
+@register("turn.guard_breach", category=SYSTEM)
 @dataclass
 class TurnGuardBreach(_TurnBody):
     """A runtime invariant fired (GUARDS). A failed turn: the seat's last_error, never a stop."""
@@ -1225,7 +1241,7 @@ class TurnGuardBreach(_TurnBody):
         return f"{self.actor(event)}'s turn broke a guard" + _tail(self.guard) + _tail(self.detail, " — ")
 
 
-@register("llm_unavailable")
+@register("llm_unavailable", category=SYSTEM)
 @dataclass
 class LLMUnavailable(_TurnBody):
     """The fallback chain is exhausted."""
@@ -1238,7 +1254,7 @@ class LLMUnavailable(_TurnBody):
         return f"{self.actor(event)} could reach no model provider" + _tail(self.error)
 
 
-@register("provider_fallback")
+@register("provider_fallback", category=SYSTEM)
 @dataclass
 class ProviderFallback(_TurnBody):
     """The chain moved to its next provider: one per provider call; empty ``to_provider_key`` on the last."""
@@ -1255,7 +1271,7 @@ class ProviderFallback(_TurnBody):
         return f"{self.actor(event)} fell back from {_s(self.from_provider_key) or '?'} to {to}" + _tail(self.error_kind)
 
 
-@register("subagent_batched")
+@register("subagent_batched", category=SYSTEM)
 @dataclass
 class SubagentBatched(_TurnBody):
     phase: str = ""
@@ -1266,7 +1282,7 @@ class SubagentBatched(_TurnBody):
         return f"{self.actor(event)} ran {_plural(self.count, 'subagent')} together"
 
 
-@register("phase.tool_skill_blocked")
+@register("phase.tool_skill_blocked", category=SYSTEM)
 @dataclass
 class PhaseToolSkillBlocked(_TurnBody):
     phase: str = ""
@@ -1278,7 +1294,7 @@ class PhaseToolSkillBlocked(_TurnBody):
         return f"{self.actor(event)} was kept from {_s(self.tool) or _s(self.skill) or 'a tool'}" + _tail(self.reason)
 
 
-@register("skill_telemetry_write_failed")
+@register("skill_telemetry_write_failed", category=SYSTEM)
 @dataclass
 class SkillTelemetryWriteFailed(EventBody):
     seat: str = ""
@@ -1291,7 +1307,7 @@ class SkillTelemetryWriteFailed(EventBody):
         return f"{self.actor(event)} could not record use of skill {_s(self.skill_id) or '?'}" + _tail(self.error)
 
 
-@register("prompt.size")
+@register("prompt.size", category=SYSTEM)
 @dataclass
 class PromptSize(_TurnBody):
     """One phase's OPENING prompt in bytes, plus a token approximation."""
@@ -1315,7 +1331,14 @@ DEAD_LETTER_UNDECODABLE = "undecodable"
 DEAD_LETTER_REASONS: tuple[str, ...] = (DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE)
 
 
-@register("message_dead_lettered")
+@register(
+    "message_dead_lettered",
+    category=SYSTEM,
+    extension=(
+        "a dead letter left no row: the only record of poison was the dead-letter stream, "
+        "which ages out and is not in any trace; the row names the entry and the event, never its bytes"
+    ),
+)
 @dataclass
 class MessageDeadLettered(EventBody):
     """A message the queue copied to CREWLET_DLQ and terminated (an extension to the design's list).
@@ -1378,7 +1401,7 @@ class _DeliveryBody(EventBody):
         return delivery_label(self.surface, self.event_name)
 
 
-@register("inbound_delivery")
+@register("inbound_delivery", category=WEBHOOK)
 @dataclass
 class InboundDelivery(_DeliveryBody):
     """One delivery presented to one seat, counted once across the fleet.
@@ -1398,7 +1421,7 @@ class InboundDelivery(_DeliveryBody):
         return f"{self._seat()} received {self.label()}{frm}"
 
 
-@register("raw_webhook")
+@register("raw_webhook", category=WEBHOOK, stored=False)
 @dataclass
 class RawWebhook(_DeliveryBody):
     """Not stored: the delivery as the edge took it (its row is the inbound_delivery beside it)."""
