@@ -15,8 +15,7 @@ from typing import Sequence
 from crewlet.events import Event
 from crewlet.org import Seat
 from crewlet.queue.contract import EventQueue
-from crewlet.tracing import Trace
-from seats.ledger import field_of
+from crewlet.events import Trace
 from seats.turns import Trigger, TurnResult
 
 from a2a import services
@@ -28,7 +27,7 @@ async def answer_after_turn(queue: EventQueue, seat: Seat, trigger_events: Seque
     for ev in trigger_events:
         if ev.type != "a2a_request":
             continue
-        channel_id = str(field_of(ev, "channel_id") or "")
+        channel_id = str(ev.field("channel_id") or "")
         trace = Trace.of(ev)
         try:
             await services.answer(

@@ -149,16 +149,6 @@ WORK_ARRIVED: dict[str, str] = {
 SPEND_TYPES: tuple[str, ...] = (TURN_COMPLETED, AUXILIARY_SPEND)
 
 
-def _field(event: Event, name: str) -> Any:
-    """A body field from the typed body, the kept unknown keys, or the free-form payload."""
-    data = event.data
-    if data is not None and hasattr(data, name):
-        return getattr(data, name)
-    if name in event.extra:
-        return event.extra[name]
-    return event.payload.get(name) if isinstance(event.payload, dict) else None
-
-
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
@@ -187,9 +177,9 @@ def turn_outcome(event: Event) -> str:
     """A completion's outcome by the store's fold rule (``questions.fold_turn``)."""
     if is_failed(event):
         return qs.OUTCOME_FAILED
-    if _field(event, "stopped") is True:
+    if event.field("stopped") is True:
         return qs.OUTCOME_STOPPED
-    if _field(event, "suspended") is True:
+    if event.field("suspended") is True:
         return qs.OUTCOME_SUSPENDED
     return qs.OUTCOME_OK
 
@@ -394,9 +384,9 @@ class LiveProjection:
         """The seat this type of event moves, or "" (a NOT_FED type never moves one)."""
         etype = event.type
         if etype in WORK_ARRIVED:
-            return _text(_field(event, WORK_ARRIVED[etype]))
+            return _text(event.field(WORK_ARRIVED[etype]))
         if etype in _SEAT_TYPES:
-            return _text(_field(event, "seat"))
+            return _text(event.field("seat"))
         return ""
 
     def _remember(self, event_id: str, row: Optional[dict[str, Any]]) -> bool:
@@ -429,7 +419,7 @@ class LiveProjection:
         if event.type == TURN_COMPLETED:
             c[C_TURNS_FAILED if is_failed(event) else C_TURNS_COMPLETED] += 1
         if event.type in SPEND_TYPES:
-            c[C_TOKENS] += _count(_field(event, "input_tokens")) + _count(_field(event, "output_tokens"))
+            c[C_TOKENS] += _count(event.field("input_tokens")) + _count(event.field("output_tokens"))
 
     def _move(self, handle: str, event: Event, row: Optional[dict[str, Any]], counted: bool) -> None:
         live = self._live(handle)
@@ -442,22 +432,22 @@ class LiveProjection:
         if etype == SPAWNED:
             live.present, live.absent_reason = True, ""
         elif etype == TERMINATED:
-            live.present, live.absent_reason = False, _text(_field(event, "reason"))
+            live.present, live.absent_reason = False, _text(event.field("reason"))
             live.turn_id, live.queued = "", 0
         elif etype == SEAT_PAUSED:
             live.paused = True
-            live.pause_reason = _text(_field(event, "reason"))
-            live.paused_by = _text(_field(event, "paused_by")) or _text(_field(event, "paused_by_seat"))
+            live.pause_reason = _text(event.field("reason"))
+            live.paused_by = _text(event.field("paused_by")) or _text(event.field("paused_by_seat"))
         elif etype == SEAT_RESUMED:
             live.paused, live.pause_reason, live.paused_by = False, "", ""
         elif etype == TURN_STARTED:
             live.present, live.absent_reason = True, ""
-            live.turn_id = _text(_field(event, "turn_id")) or event.id
+            live.turn_id = _text(event.field("turn_id")) or event.id
             live.queued = max(live.queued - 1, 0)
             live.last_turn = self._last_turn(event, row, qs.OUTCOME_RUNNING)
         elif etype == TURN_COMPLETED:
             live.present, live.absent_reason = True, ""
-            turn_id = _text(_field(event, "turn_id"))
+            turn_id = _text(event.field("turn_id"))
             if not live.turn_id or live.turn_id == turn_id:
                 live.turn_id = ""
             outcome = turn_outcome(event)
@@ -467,9 +457,9 @@ class LiveProjection:
             if counted:
                 key = C_TURNS_FAILED if outcome == qs.OUTCOME_FAILED else C_TURNS_COMPLETED
                 live.counters[key] += 1
-                live.counters[C_TOKENS] += _count(_field(event, "input_tokens")) + _count(_field(event, "output_tokens"))
+                live.counters[C_TOKENS] += _count(event.field("input_tokens")) + _count(event.field("output_tokens"))
         elif etype == TURN_STOPPED:
-            turn_id = _text(_field(event, "turn_id"))
+            turn_id = _text(event.field("turn_id"))
             if not live.turn_id or live.turn_id == turn_id:
                 live.turn_id = ""
             live.last_turn = self._last_turn(event, row, qs.OUTCOME_STOPPED)
@@ -478,14 +468,14 @@ class LiveProjection:
         elif etype == BUDGET_EXHAUSTED:
             live.stopped = STOPPED_BUDGET
         elif etype == COALESCED:
-            live.queued = max(live.queued - max(_count(_field(event, "count")) - 1, 0), 0)
+            live.queued = max(live.queued - max(_count(event.field("count")) - 1, 0), 0)
         elif etype == TRIGGER_SKIPPED:
             live.queued = max(live.queued - 1, 0)
 
     @staticmethod
     def _last_turn(event: Event, row: Optional[dict[str, Any]], outcome: str) -> dict[str, Any]:
         return {
-            "turn_id": _text(_field(event, "turn_id")),
+            "turn_id": _text(event.field("turn_id")),
             "outcome": outcome,
             "timestamp": row["timestamp"] if row is not None else format_timestamp(event.timestamp),
             "summary": row["summary"] if row is not None else _summary(event),

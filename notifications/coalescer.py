@@ -47,7 +47,7 @@ from crewlet.events.types import ExternalNotification, NotificationsCoalesced
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import Trace
+from crewlet.events import Trace
 
 log = logging.getLogger("crewlet.notifications.coalescer")
 
@@ -86,20 +86,8 @@ class _Constituent:
     conversation: str
 
 
-def _field(event: Event, name: str) -> Any:
-    """A wake's field: the typed body's non-empty value, else the payload map, else a kept extra."""
-    data = event.data
-    if data is not None and hasattr(data, name):
-        value = getattr(data, name)
-        if value not in (None, "", [], {}):
-            return value
-    if isinstance(event.payload, dict) and name in event.payload:
-        return event.payload[name]
-    return event.extra.get(name)
-
-
 def _text(event: Event, name: str, index: int, *, required: bool = False) -> str:
-    value = _field(event, name)
+    value = event.field(name)
     if value is None:
         if required:
             raise MalformedConstituent(index, event.id, f"it carries no {name}")
@@ -116,7 +104,7 @@ def _read(index: int, event: Any) -> _Constituent:
         raise MalformedConstituent(index, event.id, "its payload is not a map")
     if event.data is not None and not isinstance(event.data, ExternalNotification):
         raise MalformedConstituent(index, event.id, f"a {event.type} is not a notification wake")
-    messages = _field(event, "messages")
+    messages = event.field("messages")
     if messages is not None and not isinstance(messages, list):
         raise MalformedConstituent(index, event.id, "messages is not a list")
     body = _text(event, "body", index, required=True)
@@ -150,7 +138,7 @@ def _chronological(items: Sequence[_Constituent]) -> list[_Constituent]:
 
 
 def _merge_positions(items: Sequence[_Constituent]) -> tuple[str, list[str]]:
-    positions = [p for p in (_field(c.event, "trigger_position") for c in items) if isinstance(p, str) and p]
+    positions = [p for p in (c.event.field("trigger_position") for c in items) if isinstance(p, str) and p]
     if not positions:
         return "", []
     parsed = [_POSITION.match(p) for p in positions]
@@ -233,10 +221,10 @@ def coalesce(evs: Sequence[Event]) -> Event:
                 "event_name": _text(ev, "event_name", c.index),
                 "title": _text(ev, "title", c.index),
                 "url": _text(ev, "url", c.index),
-                "delivery_id": _as_text(_field(ev, "delivery_id")),
-                "message_id": _as_text(_field(ev, "message_id")),
-                "recon": _field(ev, "recon") is True,
-                "direct": _field(ev, "direct") is not False,
+                "delivery_id": _as_text(ev.field("delivery_id")),
+                "message_id": _as_text(ev.field("message_id")),
+                "recon": ev.field("recon") is True,
+                "direct": ev.field("direct") is not False,
                 "collapsed": effective[c.index][1],
             }
         )
@@ -272,7 +260,7 @@ def coalesce(evs: Sequence[Event]) -> Event:
     data = latest_ev.data if isinstance(latest_ev.data, ExternalNotification) else ExternalNotification(
         seat=_text(latest_ev, "seat", latest.index),
         event_name=_text(latest_ev, "event_name", latest.index),
-        delivery_id=_as_text(_field(latest_ev, "delivery_id")),
+        delivery_id=_as_text(latest_ev.field("delivery_id")),
         title=_text(latest_ev, "title", latest.index),
         url=_text(latest_ev, "url", latest.index),
     )
@@ -301,10 +289,6 @@ def _as_text(value: Any) -> str:
     return str(value) if isinstance(value, (str, int)) else ""
 
 
-def is_coalesced(event: Event) -> bool:
-    return isinstance(event.payload, dict) and int(event.payload.get("coalesced_count") or 0) > 1
-
-
 def coalesced_record(
     merged: Event,
     *,
@@ -323,7 +307,7 @@ def coalesced_record(
     carried = Trace.of(merged)
     return events.new(
         NotificationsCoalesced(
-            seat=seat or _as_text(_field(merged, "seat")),
+            seat=seat or _as_text(merged.field("seat")),
             role=role,
             agent_id=agent_id,
             partition_key=_as_text(payload.get("partition_key")),
@@ -419,7 +403,6 @@ __all__ = [
     "coalesced_record",
     "dedupe_same_id",
     "dispatch",
-    "is_coalesced",
     "publish_coalesced",
     "requeue_tail",
 ]

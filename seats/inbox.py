@@ -85,7 +85,6 @@ from seats.ledger import (
     SKIP_ALREADY_WORKED,
     arecord,
     ascreen,
-    field_of,
     storable_event,
     store_fault,
     trigger_identity,
@@ -119,7 +118,7 @@ ISOLATED_KEEP = 4096
 
 def partition_key_of(event: Event) -> str:
     """The wake's ``partition_key`` field, else its own id: a wake naming no conversation is never coalesced."""
-    key = field_of(event, "partition_key")
+    key = event.field("partition_key")
     return key if isinstance(key, str) and key else unique_partition_key(event)
 
 
@@ -623,7 +622,7 @@ class InboxLoop:
 
     @staticmethod
     def _trigger(evs: list[Event], key: str, first_delivery: bool = True) -> Trigger:
-        conversation = field_of(evs[0], "conversation_identity")
+        conversation = evs[0].field("conversation_identity")
         return Trigger(
             events=evs,
             partition_key=key,
@@ -657,7 +656,7 @@ class InboxLoop:
     async def _skipped(self, seat: Seat, ev: Event, identity: str, worked_by: str) -> None:
         """Ack without a turn, and say so under the skipped event's own trace."""
         self.stats.skipped += 1
-        conversation = field_of(ev, "conversation_identity")
+        conversation = ev.field("conversation_identity")
         with child_span(ev, "seat.trigger_skipped", attributes={"crewlet.seat": seat.handle}):
             await self._emit(
                 TurnTriggerSkipped(

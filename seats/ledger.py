@@ -82,21 +82,10 @@ def store_fault(exc: BaseException) -> str:
     return FAULT_OTHER
 
 
-def field_of(event: Event, name: str) -> Any:
-    """A wake's field wherever this build keeps it: the typed body, the payload map, or kept extras."""
-    if event.data is not None and hasattr(event.data, name):
-        value = getattr(event.data, name)
-        if value not in (None, ""):
-            return value
-    if isinstance(event.payload, dict) and event.payload.get(name) not in (None, ""):
-        return event.payload.get(name)
-    return event.extra.get(name)
-
-
 def trigger_identity(event: Event) -> str:
     """``message:<source>:<id>`` / ``delivery:<source>:<id>`` when the provider named it, else ``event:<uuid>``."""
     for key in IDENTITY_KEYS:
-        value = field_of(event, key)
+        value = event.field(key)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
             kind = key.split("_", 1)[0]
             scope = f"{event.source}:" if event.source else ""
@@ -171,7 +160,6 @@ __all__ = [
     "arecord",
     "ascreen",
     "aworked",
-    "field_of",
     "in_store",
     "prune",
     "record",

@@ -50,7 +50,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import trace_of
-from seats.ledger import field_of, storable
+from seats.ledger import storable
 
 log = logging.getLogger("crewlet.seats.turns")
 
@@ -305,8 +305,8 @@ class Trigger:
                     text += f"\n{ev.data.instructions}"
                 lines.append(text)
                 continue
-            body = field_of(ev, "body")
-            sender = field_of(ev, "sender")
+            body = ev.field("body")
+            sender = ev.field("sender")
             if body:
                 lines.append(f"{sender}: {body}" if sender else str(body))
             else:
