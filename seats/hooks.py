@@ -31,11 +31,6 @@ def register_after_turn(hook: AfterTurn) -> None:
         after_turn.append(hook)
 
 
-def unregister_after_turn(hook: AfterTurn) -> None:
-    if hook in after_turn:
-        after_turn.remove(hook)
-
-
 async def run_after_turn(queue: EventQueue, seat: Seat, trigger_events: Sequence[Event], result: TurnResult) -> None:
     """Call every hook in registration order; a failing one is logged, never raised."""
     for hook in list(after_turn):
@@ -50,4 +45,4 @@ async def run_after_turn(queue: EventQueue, seat: Seat, trigger_events: Sequence
             )
 
 
-__all__ = ["AfterTurn", "after_turn", "register_after_turn", "run_after_turn", "unregister_after_turn"]
+__all__ = ["AfterTurn", "after_turn", "register_after_turn", "run_after_turn"]
