@@ -160,6 +160,8 @@ def bounded_http(limits: Limits) -> tuple[type, type]:
             self._limit = limits.body_limit(path)
             super().gotLength(length)
             if length is not None and length > self._limit:
+                # No "100 Continue" after the refusal: the client must not start sending.
+                self.requestHeaders.removeHeader(b"Expect")
                 self._refuse(path, declared=length)
 
         def handleContentChunk(self, data: bytes) -> None:
