@@ -68,6 +68,8 @@ class Limits:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: Path prefix -> its own body limit (the webhooks').
     body_limits: tuple[tuple[str, int], ...] = ()
+    #: Behind a proxy that sets X-Forwarded-For/-Proto itself: the client is the one it names.
+    behind_proxy: bool = False
 
     def body_limit(self, path: str) -> int:
         for prefix, limit in self.body_limits:
@@ -89,6 +91,7 @@ def limits_from_settings() -> Limits:
         idle_timeout_s=float(getattr(settings, "HTTP_IDLE_TIMEOUT_S", DEFAULT_IDLE_TIMEOUT_S)),
         max_body_bytes=int(general),
         body_limits=(("/" + WEBHOOKS_PREFIX, max_body_bytes()),),
+        behind_proxy=bool(getattr(settings, "SECURE_PROXY_SSL_HEADER", None)),
     )
 
 
@@ -299,7 +302,14 @@ class WebServer:
                 log.critical("web_listen_failed", extra={"error": failure.getErrorMessage()})
 
         self.closing = False
-        server = Server(self.application, endpoints=[_endpoint(self.host, self.port)], signal_handlers=False)
+        proxied = (
+            {"proxy_forwarded_address_header": "X-Forwarded-For", "proxy_forwarded_proto_header": "X-Forwarded-Proto"}
+            if self.limits.behind_proxy
+            else {}
+        )
+        server = Server(
+            self.application, endpoints=[_endpoint(self.host, self.port)], signal_handlers=False, **proxied
+        )
         server.connections = {}
         request_class, channel_class = bounded_http(self.limits)
 

@@ -655,3 +655,21 @@ def test_behind_a_tls_proxy_up_redirects_http_to_https_but_not_healthz_and_sets_
     status, headers, _ = up.request("GET", "/login/", headers={"X-Forwarded-Proto": "https"})
     assert status == 200
     assert "secure" in headers["Set-Cookie"].lower() and "max-age=31536000" in headers["Strict-Transport-Security"]
+
+
+@pytest.mark.timeout(180)
+def test_behind_a_proxy_sign_ins_are_throttled_per_forwarded_client_not_per_proxy(start_up: Callable[..., Up]) -> None:
+    up = start_up(CREWLET_BEHIND_TLS_PROXY="1", CREWLET_LOGIN_FAILURES="2", CREWLET_LOGIN_WINDOW_S="600")
+    proxied = {"X-Forwarded-Proto": "https"}
+    first = Browser(up)
+    for name in ("alice", "bob"):
+        status, _, page = first.call("GET", "/login/", headers={**proxied, "X-Forwarded-For": "203.0.113.7"})
+        token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert status == 200 and token is not None
+        form = {"csrfmiddlewaretoken": token.group(1).decode(), "username": name, "password": "guess", "next": ""}
+        headers = {**proxied, "X-Forwarded-For": "203.0.113.7", "Referer": f"https://{up.host}:{up.port}/login/"}
+        assert first.call("POST", "/login/", form=form, headers=headers)[0] == 200
+    form["username"] = "carol"
+    assert first.call("POST", "/login/", form=form, headers=headers)[0] == 429
+    headers["X-Forwarded-For"] = "198.51.100.9"  # another client behind the same proxy
+    assert first.call("POST", "/login/", form=form, headers=headers)[0] == 200
