@@ -90,7 +90,11 @@ def nesting_depth(text: JSONText, stop_above: Optional[int] = None) -> int:
 
 def depth_exceeds(text: JSONText, max_depth: int) -> bool:
     """True when ``text`` opens more than ``max_depth`` arrays or objects inside each other."""
-    if text.count("[" if isinstance(text, str) else b"[") + text.count("{" if isinstance(text, str) else b"{") <= max_depth:
+    if isinstance(text, str):
+        openers = text.count("[") + text.count("{")
+    else:
+        openers = text.count(b"[") + text.count(b"{")
+    if openers <= max_depth:
         return False
     return nesting_depth(text, stop_above=max_depth) > max_depth
 
