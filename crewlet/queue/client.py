@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Coroutine, Optional, Sequence, Union
 
 from crewlet import events
 from crewlet.aio import keeping_cancel
@@ -157,7 +157,7 @@ class _Attachment:
 
     # -- what this loop holds -------------------------------------------------
 
-    def _take(self, msgs: list[RawMessage]) -> None:
+    def _take(self, msgs: Sequence[RawMessage]) -> None:
         now = time.monotonic()
         for msg in msgs:
             self.held[msg] = now
@@ -167,7 +167,7 @@ class _Attachment:
         """Stop holding ``msg``; False when it was settled or handed back already."""
         return self.held.pop(msg, _NOT_HELD) != _NOT_HELD
 
-    async def _give_back(self, msgs: list[RawMessage]) -> None:
+    async def _give_back(self, msgs: Sequence[RawMessage]) -> None:
         """Hand back at the head each of ``msgs`` this loop still holds."""
         for msg in msgs:
             if self._forget(msg):
@@ -236,7 +236,7 @@ class _Attachment:
         finally:
             self.running = frozenset()
 
-    async def _deliver_one(self, msgs: list[RawMessage]) -> None:
+    async def _deliver_one(self, msgs: Sequence[RawMessage]) -> None:
         for i, msg in enumerate(msgs):
             if not self.ready():
                 await self._give_back(msgs[i:])
@@ -252,7 +252,7 @@ class _Attachment:
             outcome = await self._handle([msg], self.handler, delivery)
             await self._settle([msg], outcome)
 
-    async def _drain(self, first: list[RawMessage]) -> None:
+    async def _drain(self, first: Sequence[RawMessage]) -> None:
         """Steps 1-4 of the batch drain (design: Inbox Batching & Coalescing)."""
         assert self.options is not None
         opts = self.options
@@ -677,8 +677,8 @@ class QueueClient:
 
     # -- the ack clock, kept running while mail is held -------------------------
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

@@ -9,7 +9,7 @@ client decides. Every primitive raises only ``crewlet.queue.errors`` types.
 from __future__ import annotations
 
 import abc
-from typing import Any, Awaitable, Callable, Mapping, Optional, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Optional, Protocol, Sequence
 
 from crewlet.queue.contract import Closable, DeadLetter, SubscriptionRef
 
@@ -73,8 +73,11 @@ class RawMessage(Protocol):
 class Puller(Protocol):
     """A pull consumer bound to one durable (topic, group)."""
 
-    async def fetch(self, max_n: int, timeout_s: float, ready: Callable[[], bool]) -> list[RawMessage]:
+    async def fetch(self, max_n: int, timeout_s: float, ready: Callable[[], bool]) -> Sequence[RawMessage]:
         """Wait up to ``timeout_s`` for the first message; return what is available, at most ``max_n``.
+
+        A sequence, not a list, so each backend can hand back its own message
+        type (a list of it would not be a list of ``RawMessage``).
 
         Returns ``[]`` on timeout. ``ready()`` is the caller's gate: a backend
         that can check it atomically with taking messages does so (the twin);
@@ -96,6 +99,7 @@ class Transport(abc.ABC):
     poll_s: float = 1.0
 
     @property
+    @abc.abstractmethod
     def is_connected(self) -> bool:
         """Whether the broker can be reached right now (``/healthz``)."""
 
@@ -110,7 +114,6 @@ class Transport(abc.ABC):
 
         if not self.is_connected:
             raise Unavailable("the broker is disconnected")
-        return True
 
     @abc.abstractmethod
     async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> int:
