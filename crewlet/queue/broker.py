@@ -406,7 +406,7 @@ class EmbeddedBroker:
             allow_reconnect=False,
             connect_timeout=1,
             max_reconnect_attempts=1,  # nats-py retries forever in its first dial unless this is > 0
-            reconnect_time_wait=0.05,  # type: ignore[arg-type]
+            reconnect_time_wait=0.05,
             error_cb=_quiet,
         )
         try:

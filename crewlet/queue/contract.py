@@ -98,7 +98,7 @@ class Timings:
         exponent = max(delivered - 1, 0)
         if exponent > 62:
             return self.backoff_cap_s
-        return min(self.backoff_base_s * (2 ** exponent), self.backoff_cap_s)
+        return min(self.backoff_base_s * (2.0 ** exponent), self.backoff_cap_s)
 
 
 def remaining_after(delivered: int) -> int:

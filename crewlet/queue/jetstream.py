@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import secrets
-from typing import Any, Awaitable, Callable, Mapping, Optional
+from typing import Any, Awaitable, Callable, Coroutine, Mapping, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 import nats
@@ -225,7 +225,7 @@ async def ordered_flush(nc: NatsClient, timeout_s: float = 5.0) -> None:
     deadline, and a connection dropping under it ends the flusher first.
     """
     await keeping_cancel(asyncio.wait_for(nc._flush_pending(force_flush=True), timeout=timeout_s))
-    await keeping_cancel(nc.flush(timeout=timeout_s))
+    await keeping_cancel(nc.flush(timeout=timeout_s))  # type: ignore[arg-type]  # nats-py annotates its seconds as int and uses them as float (asyncio.wait_for, sleep)
 
 
 def _num_delivered(reply: str) -> int:
@@ -530,8 +530,8 @@ class JetStreamPuller:
             f.finish()
             self._retire_sub()
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -916,7 +916,7 @@ class JetStreamTransport(Transport):
                     name=f"crewlet:{node}" if node else "crewlet",
                     allow_reconnect=False,  # the first dial fails fast; reconnection is enabled below
                     connect_timeout=max(int(connect_timeout_s), 1),
-                    reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]
+                    reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]  # nats-py annotates its seconds as int and uses them as float (asyncio.wait_for, sleep)
                     # nats-py's first dial retries forever unless this is > 0 (its server
                     # pool only drops a server past it); unlimited is set once connected.
                     max_reconnect_attempts=2,
@@ -1004,7 +1004,7 @@ class JetStreamTransport(Transport):
         if not self._nc.is_connected:
             raise Unavailable("the broker is disconnected")
         try:
-            await asyncio.wait_for(self._nc.flush(timeout=max(timeout_s, 0.001)), timeout_s)
+            await asyncio.wait_for(self._nc.flush(timeout=max(timeout_s, 0.001)), timeout_s)  # type: ignore[arg-type]  # nats-py annotates its seconds as int and uses them as float (asyncio.wait_for, sleep)
         except (asyncio.TimeoutError, nats.errors.Error) as exc:
             raise Unavailable(f"the broker did not answer a round trip within {timeout_s:g} s") from exc
 
@@ -1030,7 +1030,7 @@ class JetStreamTransport(Transport):
         except _NATS_ERRORS as e:
             raise Unavailable(f"{what or suffix}: {e!r}") from e
         try:
-            resp = json.loads(msg.data)
+            resp: dict[str, Any] = json.loads(msg.data)
         except ValueError as e:
             raise Unavailable(f"{what or suffix}: unparseable answer") from e
         err = resp.get("error")
@@ -1596,7 +1596,7 @@ class JetStreamQueue:
             replicas=replicas,
             connect_timeout_s=connect_timeout_s,
         )
-        return QueueClient(transport, node=node, timings=timings)  # type: ignore[return-value]
+        return QueueClient(transport, node=node, timings=timings)
 
 
 __all__ = [

@@ -253,7 +253,7 @@ class MemoryBroker:
         return min((d for _, d in consumer.inflight.values()), default=None)
 
     def take(self, consumer: _Consumer, max_n: int) -> list["_MemoryMessage"]:
-        out = []
+        out: list[_MemoryMessage] = []
         while consumer.available and len(out) < max_n:
             seq = consumer.available.popleft()
             if consumer.head:

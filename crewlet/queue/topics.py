@@ -210,10 +210,10 @@ def stream_for(subject: str) -> StreamSpec:
     for spec in ENGINE_STREAMS:
         if matches(spec.subjects, subject):
             return spec
-    spec = _namespace_stream(subject)
-    if spec is None or len(split(subject)) < 2:
+    namespaced = _namespace_stream(subject)
+    if namespaced is None or len(split(subject)) < 2:
         raise InvalidArgument(f"subject={subject!r}: needs at least two tokens to name a namespace")
-    return spec
+    return namespaced
 
 
 def streams_for_pattern(pattern: str) -> list[StreamSpec]:
