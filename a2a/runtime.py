@@ -9,6 +9,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from crewlet.events.emit import Emitter
+
 from a2a import services
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,14 +24,18 @@ SWEEP_EVERY_S = 300.0
 
 async def run_sweeps(queue: Any, *, every_s: float = SWEEP_EVERY_S, **options: Any) -> None:
     """Sweep now and every ``every_s`` until cancelled; a failing pass is logged and tried next time."""
-    while True:
-        try:
-            await services.sweep(queue, **options)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("a2a_sweep_failed")
-        await asyncio.sleep(every_s)
+    emitter = Emitter(queue)
+    try:
+        while True:
+            try:
+                await services.sweep(queue, emitter=emitter, **options)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("a2a_sweep_failed")
+            await asyncio.sleep(every_s)
+    finally:
+        await emitter.close()
 
 
 def install(engine: "Engine", **options: Any) -> None:

@@ -35,6 +35,7 @@ from django.db.models.functions import Now
 from a2a.models import Channel
 from crewlet import events
 from crewlet.events import Event
+from crewlet.events.emit import Emitter
 from crewlet.events.types import (
     A2AChannelClosed,
     A2AChannelOpened,
@@ -412,16 +413,23 @@ async def sweep(
     idle_close_s: float = IDLE_CLOSE_S,
     delete_after_s: float = DELETE_AFTER_S,
     now: Optional[datetime] = None,
+    emitter: Optional[Emitter] = None,
 ) -> SweepReport:
-    """Close open channels idle past ``idle_close_s``; delete closed ones ``delete_after_s`` after they closed."""
+    """Close open channels idle past ``idle_close_s``; delete closed ones ``delete_after_s`` after they closed.
+
+    A close is committed before its ``a2a_channel_closed`` is published and
+    no later sweep finds the channel open again, so the record goes through
+    ``emitter`` (the caller's, else one for this pass): a broker away for a
+    moment is retried rather than costing the record, and the pass goes on.
+    """
     base: Any = now if now is not None else Now()
+    emitter = emitter or Emitter(queue)
     closed: list[str] = []
     for cid in await _idle_open(base - timedelta(seconds=idle_close_s)):
         row = await _close(cid, closed_by="", turn_id="", work_key="", messages=0, now=now)
         if row is None:  # answered, or another node's sweep, since the list was read
             continue
-        event = events.new(_closed_body(row), Trace.root())
-        await _publish(queue, topics.event(event.type), event)
+        await emitter.emit(_closed_body(row), Trace.root(), log_event="a2a_channel_closed_publish_failed", channel_id=cid)
         closed.append(cid)
         log.info("a2a_channel_swept", extra={"channel_id": cid, "open_seconds": row.open_seconds})
     deleted = await _delete_closed(base - timedelta(seconds=delete_after_s))

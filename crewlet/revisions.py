@@ -36,13 +36,14 @@ from django.utils import timezone
 
 from crewlet import events
 from crewlet.aio import keeping_cancel
+from crewlet.events import Trace
+from crewlet.events.emit import Emitter
 from crewlet.events.types import ConfigRevisionActivated, ConfigRevisionApplied
 from crewlet.org import CompanyError, Organization, parse_company_text
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.runtime import call_on_loop
-from crewlet.tracing import Trace
 
 log = logging.getLogger("crewlet.revisions")
 
@@ -147,11 +148,9 @@ def unbind(queue: Optional[EventQueue] = None) -> None:
 
 async def _announce(queue: EventQueue, change: Activation) -> None:
     event = change.event()
+    emitter = Emitter(queue)
     for topic in (topics.CONFIG_REVISION_ACTIVATED, topics.event(event.type)):
-        try:
-            await queue.publish(topic, event)
-        except Exception:
-            log.warning("config_revision_activated_publish_failed", extra={"topic": topic}, exc_info=True)
+        await emitter.publish(topic, event, log_event="config_revision_activated_publish_failed")
     log.info("config_revision_activated", extra={"revision": change.revision, "previous": change.previous, "by": change.by})
 
 
@@ -235,6 +234,7 @@ class ConfigPoller:
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task[None]] = None
         self._nudge: Optional[Closable] = None
+        self.emitter = Emitter(queue)
 
     async def start(self) -> None:
         bind(self.queue)
@@ -262,6 +262,7 @@ class ConfigPoller:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        await self.emitter.close()
         unbind(self.queue)
 
     async def _run(self) -> None:
@@ -309,10 +310,7 @@ class ConfigPoller:
     async def _publish(self, body: ConfigRevisionApplied) -> None:
         event = events.new(body, Trace.root())
         for topic in (topics.CONFIG_REVISION_APPLIED, topics.event(event.type)):
-            try:
-                await self.queue.publish(topic, event)
-            except QueueError:
-                log.warning("config_revision_applied_publish_failed", extra={"topic": topic}, exc_info=True)
+            await self.emitter.publish(topic, event, log_event="config_revision_applied_publish_failed")
 
 
 def install(engine: Any, interval_s: float = POLL_EVERY_S) -> None:

@@ -17,11 +17,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from crewlet import events
+from crewlet.events.emit import Emitter
 from crewlet.events.types import OperatorActed
-from crewlet.queue import topics
 from crewlet.queue.contract import DEAD_LETTER_REF_RULE, EventQueue, dead_letter_seq
-from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, Unavailable
+from crewlet.queue.errors import Gone, InvalidArgument, NotLive, Unavailable
 from crewlet.tracing import trace_of
 
 log = logging.getLogger("crewlet.eventstore.actions")
@@ -108,15 +107,17 @@ async def audit(
         position=result.topic,
         refusal=result.refusal,
     )
-    event = events.new(body, trace_of(), source="operator")
-    try:
-        await queue.publish(topics.event(event.type), event)
-    except (QueueError, OSError):
-        log.error(
-            "operator_acted_publish_failed",
-            extra={"tool": body.tool, "actor": actor, "outcome": body.outcome, "refusal": body.refusal},
-            exc_info=True,
-        )
+    await Emitter(queue).emit(
+        body,
+        trace_of(),
+        source="operator",
+        log_event="operator_acted_publish_failed",
+        level=logging.ERROR,
+        tool=body.tool,
+        actor=actor,
+        outcome=body.outcome,
+        refusal=body.refusal,
+    )
 
 
 async def replay_dead_letter(

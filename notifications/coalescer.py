@@ -42,12 +42,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
 from crewlet import events
-from crewlet.events import Event, format_timestamp
+from crewlet.events import Event, Trace, format_timestamp
+from crewlet.events.emit import Emitter
 from crewlet.events.types import ExternalNotification, NotificationsCoalesced
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
-from crewlet.queue.errors import QueueError
-from crewlet.events import Trace
 
 log = logging.getLogger("crewlet.notifications.coalescer")
 
@@ -328,17 +327,21 @@ async def publish_coalesced(
     role: str = "",
     agent_id: str = "",
     trace: Optional[Trace] = None,
+    emitter: Optional[Emitter] = None,
 ) -> Event:
-    """Publish the merge's ``notifications_coalesced`` record; telemetry, so a failure is logged, not raised."""
+    """Publish the merge's ``notifications_coalesced`` record; telemetry, so a failure is logged, not raised.
+
+    Through the caller's ``emitter`` when it has one, else one for this
+    record alone: either way a broker that is away for a moment is retried.
+    """
     record = coalesced_record(merged, seat=seat, role=role, agent_id=agent_id, trace=trace)
-    try:
-        await queue.publish(topics.event(record.type), record)
-    except QueueError:
-        log.warning(
-            "notifications_coalesced_publish_failed",
-            extra={"seat": seat, "partition_key": record.data.partition_key},
-            exc_info=True,
-        )
+    await (emitter or Emitter(queue)).publish(
+        topics.event(record.type),
+        record,
+        log_event="notifications_coalesced_publish_failed",
+        seat=seat,
+        partition_key=record.data.partition_key,
+    )
     return record
 
 

@@ -53,6 +53,7 @@ from django.db import DatabaseError
 
 from crewlet import events
 from crewlet.events import Event
+from crewlet.events.emit import Emitter
 from crewlet.events.types import (
     SKIP_HUMAN_SEAT,
     SKIP_NO_PARSER,
@@ -182,11 +183,14 @@ class NotifyRouter:
         *,
         valve: Optional[RateValve] = None,
         group: str = NOTIFY_GROUP,
+        emitter: Optional[Emitter] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.valve = valve or RateValve()
         self.group = group
+        #: Publishes the records (a wake's, a skip's); a broker away for a moment is retried.
+        self.emitter = emitter or Emitter(queue)
         self._sub: Optional[Subscription] = None
         self.routed = 0
 
@@ -365,10 +369,9 @@ class NotifyRouter:
         wake = self.wake(seat, parsed, event, recipient)
         await self.queue.publish(topics.agent_inbox(seat.handle), wake)
         result.wakes.append((seat.handle, wake))
-        try:
-            await self.queue.publish(topics.event(wake.type), wake)
-        except QueueError:
-            log.warning("external_notification_record_failed", extra={"seat": seat.handle, "event_id": wake.id}, exc_info=True)
+        await self.emitter.publish(
+            topics.event(wake.type), wake, log_event="external_notification_record_failed", seat=seat.handle
+        )
         if parsed.conversation_identity:
             try:
                 await store.afollow(seat.handle, parsed.conversation_identity, parsed.source)
@@ -505,10 +508,9 @@ class NotifyRouter:
             "notification_skipped",
             extra={"reason": reason, "detail": detail, "seat": handle, "source": source, "recipient": recipient},
         )
-        try:
-            await self.queue.publish(topics.event(skipped.type), skipped)
-        except QueueError:
-            log.warning("notification_skipped_publish_failed", extra={"reason": reason}, exc_info=True)
+        await self.emitter.publish(
+            topics.event(skipped.type), skipped, log_event="notification_skipped_publish_failed", reason=reason
+        )
 
 
 __all__ = ["NOTIFY_GROUP", "NotifyRouter", "RateValve", "RouteResult", "chat_skip_log", "short_reason"]

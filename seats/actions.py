@@ -33,6 +33,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from crewlet import events, runtime
+from crewlet.events.emit import Emitter
 from crewlet.events.types import SeatPaused, SeatResumed
 from crewlet.org import CompanyHolder
 from crewlet.queue import topics
@@ -259,10 +260,9 @@ apause_states = in_store(pause_states)
 async def _announce(queue: EventQueue, change: PauseChange, hook: Optional[PauseHook]) -> None:
     """Publish the change's event, then let this process's runtime apply the hold."""
     event = change.event()
-    try:
-        await queue.publish(topics.event(event.type), event)
-    except Exception:
-        log.error("seat_pause_publish_failed", extra={"seat": change.handle, "type": event.type}, exc_info=True)
+    await Emitter(queue).publish(
+        topics.event(event.type), event, log_event="seat_pause_publish_failed", level=logging.ERROR, seat=change.handle
+    )
     if hook is not None:
         try:
             await hook(change)

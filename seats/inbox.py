@@ -62,7 +62,6 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Optional, Protocol, Sequence
 
-from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import NotificationsCoalesced, TurnTriggerSkipped
 from crewlet.org import CompanyHolder, Organization, Seat
@@ -676,11 +675,7 @@ class InboxLoop:
         )
 
     async def _emit(self, body: object) -> None:
-        event = events.new(body, trace_of())
-        try:
-            await self.queue.publish(topics.event(event.type), event)
-        except QueueError:
-            log.warning("seat_event_publish_failed", extra={"type": event.type, "seat": self.handle}, exc_info=True)
+        await self.runner.emitter.emit(body, trace_of(), log_event="seat_event_publish_failed", seat=self.handle)
 
 
 __all__ = [

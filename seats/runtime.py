@@ -21,7 +21,6 @@ import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
-from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import AgentSpawned, AgentTerminated
 from crewlet.org import CompanyHolder, Organization
@@ -96,7 +95,9 @@ class SeatRuntime:
         self.merge = merge
         self.node_max_concurrent = node_max_concurrent
         self.gate = ConcurrencyGate(self.turn_limit(holder.current()))
-        self.scheduler = Scheduler(queue, holder, node_id=self.node_id, clock=clock, tick_s=scheduler_tick_s)
+        self.scheduler = Scheduler(
+            queue, holder, node_id=self.node_id, clock=clock, tick_s=scheduler_tick_s, emitter=self.runner.emitter
+        )
         self.loops: dict[str, InboxLoop] = {}
         self._lock: Optional[asyncio.Lock] = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -340,11 +341,7 @@ class SeatRuntime:
             await asyncio.sleep(interval_s)
 
     async def _emit(self, body: Any) -> None:
-        event = events.new(body, trace_of())
-        try:
-            await self.queue.publish(topics.event(event.type), event)
-        except QueueError:
-            log.warning("seat_runtime_publish_failed", extra={"type": event.type}, exc_info=True)
+        await self.runner.emitter.emit(body, trace_of(), log_event="seat_runtime_publish_failed")
 
 
 def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:

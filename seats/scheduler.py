@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from django.db import IntegrityError, transaction
 
 from crewlet import events
+from crewlet.events.emit import Emitter
 from crewlet.events.types import ScheduledTaskFired, TaskAssigned
 from crewlet.org import CompanyHolder, Organization, Schedule
 from crewlet.queue import topics
@@ -92,8 +93,10 @@ class Scheduler:
         node_id: str = "",
         clock: Callable[[], float] = time.time,
         tick_s: float = TICK_S,
+        emitter: Optional[Emitter] = None,
     ) -> None:
         self.queue = queue
+        self.emitter = emitter or Emitter(queue)
         self.holder = holder
         self.node_id = node_id
         self.clock = clock
@@ -139,7 +142,7 @@ class Scheduler:
                     log.error("schedule_publish_failed", extra={"schedule": schedule.name, "slot": slot}, exc_info=True)
                     await aunclaim_slot(schedule.name, slot, self.node_id)
                     continue
-                record = events.new(
+                await self.emitter.emit(
                     ScheduledTaskFired(
                         seat=seat.handle,
                         role=seat.role,
@@ -151,11 +154,9 @@ class Scheduler:
                     ),
                     trace_of(),
                     source="scheduler",
+                    log_event="schedule_record_publish_failed",
+                    schedule=schedule.name,
                 )
-                try:
-                    await self.queue.publish(topics.event(record.type), record)
-                except QueueError:
-                    log.warning("schedule_record_publish_failed", extra={"schedule": schedule.name}, exc_info=True)
             self.fired += 1
             out.append(event_id)
             log.info("scheduled_task_fired", extra={"schedule": schedule.name, "seat": seat.handle, "slot": slot})

@@ -29,8 +29,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence, TypedDict
 
-from crewlet import events
 from crewlet.events import Event
+from crewlet.events.emit import Emitter
 from crewlet.events.types import (
     AgentPhaseCompleted,
     AgentPhaseStarted,
@@ -46,9 +46,7 @@ from crewlet.events.types import (
     TaskAssigned,
 )
 from crewlet.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
-from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
-from crewlet.queue.errors import QueueError
 from crewlet.tracing import trace_of
 from seats.ledger import storable
 
@@ -353,18 +351,17 @@ class TurnRunner:
         holder: CompanyHolder,
         *,
         provider_factory: Callable[[ProviderConfig], ModelProvider] = build_provider,
+        emitter: Optional[Emitter] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.provider_factory = provider_factory
+        #: The seat runtime's telemetry publisher, shared by its inbox loops.
+        self.emitter = emitter or Emitter(queue)
 
     async def _emit(self, body: Any, extras: Optional[dict[str, Any]] = None) -> None:
-        """Telemetry never fails a turn: a publish that fails is logged and the turn goes on."""
-        event = events.new(body, trace_of(), extras=extras)
-        try:
-            await self.queue.publish(topics.event(event.type), event)
-        except QueueError:
-            log.warning("turn_event_publish_failed", extra={"type": event.type}, exc_info=True)
+        """Telemetry never fails a turn: a publish that fails is logged (and retried while the broker is away)."""
+        await self.emitter.emit(body, trace_of(), extras=extras, log_event="turn_event_publish_failed")
 
     def _tags(self, seat: Seat, trigger: Trigger) -> _TurnTags:
         return {
