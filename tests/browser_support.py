@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
-from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
 
 T = TypeVar("T")
 
@@ -107,7 +107,7 @@ class Company:
         self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
         self.manage("createsuperuser", "--noinput", "--username", STAFF_USER, "--email", "op@example.com",
                     extra_env={"DJANGO_SUPERUSER_PASSWORD": STAFF_PASSWORD})
-        self.children = _descendants(self.proc.pid)
+        self.children = descendants(self.proc.pid)
 
     def manage(self, *argv: str, extra_env: Optional[dict[str, str]] = None) -> str:
         result = subprocess.run(
@@ -137,7 +137,7 @@ class Company:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         for pid in self.children:
-            if _running(pid):
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
         return self.out.text() if self.out else ""
 

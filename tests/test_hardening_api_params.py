@@ -35,7 +35,7 @@ from eventstore import api
 from eventstore import questions as qs
 from eventstore.questions import NodeScope
 from eventstore_support import AT, client, ids, make_event, operator, scope, store  # noqa: F401  (fixtures)
-from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants as _descendants, is_running as _running
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 

@@ -442,7 +442,7 @@ def _turn_completed(url: str, trace_id: str, timeout_s: float = 60.0) -> list[st
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_up_refuses_unstorable_and_too_deep_bodies_with_400_and_runs_a_deep_adf_comments_turn(tmp_path: Path) -> None:
-    from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+    from tests.process_support import REPO_ROOT, ProcessOutput, descendants as _descendants, is_running as _running
 
     (tmp_path / "acme.yaml").write_text(UP_COMPANY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_") and k not in {e for e, _ in SECRETS.values()}}

@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants as _descendants, is_running as _running
 from waiting_support import wait_until
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ from crewlet import runtime
 from seats.models import OperatorToken
 from seats_support import eventually
 from seats_support import runtime_on_memory  # noqa: F401 (fixture)
-from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
 
 TOKEN = "bridge-test-operator-token-0123456789abcdef"
 #: How long a request to the process under test may take before the test gives up on it (not a bound it asserts).
@@ -51,7 +51,7 @@ class Up:
         self.out = ProcessOutput(self.proc)
         ready = self.out.wait_for("Crewlet is up: ", timeout_s=120)
         self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        self.children = _descendants(self.proc.pid)
+        self.children = descendants(self.proc.pid)
 
     def request(self, method: str, path: str, body: Optional[bytes] = None) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -75,7 +75,7 @@ class Up:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         for pid in self.children:
-            if _running(pid):
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
         return self.out.text()
 

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,15 +22,9 @@ from django.test import Client
 from crewlet import runtime, web
 from crewlet.engine import Engine
 from crewlet.queue import Timings
-from tests.test_skeleton import (
-    REPO_ROOT,
-    FakeBroker,
-    ProcessOutput,
-    _descendants,
-    _running,
-    fast_settings,
-    twin_connect,
-)
+from engine_support import FakeBroker, fast_settings, twin_connect
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+from waiting_support import wait_until
 
 sys.path.insert(0, str(REPO_ROOT))
 import manage  # noqa: E402  (the repository's manage.py)
@@ -87,7 +80,7 @@ def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: P
         assert (data_dir / "crewlet.sqlite3").exists() and (data_dir / "events.sqlite3").exists()
         assert (data_dir / "jetstream").is_dir() and (data_dir / "secret_key").exists()
 
-        children = _descendants(proc.pid)
+        children = descendants(proc.pid)
         assert "nats-server" in children.values(), children
 
         proc.send_signal(signal.SIGTERM)
@@ -105,17 +98,14 @@ def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: P
         assert f"No staff user yet: to sign in to the dashboard, run `CREWLET_VAR_DIR={data_dir}" in text
         assert TOKEN not in text
 
-        deadline = time.monotonic() + 5
-        while any(_running(pid) for pid in children) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [pid for pid in children if _running(pid)], f"outlived manage.py up: {children}"
+        wait_until(lambda: not [pid for pid in children if is_running(pid)], 5, f"no child outliving manage.py up: {children}")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         for pid in children:
-            if _running(pid):
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
@@ -148,7 +138,7 @@ def test_up_shows_the_company_it_was_given_on_the_overview_and_never_the_example
     try:
         ready = out.wait_for("Crewlet is up: ", timeout_s=90)
         url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        children = _descendants(proc.pid)
+        children = descendants(proc.pid)
         made = subprocess.run(
             [sys.executable, str(REPO_ROOT / "manage.py"), "createsuperuser", "--noinput", "--username", "op", "--email", "op@example.com"],
             cwd=tmp_path, env={**env, "DJANGO_SUPERUSER_PASSWORD": "pw-0123456789"}, capture_output=True, text=True, timeout=120,
@@ -169,7 +159,71 @@ def test_up_shows_the_company_it_was_given_on_the_overview_and_never_the_example
         except ProcessLookupError:
             pass
         for pid in children:
-            if _running(pid):
+            if is_running(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def broker_secrets(pid: int) -> list[str]:
+    """The credential a running nats-server was given, on its command line or in its config file."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+    found = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in {"--auth", "--pass"} and argv[i + 1]]
+    for i, arg in enumerate(argv[:-1]):
+        if arg in {"-c", "--config"}:
+            try:
+                conf = Path(argv[i + 1]).read_text()
+            except OSError:
+                continue
+            found += re.findall(r'^\s*(?:password|token)\s*[:=]\s*"?([^"\s]+)"?', conf, re.MULTILINE)
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_manage_py_up_starts_the_engine_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
+    env.update(CREWLET_VAR_DIR=str(tmp_path / "var"), PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--node", "t1", "--store-dir", str(tmp_path / "js"), "--addr", "127.0.0.1:0"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    out = ProcessOutput(proc)
+    brokers: list[int] = []
+    try:
+        started = out.wait_for("event=engine_started", timeout_s=60)
+        assert "node=t1" in started and "stream_type=embedded" in started
+        brokers = [pid for pid, comm in descendants(proc.pid).items() if comm == "nats-server"]
+        assert brokers, f"no nats-server child of manage.py up: {descendants(proc.pid)}"
+        secrets_ = [s for pid in brokers for s in broker_secrets(pid)]
+        assert secrets_, "the embedded broker runs without a credential"
+        assert "broker_url=nats://127.0.0.1:" in started
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=45) == 0, out.text()
+        text = out.text()
+        assert "event=engine_stopped" in text
+        assert "Crewlet node t1 starting" in text
+        assert not [s for s in secrets_ if s in text], "the broker credential was logged"
+        assert (tmp_path / "var" / "secret_key").exists()  # settings used the temporary var dir
+
+        wait_until(lambda: not [pid for pid in brokers if is_running(pid)], 3, "no nats-server outliving manage.py up")
+    finally:
+        # Only what this test started: the child's process group, and the brokers it spawned.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in brokers:
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
@@ -331,6 +385,37 @@ def test_up_refuses_a_data_dir_django_did_not_start_with(tmp_path: Path) -> None
 def test_up_refuses_a_bad_addr_in_one_line() -> None:
     cmd, options = _options("up", "--addr", "nowhere", "--stream-type", "nats", "--stream-url", "nats://b:4222")
     with pytest.raises(CommandError, match=r"^--addr='nowhere': must be host:port"):
+        cmd.engine(options)
+
+
+@pytest.fixture
+def clean_engine_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("CREWLET_STREAM", "CREWLET_NODE", "CREWLET_EVENT")) or name == "CREWLET_SETTINGS_FILE":
+            monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("command", ["up", "runconsumers"])
+def test_flags_override_the_settings(command: str, clean_engine_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.core.management import load_command_class
+
+    monkeypatch.setenv("CREWLET_NODE_ID", "from-env")
+    cmd = load_command_class("crewlet", command)
+    parser = cmd.create_parser("manage.py", command)
+    options = vars(parser.parse_args(["--node", "n5", "--store-dir", "/data/js", "--stream-type", "nats", "--stream-url", "nats://b:4222"]))
+    settings = cmd.engine(options).settings
+    assert (settings.node.id, settings.stream.store_dir, settings.stream.type, settings.stream.url) == (
+        "n5", "/data/js", "nats", "nats://b:4222",
+    )
+    assert cmd.engine(vars(parser.parse_args([]))).settings.node.id == "from-env"
+
+
+def test_a_bad_flag_is_a_one_line_command_error(clean_engine_env: None) -> None:
+    from django.core.management import CommandError, load_command_class
+
+    cmd = load_command_class("crewlet", "up")
+    options = vars(cmd.create_parser("manage.py", "up").parse_args(["--stream-type", "nats"]))
+    with pytest.raises(CommandError, match=r"^stream\.url='': required when stream\.type is nats"):
         cmd.engine(options)
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from crewlet.queue import MAX_DELIVERIES, Timings, topics
 from tests.browser_support import LoopThread, slack_message
-from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -89,7 +89,7 @@ class Up:
         self.out = ProcessOutput(self.proc)
         ready = self.out.wait_for("Crewlet is up: ", timeout_s=UP_READY_S)
         self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        self.children = _descendants(self.proc.pid)
+        self.children = descendants(self.proc.pid)
 
     def post_slack(self, to: str, channel: str, text: str) -> None:
         import json
@@ -110,7 +110,7 @@ class Up:
             pass
         self.proc.wait(timeout=10)
         for pid in self.children:
-            if _running(pid):
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.test_skeleton import REPO_ROOT
+from tests.process_support import REPO_ROOT
 
 FIGURES_KEY = pytest.StashKey[list]()
 REPORT = REPO_ROOT / "var" / "ci" / "reliability.json"

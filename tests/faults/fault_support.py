@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
-from tests.test_skeleton import REPO_ROOT, ProcessOutput, _descendants, _running
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
 
 T = TypeVar("T")
 
@@ -216,37 +216,37 @@ class Up:
         self.out = ProcessOutput(self.proc)
         ready = self.out.wait_for("Crewlet is up: ", timeout_s=UP_READY_S)
         self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        self.children = _descendants(self.proc.pid)
+        self.children = descendants(self.proc.pid)
         return time.monotonic() - began
 
     @property
     def broker_pid(self) -> int:
         """The embedded nats-server child running now."""
         assert self.proc is not None
-        found = [pid for pid, name in _descendants(self.proc.pid).items() if name == "nats-server" and _running(pid)]
+        found = [pid for pid, name in descendants(self.proc.pid).items() if name == "nats-server" and is_running(pid)]
         assert len(found) == 1, f"expected one nats-server child, found {found}"
         return found[0]
 
     def kill9(self) -> None:
         """SIGKILL ``up`` itself (not its group): its broker must die with it by the parent-death signal."""
         assert self.proc is not None
-        children = _descendants(self.proc.pid)
+        children = descendants(self.proc.pid)
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
-        wait_until(lambda: not [p for p in children if _running(p)], timeout_s=15, what=f"children of a killed up die: {children}")
+        wait_until(lambda: not [p for p in children if is_running(p)], timeout_s=15, what=f"children of a killed up die: {children}")
         self._keep_log()
 
     def terminate(self, timeout_s: float = 90.0) -> int:
         """SIGTERM and wait; returns the exit status."""
         assert self.proc is not None
-        self.children = _descendants(self.proc.pid)
+        self.children = descendants(self.proc.pid)
         self.proc.send_signal(signal.SIGTERM)
         status = self.proc.wait(timeout=timeout_s)
         self._keep_log()
         return status
 
     def leftover_children(self) -> list[int]:
-        return [pid for pid in self.children if _running(pid)]
+        return [pid for pid in self.children if is_running(pid)]
 
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -257,7 +257,7 @@ class Up:
             self.proc.wait(timeout=10)
             self._keep_log()
         for pid in self.children:
-            if _running(pid):
+            if is_running(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

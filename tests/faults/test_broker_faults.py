@@ -20,7 +20,7 @@ import pytest
 
 from tests.faults.conftest import Figures
 from tests.faults.fault_support import Sender, Up, company_yaml, wait_until
-from tests.test_skeleton import _running
+from tests.process_support import is_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,7 +73,7 @@ def test_kill_9_of_the_broker_is_survived_by_up_which_restarts_it_on_the_same_st
         old = up.broker_pid
         killed_at = time.monotonic()
         os.kill(old, signal.SIGKILL)
-        wait_until(lambda: not _running(old), timeout_s=10, what="the broker died")
+        wait_until(lambda: not is_running(old), timeout_s=10, what="the broker died")
         wait_until(lambda: up.healthz()[0] == 200 and up.broker_pid != old, timeout_s=60, what="healthz ok on a new broker")
         recovery_s = time.monotonic() - killed_at
         assert up.proc is not None and up.proc.poll() is None, "up must outlive its broker"
