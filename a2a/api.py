@@ -25,11 +25,10 @@ from rest_framework.views import APIView
 
 from a2a import services
 from a2a.models import Channel
-from crewlet.bodies import ERROR_BAD_PARAMETER, StrictCharField, bad_request_body
+from crewlet.bodies import ERROR_BAD_PARAMETER, BadParameterSerializer, DetailSerializer, StrictCharField, bad_request_body
 from crewlet.events import format_timestamp
 from crewlet.org import HANDLE_PATTERN
 from crewlet.tracing import Trace
-from eventstore.serializers import BadParameterSerializer, DetailSerializer
 from seats import actions
 from seats.api import company
 

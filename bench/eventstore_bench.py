@@ -304,7 +304,7 @@ def _wsgi_client(token: str) -> Callable[[str], tuple[str, bytes]]:
 def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, float]]:
     from django.db import connections
 
-    from seats.models import OperatorToken
+    from crewlet.tokens import OperatorToken
 
     _, token = OperatorToken.mint(f"bench-{time.monotonic_ns()}")
     http_get = _wsgi_client(token)

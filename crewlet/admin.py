@@ -1,10 +1,14 @@
-"""The admin of company config revisions: write one (validated like the file), diff it, activate it.
+"""The admin of company config revisions (write one, validated like the file; diff it; activate it) and of operator tokens.
 
 A revision is never edited once stored: the change page shows it read-only
 with its diff against the active revision and an "Activate" button; a change
 is a new revision (the add form, prefilled with the active text). Activation
 goes through :func:`crewlet.revisions.activate` — the compare-and-set every
 caller uses — with the signed-in user as who did it.
+
+And operator tokens, stored only as their hash: the list and the change page
+show it read-only, and adding one asks only for a name, mints the token and
+shows it once in the confirmation message.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from django.utils.html import format_html
 
 from crewlet import revisions
 from crewlet.models import ActivationPointer, ConfigRevision
+from crewlet.tokens import OperatorToken, hash_token, new_token
 from crewlet.org import CompanyError
 
 
@@ -152,3 +157,46 @@ class ActivationPointerAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class OperatorTokenAddForm(forms.ModelForm):
+    """Only a name: the token is minted on save and shown once."""
+
+    class Meta:
+        model = OperatorToken
+        fields = ["name"]
+
+
+@admin.register(OperatorToken)
+class OperatorTokenAdmin(admin.ModelAdmin):
+    list_display = ("name", "created_at", "last_used_at")
+    search_fields = ("name",)
+    readonly_fields = ("name", "token_hash", "created_at", "last_used_at")
+    add_form = OperatorTokenAddForm
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = self.add_form
+            kwargs["fields"] = ["name"]
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.readonly_fields if obj is not None else ()
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ["name"] if obj is None else list(self.readonly_fields)
+
+    def save_model(self, request: HttpRequest, obj: OperatorToken, form: Any, change: bool) -> None:
+        if change:
+            return  # read-only: revoke (delete) and mint anew instead
+        token = new_token()
+        obj.token_hash = hash_token(token)
+        obj.save()
+        self.message_user(
+            request,
+            f"Operator token for {obj.name!r}: {token} — copy it now, it is stored only as its hash and not shown again.",
+            messages.WARNING,
+        )
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)

@@ -13,8 +13,10 @@ hand.
 
 A refusal is ``400 {"error": <code>, "param": <what>, "reason": <why>}`` —
 :func:`bad_request_body`, the shape ``eventstore.api.BadParameter`` answers for
-a query parameter and ``eventstore.api.exception_handler`` gives a serializer's
-field errors too.
+a query parameter and :func:`exception_handler` (the REST framework's, named in
+the settings) gives a serializer's field errors too. :class:`BadParameterSerializer`
+and :class:`DetailSerializer` declare the error answers in every app's OpenAPI
+schema.
 """
 from __future__ import annotations
 
@@ -131,6 +133,34 @@ def as_one_shape(exc: Exception) -> Exception:
     if isinstance(exc, exceptions.ParseError):
         return BadBody(str(exc.detail))
     return exc
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
+    """DRF's handler, with every 400 in the one shape ``{"error", "param", "reason"}``: every app's routes.
+
+    DRF's views module is imported here, not at the top: defining its views
+    reads the settings' parser, which is this module's.
+    """
+    from rest_framework.views import exception_handler as drf_exception_handler
+
+    return drf_exception_handler(as_one_shape(exc), context)
+
+
+class BadParameterSerializer(serializers.Serializer):
+    """The one shape of every 400 (:func:`bad_request_body`), declared for the OpenAPI schema."""
+
+    error = serializers.CharField(
+        help_text="bad_parameter (a query parameter or body field), bad_body (the body as a whole), "
+        "or an operator tool's refusal (unknown_tool, bad_args)"
+    )
+    param = serializers.CharField(help_text="what was refused: a parameter, a body field's dotted path, or body")
+    reason = serializers.CharField()
+
+
+class DetailSerializer(serializers.Serializer):
+    """The shape of a 401, 404 or 503 answer: the REST framework's ``{"detail": ...}``."""
+
+    detail = serializers.CharField()
 
 
 def _refuse_constant(name: str) -> Any:

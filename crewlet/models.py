@@ -1,5 +1,8 @@
 """Company config revisions: the YAML text of every revision, and the one pointer to the active one.
 
+(The core's other model, the operator token, is defined in :mod:`crewlet.tokens`
+and imported here, where Django looks for an app's models.)
+
 Both live in the coordination store (``default``): every node of a fleet
 polls the same pointer. A revision is immutable once written (a change is a
 new revision); activation is a compare-and-set on the single pointer row, so
@@ -8,6 +11,8 @@ exactly one revision is active and only the caller that moved it announces it.
 from __future__ import annotations
 
 from django.db import models
+
+from crewlet.tokens import OperatorToken  # noqa: F401  (a model of this app: Django finds models here)
 
 
 class ConfigRevision(models.Model):

@@ -228,25 +228,25 @@ USE_I18N = True
 USE_TZ = True
 
 # /api/*: an operator token (Authorization: Bearer) or a signed-in staff
-# session, else 401 (eventstore.auth). JSON only; OpenAPI at /api/schema/.
+# session, else 401 (crewlet.auth). JSON only; OpenAPI at /api/schema/.
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "eventstore.auth.OperatorTokenAuthentication",  # first: its challenge makes a refusal a 401
-        "eventstore.auth.StaffSessionAuthentication",
+        "crewlet.auth.OperatorTokenAuthentication",  # first: its challenge makes a refusal a 401
+        "crewlet.auth.StaffSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["eventstore.auth.IsOperator"],
-    "DEFAULT_RENDERER_CLASSES": ["eventstore.renderers.OrjsonRenderer"],  # DRF's JSON values, ~10x faster
+    "DEFAULT_PERMISSION_CLASSES": ["crewlet.auth.IsOperator"],
+    "DEFAULT_RENDERER_CLASSES": ["crewlet.renderers.OrjsonRenderer"],  # DRF's JSON values, ~10x faster
     "UNICODE_JSON": False,  # only DRF's own renderer reads it (the indented and fallback answers): \u-escaped
     "DEFAULT_PARSER_CLASSES": ["crewlet.bodies.JSONObjectParser"],  # objects only, depth-limited, storable strings
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "eventstore.api.exception_handler",
+    "EXCEPTION_HANDLER": "crewlet.bodies.exception_handler",
 }
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Crewlet API",
     "DESCRIPTION": "Reads of the company's event history. Every route needs an operator token or a staff session.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["eventstore.auth.IsOperator"],
+    "SERVE_PERMISSIONS": ["crewlet.auth.IsOperator"],
 }
 
 STATIC_URL = "static/"

@@ -17,9 +17,8 @@ from typing import Any, Iterable, Optional
 from django.core.exceptions import ImproperlyConfigured
 from django.http import QueryDict
 from rest_framework import exceptions, status
-from rest_framework.views import exception_handler as drf_exception_handler
 
-from crewlet.bodies import ERROR_BAD_PARAMETER, as_one_shape, bad_request_body
+from crewlet.bodies import ERROR_BAD_PARAMETER, bad_request_body
 from crewlet.conf import SettingsError, load_settings
 from crewlet.events import CATEGORIES, parse_timestamp
 from eventstore import questions as qs
@@ -60,11 +59,6 @@ class BadParameter(exceptions.APIException):
         super().__init__(reason)
         # APIException coerces a dict detail's values to ErrorDetail; keep plain strings.
         self.detail = bad_request_body(ERROR_BAD_PARAMETER, param, reason)
-
-
-def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
-    """DRF's handler, with every 400 in the one shape ``{"error", "param", "reason"}`` (crewlet.bodies)."""
-    return drf_exception_handler(as_one_shape(exc), context)
 
 
 # -- the asker's instant and this node ---------------------------------------------------

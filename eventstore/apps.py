@@ -6,6 +6,3 @@ from django.apps import AppConfig
 
 class EventStoreConfig(AppConfig):
     name = "eventstore"
-
-    def ready(self) -> None:
-        from eventstore import schema  # noqa: F401  (registers the OpenAPI auth extensions)

@@ -22,13 +22,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from crewlet.bodies import BadBody, StrictCharField, bad_request_body
+from crewlet.auth import actor_of
+from crewlet.bodies import BadBody, BadParameterSerializer, DetailSerializer, StrictCharField, bad_request_body
 from crewlet.events import format_timestamp
 from crewlet.queue.contract import DeadLetter
 from eventstore import actions as ops
 from eventstore.api import BadParameter
-from eventstore.auth import actor_of
-from eventstore.serializers import BadParameterSerializer, DetailSerializer
 from seats import actions as seat_actions
 
 log = logging.getLogger("crewlet.eventstore.operator")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from crewlet.bodies import BadParameterSerializer, DetailSerializer  # noqa: F401  (the error answers, as s.* in the views)
 from crewlet.events import CATEGORIES
 
 
@@ -139,18 +140,3 @@ class TurnDetailRowSerializer(TurnSerializer):
 
 class TurnDetailSerializer(AnswerSerializer):
     turn = TurnDetailRowSerializer()
-
-
-class BadParameterSerializer(serializers.Serializer):
-    """The one shape of every 400 (crewlet.bodies.bad_request_body)."""
-
-    error = serializers.CharField(
-        help_text="bad_parameter (a query parameter or body field), bad_body (the body as a whole), "
-        "or an operator tool's refusal (unknown_tool, bad_args)"
-    )
-    param = serializers.CharField(help_text="what was refused: a parameter, a body field's dotted path, or body")
-    reason = serializers.CharField()
-
-
-class DetailSerializer(serializers.Serializer):
-    detail = serializers.CharField()

@@ -113,7 +113,7 @@ def _header(scope: dict[str, Any], name: bytes) -> Optional[str]:
 
 def _token_name(token: str) -> Optional[str]:
     """The operator token's name when ``token`` is a live one, verified exactly as ``/api/`` verifies it."""
-    from eventstore.auth import operator_for
+    from crewlet.auth import operator_for
 
     row = operator_for(token)
     return row.name if row is not None else None
@@ -202,7 +202,7 @@ def _bearer(scope: dict[str, Any]) -> Optional[str]:
 
 def _token_still_live(token: str) -> bool:
     """The coordination store itself, not the verified-token cache: a revocation anywhere counts at once."""
-    from seats.models import OperatorToken
+    from crewlet.tokens import OperatorToken
 
     return OperatorToken.lookup(token) is not None
 

@@ -17,7 +17,7 @@ from crewlet.events import CATEGORIES
 from eventstore import api
 from eventstore import questions as qs
 from eventstore import serializers as s
-from eventstore.renderers import AcceptOnlyNegotiation, OrjsonRenderer
+from crewlet.renderers import AcceptOnlyNegotiation, OrjsonRenderer
 
 _ERRORS = {400: s.BadParameterSerializer, 401: s.DetailSerializer}
 

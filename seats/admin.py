@@ -1,20 +1,15 @@
-"""The admin: seat pauses (with pause/resume actions), the seat record, the completion ledger, operator tokens.
+"""The admin: seat pauses (with pause/resume actions), the seat record, the completion ledger.
 
 The pause and resume actions call :func:`seats.actions.pause_seat` /
 :func:`seats.actions.resume_seat` — the same compare-and-set the API uses, so
 only a change that won is announced — with the signed-in user as who did it.
 They are offered on the seat record too, because a seat nobody ever paused
 has a record (every seat the mailbox walk saw) but no pause row yet.
-
-Operator tokens are stored only as their hash: the list and the change page
-show it read-only, and adding one asks only for a name, mints the token and
-shows it once in the confirmation message.
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -22,7 +17,6 @@ from django.http import HttpRequest
 from seats import actions
 from seats.actions import SeatNotFound
 from seats.delivery_models import LedgerEntry, SeatPause, SeatRecord
-from seats.models import OperatorToken, hash_token, new_token
 
 
 def _apply(modeladmin: admin.ModelAdmin, request: HttpRequest, handles: Iterable[str], pause: bool) -> None:
@@ -112,47 +106,4 @@ class LedgerEntryAdmin(_ReadOnly):
         return False
 
 
-class OperatorTokenAddForm(forms.ModelForm):
-    """Only a name: the token is minted on save and shown once."""
-
-    class Meta:
-        model = OperatorToken
-        fields = ["name"]
-
-
-@admin.register(OperatorToken)
-class OperatorTokenAdmin(admin.ModelAdmin):
-    list_display = ("name", "created_at", "last_used_at")
-    search_fields = ("name",)
-    readonly_fields = ("name", "token_hash", "created_at", "last_used_at")
-    add_form = OperatorTokenAddForm
-
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        if obj is None:
-            kwargs["form"] = self.add_form
-            kwargs["fields"] = ["name"]
-        return super().get_form(request, obj, change=change, **kwargs)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return self.readonly_fields if obj is not None else ()
-
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return ["name"] if obj is None else list(self.readonly_fields)
-
-    def save_model(self, request: HttpRequest, obj: OperatorToken, form: Any, change: bool) -> None:
-        if change:
-            return  # read-only: revoke (delete) and mint anew instead
-        token = new_token()
-        obj.token_hash = hash_token(token)
-        obj.save()
-        self.message_user(
-            request,
-            f"Operator token for {obj.name!r}: {token} — copy it now, it is stored only as its hash and not shown again.",
-            messages.WARNING,
-        )
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return obj is None and super().has_change_permission(request, obj)
-
-
-__all__ = ["LedgerEntryAdmin", "OperatorTokenAdmin", "SeatPauseAdmin", "SeatRecordAdmin", "pause_selected", "resume_selected"]
+__all__ = ["LedgerEntryAdmin", "SeatPauseAdmin", "SeatRecordAdmin", "pause_selected", "resume_selected"]

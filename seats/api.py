@@ -24,11 +24,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from crewlet.bodies import ERROR_BAD_PARAMETER, StrictBooleanField, StrictCharField, bad_request_body
+from crewlet.auth import actor_of
+from crewlet.bodies import (
+    ERROR_BAD_PARAMETER,
+    BadParameterSerializer,
+    DetailSerializer,
+    StrictBooleanField,
+    StrictCharField,
+    bad_request_body,
+)
 from crewlet.org import Organization, Seat, load_company
 from crewlet.queue import topics
-from eventstore.auth import actor_of
-from eventstore.serializers import BadParameterSerializer, DetailSerializer
 from seats import actions, runtime
 from seats.actions import SeatNotFound
 from seats.delivery_models import SeatPause

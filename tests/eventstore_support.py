@@ -77,7 +77,7 @@ def scope(monkeypatch: pytest.MonkeyPatch) -> NodeScope:
 @pytest.fixture
 def operator(db: Any) -> str:
     """A minted operator token."""
-    from seats.models import OperatorToken
+    from crewlet.tokens import OperatorToken
 
     _, token = OperatorToken.mint("tests")
     return token

@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from rest_framework.test import APIClient
 
 from a2a.models import Channel
-from seats.models import OperatorToken
+from crewlet.tokens import OperatorToken
 from seats_support import eventually
 from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 

@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from eventstore.auth import MIN_TOKEN_LENGTH, SEEDED_TOKEN_NAME, seed_operator_token_from_env
-from seats.models import OperatorToken
+from crewlet.auth import MIN_TOKEN_LENGTH, SEEDED_TOKEN_NAME, seed_operator_token_from_env
+from crewlet.tokens import OperatorToken
 from eventstore_support import AT, client, make_event, operator, scope, store  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
@@ -164,10 +164,10 @@ class _Clock:
 @pytest.fixture
 def tokens(monkeypatch: pytest.MonkeyPatch) -> Any:
     """This process's verified-token cache, fresh and on a hand-moved clock."""
-    from seats import models as seats_models
+    from crewlet import tokens as token_module
 
-    cache = seats_models.VerifiedTokens(ttl_s=seats_models.TOKEN_CACHE_TTL_S, max_size=4, clock=_Clock())
-    monkeypatch.setattr(seats_models, "VERIFIED_TOKENS", cache)
+    cache = token_module.VerifiedTokens(ttl_s=token_module.TOKEN_CACHE_TTL_S, max_size=4, clock=_Clock())
+    monkeypatch.setattr(token_module, "VERIFIED_TOKENS", cache)
     return cache
 
 
@@ -206,7 +206,7 @@ def test_a_token_deleted_in_the_admin_is_refused_at_once(scope: Any, tokens: Any
     admin = Client()
     admin.force_login(get_user_model().objects.create_superuser("root-admin", password="pw"))
     pk = OperatorToken.objects.get(name="laptop").pk
-    assert admin.post(f"/admin/seats/operatortoken/{pk}/delete/", {"post": "yes"}).status_code == 302
+    assert admin.post(f"/admin/crewlet/operatortoken/{pk}/delete/", {"post": "yes"}).status_code == 302
     assert _get(token) == 401
 
 
@@ -232,7 +232,7 @@ def test_a_cached_token_never_opens_the_door_to_a_different_token(scope: Any, to
 
 
 def test_the_cache_forgets_a_token_after_its_ttl(scope: Any, tokens: Any) -> None:
-    from seats.models import TOKEN_CACHE_TTL_S
+    from crewlet.tokens import TOKEN_CACHE_TTL_S
 
     token = _mint("elsewhere")
     assert _get(token) == 200

@@ -24,7 +24,7 @@ from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from eventstore import actions as ops
 from eventstore.models import EventRow
 from seats import actions
-from seats.models import OperatorToken
+from crewlet.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, wake
 from seats_support import _close_store_connections  # noqa: F401 (fixture)

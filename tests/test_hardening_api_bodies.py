@@ -12,7 +12,7 @@ from a2a.models import Channel
 from crewlet.bodies import MAX_DEPTH, BodyRefused, parse_object
 from crewlet.jsontext import nesting_depth
 from seats.delivery_models import SeatPause
-from seats.models import OperatorToken
+from crewlet.tokens import OperatorToken
 from tests.test_request_bridge import Up
 
 #: Every route that takes a JSON body, with a body it would accept.

@@ -26,7 +26,7 @@ from asgiref.testing import ApplicationCommunicator
 from a2a import services
 from a2a.models import Channel
 from crewlet import runtime
-from seats.models import OperatorToken
+from crewlet.tokens import OperatorToken
 from seats_support import eventually
 from seats_support import runtime_on_memory  # noqa: F401 (fixture)
 from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running

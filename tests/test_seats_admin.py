@@ -10,7 +10,7 @@ from django.test import Client
 
 from seats import actions
 from seats.delivery_models import SeatPause, SeatRecord
-from seats.models import OperatorToken, hash_token
+from crewlet.tokens import OperatorToken, hash_token
 from seats_support import eventually
 from seats_support import in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 
@@ -103,17 +103,17 @@ def test_the_pause_action_with_no_runtime_in_the_process_reports_that_nothing_ch
 @pytest.mark.django_db(databases=["default", "events"])
 def test_adding_an_operator_token_asks_only_a_name_and_shows_the_token_once() -> None:
     c = staff_client()
-    form = c.get("/admin/seats/operatortoken/add/")
+    form = c.get("/admin/crewlet/operatortoken/add/")
     assert form.status_code == 200 and b'name="name"' in form.content and b"token_hash" not in form.content
 
-    done = c.post("/admin/seats/operatortoken/add/", {"name": "ci"}, follow=True)
+    done = c.post("/admin/crewlet/operatortoken/add/", {"name": "ci"}, follow=True)
     assert done.status_code == 200
     [shown] = [m for m in messages_of(done) if "Operator token for 'ci'" in m]
     token = shown.split(": ", 1)[1].split(" ")[0]
     row = OperatorToken.objects.get(name="ci")
     assert row.token_hash == hash_token(token) and OperatorToken.lookup(token) is not None
 
-    page = c.get(f"/admin/seats/operatortoken/{row.pk}/change/")
+    page = c.get(f"/admin/crewlet/operatortoken/{row.pk}/change/")
     assert page.status_code == 200
     assert token.encode() not in page.content and b'name="token_hash"' not in page.content
     assert row.token_hash.encode() in page.content  # shown, read-only

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from crewlet.queue import topics
 from seats import actions
 from seats.delivery_models import SeatPause
-from seats.models import OperatorToken
+from crewlet.tokens import OperatorToken
 from seats_support import eventually, send, wake
 from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 

@@ -119,7 +119,7 @@ def session_cookie(*, staff: bool = True, active: bool = True) -> bytes:
 
 @sync_to_async
 def operator_token() -> str:
-    from seats.models import OperatorToken
+    from crewlet.tokens import OperatorToken
 
     _, token = OperatorToken.mint(f"tab-{OperatorToken.objects.count()}")
     return token

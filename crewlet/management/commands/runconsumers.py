@@ -71,7 +71,7 @@ class Command(BaseCommand):
         """CREWLET_OPERATOR_TOKEN, when set, becomes an operator token before anything serves."""
         from django.db import DatabaseError
 
-        from eventstore.auth import seed_operator_token_from_env
+        from crewlet.auth import seed_operator_token_from_env
 
         try:
             seed_operator_token_from_env()

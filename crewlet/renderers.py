@@ -1,4 +1,4 @@
-"""The API's JSON renderer: orjson, with DRF's encoder for what orjson would spell differently.
+"""The API's JSON renderer (every app's routes): orjson, with DRF's encoder for what orjson would spell differently.
 
 A page of ``/api/events`` is ~50 KB of JSON; the stdlib encoder spent ~0.7 ms
 on it, orjson a tenth of that. The JSON *values* are DRF's: datetimes, dates
@@ -22,7 +22,7 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.encoders import JSONEncoder
 
-log = logging.getLogger("crewlet.eventstore.renderers")
+log = logging.getLogger("crewlet.renderers")
 
 #: Datetimes and dataclasses are left to DRF's encoder, so their JSON is what it always was.
 OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS

@@ -1,4 +1,7 @@
-"""Who may read ``/api/``: an operator token (``Authorization: Bearer``) or a signed-in staff session.
+"""Who may call ``/api/``: an operator token (``Authorization: Bearer``) or a signed-in staff session.
+
+Every app's routes use it (the REST framework's defaults name these classes),
+so it lives in the core beside the tokens it checks (:mod:`crewlet.tokens`).
 
 Anything else is a 401 with a ``WWW-Authenticate: Bearer`` challenge — a
 session that is signed in but not staff included: to this API it is not a
@@ -14,7 +17,9 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-log = logging.getLogger("crewlet.eventstore.auth")
+from crewlet.tokens import OperatorToken
+
+log = logging.getLogger("crewlet.auth")
 
 #: The environment variable whose token ``manage.py up``/``runconsumers`` seeds at start.
 OPERATOR_TOKEN_ENV = "CREWLET_OPERATOR_TOKEN"
@@ -45,10 +50,8 @@ def operator_for(token: str) -> Any:
 
     Remembered for a few seconds once verified (by hash): a revocation made in
     this process applies at once, one made by another process within
-    seats.models.TOKEN_CACHE_TTL_S. touch() writes at most once a minute.
+    crewlet.tokens.TOKEN_CACHE_TTL_S. touch() writes at most once a minute.
     """
-    from seats.models import OperatorToken  # the app registry is ready by the first request
-
     row = OperatorToken.verify(token)
     if row is not None:
         row.touch(timezone.now())
@@ -60,7 +63,7 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
 
     A verified token is cached in process for ``TOKEN_CACHE_TTL_S`` (10 s), keyed
     by its hash: revoking it through this process refuses it at once, through
-    another process within that TTL (:class:`seats.models.VerifiedTokens`).
+    another process within that TTL (:class:`crewlet.tokens.VerifiedTokens`).
     """
 
     keyword = "bearer"
@@ -121,8 +124,6 @@ def seed_operator_token_from_env(env: Mapping[str, str] = os.environ) -> bool:
         return False
     if len(token) < MIN_TOKEN_LENGTH or any(c.isspace() for c in token):
         raise ValueError(f"{OPERATOR_TOKEN_ENV} must be at least {MIN_TOKEN_LENGTH} characters with no spaces")
-    from seats.models import OperatorToken
-
     OperatorToken.seed(SEEDED_TOKEN_NAME, token)
     log.info("operator_token_seeded", extra={"token_name": SEEDED_TOKEN_NAME})
     return True
@@ -130,8 +131,6 @@ def seed_operator_token_from_env(env: Mapping[str, str] = os.environ) -> bool:
 
 def actor_of(request: Request) -> str:
     """Who is acting: the operator token's own name, else the staff user's username."""
-    from seats.models import OperatorToken
-
     if isinstance(request.auth, OperatorToken):
         return request.auth.name
     user = request.user

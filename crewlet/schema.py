@@ -1,4 +1,4 @@
-"""OpenAPI descriptions of the two /api/ credentials (registered when the app is ready)."""
+"""OpenAPI descriptions of the two /api/ credentials (registered when the crewlet app is ready)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +7,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 
 class OperatorTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "eventstore.auth.OperatorTokenAuthentication"
+    target_class = "crewlet.auth.OperatorTokenAuthentication"
     name = "operatorToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
@@ -19,7 +19,7 @@ class OperatorTokenScheme(OpenApiAuthenticationExtension):
 
 
 class StaffSessionScheme(OpenApiAuthenticationExtension):
-    target_class = "eventstore.auth.StaffSessionAuthentication"
+    target_class = "crewlet.auth.StaffSessionAuthentication"
     name = "staffSession"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError
 
-from seats.models import OperatorToken
+from crewlet.tokens import OperatorToken
 
 
 class Command(BaseCommand):
