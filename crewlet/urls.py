@@ -1,11 +1,14 @@
-"""URL routes: /healthz, the admin and the /api/ reads (OpenAPI at /api/schema/); and the dashboard's pages at the root."""
+"""URL routes: /healthz, the admin, each app's routes (the /api/ reads, OpenAPI at /api/schema/; the webhooks);
+and the dashboard's pages and ``/operator/act`` at the root (``eventstore.dashboard_urls``).
+
+The project's top: it mounts each app's URL module by name and imports none.
+"""
 from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
 
 from crewlet.health import healthz
-from eventstore.operator_views import OperatorActView
 
 #: Where the webhook routes are mounted (the web server gives their bodies the webhook limit).
 WEBHOOKS_PREFIX = "webhooks/"
@@ -16,7 +19,6 @@ urlpatterns = [
     path("api/seats/", include("seats.urls")),
     path("api/a2a/", include("a2a.urls")),
     path("api/", include("eventstore.urls")),
-    path("operator/act", OperatorActView.as_view(), name="operator-act"),
     path(WEBHOOKS_PREFIX, include("notifications.urls")),
-    path("", include("crewlet.dashboard_urls")),
+    path("", include("eventstore.dashboard_urls")),
 ]

@@ -1,7 +1,8 @@
 """The dashboard's pages: server-rendered Django templates over the same reads as ``/api/``.
 
-Each page asks the function its ``/api/`` twin asks (``eventstore.api``,
-``seats.api``, the queue), so a page and the API can never disagree about a
+The dashboard belongs to the event store: it shows the store, its reads and
+the live projection, and the seats' pause state beside them. Each page asks the
+function its ``/api/`` twin asks (``eventstore.api``, ``seats.api``, the queue), so a page and the API can never disagree about a
 row; the small script in ``templates/dashboard/base.html`` then keeps the page
 live over ``/ws/stream`` and pages on through ``/api/events``. Only active
 staff may look — the same people a staff session lets through ``/api/``.
@@ -19,9 +20,14 @@ from django.shortcuts import render
 from django.urls import reverse_lazy
 
 from crewlet.events import categories
+from crewlet.queue import topics
 from eventstore import api as store_api
+from eventstore import projection
+from eventstore.operator_views import dead_letter_row
+from seats import actions
+from seats.api import state
 
-log = logging.getLogger("crewlet.dashboard")
+log = logging.getLogger("crewlet.eventstore.dashboard")
 
 #: Rows per page of the event log (the script asks /api/events for more of the same size).
 EVENTS_PAGE_SIZE = 50
@@ -60,11 +66,9 @@ class LogoutView(auth_views.LogoutView):
 
 def on_engine_loop(make: Callable[[Any], Any]) -> tuple[Optional[Any], str]:
     """Ask the engine's queue for a page: (answer, "") or (None, why it could not be read)."""
-    from seats.actions import EngineAway, on_engine
-
     try:
-        return on_engine(make, QUEUE_READ_TIMEOUT_S), ""
-    except EngineAway as exc:
+        return actions.on_engine(make, QUEUE_READ_TIMEOUT_S), ""
+    except actions.EngineAway as exc:
         return None, str(exc)
     except Exception as exc:  # the broker is away, or slow: the page says so rather than failing
         log.warning("dashboard_queue_read_failed", extra={"error": repr(exc)})
@@ -87,8 +91,6 @@ def _query(**params: Any) -> QueryDict:
 @staff_only
 def overview(request: HttpRequest) -> HttpResponse:
     """The engine's company live; in a process with no engine, the stored feed and why there are no seats."""
-    from eventstore import projection
-
     try:
         live = projection.running()
     except projection.NoEngineHere as exc:
@@ -153,11 +155,6 @@ def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
 
 @staff_only
 def seat(request: HttpRequest, handle: str) -> HttpResponse:
-    from crewlet.queue import topics
-    from eventstore import projection
-    from seats import actions
-    from seats.api import state
-
     projected = projection.current()
     target = projected.company().seat_by_handle(handle) if projected is not None else None
     if projected is not None and target is None:
@@ -193,8 +190,6 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
 
 @staff_only
 def dead_letters(request: HttpRequest) -> HttpResponse:
-    from eventstore.operator_views import dead_letter_row
-
     letters, error = on_engine_loop(lambda queue: queue.dead_letters(DEAD_LETTERS_SHOWN))
     rows = [dead_letter_row(letter) for letter in letters or []]
     return render(request, "dashboard/dead_letters.html", {"page": "dead-letters", "rows": rows, "error": error})

@@ -1,9 +1,10 @@
-"""The dashboard's pages (mounted at the site root by crewlet.urls)."""
+"""The dashboard's pages, and the operator action its dead-letter page posts (mounted at the site root by crewlet.urls)."""
 from __future__ import annotations
 
 from django.urls import path
 
-from crewlet import dashboard
+from eventstore import dashboard
+from eventstore.operator_views import OperatorActView
 
 urlpatterns = [
     path("", dashboard.overview, name="dash-overview"),
@@ -13,4 +14,5 @@ urlpatterns = [
     path("traces/<str:trace_id>/", dashboard.trace, name="dash-trace"),
     path("seats/<str:handle>/", dashboard.seat, name="dash-seat"),
     path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
+    path("operator/act", OperatorActView.as_view(), name="operator-act"),
 ]
