@@ -51,7 +51,7 @@ def stuck(started: Collector, gate: asyncio.Event):
 
 def seen(collector: Collector) -> list:
     """Every event payload ``i`` a collector saw, single deliveries and partitions alike."""
-    out = []
+    out: list[int] = []
     for item in collector.items:
         events = item.events if hasattr(item, "events") else [item.event]
         out.extend(e.payload["i"] for e in events)

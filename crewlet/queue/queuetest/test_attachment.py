@@ -8,6 +8,7 @@ reaches across to another client on the same broker.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from crewlet.queue.contract import MAX_DELIVERIES, BatchOptions, Outcome, SubscriptionRef
 from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, uniq
@@ -25,7 +26,8 @@ async def state(queue, *pairs):
 async def only(queue, backlogs):
     """Nothing else was written: exactly these subscriptions, these backlogs, no dead letter."""
     pairs = list(backlogs)
-    expected = (tuple(backlogs.values()), [], sorted(SubscriptionRef(t, g) for t, g in pairs))
+    no_dead_letters: list[tuple[object, ...]] = []
+    expected = (tuple(backlogs.values()), no_dead_letters, sorted(SubscriptionRef(t, g) for t, g in pairs))
     assert await state(queue, *pairs) == expected
 
 
@@ -87,7 +89,7 @@ async def test_a_detach_inside_a_handler_stops_the_next_delivery(harness, queue)
     for i in range(3):
         await queue.publish(topic, ev(i))
     attached = asyncio.Event()
-    handle = {}
+    handle: dict[str, Any] = {}
 
     async def let_go(delivery):
         await attached.wait()

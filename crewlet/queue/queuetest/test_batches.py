@@ -221,7 +221,7 @@ async def test_a_partition_at_mixed_counts_tells_each_message_its_own_and_the_pa
 async def test_a_failing_partition_is_redelivered_alone(harness, queue):
     topic, group = inbox()
     await backlog_of(queue, topic, group, [at(1, "a", 0), at(2, "b", 1), at(3, "a", 2)])
-    failed = []
+    failed: list[Partition] = []
 
     def outcome(p: Partition):
         if p.key == "a" and not failed:

@@ -37,7 +37,8 @@ async def drained(harness, queue, topic, group, n=0):
 async def only(queue, backlogs):
     """Nothing else was written: exactly these subscriptions, these backlogs, no dead letter."""
     pairs = list(backlogs)
-    expected = (tuple(backlogs.values()), [], sorted(SubscriptionRef(t, g) for t, g in pairs))
+    no_dead_letters: list[tuple[object, ...]] = []
+    expected = (tuple(backlogs.values()), no_dead_letters, sorted(SubscriptionRef(t, g) for t, g in pairs))
     assert await state(queue, *pairs) == expected
 
 
@@ -415,7 +416,9 @@ async def test_a_handler_never_runs_under_a_cancelled_context_inherited_from_its
         except asyncio.CancelledError:
             seen["cancelled"] = True
             raise
-        seen["cancelling"] = asyncio.current_task().cancelling()
+        task = asyncio.current_task()
+        assert task is not None
+        seen["cancelling"] = task.cancelling()
         seen["finished"] = True
 
     col = Collector(harness, handler)
