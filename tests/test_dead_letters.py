@@ -10,7 +10,7 @@ the event store's writer is the queue's publish listener, as in ``up``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Optional
 
 import pytest
 import yaml
@@ -28,6 +28,7 @@ from crewlet.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, wake
 from seats_support import _close_store_connections  # noqa: F401 (fixture)
+from waiting_support import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
@@ -336,16 +337,13 @@ def _http(url: str, token: str, body: Any = None) -> tuple[int, dict[str, Any]]:
 
 
 def _until(fetch: Any, check: Any, what: str, timeout_s: float = 60.0) -> Any:
-    """Ask ``fetch()`` until ``check(answer)`` holds; the answer, or a failure naming the last one."""
-    import time
+    """Ask ``fetch()`` until ``check(answer)`` holds; the answer (held in a 1-tuple, so a falsy one counts)."""
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def answered() -> Optional[tuple[Any]]:
         answer = fetch()
-        if check(answer):
-            return answer
-        assert time.monotonic() < deadline, f"not seen in {timeout_s:.0f} s: {what}; last answer {answer!r}"
-        time.sleep(0.1)
+        return (answer,) if check(answer) else None
+
+    return wait_until(answered, timeout_s, what, 0.1)[0]
 
 
 @pytest.mark.integration

@@ -22,6 +22,7 @@ from eventstore.rows import is_failed, row_for
 from eventstore import writer as writer_module
 from eventstore.writer import EventWriter
 from eventstore_support import NODE, make_event, trace
+from waiting_support import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
@@ -213,15 +214,12 @@ FAST_RETRY = {"retry_first_s": 0.01, "retry_max_s": 0.05, "close_flush_s": 5.0}
 
 
 async def until_rows(expected: list[str], what: str) -> None:
-    """Wait for exactly these row ids (in ts order); fail with what there is at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20.0
-    while True:
-        got = [r.id for r in await rows()]
-        if got == expected:
-            return
-        assert loop.time() < deadline, f"{what}: rows {got}, expected {expected}"
-        await asyncio.sleep(0.01)
+    """Wait for exactly these row ids (in ts order)."""
+
+    async def written() -> bool:
+        return [r.id for r in await rows()] == expected
+
+    await eventually(written, 20.0, f"{what}: rows {expected}")
 
 
 async def test_a_failing_write_never_fails_the_publish_and_the_row_is_written_once_the_store_answers(
@@ -403,26 +401,19 @@ async def test_across_a_broker_kill_and_restart_every_event_reported_published_o
                 else:
                     reported.append(event.id)
 
-        async def until(cond: Any, what: str) -> None:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60.0
-            while not cond():
-                assert loop.time() < deadline, what
-                await asyncio.sleep(0.01)
-
         task = asyncio.create_task(publisher())
         try:
             for round_ in range(2):
                 before = len(reported)
-                await until(lambda: len(reported) >= before + 50, f"publishes before kill {round_}")
+                await eventually(lambda: len(reported) >= before + 50, 60.0, f"publishes before kill {round_}")
                 restarts = broker.restarts
                 # The events database drops the writer's connection as the broker dies: a restart
                 # of both, as a machine coming back brings them, and the row path must ride out both.
                 assert await _terminate_writer_backends() == 1
                 await broker.kill()
-                await until(lambda: broker.restarts > restarts and client.connected, f"the broker back after kill {round_}")
+                await eventually(lambda: broker.restarts > restarts and client.connected, 60.0, f"the broker back after kill {round_}")
             before = len(reported)
-            await until(lambda: len(reported) >= before + 50, "publishes after the last restart")
+            await eventually(lambda: len(reported) >= before + 50, 60.0, "publishes after the last restart")
         finally:
             stop.set()
             await task
@@ -436,9 +427,9 @@ async def test_across_a_broker_kill_and_restart_every_event_reported_published_o
         await client.ensure_subscription(topic, "audit")
         held = await client.backlog(topic, "audit")
         sub = await client.subscribe(topic, "audit", collect)
-        await until(lambda: len(stored) >= held, "the stream read back")
+        await eventually(lambda: len(stored) >= held, 60.0, "the stream read back")
         await sub.detach()
-        await until(lambda: writer.backlog == 0, "the writer's backlog written")
+        await eventually(lambda: writer.backlog == 0, 60.0, "the writer's backlog written")
         await writer.aclose()
         await client.close()
 

@@ -1,65 +1,10 @@
-"""Waiting for a condition, the one way the tests do it: poll it until it holds, fail naming it at a deadline.
+"""Waiting for a condition in the project's tests: :func:`eventually` on an event loop, :func:`wait_until` on a thread.
 
-A test that waits for something another task, thread or process brings about
-asks :func:`eventually` (on an event loop) or :func:`wait_until` (on a plain
-thread, for a process under test) rather than sleeping a guessed time: the
-wait ends as soon as the condition holds, and a condition that never holds
-fails with what was awaited and the last value seen.
+The one implementation is the queue conformance package's (it must import
+without ``tests/``); every test waits through these two names.
 """
 from __future__ import annotations
 
-import asyncio
-import inspect
-import time
-from typing import Any, Awaitable, Callable, TypeVar, Union
-
-T = TypeVar("T")
-
-#: How often a condition is asked again.
-ASYNC_INTERVAL_S = 0.01
-THREAD_INTERVAL_S = 0.05
-
-
-def _failure(what: str, timeout_s: float, last: Any) -> AssertionError:
-    return AssertionError(f"{what or 'condition'} not met within {timeout_s:g} s; last value {last!r}")
-
-
-async def eventually(
-    cond: Callable[[], Union[T, Awaitable[T]]],
-    timeout_s: float = 10.0,
-    what: str = "",
-    interval_s: float = ASYNC_INTERVAL_S,
-) -> T:
-    """Ask ``cond`` (sync, or returning an awaitable) until its answer is truthy; that answer.
-
-    Measured on the running loop's clock, so a loop under load gets the time
-    it was given.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        result = cond()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result  # type: ignore[return-value]
-        if loop.time() > deadline:
-            raise _failure(what, timeout_s, result)
-        await asyncio.sleep(interval_s)
-
-
-def wait_until(
-    cond: Callable[[], T], timeout_s: float = 10.0, what: str = "", interval_s: float = THREAD_INTERVAL_S
-) -> T:
-    """Ask ``cond`` on this thread until its answer is truthy; that answer (a process under test brings it about)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = cond()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise _failure(what, timeout_s, result)
-        time.sleep(interval_s)
-
+from crewlet.queue.queuetest.waiting import eventually, wait_until
 
 __all__ = ["eventually", "wait_until"]

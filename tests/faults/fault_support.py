@@ -31,8 +31,9 @@ import time
 import urllib.parse
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Optional, TypeVar, cast
 
+from tests import waiting_support
 from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
 
 T = TypeVar("T")
@@ -86,21 +87,13 @@ seats:
 """
 
 
+#: What a check may raise while the process under test restarts: the wait asks again.
+RESTARTING: tuple[type[Exception], ...] = (OSError, http.client.HTTPException, ValueError)
+
+
 def wait_until(check: Callable[[], Optional[T]], *, timeout_s: float, what: str, interval_s: float = 0.2) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    for _ in range(int(timeout_s / interval_s) + 2):
-        try:
-            last = check()
-        except (OSError, http.client.HTTPException, ValueError) as exc:  # the process under test restarting
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval_s)  # the poll's spacing while waiting for the condition above
-    raise AssertionError(f"not within {timeout_s:.0f} s: {what} (last: {last!r})")
+    """The tests' one thread-side wait, asking again through a restart of ``up`` (:data:`RESTARTING`)."""
+    return cast(T, waiting_support.wait_until(check, timeout_s, what, interval_s, ignoring=RESTARTING))
 
 
 # -- HTTP ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from crewlet.events import Event
 from crewlet.queue.contract import EventQueue, Timings
+from crewlet.queue.queuetest.waiting import eventually
 
 #: Shrunk production durations: every code path runs, in milliseconds.
 TEST_TIMINGS = Timings(backoff_base_s=0.005, backoff_cap_s=0.02, ack_wait_s=30.0)
@@ -154,21 +155,6 @@ def ev(i: Any = 0, **payload: Any) -> Event:
 
 # ---------------------------------------------------------------------------
 # Waiting
-
-
-async def eventually(cond: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until truthy; fail with ``what`` at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = cond()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 class Collector:
