@@ -1,1 +1,1 @@
-"""seats: seat state, mailboxes, inbox dispatch, completion ledger, holds, pauses, turn runner seam, retirement."""
+"""seats: seat state, mailboxes, inbox dispatch and its digest coalescer, completion ledger, holds, pauses, turn runner seam, retirement."""

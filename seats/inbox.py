@@ -129,7 +129,7 @@ def batch_options(org: Organization) -> BatchOptions:
 
 
 class Merge(Protocol):
-    """The digest seam: ``notifications.coalescer.dispatch`` has this shape.
+    """The digest seam: ``seats.coalescer.dispatch`` has this shape.
 
     Given a multi-event partition, it merges the wakes and calls ``run`` once —
     with the merged trigger, or (degraded, after requeueing the tail) with the

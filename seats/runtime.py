@@ -348,10 +348,10 @@ def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:
     """Register the seat runtime as an engine service (started once the queue is connected).
 
     In production a multi-wake partition is merged by the notifications
-    digest (``notifications.coalescer.dispatch``) into ONE trigger.
+    digest (``seats.coalescer.dispatch``) into ONE trigger.
     """
     if "merge" not in options:
-        from notifications.coalescer import dispatch
+        from seats.coalescer import dispatch
 
         options["merge"] = dispatch
 

@@ -24,7 +24,7 @@ from crewlet.org import CompanyHolder, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
 from crewlet.tracing import Trace
-from notifications.coalescer import dispatch
+from seats.coalescer import dispatch
 from seats import inbox as inbox_module
 from seats.delivery_models import LedgerEntry
 from seats.ledger import (

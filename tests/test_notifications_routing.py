@@ -446,7 +446,7 @@ async def test_a_fixture_posted_to_the_edge_wakes_the_seat_on_its_inbox_over_the
 async def test_a_burst_posted_to_the_edge_becomes_one_digest_trigger_on_the_real_broker() -> None:
     """N DM messages routed while nothing drains ada's inbox drain as one partition and run as ONE trigger."""
     from crewlet.queue.contract import BatchOptions, Partition
-    from notifications.coalescer import dispatch
+    from seats.coalescer import dispatch
     from notifications.runtime import NotifyService
     from seats.inbox import partition_key_of
     from seats_support import jetstream_queues

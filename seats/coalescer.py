@@ -1,5 +1,9 @@
 """The digest coalescer: a partition of several wakes becomes ONE trigger.
 
+It lives with the seats because the seats' inbox loop is what calls it: the
+notifications app only publishes wakes to seat inboxes and never imports
+seats, so the digest a seat's partition becomes is the seats' business.
+
 Design (Inbox Batching & Coalescing § The digest trigger). The seats' inbox
 loop hands a drained multi-event partition to :func:`coalesce` (pure), runs
 the one trigger it returns, and records the merge with
@@ -48,7 +52,7 @@ from crewlet.events.types import ExternalNotification, NotificationsCoalesced
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 
-log = logging.getLogger("crewlet.notifications.coalescer")
+log = logging.getLogger("crewlet.seats.coalescer")
 
 #: Ids of merged triggers are derived from their constituents' ids, so the
 #: same partition merged twice (a redelivery) is the same trigger.

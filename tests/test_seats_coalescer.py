@@ -12,7 +12,7 @@ from crewlet.events.types import ExternalNotification, TaskAssigned
 from crewlet.queue import topics
 from crewlet.queue.contract import BatchOptions, Partition
 from crewlet.tracing import Trace
-from notifications.coalescer import (
+from seats.coalescer import (
     COLLAPSED_DUPLICATE,
     COLLAPSED_SUPERSEDED,
     MalformedConstituent,
