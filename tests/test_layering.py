@@ -1,0 +1,175 @@
+"""Imports between the apps flow one way, and the core (``crewlet``) imports no app.
+
+Every module of the core and the four apps is parsed with :mod:`ast` and
+every import in it is read — at the top, inside a function, under ``if
+TYPE_CHECKING``, or as ``importlib.import_module("...")`` with a literal name
+— so a function-local import cannot hide an arrow the wrong way. The arrows
+allowed are :data:`ALLOWED` (the README's layout section draws the same
+graph); every app may import the core.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: The bottom: infrastructure every app uses (queue, events, tracing, engine, settings, the
+#: company file, operator tokens and the API's authentication).
+CORE = "crewlet"
+APPS = ("seats", "notifications", "eventstore", "a2a")
+PACKAGES = (CORE, *APPS)
+
+#: app -> the other apps it may import (the core is always allowed). One way: never both.
+ALLOWED: Mapping[str, frozenset[str]] = {
+    # Seat state, inboxes, turns, pauses, the digest its inbox builds: on the core alone.
+    "seats": frozenset(),
+    # The webhook edge: publishes wakes to seat inboxes by topic (crewlet.queue.topics).
+    "notifications": frozenset(),
+    # The store, its reads, the live projection, /ws/stream and the dashboard, which
+    # shows the seats' live state and pauses beside the events.
+    "eventstore": frozenset({"seats"}),
+    # Channels between seats: implements seats' after-turn hook and asks through seats.
+    "a2a": frozenset({"seats"}),
+}
+
+#: Core modules that are the project's top rather than its bottom: the ASGI application
+#: mounts eventstore's /ws/stream routes (the URLconf mounts each app by name, importing none).
+COMPOSITION_ROOT: Mapping[str, frozenset[str]] = {
+    "crewlet.asgi": frozenset({"eventstore"}),
+}
+
+#: Core modules that still start or read an app's services directly, and the apps they
+#: reach: the engine's wiring, which moves into each app's AppConfig. A ceiling: a module
+#: may drop an app from its entry, never add one, and no module may join the list.
+ENGINE_WIRING: Mapping[str, frozenset[str]] = {
+    "crewlet.health": frozenset({"seats"}),
+    "crewlet.revisions": frozenset({"seats"}),
+    "crewlet.web": frozenset({"notifications"}),
+    "crewlet.management.commands.up": frozenset({"seats"}),
+    "crewlet.management.commands.runconsumers": frozenset({"a2a", "eventstore", "notifications", "seats"}),
+}
+
+_DYNAMIC_IMPORTERS = {"import_module", "import_string", "__import__"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(source: str, module: str, is_package: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) of every module ``source`` imports, wherever the statement sits."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            yield node.lineno, name
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in _DYNAMIC_IMPORTERS and isinstance(node.args[0].value, str):
+                yield node.lineno, node.args[0].value
+
+
+def arrows() -> Iterator[tuple[str, str, str]]:
+    """(importing module, its package, imported package) for every import from one of PACKAGES into another."""
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            module = module_name(path)
+            for line, name in imported_names(path.read_text(encoding="utf-8"), module, path.name == "__init__.py"):
+                target = name.split(".")[0]
+                if target in PACKAGES and target != package:
+                    yield f"{module}:{line}", package, target
+
+
+def offences(found: Iterable[tuple[str, str, str]]) -> list[str]:
+    """The arrows of ``found`` the rules above do not allow, each as a sentence naming its line."""
+    refused = []
+    for where, package, target in found:
+        module = where.split(":")[0]
+        if package == CORE:
+            allowed = COMPOSITION_ROOT.get(module, frozenset()) | ENGINE_WIRING.get(module, frozenset())
+        else:
+            allowed = ALLOWED[package] | {CORE}
+        if target not in allowed:
+            refused.append(f"{where} imports {target}: {package} may import {sorted(allowed) or 'no app'}")
+    return refused
+
+
+def test_no_module_imports_an_app_its_package_may_not_import_even_inside_a_function() -> None:
+    assert offences(arrows()) == []
+
+
+def test_the_allowed_arrows_between_the_apps_run_one_way_with_no_cycle() -> None:
+    for app, below in ALLOWED.items():
+        for other in below:
+            assert app not in ALLOWED[other], f"{app} and {other} may import each other"
+    seen: dict[str, str] = {}
+
+    def visit(app: str) -> None:
+        seen[app] = "visiting"
+        for other in ALLOWED[app]:
+            assert seen.get(other) != "visiting", f"a cycle through {app} and {other}"
+            if other not in seen:
+                visit(other)
+        seen[app] = "done"
+
+    for app in ALLOWED:
+        if app not in seen:
+            visit(app)
+
+
+def test_every_app_of_the_settings_has_a_place_in_the_graph() -> None:
+    from django.conf import settings
+
+    ours = {app for app in settings.INSTALLED_APPS if (REPO_ROOT / app).is_dir()}
+    assert ours == set(PACKAGES)
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "expected"),
+    [
+        ("def f():\n    from seats import actions\n", "eventstore.x", "seats"),
+        ("import seats.runtime\n", "crewlet.y", "seats.runtime"),
+        ("if TYPE_CHECKING:\n    from a2a.models import Channel\n", "seats.z", "a2a.models"),
+        ("importlib.import_module('notifications.edge')\n", "seats.z", "notifications.edge"),
+        ("from .coalescer import dispatch\n", "seats.runtime", "seats.coalescer"),
+    ],
+)
+def test_the_check_reads_imports_wherever_they_sit(source: str, module: str, expected: str) -> None:
+    assert expected in [name for _, name in imported_names(source, module)]
+
+
+@pytest.mark.parametrize(
+    "arrow",
+    [
+        ("seats.inbox:3", "seats", "eventstore"),
+        ("seats.runtime:9", "seats", "notifications"),
+        ("notifications.service:5", "notifications", "seats"),
+        ("eventstore.projection:7", "eventstore", "a2a"),
+        ("crewlet.dashboard:4", "crewlet", "seats"),
+        ("crewlet.health:8", "crewlet", "eventstore"),
+    ],
+)
+def test_an_arrow_the_graph_does_not_allow_is_reported_with_its_line(arrow: tuple[str, str, str]) -> None:
+    [reported] = offences([arrow])
+    assert reported.startswith(f"{arrow[0]} imports {arrow[2]}: ")
+
+
+def test_the_arrows_the_graph_allows_are_not_reported() -> None:
+    assert offences([("a2a.hooks:19", "a2a", "seats"), ("eventstore.dashboard:27", "eventstore", "seats")]) == []
+    assert offences([("seats.api:30", "seats", "crewlet"), ("crewlet.asgi:25", "crewlet", "eventstore")]) == []
