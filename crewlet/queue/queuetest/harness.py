@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from crewlet.events import Event
 from crewlet.queue.contract import EventQueue, Timings
-from crewlet.queue.queuetest.waiting import eventually
+from crewlet.queue.queuetest.waiting import eventually as eventually  # re-exported: the cases import it from here
 
 #: Shrunk production durations: every code path runs, in milliseconds.
 TEST_TIMINGS = Timings(backoff_base_s=0.005, backoff_cap_s=0.02, ack_wait_s=30.0)
