@@ -14,17 +14,13 @@ import asyncio
 import itertools
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
-import urllib.error
-import urllib.request
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
-from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+from tests.process_support import REPO_ROOT
+from tests.up_support import UP_READY_S, UpProcess, http_json, up_env
 
 T = TypeVar("T")
 
@@ -45,7 +41,6 @@ CHROMIUM_ARGS = [
 SCREENSHOTS = REPO_ROOT / "var" / "ci" / "screenshots"
 STAFF_USER = "operator"
 STAFF_PASSWORD = "browser-test-password-4711"
-UP_READY_S = 120.0
 
 
 class LoopThread:
@@ -72,74 +67,22 @@ class LoopThread:
         self.loop.close()
 
 
-class Company:
+class Company(UpProcess):
     """`manage.py up` serving the example company, and what the test needs to talk to it."""
 
     def __init__(self, tmp: Path, broker_url: str) -> None:
-        self.tmp = tmp
         self.data_dir = tmp / "data"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
-        self.env.update(
-            PYTHONUNBUFFERED="1",
-            DJANGO_SETTINGS_MODULE="crewlet.settings",
-            CREWLET_STREAM_TYPE="nats",
-            CREWLET_STREAM_URL=broker_url,
-            CREWLET_VAR_DIR=str(self.data_dir),
-        )
-        self.proc: Optional[subprocess.Popen[str]] = None
-        self.out: Optional[ProcessOutput] = None
-        self.url = ""
-        self.children: dict[int, str] = {}
+        env = up_env(CREWLET_STREAM_TYPE="nats", CREWLET_STREAM_URL=broker_url, CREWLET_VAR_DIR=str(self.data_dir))
+        super().__init__(tmp, node="web1", env=env, ready_s=UP_READY_S)
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--node", "web1"],
-            cwd=self.tmp,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.out = ProcessOutput(self.proc)
-        ready = self.out.wait_for("Crewlet is up: ", timeout_s=UP_READY_S)
-        self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
+    def start(self) -> "Company":
+        super().start()
         self.manage("createsuperuser", "--noinput", "--username", STAFF_USER, "--email", "op@example.com",
                     extra_env={"DJANGO_SUPERUSER_PASSWORD": STAFF_PASSWORD})
-        self.children = descendants(self.proc.pid)
-
-    def manage(self, *argv: str, extra_env: Optional[dict[str, str]] = None) -> str:
-        result = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "manage.py"), *argv],
-            cwd=self.tmp, env={**self.env, **(extra_env or {})}, capture_output=True, text=True, timeout=120,
-        )
-        assert result.returncode == 0, f"manage.py {' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
+        return self
 
     def post_json(self, path: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        request = urllib.request.Request(
-            self.url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
-
-    def stop(self) -> str:
-        if self.proc is None:
-            return ""
-        try:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        for pid in self.children:
-            if is_running(pid):
-                os.kill(pid, signal.SIGKILL)
-        return self.out.text() if self.out else ""
+        return http_json("POST", self.url + path, json.dumps(payload).encode(), {"Content-Type": "application/json"}, empty={})
 
 
 _message_ts = itertools.count(1)

@@ -14,6 +14,7 @@ from crewlet.jsontext import nesting_depth
 from seats.delivery_models import SeatPause
 from crewlet.tokens import OperatorToken
 from tests.test_request_bridge import Up
+from tests.up_support import serve
 
 #: Every route that takes a JSON body, with a body it would accept.
 JSON_ROUTES = [
@@ -153,12 +154,7 @@ def test_the_schema_states_the_body_constraints_the_server_enforces(client: APIC
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    process = Up(tmp_path_factory.mktemp("bodies"))
-    try:
-        yield process
-    finally:
-        output = process.stop()
-        assert "Traceback" not in output, output[-6000:]
+    yield from serve(Up(tmp_path_factory.mktemp("bodies")))
 
 
 @pytest.mark.integration

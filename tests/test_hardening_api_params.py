@@ -13,11 +13,7 @@ on PostgreSQL, where a NUL in text is refused by the database itself.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -35,7 +31,7 @@ from eventstore import api
 from eventstore import questions as qs
 from eventstore.questions import NodeScope
 from eventstore_support import AT, client, ids, make_event, operator, scope, store  # noqa: F401  (fixtures)
-from tests.process_support import REPO_ROOT, ProcessOutput, descendants as _descendants, is_running as _running
+from tests.up_support import UpProcess, http_call, up_env
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
@@ -413,34 +409,14 @@ TOKEN = "params-test-operator-token-0123456789abcdef"
 
 
 def _http(url: str) -> tuple[int, dict[str, str], bytes]:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
+    return http_call("GET", url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout_s=30)
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_up_answers_timestamps_past_the_calendar_and_refuses_a_forged_schema_version(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
-    env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_OPERATOR_TOKEN=TOKEN)
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"), "--node", "p1"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )
-    out = ProcessOutput(proc)
-    children: dict[int, str] = {}
-    try:
-        ready = out.wait_for("Crewlet is up: ", timeout_s=120)
-        url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0]
-        children = _descendants(proc.pid)
-
+    with UpProcess(tmp_path, "--data-dir", str(tmp_path / "data"), node="p1", env=up_env(CREWLET_OPERATOR_TOKEN=TOKEN)) as up:
+        url = up.url + "/"
         for route in LIST_ROUTES:
             for param, value in (("since", PAST_THE_END), ("until", BEFORE_THE_START)):
                 status, _, body = _http(f"{url}{route.lstrip('/')}?{param}={quote(value)}")
@@ -458,16 +434,6 @@ def test_up_answers_timestamps_past_the_calendar_and_refuses_a_forged_schema_ver
         status, headers, body = _http(f"{url}api/schema/?version=1")
         assert status == 200 and headers["Content-Disposition"] == 'inline; filename="Crewlet API.yaml"'
 
-        text = out.text() if proc.poll() is not None else "\n".join(out.lines)
+        text = up.output_so_far()
         assert "Internal Server Error" not in text and "Traceback" not in text, text
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, out.text()
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in children:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        assert up.terminate() == 0, up.stop()

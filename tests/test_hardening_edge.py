@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,6 +46,7 @@ from notifications_support import (
 from seats_support import Recorder, eventually, memory_queues
 from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 from test_notifications_edge import ACCEPTED, edge_on, post, published
+from tests.up_support import UpProcess, http_json, up_env
 
 SURROGATE = "\ud800"
 NUL = "\x00"
@@ -417,12 +412,7 @@ seats:
 
 
 def _http(url: str, body: bytes = b"", headers: Optional[dict[str, str]] = None, method: str = "POST") -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url, data=body if method == "POST" else None, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+    return http_json(method, url, body if method == "POST" else None, headers, empty={})
 
 
 def _turn_completed(url: str, trace_id: str, timeout_s: float = 60.0) -> list[str]:
@@ -442,31 +432,15 @@ def _turn_completed(url: str, trace_id: str, timeout_s: float = 60.0) -> list[st
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_up_refuses_unstorable_and_too_deep_bodies_with_400_and_runs_a_deep_adf_comments_turn(tmp_path: Path) -> None:
-    from tests.process_support import REPO_ROOT, ProcessOutput, descendants as _descendants, is_running as _running
-
     (tmp_path / "acme.yaml").write_text(UP_COMPANY)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_") and k not in {e for e, _ in SECRETS.values()}}
-    env.update(
-        PYTHONUNBUFFERED="1",
-        DJANGO_SETTINGS_MODULE="crewlet.settings",
-        CREWLET_OPERATOR_TOKEN=UP_TOKEN,
-        SLACK_SIGNING_SECRET=UP_SLACK_SECRET,
-        MATTERMOST_TOKEN=UP_MM_TOKEN,
-    )
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
-         "--company", str(tmp_path / "acme.yaml"), "--node", "edge1"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )
-    out = ProcessOutput(proc)
-    children: dict[int, str] = {}
-    try:
-        ready = out.wait_for("Crewlet is up: ", timeout_s=120)
-        url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0]
-        children = _descendants(proc.pid)
+    env = {k: v for k, v in up_env().items() if k not in {e for e, _ in SECRETS.values()}}
+    env.update(CREWLET_OPERATOR_TOKEN=UP_TOKEN, SLACK_SIGNING_SECRET=UP_SLACK_SECRET, MATTERMOST_TOKEN=UP_MM_TOKEN)
+    with UpProcess(
+        tmp_path, "--data-dir", str(tmp_path / "data"), "--company", str(tmp_path / "acme.yaml"), node="edge1", env=env
+    ) as up:
+        url = up.url + "/"
         # 5. the verified surface with no secret is named at start, by its variable
-        out.wait_for("event=webhook_secret_missing surface=github variable=GITHUB_WEBHOOK_SECRET", timeout_s=10)
+        up.wait_for("event=webhook_secret_missing surface=github variable=GITHUB_WEBHOOK_SECRET", timeout_s=10)
 
         def slack(payload: dict[str, Any] | bytes, stamp: Optional[str] = None) -> tuple[int, dict[str, Any]]:
             body = payload if isinstance(payload, bytes) else body_of(payload)
@@ -514,17 +488,7 @@ def test_up_refuses_unstorable_and_too_deep_bodies_with_400_and_runs_a_deep_adf_
         assert status == 202, answer
         _turn_completed(url, answer["trace_id"])
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, out.text()[-4000:]
-        text = out.text()
+        assert up.terminate() == 0, up.stop()[-4000:]
+        text = up.stop()
         assert "Traceback" not in text and "status=500" not in text, text[-6000:]
         assert UP_SLACK_SECRET not in text and UP_MM_TOKEN not in text and UP_TOKEN not in text
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in children:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=10)

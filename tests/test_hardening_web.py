@@ -18,20 +18,18 @@ import struct
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 from urllib.parse import urlencode
 
 import pytest
 
-from tests.process_support import REPO_ROOT, ProcessOutput, descendants as _descendants, is_running as _running
+from tests.process_support import REPO_ROOT
+from tests.up_support import UpProcess, http_call, up_env
 from waiting_support import wait_until
 
 pytestmark = pytest.mark.integration
 
-UP_READY_S = 90.0
 STAFF_USER = "operator"
 STAFF_PASSWORD = "hardening-test-password-4711"
 TOKEN = "hardening-operator-token-0123456789abcdef"
@@ -39,60 +37,25 @@ TOKEN = "hardening-operator-token-0123456789abcdef"
 WAIT_S = 30.0
 
 
-class Up:
+class Up(UpProcess):
     """``manage.py up`` on a free port with a fresh data dir (SQLite, the example company) and ``env``."""
 
     def __init__(self, tmp: Path, **env: str) -> None:
-        self.tmp = tmp
         self.data_dir = tmp / "data"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
-        self.env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_VAR_DIR=str(self.data_dir))
-        self.env.update(env)
-        self.proc: Optional[subprocess.Popen[str]] = None
-        self.out: Optional[ProcessOutput] = None
-        self.url = ""
+        super().__init__(tmp, node="hw1", env=up_env(CREWLET_VAR_DIR=str(self.data_dir), **env))
         self.host = ""
         self.port = 0
-        self.children: dict[int, str] = {}
 
     def start(self) -> "Up":
-        self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--node", "hw1"],
-            cwd=self.tmp,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.out = ProcessOutput(self.proc)
-        ready = self.out.wait_for("Crewlet is up: ", timeout_s=UP_READY_S)
-        self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        hostport = self.url.split("://", 1)[1]
-        self.host, port = hostport.rsplit(":", 1)
+        super().start()
+        self.host, port = self.url.split("://", 1)[1].rsplit(":", 1)
         self.port = int(port)
-        self.children = _descendants(self.proc.pid)
         return self
-
-    def manage(self, *argv: str, extra_env: Optional[dict[str, str]] = None) -> str:
-        result = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "manage.py"), *argv],
-            cwd=self.tmp, env={**self.env, **(extra_env or {})}, capture_output=True, text=True, timeout=120,
-        )
-        assert result.returncode == 0, f"manage.py {' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
 
     def request(
         self, method: str, path: str, body: Optional[bytes] = None, headers: Optional[dict[str, str]] = None
     ) -> tuple[int, dict[str, str], bytes]:
-        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
-        opener = urllib.request.build_opener(NoRedirect)
-        try:
-            with opener.open(req, timeout=30) as response:
-                return response.status, dict(response.headers), response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, dict(exc.headers), exc.read()
+        return http_call(method, self.url + path, body, headers, redirects=False, timeout_s=30)
 
     def rss_kib(self) -> int:
         assert self.proc is not None
@@ -100,27 +63,6 @@ class Up:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise AssertionError("no VmRSS")
-
-    def stop(self) -> str:
-        if self.proc is None:
-            return ""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        for pid in self.children:
-            if _running(pid):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-        return self.out.text() if self.out else ""
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 @pytest.fixture
@@ -167,7 +109,7 @@ def test_a_query_secret_header_token_cookie_or_signature_never_reaches_up_s_log_
     assert status == 400
     status, _, _ = up.request("GET", f"/api/events?token={BEARER}", headers={"Authorization": f"Bearer {BEARER}"})
     assert status == 401
-    up.out.wait_for("Unauthorized", timeout_s=WAIT_S)  # type: ignore[union-attr]
+    up.wait_for("Unauthorized", timeout_s=WAIT_S)
     text = up.stop()
     for secret in (JIRA_SECRET, BEARER, SESSION, SIGNATURE, "deadbeefsignature"):
         assert secret not in text
@@ -372,7 +314,7 @@ def test_a_socket_opened_with_an_operator_token_is_closed_4401_once_the_token_is
     up.manage("operator_token", "ws-tab", "--revoke")  # another process: the web process's cache never heard of it
     assert ws.close_code() == 4401
     ws.close()
-    assert "event=ws_stream_revoked" in up.out.wait_for("event=ws_stream_revoked", timeout_s=WAIT_S)  # type: ignore[union-attr]
+    assert "event=ws_stream_revoked" in up.wait_for("event=ws_stream_revoked", timeout_s=WAIT_S)
 
 
 @pytest.mark.timeout(180)
@@ -471,7 +413,7 @@ def test_a_chunked_body_over_the_webhook_limit_is_refused_413_while_it_is_still_
     assert sent < total, "the server waited for the whole body before answering"
     growth_mib = (vm_kib(up.proc.pid, "VmHWM") - peak_before) / 1024
     assert growth_mib < 100, f"the server's peak RSS grew {growth_mib:.0f} MiB"
-    up.out.wait_for("event=web_body_too_large path=/webhooks/slack limit=1048576", timeout_s=WAIT_S)  # type: ignore[union-attr]
+    up.wait_for("event=web_body_too_large path=/webhooks/slack limit=1048576", timeout_s=WAIT_S)
 
     # A small chunked delivery still goes through, on a fresh connection.
     from tests.browser_support import slack_message
@@ -543,7 +485,7 @@ def test_connections_that_do_not_finish_their_request_head_in_time_are_closed_ev
         assert closed(sock)  # a blocking read: returns once the server closed it (socket timeout WAIT_S)
         sock.close()
     trickler.close()
-    assert "event=web_header_timeout" in up.out.wait_for("event=web_header_timeout", timeout_s=WAIT_S)  # type: ignore[union-attr]
+    assert "event=web_header_timeout" in up.wait_for("event=web_header_timeout", timeout_s=WAIT_S)
     # A whole request on a kept-alive connection is answered, and the next one too.
     conn = http.client.HTTPConnection(up.host, up.port, timeout=WAIT_S)
     for _ in range(2):
@@ -581,7 +523,7 @@ def test_failed_sign_ins_are_throttled_per_address_and_per_username_with_429_and
     assert sprayer.sign_in("dave", "guess")[0] == 429
     # An address and a username with no failures are not held back.
     assert Browser(up, source_ip="127.0.0.5").sign_in("erin", "guess")[0] == 200
-    assert "event=sign_in_locked" in up.out.wait_for("event=sign_in_locked", timeout_s=WAIT_S)  # type: ignore[union-attr]
+    assert "event=sign_in_locked" in up.wait_for("event=sign_in_locked", timeout_s=WAIT_S)
 
 
 # -- /healthz asks the broker ------------------------------------------------------------------------------

@@ -8,14 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import uuid
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -29,70 +23,30 @@ from crewlet import runtime
 from crewlet.tokens import OperatorToken
 from seats_support import eventually
 from seats_support import runtime_on_memory  # noqa: F401 (fixture)
-from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+from tests.up_support import REQUEST_TIMEOUT_S, UpProcess, http_json, serve, up_env
 
 TOKEN = "bridge-test-operator-token-0123456789abcdef"
-#: How long a request to the process under test may take before the test gives up on it (not a bound it asserts).
-REQUEST_TIMEOUT_S = 60.0
 
 
-class Up:
+class Up(UpProcess):
     """``manage.py up`` (SQLite, embedded broker, the example company) with an operator token seeded."""
 
     def __init__(self, tmp: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
-        env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_OPERATOR_TOKEN=TOKEN)
-        self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0",
-             "--data-dir", str(tmp / "data"), "--node", "b1"],
-            cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-        )
-        self.out = ProcessOutput(self.proc)
-        ready = self.out.wait_for("Crewlet is up: ", timeout_s=120)
-        self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        self.children = descendants(self.proc.pid)
+        super().__init__(tmp, "--data-dir", str(tmp / "data"), node="b1", env=up_env(CREWLET_OPERATOR_TOKEN=TOKEN))
 
     def request(self, method: str, path: str, body: Optional[bytes] = None) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {TOKEN}"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as response:
-                return response.status, json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
+        return http_json(method, self.url + path, body, headers)
 
     def post(self, path: str, payload: Any) -> tuple[int, Any]:
         return self.request("POST", path, json.dumps(payload).encode())
 
-    def stop(self) -> str:
-        try:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        for pid in self.children:
-            if is_running(pid):
-                os.kill(pid, signal.SIGKILL)
-        return self.out.text()
-
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    process = Up(tmp_path_factory.mktemp("bridge"))
-    try:
-        yield process
-    finally:
-        output = process.stop()
-        assert "Traceback" not in output, output[-6000:]
-
-
-def _output(up: Up) -> str:
-    """What the process has printed so far (without waiting for it to end)."""
-    return "\n".join(list(up.out.lines))
+    yield from serve(Up(tmp_path_factory.mktemp("bridge")))
 
 
 def _channels(up: Up) -> list[dict[str, Any]]:
@@ -113,7 +67,7 @@ def test_an_operators_ask_inside_up_is_201_and_opens_exactly_one_channel(up: Up)
     assert (body["asker"], body["target"], body["brief"]) == ("ada", "linus", "status of POC-7?")
     opened = [c for c in _channels(up) if c["id"] not in before]
     assert [c["id"] for c in opened] == [body["id"]]
-    assert "event=engine_loop_timeout" not in _output(up)
+    assert "event=engine_loop_timeout" not in up.output_so_far()
 
 
 @pytest.mark.integration
@@ -137,11 +91,11 @@ def test_a_retried_ask_inside_up_with_the_same_request_id_answers_the_first_chan
 def test_pausing_and_resuming_a_seat_inside_up_announces_each_change_once_on_the_engines_loop(up: Up) -> None:
     paused = up.post("/api/seats/ada/pause", {"reason": "bridge test"})
     assert paused[0] == 200 and paused[1]["changed"] is True, paused
-    up.out.wait_for("event=seat_paused ", timeout_s=REQUEST_TIMEOUT_S)
+    up.wait_for("event=seat_paused ", timeout_s=REQUEST_TIMEOUT_S)
     resumed = up.post("/api/seats/ada/resume", {})
     assert resumed[0] == 200 and resumed[1]["changed"] is True, resumed
-    up.out.wait_for("event=seat_resumed ", timeout_s=REQUEST_TIMEOUT_S)
-    text = _output(up)
+    up.wait_for("event=seat_resumed ", timeout_s=REQUEST_TIMEOUT_S)
+    text = up.output_so_far()
     assert "event=seat_pause_announce_failed" not in text and "event=engine_loop_timeout" not in text
 
 

@@ -1,0 +1,185 @@
+"""``manage.py up`` as a child process: how every test that runs the real thing starts it, talks to it and stops it.
+
+A test that exercises a route or a command the way it runs starts ``up`` on a
+free port with its own data directory (SQLite and the embedded broker unless
+its environment says otherwise), waits for the ready line, and must leave
+nothing running behind it, whatever happens: :class:`UpProcess` does the
+three, and is a context manager whose exit kills the process group and every
+descendant seen at start (the broker ``up`` spawned among them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterator, Mapping, Optional, TypeVar
+
+from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+
+#: What ``up`` prints once it serves, followed by its URL.
+READY_LINE = "Crewlet is up: "
+#: How long ``up`` may take to be ready on a loaded machine (not a bound any test asserts).
+UP_READY_S = 120.0
+#: How long a request to the process under test may take before the test gives up on it.
+REQUEST_TIMEOUT_S = 60.0
+
+U = TypeVar("U", bound="UpProcess")
+
+
+def up_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any ``CREWLET_`` setting (SQLite, the defaults), unbuffered, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
+    env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings")
+    env.update(extra)
+    return env
+
+
+class UpProcess:
+    """``manage.py up --addr 127.0.0.1:0 <argv> --node <node>`` in ``tmp``, with ``env`` (default :func:`up_env`)."""
+
+    def __init__(
+        self, tmp: Path, *argv: str, node: str, env: Optional[Mapping[str, str]] = None, ready_s: float = UP_READY_S
+    ) -> None:
+        self.tmp = tmp
+        self.argv = argv
+        self.node = node
+        self.env = dict(env) if env is not None else up_env()
+        self.ready_s = ready_s
+        self.proc: Optional[subprocess.Popen[str]] = None
+        self.out: Optional[ProcessOutput] = None
+        #: The ready line, and the URL it names (no trailing slash).
+        self.ready = ""
+        self.url = ""
+        self.children: dict[int, str] = {}
+
+    def start(self: U) -> U:
+        """Start ``up`` and wait for its ready line; the processes it started by then are remembered."""
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", *self.argv, "--node", self.node],
+            cwd=self.tmp,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.out = ProcessOutput(self.proc)
+        self.ready = self.out.wait_for(READY_LINE, timeout_s=self.ready_s)
+        self.url = self.ready.split(READY_LINE, 1)[1].split(" ", 1)[0].rstrip("/")
+        self.children = descendants(self.proc.pid)
+        return self
+
+    def __enter__(self: U) -> U:
+        try:
+            return self.start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def __exit__(self, kind: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        self.kill()
+
+    def wait_for(self, needle: str, timeout_s: float = REQUEST_TIMEOUT_S) -> str:
+        """The first output line containing ``needle``, once it is printed."""
+        assert self.out is not None
+        return self.out.wait_for(needle, timeout_s=timeout_s)
+
+    def output_so_far(self) -> str:
+        """What the process has printed so far, without waiting for it to end."""
+        return "\n".join(list(self.out.lines)) if self.out else ""
+
+    def manage(self, *argv: str, extra_env: Optional[dict[str, str]] = None) -> str:
+        """Run another ``manage.py`` command against the same data; its stdout (it must succeed)."""
+        result = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "manage.py"), *argv],
+            cwd=self.tmp, env={**self.env, **(extra_env or {})}, capture_output=True, text=True, timeout=120,
+        )
+        assert result.returncode == 0, f"manage.py {' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, and the exit status once ``up`` has stopped."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+    def stop(self) -> str:
+        """Stop ``up`` (SIGTERM; its process group killed if that does not end it in time), then what it left; its output."""
+        if self.proc is None:
+            return ""
+        if self.proc.poll() is None:
+            try:
+                self.terminate()
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._kill_children()
+        return self.out.text() if self.out else ""
+
+    def kill(self) -> None:
+        """SIGKILL the process group and every descendant seen at start: only what this test started."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._kill_children()
+        self.proc.wait(timeout=10)
+
+    def _kill_children(self) -> None:
+        for pid in self.children:
+            if is_running(pid):
+                os.kill(pid, signal.SIGCONT)  # one a test froze gets its SIGKILL all the same
+                os.kill(pid, signal.SIGKILL)
+
+
+def serve(process: U) -> Iterator[U]:
+    """For a fixture (``yield from serve(...)``): ``process`` started, then stopped; a traceback it printed fails the test."""
+    try:
+        yield process.start()
+    finally:
+        output = process.stop()
+        assert "Traceback" not in output, output[-6000:]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def http_call(
+    method: str,
+    url: str,
+    body: Optional[bytes] = None,
+    headers: Optional[Mapping[str, str]] = None,
+    *,
+    redirects: bool = True,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> tuple[int, dict[str, str], bytes]:
+    """One request: (status, headers, body), an error status answered like any other; ``redirects=False`` shows a 302."""
+    request = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
+    opener = urllib.request.build_opener(*(() if redirects else (_NoRedirect,)))
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def http_json(
+    method: str, url: str, body: Optional[bytes] = None, headers: Optional[Mapping[str, str]] = None, *, empty: Any = None
+) -> tuple[int, Any]:
+    """:func:`http_call` with the answer decoded as JSON (``empty`` for an empty body)."""
+    status, _, raw = http_call(method, url, body, headers)
+    return status, json.loads(raw) if raw else empty
+
+
+__all__ = ["READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "serve", "up_env"]
