@@ -10,6 +10,7 @@ the event store's writer is the queue's publish listener, as in ``up``.
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
 import pytest
@@ -36,17 +37,23 @@ SEAT = "ada"
 TOPIC, GROUP = topics.agent_inbox(SEAT), topics.agent_inbox_group(SEAT)
 
 
+@asynccontextmanager
+async def bound_as_engine(q: Any) -> AsyncIterator[Any]:
+    """``q`` bound as this process's engine queue, its publishes written to the event store, as ``up`` wires it."""
+    writer = eventstore.attach(q)
+    actions.bind(q)
+    try:
+        yield q
+    finally:
+        actions.unbind(q)
+        await writer.aclose()
+
+
 @pytest.fixture
 async def engine() -> AsyncIterator[Any]:
-    """A JetStream client bound as this process's engine queue, its publishes written to the event store."""
-    async with jetstream_queues("n1") as [q]:
-        writer = eventstore.attach(q)
-        actions.bind(q)
-        try:
-            yield q
-        finally:
-            actions.unbind(q)
-            await writer.aclose()
+    """A JetStream client bound as this process's engine queue."""
+    async with jetstream_queues("n1") as [q], bound_as_engine(q):
+        yield q
 
 
 @pytest.fixture
@@ -57,13 +64,10 @@ async def file_engine(tmp_path: Any) -> AsyncIterator[Any]:
 
     async with EmbeddedBroker(store_dir=tmp_path / "jetstream") as broker:
         q = await JetStreamQueue.connect(broker.url, node="n1", timings=FAST, event_retention_hours=2.0)
-        writer = eventstore.attach(q)
-        actions.bind(q)
         try:
-            yield q
+            async with bound_as_engine(q):
+                yield q
         finally:
-            actions.unbind(q)
-            await writer.aclose()
             await q.close()
 
 
@@ -322,18 +326,12 @@ UP_TOKEN = "dead-letter-up-test-token-0123456789abcdef"
 
 def _http(url: str, token: str, body: Any = None) -> tuple[int, dict[str, Any]]:
     import json
-    import urllib.error
-    import urllib.request
+
+    from tests.up_support import http_json
 
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    return http_json("GET" if data is None else "POST", url, data, headers, empty={})
 
 
 def _until(fetch: Any, check: Any, what: str, timeout_s: float = 60.0) -> Any:

@@ -405,7 +405,7 @@ async def test_a_wake_that_cannot_be_published_fails_the_delivery_for_redelivery
 async def test_a_fixture_posted_to_the_edge_wakes_the_seat_on_its_inbox_over_the_real_broker() -> None:
     from crewlet.queue.contract import Delivery as QDelivery
     from notifications.runtime import NotifyService
-    from seats_support import jetstream_queues
+    from seats_support import drained, jetstream_queues
 
     async with jetstream_queues("n1") as (q,):
         inbox, group = topics.agent_inbox("ada"), topics.agent_inbox_group("ada")
@@ -449,7 +449,7 @@ async def test_a_burst_posted_to_the_edge_becomes_one_digest_trigger_on_the_real
     from seats.coalescer import dispatch
     from notifications.runtime import NotifyService
     from seats.inbox import partition_key_of
-    from seats_support import jetstream_queues
+    from seats_support import drained, jetstream_queues
 
     async with jetstream_queues("n1") as (q,):
         inbox, group = topics.agent_inbox("ada"), topics.agent_inbox_group("ada")
@@ -480,11 +480,7 @@ async def test_a_burst_posted_to_the_edge_becomes_one_digest_trigger_on_the_real
             sub = await q.subscribe_batch(inbox, group, BatchOptions(partition_key=partition_key_of, max_batch=20), handler)
             try:
                 await eventually(lambda: len(runs) == 1, what="one merged turn")
-
-                async def drained() -> bool:
-                    return await q.backlog(inbox, group) == 0
-
-                await eventually(drained, what="ada's inbox drained")
+                await drained(q, "ada")
             finally:
                 await sub.detach()
             merged = runs[0]
