@@ -240,22 +240,34 @@ def _duration(query: QueryDict, name: str, default: str) -> tuple[str, int]:
 # -- one function per route: query in, answer out ------------------------------------------------
 
 
-def events_page(query: QueryDict) -> dict[str, Any]:
-    check_params(query, EVENTS_PARAMS, multi={"category"})
+def _page(
+    query: QueryDict, kind: str, allowed: Iterable[str], cursor_prefix: str, *, multi: Iterable[str] = (), turns: bool = False
+) -> dict[str, Any]:
+    """A list route: its filters, a page of ``limit`` rows and the cursor that continues it."""
+    check_params(query, allowed, multi=multi)
     question = Question(
-        kind=qs.EVENTS,
+        kind=kind,
         at=qs.instant(clock()),
-        filters=filters_from(query),
+        filters=filters_from(query, turns=turns),
         limit=_limit(query),
-        cursor=_cursor(query, "e"),
+        cursor=_cursor(query, cursor_prefix),
     )
     return ask(question)
 
 
-def event_detail(query: QueryDict, event_id: str) -> dict[str, Any]:
+def _one(query: QueryDict, kind: str, name: str, key: str) -> dict[str, Any]:
+    """A route about the one thing its path names (``name``): no query parameters, a key that can be stored."""
     check_params(query, ())
-    check_text("event_id", event_id)
-    return ask(Question(kind=qs.EVENT, at=qs.instant(clock()), key=event_id))
+    check_text(name, key)
+    return ask(Question(kind=kind, at=qs.instant(clock()), key=key))
+
+
+def events_page(query: QueryDict) -> dict[str, Any]:
+    return _page(query, qs.EVENTS, EVENTS_PARAMS, "e", multi={"category"})
+
+
+def event_detail(query: QueryDict, event_id: str) -> dict[str, Any]:
+    return _one(query, qs.EVENT, "event_id", event_id)
 
 
 def event_series(query: QueryDict) -> dict[str, Any]:
@@ -284,24 +296,12 @@ def event_series(query: QueryDict) -> dict[str, Any]:
 
 
 def trace(query: QueryDict, trace_id: str) -> dict[str, Any]:
-    check_params(query, ())
-    check_text("trace_id", trace_id)
-    return ask(Question(kind=qs.TRACE, at=qs.instant(clock()), key=trace_id))
+    return _one(query, qs.TRACE, "trace_id", trace_id)
 
 
 def turns_page(query: QueryDict) -> dict[str, Any]:
-    check_params(query, TURNS_PARAMS)
-    question = Question(
-        kind=qs.TURNS,
-        at=qs.instant(clock()),
-        filters=filters_from(query, turns=True),
-        limit=_limit(query),
-        cursor=_cursor(query, "t"),
-    )
-    return ask(question)
+    return _page(query, qs.TURNS, TURNS_PARAMS, "t", turns=True)
 
 
 def turn_detail(query: QueryDict, turn_id: str) -> dict[str, Any]:
-    check_params(query, ())
-    check_text("turn_id", turn_id)
-    return ask(Question(kind=qs.TURN, at=qs.instant(clock()), key=turn_id))
+    return _one(query, qs.TURN, "turn_id", turn_id)

@@ -233,24 +233,18 @@ class Edge:
             attributes={"crewlet.source": req.source, "crewlet.delivery_id": delivery_id, "crewlet.event_name": event_name},
         ):
             trace = trace_of()
-            raw = RawWebhook(
+            # The raw_webhook (what routing reads) and the inbound_delivery (the record) name the delivery alike.
+            named = dict(
                 surface=parser.surface,
                 event_name=event_name,
                 provider=req.source,
                 delivery_id=delivery_id,
                 route=req.route,
                 content_type=req.content_type,
-                headers=headers,
             )
+            raw = RawWebhook(**named, headers=headers)
             raw.set_raw_bytes(req.body)
-            record_body = InboundDelivery(
-                surface=parser.surface,
-                event_name=event_name,
-                provider=req.source,
-                delivery_id=delivery_id,
-                route=req.route,
-                content_type=req.content_type,
-            )
+            record_body = InboundDelivery(**named)
             record_body.set_raw_bytes(req.body)
             raw_event = events.new(raw, trace, source=req.source)
             record = events.new(

@@ -157,6 +157,18 @@ def unique(recipients: Iterable[Recipient]) -> tuple[Recipient, ...]:
     return tuple(out.values())
 
 
+def chat_keys(source: str, channel: str, root: str, *, dm: bool, thread_reply: bool) -> tuple[str, str]:
+    """A chat message's (partition key, conversation identity): the one rule Slack and Mattermost share.
+
+    A thread is ``<source>:<channel>:<root>`` (a top-level message is its own
+    root). A DM is one conversation, ``<source>:<channel>``, whose top-level
+    messages batch together while a reply inside a thread keeps that thread's key.
+    """
+    thread = f"{source}:{channel}:{root}"
+    conversation = f"{source}:{channel}" if dm else thread
+    return (thread if (not dm or thread_reply) else conversation), conversation
+
+
 def body_digest_id(raw: bytes) -> str:
     """A delivery id for a provider that sends none: the same bytes (a retry) give the same id."""
     return "sha256:" + hashlib.sha256(raw).hexdigest()[:32]
@@ -305,6 +317,7 @@ __all__ = [
     "as_list",
     "as_text",
     "body_digest_id",
+    "chat_keys",
     "load_json",
     "may_hold_unstorable",
     "need",

@@ -10,17 +10,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from notifications.parsers import (
-    FILTER_UNHANDLED,
-    WHY_MENTION,
-    DeliveryMeta,
-    Parsed,
-    ParseError,
-    Parser,
-    Recipient,
-    as_dict,
-    as_text,
-    need,
-    unique,
+    FILTER_UNHANDLED, WHY_MENTION,
+    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_text, need, unique,
 )
 from notifications.sources import atlassian
 from notifications.sources.atlassian import EVENT_QUERY, KEPT_HEADERS, meta, verify

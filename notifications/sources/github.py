@@ -14,19 +14,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 from crewlet.events.categories import SURFACE_FORGE
 from notifications.parsers import (
-    FILTER_UNHANDLED,
-    WHY_ASSIGNEE,
-    WHY_MENTION,
-    WHY_REVIEWER,
-    DeliveryMeta,
-    Parsed,
-    ParseError,
-    Parser,
-    Recipient,
-    as_dict,
-    as_list,
-    as_text,
-    need,
+    FILTER_UNHANDLED, WHY_ASSIGNEE, WHY_MENTION, WHY_REVIEWER,
+    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, need,
 )
 from notifications.sources.base import InboundRequest, Source, hmac_sha256_hex, same
 

@@ -9,19 +9,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from notifications.parsers import (
-    FILTER_UNHANDLED,
-    WHY_ASSIGNEE,
-    WHY_MENTION,
-    DeliveryMeta,
-    Parsed,
-    ParseError,
-    Parser,
-    Recipient,
-    as_dict,
-    as_list,
-    as_text,
-    need,
-    unique,
+    FILTER_UNHANDLED, WHY_ASSIGNEE, WHY_MENTION,
+    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, need, unique,
 )
 from notifications.sources import atlassian
 from notifications.sources.atlassian import KEPT_HEADERS, meta, verify

@@ -16,21 +16,8 @@ from typing import Any, Mapping, Optional
 
 from crewlet.events.categories import SOCKET_EVENT_POSTED, SURFACE_SOCKET
 from notifications.parsers import (
-    FILTER_DELETED_POST,
-    FILTER_SYSTEM_POST,
-    FILTER_UNHANDLED,
-    WHY_DM,
-    WHY_MENTION,
-    DeliveryMeta,
-    Parsed,
-    ParseError,
-    Parser,
-    Recipient,
-    as_dict,
-    as_list,
-    as_text,
-    load_json,
-    need,
+    FILTER_DELETED_POST, FILTER_SYSTEM_POST, FILTER_UNHANDLED, WHY_DM, WHY_MENTION,
+    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, chat_keys, load_json, need,
     unique,
 )
 from notifications.sources.base import InboundRequest, Source, query_meta, same
@@ -124,8 +111,7 @@ class MattermostParser(Parser):
         channel_type = as_text(data.get("channel_type"))
         dm = channel_type in ("D", "G")
         thread_reply = bool(root) and root != post_id
-        identity = f"{NAME}:{channel}" if dm else f"{NAME}:{channel}:{root or post_id}"
-        partition = f"{NAME}:{channel}:{root or post_id}" if (not dm or thread_reply) else f"{NAME}:{channel}"
+        partition, identity = chat_keys(NAME, channel, root or post_id, dm=dm, thread_reply=thread_reply)
         sender = as_text(post.get("user_id"))
         sender_name = as_text(data.get("sender_name")).lstrip("@")
         text = as_text(post.get("message"))

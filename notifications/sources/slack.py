@@ -18,23 +18,8 @@ import re
 from typing import Any, Mapping, Optional
 
 from notifications.parsers import (
-    FILTER_DELETED_POST,
-    FILTER_EDIT,
-    FILTER_HANDSHAKE,
-    FILTER_SYSTEM_POST,
-    FILTER_UNHANDLED,
-    WHY_DM,
-    WHY_MENTION,
-    DeliveryMeta,
-    Parsed,
-    ParseError,
-    Parser,
-    Recipient,
-    as_dict,
-    as_list,
-    as_text,
-    need,
-    unique,
+    FILTER_DELETED_POST, FILTER_EDIT, FILTER_HANDSHAKE, FILTER_SYSTEM_POST, FILTER_UNHANDLED, WHY_DM, WHY_MENTION,
+    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, chat_keys, need, unique,
 )
 from notifications.sources.base import Handshake, InboundRequest, Source, hmac_sha256_hex, query_meta, same
 
@@ -166,8 +151,7 @@ class SlackParser(Parser):
             raise ParseError("the message has no ts")
         dm = self.is_dm(event)
         thread_reply = bool(root) and root != ts
-        identity = f"{NAME}:{channel}" if dm else f"{NAME}:{channel}:{root}"
-        partition = f"{NAME}:{channel}:{root}" if (not dm or thread_reply) else f"{NAME}:{channel}"
+        partition, identity = chat_keys(NAME, channel, root, dm=dm, thread_reply=thread_reply)
         sender = user or bot
         recipients = [Recipient(m, WHY_MENTION) for m in mentions]
         if dm and not filtered:
