@@ -6,8 +6,6 @@ import http.cookiejar
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -23,7 +21,8 @@ from crewlet import runtime, web
 from crewlet.engine import Engine
 from crewlet.queue import Timings
 from engine_support import FakeBroker, fast_settings, twin_connect
-from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+from tests.process_support import REPO_ROOT, descendants, is_running
+from tests.up_support import READY_LINE, UpProcess, up_env
 from waiting_support import wait_until
 
 sys.path.insert(0, str(REPO_ROOT))
@@ -48,24 +47,10 @@ def _get(url: str, token: Optional[str] = None) -> tuple[int, bytes]:
 @pytest.mark.timeout(120)
 def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
-    env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_OPERATOR_TOKEN=TOKEN)
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--data-dir", str(data_dir), "--node", "u1"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    out = ProcessOutput(proc)
-    children: dict[int, str] = {}
-    try:
-        ready = out.wait_for("Crewlet is up: ", timeout_s=90)
-        url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0]
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/") and ready.endswith("(node u1)")
+    with UpProcess(tmp_path, "--data-dir", str(data_dir), node="u1", env=up_env(CREWLET_OPERATOR_TOKEN=TOKEN), ready_s=90) as up:
+        assert up.proc is not None
+        url = up.ready.split(READY_LINE, 1)[1].split(" ", 1)[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/") and up.ready.endswith("(node u1)")
 
         status, body = _get(url + "healthz")
         assert status == 200, body
@@ -80,12 +65,11 @@ def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: P
         assert (data_dir / "crewlet.sqlite3").exists() and (data_dir / "events.sqlite3").exists()
         assert (data_dir / "jetstream").is_dir() and (data_dir / "secret_key").exists()
 
-        children = descendants(proc.pid)
+        children = descendants(up.proc.pid)
         assert "nats-server" in children.values(), children
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, out.text()
-        text = out.text()
+        assert up.terminate() == 0, up.output()
+        text = up.output()
         lines = text.splitlines()
 
         def first(needle: str) -> int:
@@ -99,15 +83,6 @@ def test_up_serves_healthz_and_the_api_then_stops_cleanly_on_sigterm(tmp_path: P
         assert TOKEN not in text
 
         wait_until(lambda: not [pid for pid in children if is_running(pid)], 5, f"no child outliving manage.py up: {children}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in children:
-            if is_running(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 OTHER_COMPANY = """\
@@ -125,25 +100,11 @@ def test_up_shows_the_company_it_was_given_on_the_overview_and_never_the_example
     data_dir = tmp_path / "data"
     company = tmp_path / "zeta.yaml"
     company.write_text(OTHER_COMPANY)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
-    env.update(PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings", CREWLET_VAR_DIR=str(data_dir))
-    argv = ["up", "--addr", "127.0.0.1:0", "--data-dir", str(data_dir), "--node", "u2", "--company", str(company)]
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "manage.py"), *argv],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )
-    out = ProcessOutput(proc)
-    children: dict[int, str] = {}
-    try:
-        ready = out.wait_for("Crewlet is up: ", timeout_s=90)
-        url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        children = descendants(proc.pid)
-        made = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "manage.py"), "createsuperuser", "--noinput", "--username", "op", "--email", "op@example.com"],
-            cwd=tmp_path, env={**env, "DJANGO_SUPERUSER_PASSWORD": "pw-0123456789"}, capture_output=True, text=True, timeout=120,
-        )
-        assert made.returncode == 0, made.stderr
+    env = up_env(CREWLET_VAR_DIR=str(data_dir))
+    with UpProcess(tmp_path, "--data-dir", str(data_dir), "--company", str(company), node="u2", env=env, ready_s=90) as up:
+        url = up.url
+        up.manage("createsuperuser", "--noinput", "--username", "op", "--email", "op@example.com",
+                  extra_env={"DJANGO_SUPERUSER_PASSWORD": "pw-0123456789"})
         browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
         with browser.open(url + "/login/", timeout=30) as response:
             token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.read().decode())
@@ -153,15 +114,6 @@ def test_up_shows_the_company_it_was_given_on_the_overview_and_never_the_example
             html = response.read().decode()  # signed in, and sent on to the overview
         assert "<h1>zeta</h1>" in html and '<tr data-seat="zed">' in html and '<tr data-seat="yve">' in html
         assert '<tr data-seat="ada">' not in html and 'id="no-engine"' not in html
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in children:
-            if is_running(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def broker_secrets(pid: int) -> list[str]:
@@ -184,48 +136,25 @@ def broker_secrets(pid: int) -> list[str]:
 @pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_manage_py_up_starts_the_engine_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
-    env.update(CREWLET_VAR_DIR=str(tmp_path / "var"), PYTHONUNBUFFERED="1", DJANGO_SETTINGS_MODULE="crewlet.settings")
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--node", "t1", "--store-dir", str(tmp_path / "js"), "--addr", "127.0.0.1:0"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    out = ProcessOutput(proc)
-    brokers: list[int] = []
-    try:
-        started = out.wait_for("event=engine_started", timeout_s=60)
+    env = up_env(CREWLET_VAR_DIR=str(tmp_path / "var"))
+    with UpProcess(tmp_path, "--store-dir", str(tmp_path / "js"), node="t1", env=env, ready_s=60) as up:
+        assert up.proc is not None
+        started = up.wait_for("event=engine_started", timeout_s=60)
         assert "node=t1" in started and "stream_type=embedded" in started
-        brokers = [pid for pid, comm in descendants(proc.pid).items() if comm == "nats-server"]
-        assert brokers, f"no nats-server child of manage.py up: {descendants(proc.pid)}"
+        brokers = [pid for pid, comm in descendants(up.proc.pid).items() if comm == "nats-server"]
+        assert brokers, f"no nats-server child of manage.py up: {descendants(up.proc.pid)}"
         secrets_ = [s for pid in brokers for s in broker_secrets(pid)]
         assert secrets_, "the embedded broker runs without a credential"
         assert "broker_url=nats://127.0.0.1:" in started
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=45) == 0, out.text()
-        text = out.text()
+        assert up.terminate(timeout_s=45) == 0, up.output()
+        text = up.output()
         assert "event=engine_stopped" in text
         assert "Crewlet node t1 starting" in text
         assert not [s for s in secrets_ if s in text], "the broker credential was logged"
         assert (tmp_path / "var" / "secret_key").exists()  # settings used the temporary var dir
 
         wait_until(lambda: not [pid for pid in brokers if is_running(pid)], 3, "no nats-server outliving manage.py up")
-    finally:
-        # Only what this test started: the child's process group, and the brokers it spawned.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in brokers:
-            if is_running(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 # -- /healthz, in process ----------------------------------------------------------------

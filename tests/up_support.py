@@ -60,15 +60,11 @@ class UpProcess:
 
     def start(self: U) -> U:
         """Start ``up`` and wait for its ready line; the processes it started by then are remembered."""
+        argv = [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", *self.argv, "--node", self.node]
+        # Its own session, so the whole group can be killed; stderr merged, so the output is one ordered text.
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", *self.argv, "--node", self.node],
-            cwd=self.tmp,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
+            argv, cwd=self.tmp, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
         )
         self.out = ProcessOutput(self.proc)
         self.ready = self.out.wait_for(READY_LINE, timeout_s=self.ready_s)
@@ -90,6 +86,11 @@ class UpProcess:
         """The first output line containing ``needle``, once it is printed."""
         assert self.out is not None
         return self.out.wait_for(needle, timeout_s=timeout_s)
+
+    def output(self) -> str:
+        """Everything the process printed, once it has ended (its output closed)."""
+        assert self.out is not None
+        return self.out.text()
 
     def output_so_far(self) -> str:
         """What the process has printed so far, without waiting for it to end."""
