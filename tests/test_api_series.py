@@ -12,7 +12,7 @@ from eventstore import questions as qs
 from eventstore.questions import NodeScope, Question
 from eventstore_support import AT, NODE, US, client, make_event, operator, scope, store  # noqa: F401
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
 
 def utc(*args: int) -> datetime:

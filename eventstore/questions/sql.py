@@ -28,7 +28,9 @@ def us_sql(vendor: str, expr: str = "ts") -> str:
         return f"(EXTRACT(EPOCH FROM {expr}) * 1000000)::bigint"
     if vendor == "sqlite":
         # Django keeps an SQLite datetime as 'YYYY-MM-DD HH:MM:SS[.ffffff]' (UTC).
-        return f"(CAST(strftime('%%s', {expr}) AS INTEGER) * 1000000 + CAST(substr({expr}, 21, 6) AS INTEGER))"
+        # The whole seconds from the text's first 19 characters: strftime rounds a
+        # fraction of .9995 s or more up to the next second, and the fraction is added apart.
+        return f"(CAST(strftime('%%s', substr({expr}, 1, 19)) AS INTEGER) * 1000000 + CAST(substr({expr}, 21, 6) AS INTEGER))"
     raise NotImplementedError(f"event store reads on {vendor}")
 
 
