@@ -13,7 +13,6 @@ from crewlet.tokens import OperatorToken
 from seats_support import eventually
 from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.postgres]
 
 ROUTES = [
     ("post", "/api/a2a/ask"),

@@ -1,4 +1,4 @@
-"""Ephemeral A2A channels on the shipped stack: a real nats-server (the embedded broker) and PostgreSQL."""
+"""Ephemeral A2A channels on the shipped stack: a real nats-server (the embedded broker) and the test database."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +21,6 @@ from seats_support import Recorder, company, eventually, jetstream_queues, send
 from seats_support import _close_store_connections, running  # noqa: F401 (fixtures)
 
 pytestmark = [
-    pytest.mark.postgres,
     pytest.mark.integration,
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
 ]

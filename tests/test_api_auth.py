@@ -14,7 +14,7 @@ from crewlet.auth import MIN_TOKEN_LENGTH, SEEDED_TOKEN_NAME, seed_operator_toke
 from crewlet.tokens import OperatorToken
 from eventstore_support import AT, client, make_event, operator, scope, store  # noqa: F401  (fixtures)
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
 ROUTES = [
     "/api/events",

@@ -1,4 +1,4 @@
-"""GET /api/events and /api/events/{id}, and the question objects behind them, on PostgreSQL."""
+"""GET /api/events and /api/events/{id}, and the question objects behind them, on either test database."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,7 +15,7 @@ from eventstore import questions as qs
 from eventstore.questions import Filters, NodeScope, Question
 from eventstore_support import AT, NODE, US, client, ids, make_event, operator, scope, store, trace  # noqa: F401
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
 HORIZON = AT - timedelta(hours=720)
 

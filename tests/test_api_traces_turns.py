@@ -12,7 +12,7 @@ from eventstore import questions as qs
 from eventstore.questions import NodeScope
 from eventstore_support import AT, NODE, US, client, ids, make_event, operator, scope, store  # noqa: F401
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 T0 = AT - timedelta(hours=2)

@@ -21,7 +21,6 @@ from seats.runtime import SeatRuntime
 from seats_support import Recorder, eventually, memory_queues
 from seats_support import in_thread
 
-pytestmark = [pytest.mark.postgres]
 
 SEATS = [
     {"handle": "ada", "kind": "agent", "role": "engineer"},

@@ -1,4 +1,4 @@
-"""The dashboard's server-rendered pages, through Django's test client on the PostgreSQL test store.
+"""The dashboard's server-rendered pages, through Django's test client on the test store.
 
 The live parts (the socket, a seat changing as a webhook lands, replaying a
 dead letter) are driven in a real browser by tests/test_dashboard_browser.py;
@@ -21,7 +21,7 @@ from eventstore_support import AT, make_event, scope, store  # noqa: F401
 from seats.actions import NO_ENGINE
 from seats_support import company
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 T0 = AT - timedelta(hours=1)

@@ -31,7 +31,7 @@ from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues,
 from seats_support import _close_store_connections  # noqa: F401 (fixture)
 from waiting_support import wait_until
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 SEAT = "ada"
 TOPIC, GROUP = topics.agent_inbox(SEAT), topics.agent_inbox_group(SEAT)

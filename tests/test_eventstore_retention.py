@@ -16,7 +16,6 @@ from eventstore.models import EventRow
 from eventstore.retention import delete_older_than, retention_duty
 from eventstore_support import US, make_event, store
 
-pytestmark = pytest.mark.postgres
 
 NOW = datetime(2025, 3, 10, 12, 0, 0, 250, tzinfo=timezone.utc)
 HOURS = 720.0

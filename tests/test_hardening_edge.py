@@ -309,7 +309,6 @@ def _once(ev: Any) -> Delivery:
     return Delivery(event=ev, topic=topics.NOTIFICATIONS_INBOUND, remaining=MAX_DELIVERIES - 1)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default"])
 @pytest.mark.parametrize(
     "payload, where",
@@ -330,7 +329,6 @@ async def test_an_unstorable_delivery_already_in_the_stream_is_skipped_as_parse_
         assert rec.of("external_notification") == []
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default"])
 async def test_a_deep_delivery_already_in_the_stream_is_skipped_as_unreadable_and_a_deep_adf_within_the_limit_routes() -> None:
     async with memory_queues("n1") as (_, (q,)):
@@ -345,7 +343,6 @@ async def test_a_deep_delivery_already_in_the_stream_is_skipped_as_unreadable_an
         assert [w.data.seat for w in wakes] == ["ada"] and wakes[0].data.body.endswith("deep words@Ada")
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default"])
 async def test_a_poison_delivery_on_the_inbound_stream_is_handled_once_not_dead_lettered() -> None:
     async with memory_queues("n1") as (_, (q,)):
@@ -366,7 +363,6 @@ async def test_a_poison_delivery_on_the_inbound_stream_is_handled_once_not_dead_
             await router.stop()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default"])
 async def test_a_failed_routing_attempt_is_one_short_warning_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
     async with memory_queues("n1") as (broker, (q,)):

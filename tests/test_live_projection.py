@@ -33,7 +33,7 @@ from eventstore.projection import LiveProjection
 from seats.actions import apause_seat, aresume_seat
 from seats_support import company, eventually, jetstream_queues, memory_queues, running, send, wake
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 NODE = "n1"
 

@@ -1,4 +1,4 @@
-"""The notify router on the memory twin and PostgreSQL: recipients, follows, every skip, the valve, retries, end to end."""
+"""The notify router on the memory twin and the test database: recipients, follows, every skip, the valve, retries, end to end."""
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +32,7 @@ from notifications_support import (
 from seats_support import Recorder, eventually, memory_queues
 from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default"])]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default"])]
 
 AGENTS = ("ada", "linus")
 NOW = 1_800_000_000.0

@@ -131,7 +131,6 @@ async def asgi_post(path: str, payload: Any, token: str) -> tuple[int, Any]:
     return start["status"], json.loads(b"".join(chunks) or b"null")
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
 async def test_an_ask_through_the_asgi_handler_is_201_and_its_store_write_runs_off_the_request_thread(
     runtime_on_memory: Any,
@@ -146,7 +145,6 @@ async def test_an_ask_through_the_asgi_handler_is_201_and_its_store_write_runs_o
     await eventually(lambda: len(rec.of("a2a_channel_opened")) == 1, what="the ask published its opening")
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
 async def test_a_retry_after_an_ask_that_stopped_between_its_row_and_its_publishes_completes_that_channel_once(
     runtime_on_memory: Any,

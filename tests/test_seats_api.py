@@ -16,7 +16,6 @@ from crewlet.tokens import OperatorToken
 from seats_support import eventually, send, wake
 from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.postgres]
 
 ROUTES = [
     ("get", "/api/seats/"),

@@ -1,4 +1,4 @@
-"""The inbox loop on the memory twin and PostgreSQL: mailboxes, the ledger, holds, pauses, the gate."""
+"""The inbox loop on the memory twin and the test database: mailboxes, the ledger, holds, pauses, the gate."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,7 +17,7 @@ from seats.ownership import SeatOwnership
 from seats_support import Recorder, company, eventually, holder, memory_queues, send, wake
 from seats_support import _close_store_connections, drained, inbox, running  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 FIRST = MAX_DELIVERIES - 1  # ``remaining`` on a message's first delivery
 

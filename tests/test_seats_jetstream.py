@@ -1,4 +1,4 @@
-"""The delivery core on the shipped stack: a real nats-server (the embedded broker) and PostgreSQL."""
+"""The delivery core on the shipped stack: a real nats-server (the embedded broker) and the test database."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +17,6 @@ from seats_support import Recorder, company, eventually, holder, jetstream_queue
 from seats_support import _close_store_connections, drained, inbox, running  # noqa: F401 (fixtures)
 
 pytestmark = [
-    pytest.mark.postgres,
     pytest.mark.integration,
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
 ]

@@ -14,7 +14,7 @@ from seats.runtime import SeatRuntime
 from seats_support import company, holder, memory_queues, send, wake
 from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)
 DAY = timedelta(hours=24)

@@ -17,7 +17,7 @@ from seats.runtime import SeatRuntime
 from seats_support import Recorder, eventually, holder, memory_queues
 from seats_support import in_thread
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 
 @pytest.fixture(autouse=True)

@@ -161,7 +161,6 @@ async def _close_store_connections() -> AsyncIterator[None]:
     await sync_to_async(connections.close_all)()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
 async def test_a_seat_whose_whole_chain_fails_naks_the_partition_and_works_it_when_a_provider_recovers(
     _close_store_connections: None,

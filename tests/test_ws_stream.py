@@ -26,7 +26,7 @@ from eventstore import projection, stream
 from eventstore.projection import LiveProjection
 from seats_support import FAST, company, eventually
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
 
 NODE = "n1"
 #: A frame the test expects arrives well within this (JetStream included).
