@@ -181,66 +181,59 @@ def _row(handle: str) -> SeatPause:
     return row
 
 
-def pause_cas(handle: str, by: str, by_seat: str, reason: str, stop_running: bool) -> Optional[PauseChange]:
-    """Pause ``handle`` unless it already is (with at least this ``stop_running``); the change when won."""
+#: What a compare-and-set plans from the row it read and the time: the columns to write and the change that makes.
+_Plan = Optional[tuple[dict[str, Any], PauseChange]]
+
+
+def _compare_and_set(handle: str, exhausted: str, plan: Callable[[SeatPause, datetime], _Plan]) -> Optional[PauseChange]:
+    """Write ``handle``'s pause row only if nobody wrote it since it was read (its ``version``); a few attempts.
+
+    ``plan`` returns None when the row already says what was asked (nothing to
+    change). Every node shares the row, so a lost race rereads it and plans again.
+    """
     for _ in range(_CAS_ATTEMPTS):
         row = _row(handle)
+        planned = plan(row, timezone.now())
+        if planned is None:
+            return None
+        columns, change = planned
+        if SeatPause.objects.filter(pk=row.pk, version=row.version).update(**columns, version=row.version + 1):
+            return change
+    log.warning(exhausted, extra={"seat": handle})
+    return None
+
+
+def pause_cas(handle: str, by: str, by_seat: str, reason: str, stop_running: bool) -> Optional[PauseChange]:
+    """Pause ``handle`` unless it already is (with at least this ``stop_running``); the change when won."""
+
+    def plan(row: SeatPause, now: datetime) -> _Plan:
         if row.paused and (row.stop_running or not stop_running):
             return None
-        now = timezone.now()
         amend = row.paused  # only an upgrade to stop_running reaches here while paused
         paused_at = row.paused_at if amend and row.paused_at else now
-        won = SeatPause.objects.filter(pk=row.pk, version=row.version).update(
-            paused=True,
-            paused_by=by,
-            paused_by_seat=by_seat,
-            reason=reason if (reason or not amend) else row.reason,
-            stop_running=bool(stop_running),
-            paused_at=paused_at,
-            version=row.version + 1,
+        why = reason if (reason or not amend) else row.reason
+        columns: dict[str, Any] = dict(
+            paused=True, paused_by=by, paused_by_seat=by_seat, reason=why, stop_running=bool(stop_running), paused_at=paused_at
         )
-        if won:
-            return PauseChange(
-                handle=handle,
-                paused=True,
-                version=row.version + 1,
-                by=by,
-                by_seat=by_seat,
-                reason=reason if (reason or not amend) else row.reason,
-                stop_running=bool(stop_running),
-                at=now,
-                paused_by=by,
-                paused_at=paused_at,
-            )
-    log.warning("seat_pause_cas_exhausted", extra={"seat": handle})
-    return None
+        change = PauseChange(handle=handle, paused=True, version=row.version + 1, by=by, by_seat=by_seat, reason=why,
+                             stop_running=bool(stop_running), at=now, paused_by=by, paused_at=paused_at)
+        return columns, change
+
+    return _compare_and_set(handle, "seat_pause_cas_exhausted", plan)
 
 
 def resume_cas(handle: str, by: str, by_seat: str) -> Optional[PauseChange]:
     """Resume ``handle`` if it is paused; the change (naming the pause it ended) when won."""
-    for _ in range(_CAS_ATTEMPTS):
-        row = _row(handle)
+
+    def plan(row: SeatPause, now: datetime) -> _Plan:
         if not row.paused:
             return None
-        now = timezone.now()
-        won = SeatPause.objects.filter(pk=row.pk, version=row.version).update(
-            paused=False, stop_running=False, resumed_by=by, resumed_at=now, version=row.version + 1
-        )
-        if won:
-            return PauseChange(
-                handle=handle,
-                paused=False,
-                version=row.version + 1,
-                by=by,
-                by_seat=by_seat,
-                reason="",
-                stop_running=False,
-                at=now,
-                paused_by=row.paused_by,
-                paused_at=row.paused_at,
-            )
-    log.warning("seat_resume_cas_exhausted", extra={"seat": handle})
-    return None
+        columns: dict[str, Any] = dict(paused=False, stop_running=False, resumed_by=by, resumed_at=now)
+        change = PauseChange(handle=handle, paused=False, version=row.version + 1, by=by, by_seat=by_seat, reason="",
+                             stop_running=False, at=now, paused_by=row.paused_by, paused_at=row.paused_at)
+        return columns, change
+
+    return _compare_and_set(handle, "seat_resume_cas_exhausted", plan)
 
 
 def pause_states(handles: Optional[list[str]] = None) -> dict[str, SeatPause]:
