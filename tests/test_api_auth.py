@@ -16,14 +16,21 @@ from eventstore_support import AT, client, make_event, operator, scope, store  #
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
+#: Every authenticated route of every app, with the method it answers.
 ROUTES = [
-    "/api/events",
-    "/api/events/some-id",
-    "/api/events/series",
-    "/api/traces/0123",
-    "/api/turns",
-    "/api/turns/turn-1",
-    "/api/schema/",
+    ("get", "/api/events"),
+    ("get", "/api/events/some-id"),
+    ("get", "/api/events/series"),
+    ("get", "/api/traces/0123"),
+    ("get", "/api/turns"),
+    ("get", "/api/turns/turn-1"),
+    ("get", "/api/schema/"),
+    ("get", "/api/seats/"),
+    ("post", "/api/seats/ada/pause"),
+    ("post", "/api/seats/ada/resume"),
+    ("post", "/api/a2a/ask"),
+    ("get", "/api/a2a/channels"),
+    ("get", "/api/a2a/channels/0b7f6c2e-0000-4000-8000-000000000000"),
 ]
 
 
@@ -33,9 +40,11 @@ def _mint(name: str, *args: str) -> str:
     return out.getvalue().strip()
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_every_api_route_refuses_a_request_with_no_credential_with_401_and_a_bearer_challenge(route: str, scope: Any) -> None:
-    response = APIClient().get(route)
+@pytest.mark.parametrize("method,route", ROUTES)
+def test_every_api_route_refuses_a_request_with_no_credential_with_401_and_a_bearer_challenge(
+    method: str, route: str, scope: Any
+) -> None:
+    response = getattr(APIClient(), method)(route)
     assert response.status_code == 401
     assert response["WWW-Authenticate"].startswith("Bearer")
 
