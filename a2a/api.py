@@ -142,7 +142,8 @@ class AskView(APIView):
             if org.seat_by_handle(handle) is None:
                 return _detail(f"no seat {handle!r} in the company", status.HTTP_404_NOT_FOUND)
         target_seat = org.seat_by_handle(target)
-        if not target_seat.is_agent:  # type: ignore[union-attr]
+        assert target_seat is not None  # every handle was looked up above
+        if not target_seat.is_agent:
             return _refused(P_TO, f"seat {target!r} is a human seat: it has no inbox to ask on")
         asker_seat = org.seat_by_handle(asker)
         opened_before = request_id and Channel.objects.filter(pk=services.ask_channel_id(asker, request_id)).exists()

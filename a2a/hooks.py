@@ -10,7 +10,7 @@ wake at the asker is an ordinary turn and answers nothing.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Sequence
 
 from crewlet.events import Event
 from crewlet.org import Seat
@@ -48,7 +48,7 @@ async def answer_after_turn(queue: EventQueue, seat: Seat, trigger_events: Seque
             )
 
 
-async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_handle: str, brief: str, **options: object) -> object:
+async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_handle: str, brief: str, **options: Any) -> object:
     """The seam an agent's ``a2a_ask`` tool calls: the ask carries the asking turn's place in the chain."""
     first = trigger.first
     trace = Trace.of(first)
@@ -63,7 +63,7 @@ async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_hand
         delegation_chain=list(first.delegation_chain),
         role=seat.role,
         agent_id=seat.agent_id,
-        **options,  # type: ignore[arg-type]
+        **options,
     )
 
 

@@ -349,7 +349,8 @@ def load_settings(
             raise SettingsError(dotted, value, f"unknown setting; known: {', '.join(known)}", "overrides")
         values[dotted] = (value, "command line")
 
-    built: dict[str, _Section] = {}
+    # One value per EngineSettings field, each of that field's section type.
+    built: dict[str, Any] = {}
     for section, cls in sections.items():
         kwargs = {d.split(".", 1)[1]: v for d, (v, _) in values.items() if d.split(".", 1)[0] == section}
         try:
@@ -360,4 +361,4 @@ def load_settings(
     node = typing.cast(NodeSettings, built["node"])
     if not node.id:
         built["node"] = dataclasses.replace(node, id=default_node_id(hostname))
-    return EngineSettings(**built)  # type: ignore[arg-type]
+    return EngineSettings(**built)

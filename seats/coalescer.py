@@ -144,10 +144,10 @@ def _merge_positions(items: Sequence[_Constituent]) -> tuple[str, list[str]]:
     positions = [p for p in (c.event.field("trigger_position") for c in items) if isinstance(p, str) and p]
     if not positions:
         return "", []
-    parsed = [_POSITION.match(p) for p in positions]
-    if all(parsed) and len({m.group("stream") for m in parsed if m}) == 1:
-        best = max(parsed, key=lambda m: (int(m.group("generation")), int(m.group("sequence"))))  # type: ignore[union-attr]
-        return best.group(0), positions  # type: ignore[union-attr]
+    parsed = [m for m in (_POSITION.match(p) for p in positions) if m is not None]
+    if len(parsed) == len(positions) and len({m.group("stream") for m in parsed}) == 1:
+        best = max(parsed, key=lambda m: (int(m.group("generation")), int(m.group("sequence"))))
+        return best.group(0), positions
     return positions[-1], positions
 
 

@@ -8,11 +8,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, Protocol, runtime_checkable
 
 from crewlet.events import Event
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.queuetest.waiting import eventually as eventually  # re-exported: the cases import it from here
+
+@runtime_checkable
+class Severable(Protocol):
+    """A transport that can drop its connection the way a killed process does (both backends can)."""
+
+    def sever(self) -> None: ...
+
 
 #: Shrunk production durations: every code path runs, in milliseconds.
 TEST_TIMINGS = Timings(backoff_base_s=0.005, backoff_cap_s=0.02, ack_wait_s=30.0)
@@ -65,7 +72,9 @@ class Harness:
         The client object is then closed to free its tasks; everything it
         tries to hand back by then goes nowhere.
         """
-        client.transport.sever()  # type: ignore[attr-defined]
+        transport = getattr(client, "transport", None)  # the contract does not name the client's transport
+        assert isinstance(transport, Severable), f"{type(transport).__name__} cannot be severed"
+        transport.sever()
         await eventually(lambda: not client.connected, self.wait_s, "the severed connection seen as down")
         await client.close(grace_s=0.0)
 

@@ -24,31 +24,33 @@ def fleet() -> str:
     return f"crewlet.fleet.{uniq('read')}"
 
 
-def tagged(tag: bytes):
+class Answerer:
+    """An answerer that echoes the request behind its own tag, recording what it saw.
+
+    With ``gated`` it holds each request until ``gate`` is set.
+    """
+
+    def __init__(self, tag: bytes, *, gated: bool = False) -> None:
+        self.tag = tag
+        self.gated = gated
+        self.gate = asyncio.Event()
+        self.seen: list[bytes] = []
+
+    async def __call__(self, request: bytes) -> bytes:
+        self.seen.append(request)
+        if self.gated:
+            await self.gate.wait()
+        return self.tag + b":" + request
+
+
+def tagged(tag: bytes) -> Answerer:
     """An answerer that echoes the request behind its own tag, recording what it saw."""
-    seen: list[bytes] = []
-
-    async def answer(request: bytes) -> bytes:
-        seen.append(request)
-        return tag + b":" + request
-
-    answer.seen = seen  # type: ignore[attr-defined]
-    return answer
+    return Answerer(tag)
 
 
-def blocked(tag: bytes):
+def blocked(tag: bytes) -> Answerer:
     """An answerer that holds each request until its gate opens."""
-    gate = asyncio.Event()
-    seen: list[bytes] = []
-
-    async def answer(request: bytes) -> bytes:
-        seen.append(request)
-        await gate.wait()
-        return tag + b":" + request
-
-    answer.gate = gate  # type: ignore[attr-defined]
-    answer.seen = seen  # type: ignore[attr-defined]
-    return answer
+    return Answerer(tag, gated=True)
 
 
 async def written(queue) -> tuple:
