@@ -13,6 +13,11 @@ from typing import NoReturn
 
 import pytest
 
+#: The suite's fixtures, available to every test: seats_support (runtime_on_memory,
+#: close_store_connections, which a module opts into) and eventstore_support (scope,
+#: operator, api_client).
+pytest_plugins = ["seats_support", "eventstore_support"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ../shared beside the repository (CI lays a copy there); CREWLET_SHARED_DIR overrides.
 SHARED_DIR = Path(os.environ.get("CREWLET_SHARED_DIR") or REPO_ROOT.parent / "shared")

@@ -84,7 +84,8 @@ def operator(db: Any) -> str:
 
 
 @pytest.fixture
-def client(operator: str) -> Any:
+def api_client(operator: str) -> Any:
+    """An API client carrying the minted operator token (pytest-django's ``client`` stays Django's own)."""
     from rest_framework.test import APIClient
 
     c = APIClient()

@@ -221,8 +221,14 @@ def model_server(status: int = 200, reply: str = "hello from the model") -> Iter
 # -- shared by the seat, a2a, notifications and config tests -----------------------
 
 
-@pytest.fixture(autouse=True)
-async def _close_store_connections() -> AsyncIterator[None]:
+@pytest.fixture
+async def close_store_connections() -> AsyncIterator[None]:
+    """After the test, close the database connections of the thread ``sync_to_async`` runs store calls on.
+
+    Opt-in: a module whose tests run seats or the store from the event loop
+    marks itself ``pytest.mark.usefixtures("close_store_connections")``, so
+    no connection stays open into the next test or the test databases' teardown.
+    """
     yield
     from django.db import connections
 

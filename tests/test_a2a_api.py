@@ -9,8 +9,7 @@ from asgiref.sync import sync_to_async
 
 from a2a.models import Channel
 from crewlet.tokens import OperatorToken
-from seats_support import eventually
-from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
+from seats_support import bearer, eventually, in_thread
 
 
 @pytest.mark.django_db(databases=["default", "events"])

@@ -17,12 +17,12 @@ from crewlet.queue.contract import EventQueue
 from seats.mailboxes import ensure_mailboxes
 from seats.ownership import SeatOwnership
 from seats.turns import Trigger
-from seats_support import Recorder, company, eventually, jetstream_queues, send
-from seats_support import _close_store_connections, running  # noqa: F401 (fixtures)
+from seats_support import Recorder, company, eventually, jetstream_queues, running, send
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
+    pytest.mark.usefixtures("close_store_connections"),
 ]
 
 T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)

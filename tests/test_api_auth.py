@@ -12,7 +12,6 @@ from rest_framework.test import APIClient
 
 from crewlet.auth import MIN_TOKEN_LENGTH, SEEDED_TOKEN_NAME, seed_operator_token_from_env
 from crewlet.tokens import OperatorToken
-from eventstore_support import AT, client, make_event, operator, scope, store  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
@@ -148,8 +147,8 @@ def test_runconsumers_seeds_the_token_from_its_environment_before_the_engine_run
         load_command_class("crewlet", "up").seed_operator_token()
 
 
-def test_the_openapi_schema_describes_every_read(client: Any) -> None:
-    response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
+def test_the_openapi_schema_describes_every_read(api_client: Any) -> None:
+    response = api_client.get("/api/schema/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     text = response.content.decode()
     for path in ("/api/events", "/api/events/{event_id}", "/api/events/series", "/api/traces/{trace_id}", "/api/turns", "/api/turns/{turn_id}"):

@@ -13,20 +13,20 @@ from crewlet.queue import topics
 from eventstore import api
 from eventstore import questions as qs
 from eventstore.questions import Filters, NodeScope, Question
-from eventstore_support import AT, NODE, US, client, ids, make_event, operator, scope, store, trace  # noqa: F401
+from eventstore_support import AT, NODE, US, ids, make_event, store, trace
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
 HORIZON = AT - timedelta(hours=720)
 
 
-def get(client: Any, path: str, **params: Any) -> Any:
+def get(api_client: Any, path: str, **params: Any) -> Any:
     query = urlencode(params, doseq=True)
-    return client.get(f"{path}?{query}" if query else path)
+    return api_client.get(f"{path}?{query}" if query else path)
 
 
-def page(client: Any, **params: Any) -> dict[str, Any]:
-    response = get(client, "/api/events", **params)
+def page(api_client: Any, **params: Any) -> dict[str, Any]:
+    response = get(api_client, "/api/events", **params)
     assert response.status_code == 200, response.content
     return response.json()
 
@@ -47,9 +47,9 @@ def _mixed() -> list[Event]:
     )
 
 
-def test_a_page_is_newest_first_and_carries_the_tags_but_no_payload(client: Any, scope: NodeScope) -> None:
+def test_a_page_is_newest_first_and_carries_the_tags_but_no_payload(api_client: Any, scope: NodeScope) -> None:
     _mixed()
-    body = page(client)
+    body = page(api_client)
     assert ids(body["events"]) == ["e08", "e07", "e06", "e05", "e04", "e03", "e02", "e01"]
     assert body["next_cursor"] is None
     phase = body["events"][5]
@@ -62,8 +62,8 @@ def test_a_page_is_newest_first_and_carries_the_tags_but_no_payload(client: Any,
     assert "secret prompt" not in str(body)
 
 
-def test_every_answer_says_who_answered_and_at_which_instant(client: Any, scope: NodeScope) -> None:
-    body = page(client)
+def test_every_answer_says_who_answered_and_at_which_instant(api_client: Any, scope: NodeScope) -> None:
+    body = page(api_client)
     assert body["coverage"] == {"nodes": [{"id": NODE, "answered": True, "error": ""}], "complete": True}
     assert body["at"] == "2025-03-10T12:30:00.000500Z"
 
@@ -87,36 +87,36 @@ def test_every_answer_says_who_answered_and_at_which_instant(client: Any, scope:
         ({"feed_only": "false", "seat": "grace", "category": "system"}, ["e04", "e03", "e02"]),
     ],
 )
-def test_each_filter_narrows_the_page(client: Any, scope: NodeScope, params: dict[str, Any], expected: list[str]) -> None:
+def test_each_filter_narrows_the_page(api_client: Any, scope: NodeScope, params: dict[str, Any], expected: list[str]) -> None:
     _mixed()
-    assert ids(page(client, **params)["events"]) == expected
+    assert ids(page(api_client, **params)["events"]) == expected
 
 
-def test_feed_only_keeps_out_exactly_what_the_feed_never_holds(client: Any, scope: NodeScope) -> None:
+def test_feed_only_keeps_out_exactly_what_the_feed_never_holds(api_client: Any, scope: NodeScope) -> None:
     _mixed()
-    assert "e04" not in ids(page(client, feed_only="1")["events"])
-    assert len(page(client, feed_only="1")["events"]) == 7
+    assert "e04" not in ids(page(api_client, feed_only="1")["events"])
+    assert len(page(api_client, feed_only="1")["events"]) == 7
 
 
-def test_the_history_is_floored_at_the_askers_instant_both_ways(client: Any, scope: NodeScope) -> None:
+def test_the_history_is_floored_at_the_askers_instant_both_ways(api_client: Any, scope: NodeScope) -> None:
     store(
         make_event("org_started", AT + US, event_id="after-at"),
         make_event("org_started", AT, event_id="at"),
         make_event("org_started", HORIZON, event_id="at-horizon"),
         make_event("org_started", HORIZON - US, event_id="past-horizon"),
     )
-    assert ids(page(client)["events"]) == ["at", "at-horizon"]
+    assert ids(page(api_client)["events"]) == ["at", "at-horizon"]
 
 
-def test_the_limit_defaults_to_100_and_a_walk_of_pages_ends(client: Any, scope: NodeScope) -> None:
+def test_the_limit_defaults_to_100_and_a_walk_of_pages_ends(api_client: Any, scope: NodeScope) -> None:
     store(*(make_event("org_started", AT - i * US, event_id=f"r{i:03d}") for i in range(130)))
-    first = page(client)
+    first = page(api_client)
     assert len(first["events"]) == 100 and first["next_cursor"]
-    second = page(client, cursor=first["next_cursor"])
+    second = page(api_client, cursor=first["next_cursor"])
     assert len(second["events"]) == 30 and second["next_cursor"] is None
 
 
-def test_paging_visits_every_row_exactly_once_when_many_share_one_microsecond(client: Any, scope: NodeScope) -> None:
+def test_paging_visits_every_row_exactly_once_when_many_share_one_microsecond(api_client: Any, scope: NodeScope) -> None:
     same = AT - timedelta(minutes=5)
     events = [make_event("org_started", same, event_id=f"same-{i:03d}") for i in range(53)]
     events += [make_event("org_started", same + US, event_id=f"after-{i}") for i in range(4)]
@@ -130,7 +130,7 @@ def test_paging_visits_every_row_exactly_once_when_many_share_one_microsecond(cl
         params: dict[str, Any] = {"limit": 7}
         if cursor:
             params["cursor"] = cursor
-        body = page(client, **params)
+        body = page(api_client, **params)
         seen += body["events"]
         pages += 1
         cursor = body["next_cursor"]
@@ -143,11 +143,11 @@ def test_paging_visits_every_row_exactly_once_when_many_share_one_microsecond(cl
     assert order == sorted(order, reverse=True)
 
 
-def test_a_page_with_filters_pages_within_them(client: Any, scope: NodeScope) -> None:
+def test_a_page_with_filters_pages_within_them(api_client: Any, scope: NodeScope) -> None:
     same = AT - timedelta(minutes=5)
     store(*(make_event("seat_paused", same, event_id=f"x{i:02d}", seat="grace" if i % 2 else "linus") for i in range(20)))
-    first = page(client, seat="grace", limit=4)
-    rest = page(client, seat="grace", limit=50, cursor=first["next_cursor"])
+    first = page(api_client, seat="grace", limit=4)
+    rest = page(api_client, seat="grace", limit=50, cursor=first["next_cursor"])
     assert ids(first["events"]) + ids(rest["events"]) == [f"x{i:02d}" for i in range(19, 0, -2)]
 
 
@@ -171,25 +171,25 @@ def test_a_page_with_filters_pages_within_them(client: Any, scope: NodeScope) ->
     ],
 )
 def test_a_bad_query_parameter_is_400_naming_the_parameter_and_the_reason(
-    client: Any, scope: NodeScope, params: dict[str, Any], param: str
+    api_client: Any, scope: NodeScope, params: dict[str, Any], param: str
 ) -> None:
-    response = get(client, "/api/events", **params)
+    response = get(api_client, "/api/events", **params)
     assert response.status_code == 400
     body = response.json()
     assert body["error"] == "bad_parameter" and body["param"] == param and body["reason"]
 
 
-def test_a_turns_cursor_is_not_an_events_cursor(client: Any, scope: NodeScope) -> None:
+def test_a_turns_cursor_is_not_an_events_cursor(api_client: Any, scope: NodeScope) -> None:
     cursor = qs.encode_cursor("t", AT, "turn-1")
-    response = get(client, "/api/events", cursor=cursor)
+    response = get(api_client, "/api/events", cursor=cursor)
     assert response.status_code == 400 and response.json()["param"] == "cursor"
 
 
-def test_one_event_comes_back_whole_exactly_as_it_was_published(client: Any, scope: NodeScope) -> None:
+def test_one_event_comes_back_whole_exactly_as_it_was_published(api_client: Any, scope: NodeScope) -> None:
     (event,) = store(
         make_event("agent_phase_completed", AT - timedelta(minutes=1), seat="grace", turn_id="t1", system_prompt="you are grace", rounds=[{"stop_reason": "end"}])
     )
-    response = client.get(f"/api/events/{event.id}")
+    response = api_client.get(f"/api/events/{event.id}")
     assert response.status_code == 200
     body = response.json()
     assert body["event"]["wire"] == event.to_dict()
@@ -197,31 +197,31 @@ def test_one_event_comes_back_whole_exactly_as_it_was_published(client: Any, sco
     assert body["coverage"]["complete"] is True and body["at"] == "2025-03-10T12:30:00.000500Z"
 
 
-def test_an_inbound_delivery_comes_back_with_the_providers_exact_bytes(client: Any, scope: NodeScope) -> None:
+def test_an_inbound_delivery_comes_back_with_the_providers_exact_bytes(api_client: Any, scope: NodeScope) -> None:
     event = make_event("inbound_delivery", AT - timedelta(minutes=1), surface="webhook", event_name="issue_updated", provider="jira")
     raw = b'{"webhookEvent":"jira:issue_updated" ,\n "issue": {"key": "POC-7"}}'
     event.data.set_raw_bytes(raw)
     store(event, topic=topics.NOTIFICATIONS_INBOUND)
-    body = client.get(f"/api/events/{event.id}").json()["event"]
+    body = api_client.get(f"/api/events/{event.id}").json()["event"]
     assert body["type"] == "webhook:issue_updated" and body["category"] == "webhook"
     assert body["provider_body"].encode() == raw and body["provider_body_encoding"] == ""
     assert Event.from_dict(body["wire"]).data.raw_bytes() == raw
 
 
 @pytest.mark.parametrize("offset", [US, -timedelta(hours=720) - US])
-def test_an_event_outside_the_askers_history_is_404(client: Any, scope: NodeScope, offset: timedelta) -> None:
+def test_an_event_outside_the_askers_history_is_404(api_client: Any, scope: NodeScope, offset: timedelta) -> None:
     (event,) = store(make_event("org_started", AT + offset))
-    response = client.get(f"/api/events/{event.id}")
+    response = api_client.get(f"/api/events/{event.id}")
     assert response.status_code == 404
     assert response.json()["coverage"]["complete"] is True
 
 
-def test_an_unknown_event_is_404(client: Any, scope: NodeScope) -> None:
-    assert client.get("/api/events/nope").status_code == 404
+def test_an_unknown_event_is_404(api_client: Any, scope: NodeScope) -> None:
+    assert api_client.get("/api/events/nope").status_code == 404
 
 
-def test_a_detail_route_takes_no_query_parameters(client: Any, scope: NodeScope) -> None:
-    response = client.get("/api/events/x?limit=3")
+def test_a_detail_route_takes_no_query_parameters(api_client: Any, scope: NodeScope) -> None:
+    response = api_client.get("/api/events/x?limit=3")
     assert response.status_code == 400 and response.json()["param"] == "limit"
 
 
@@ -247,14 +247,14 @@ def test_a_question_of_another_protocol_version_is_refused() -> None:
     }
 
 
-def test_a_refusing_node_is_named_in_the_coverage_of_the_http_answer(client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_refusing_node_is_named_in_the_coverage_of_the_http_answer(api_client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
     real = qs.answer
 
     def old_build(question: Question, node: NodeScope) -> dict[str, Any]:
         return real(replace(question, version=0), node)
 
     monkeypatch.setattr(qs, "answer", old_build)
-    body = page(client)
+    body = page(api_client)
     assert body["coverage"]["complete"] is False
     assert body["coverage"]["nodes"][0]["error"].startswith("protocol version")
 
@@ -378,12 +378,12 @@ def test_the_orjson_renderer_gives_the_same_json_values_as_drfs_renderer() -> No
     assert indented == JSONRenderer().render(small, "application/json; indent=2")
 
 
-def test_an_api_page_renders_through_orjson_with_the_same_values(client: Any, scope: NodeScope) -> None:
+def test_an_api_page_renders_through_orjson_with_the_same_values(api_client: Any, scope: NodeScope) -> None:
     import json
 
     from rest_framework.renderers import JSONRenderer
 
     _mixed()
-    response = get(client, "/api/events")
+    response = get(api_client, "/api/events")
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     assert json.loads(response.content) == json.loads(JSONRenderer().render(response.data))

@@ -10,7 +10,7 @@ import pytest
 from eventstore import api
 from eventstore import questions as qs
 from eventstore.questions import NodeScope, Question
-from eventstore_support import AT, NODE, US, client, make_event, operator, scope, store  # noqa: F401
+from eventstore_support import AT, NODE, US, make_event, store
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
@@ -19,8 +19,8 @@ def utc(*args: int) -> datetime:
     return datetime(*args, tzinfo=timezone.utc)
 
 
-def series(client: Any, **params: Any) -> dict[str, Any]:
-    response = client.get(f"/api/events/series?{urlencode(params, doseq=True)}")
+def series(api_client: Any, **params: Any) -> dict[str, Any]:
+    response = api_client.get(f"/api/events/series?{urlencode(params, doseq=True)}")
     assert response.status_code == 200, response.content
     return response.json()
 
@@ -39,9 +39,9 @@ def _rows_around_three_hours() -> None:
     )
 
 
-def test_bars_sit_on_the_grid_the_last_is_cut_at_the_instant_and_the_partial_first_is_dropped(client: Any, scope: NodeScope) -> None:
+def test_bars_sit_on_the_grid_the_last_is_cut_at_the_instant_and_the_partial_first_is_dropped(api_client: Any, scope: NodeScope) -> None:
     _rows_around_three_hours()
-    body = series(client, window="3h", bucket="1h")
+    body = series(api_client, window="3h", bucket="1h")
     assert body["bars"] == [
         {
             "start": "2025-03-10T10:00:00.000000Z",
@@ -81,7 +81,7 @@ def test_the_node_counts_the_partial_first_bar_above_its_edge_and_the_asker_drop
     assert all("partial" not in bar for bar in finished["bars"])
 
 
-def test_a_window_whose_edge_is_on_the_grid_keeps_its_first_bar(client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_window_whose_edge_is_on_the_grid_keeps_its_first_bar(api_client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
     noon = utc(2025, 3, 10, 12, 0)
     monkeypatch.setattr(api, "clock", lambda: noon)
     store(
@@ -89,7 +89,7 @@ def test_a_window_whose_edge_is_on_the_grid_keeps_its_first_bar(client: Any, sco
         make_event("org_started", utc(2025, 3, 10, 9, 59, 59, 999999), event_id="before-the-edge"),
         make_event("org_started", noon, event_id="at-noon"),
     )
-    bars = series(client, window="2h", bucket="1h")["bars"]
+    bars = series(api_client, window="2h", bucket="1h")["bars"]
     assert [(b["start"][11:19], b["end"][11:19], b["total"]) for b in bars] == [
         ("10:00:00", "11:00:00", 1),
         ("11:00:00", "12:00:00", 0),
@@ -97,7 +97,7 @@ def test_a_window_whose_edge_is_on_the_grid_keeps_its_first_bar(client: Any, sco
     ]
 
 
-def test_a_window_longer_than_the_history_is_floored_at_it_and_begins_at_the_first_whole_bucket(client: Any, scope: NodeScope) -> None:
+def test_a_window_longer_than_the_history_is_floored_at_it_and_begins_at_the_first_whole_bucket(api_client: Any, scope: NodeScope) -> None:
     horizon = AT - timedelta(hours=720)  # 2025-02-08T12:30:00.000500Z
     store(
         make_event("org_started", horizon - US, event_id="past-the-history"),
@@ -106,7 +106,7 @@ def test_a_window_longer_than_the_history_is_floored_at_it_and_begins_at_the_fir
         make_event("org_started", utc(2025, 2, 9), event_id="first-whole-day"),
         make_event("org_started", utc(2025, 3, 10, 1), event_id="today"),
     )
-    bars = series(client, window="40d", bucket="1d")["bars"]
+    bars = series(api_client, window="40d", bucket="1d")["bars"]
     assert len(bars) == 30
     assert bars[0]["start"] == "2025-02-09T00:00:00.000000Z" and bars[0]["total"] == 1
     assert bars[-1]["start"] == "2025-03-10T00:00:00.000000Z" and bars[-1]["end"] == "2025-03-10T12:30:00.000500Z"
@@ -114,28 +114,28 @@ def test_a_window_longer_than_the_history_is_floored_at_it_and_begins_at_the_fir
     assert sum(bar["total"] for bar in bars) == 2
 
 
-def test_a_shorter_retention_floors_the_window_too(client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_shorter_retention_floors_the_window_too(api_client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(api, "node_scope", lambda: NodeScope(NODE, retention_hours=5))
     store(make_event("org_started", utc(2025, 3, 10, 7, 45), event_id="above-horizon-in-partial-bar"))
     store(make_event("org_started", utc(2025, 3, 10, 8, 15), event_id="first-whole-bar"))
-    bars = series(client, window="24h", bucket="1h")["bars"]
+    bars = series(api_client, window="24h", bucket="1h")["bars"]
     assert [b["start"][11:16] for b in bars] == ["08:00", "09:00", "10:00", "11:00", "12:00"]
     assert [b["total"] for b in bars] == [1, 0, 0, 0, 0]
 
 
-def test_the_default_is_24_hourly_bars(client: Any, scope: NodeScope) -> None:
-    bars = series(client)["bars"]
+def test_the_default_is_24_hourly_bars(api_client: Any, scope: NodeScope) -> None:
+    bars = series(api_client)["bars"]
     assert len(bars) == 24
     assert bars[0]["start"] == "2025-03-09T13:00:00.000000Z" and bars[-1]["start"] == "2025-03-10T12:00:00.000000Z"
     assert all(set(b) == {"start", "end", "total", "failed", "by_category"} for b in bars)
 
 
-def test_the_event_filters_apply_to_the_bars(client: Any, scope: NodeScope) -> None:
+def test_the_event_filters_apply_to_the_bars(api_client: Any, scope: NodeScope) -> None:
     _rows_around_three_hours()
-    assert [b["total"] for b in series(client, window="3h", bucket="1h", category="task")["bars"]] == [1, 0, 0]
-    fed = series(client, window="3h", bucket="1h", feed_only="true")["bars"]
+    assert [b["total"] for b in series(api_client, window="3h", bucket="1h", category="task")["bars"]] == [1, 0, 0]
+    fed = series(api_client, window="3h", bucket="1h", feed_only="true")["bars"]
     assert [b["total"] for b in fed] == [2, 1, 1]  # auxiliary_spend is stored, not fed
-    assert [b["total"] for b in series(client, window="3h", bucket="15m", category="system")["bars"]] == [0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0]
+    assert [b["total"] for b in series(api_client, window="3h", bucket="15m", category="system")["bars"]] == [0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0]
 
 
 @pytest.mark.parametrize(
@@ -152,8 +152,8 @@ def test_the_event_filters_apply_to_the_bars(client: Any, scope: NodeScope) -> N
         ({"category": "nope"}, "category"),
     ],
 )
-def test_a_bad_window_or_bucket_is_400_naming_it(client: Any, scope: NodeScope, params: dict[str, str], param: str) -> None:
-    response = client.get(f"/api/events/series?{urlencode(params)}")
+def test_a_bad_window_or_bucket_is_400_naming_it(api_client: Any, scope: NodeScope, params: dict[str, str], param: str) -> None:
+    response = api_client.get(f"/api/events/series?{urlencode(params)}")
     assert response.status_code == 400
     assert response.json()["param"] == param and response.json()["reason"]
 

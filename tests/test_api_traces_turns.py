@@ -10,7 +10,7 @@ import pytest
 from crewlet.tracing import Trace
 from eventstore import questions as qs
 from eventstore.questions import NodeScope
-from eventstore_support import AT, NODE, US, client, ids, make_event, operator, scope, store  # noqa: F401
+from eventstore_support import AT, NODE, US, ids, make_event, store
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
@@ -23,8 +23,8 @@ def span(n: int, parent: int = 0, trace_id: str = TRACE) -> Trace:
     return Trace(trace_id, f"{n:016x}", f"{parent:016x}" if parent else "")
 
 
-def get(client: Any, path: str, **params: Any) -> Any:
-    return client.get(f"{path}?{urlencode(params)}" if params else path)
+def get(api_client: Any, path: str, **params: Any) -> Any:
+    return api_client.get(f"{path}?{urlencode(params)}" if params else path)
 
 
 # -- traces ------------------------------------------------------------------------
@@ -34,7 +34,7 @@ def _tree(spans: list[dict[str, Any]]) -> list[Any]:
     return [(s["span_id"][-1], ids(s["events"]), _tree(s["children"])) for s in spans]
 
 
-def test_a_trace_is_a_tree_of_spans_each_with_its_events(client: Any, scope: NodeScope) -> None:
+def test_a_trace_is_a_tree_of_spans_each_with_its_events(api_client: Any, scope: NodeScope) -> None:
     store(
         make_event("inbound_delivery", T0, event_id="delivery", span=span(1), surface="webhook", event_name="push"),
         make_event("agent_turn_started", T0 + S, event_id="turn-start", span=span(2, 1), turn_id="t1"),
@@ -45,7 +45,7 @@ def test_a_trace_is_a_tree_of_spans_each_with_its_events(client: Any, scope: Nod
         make_event("skill_used", T0 + 6 * S, event_id="orphan", span=span(5, 9)),  # parent not in the trace
         make_event("org_started", T0, event_id="other-trace", span=span(1, trace_id="1" * 32)),
     )
-    response = client.get(f"/api/traces/{TRACE}")
+    response = api_client.get(f"/api/traces/{TRACE}")
     assert response.status_code == 200
     body = response.json()
     assert body["trace_id"] == TRACE and body["total"] == 7 and body["truncated"] is False
@@ -74,14 +74,14 @@ def test_spans_whose_parents_loop_are_roots_rather_than_lost() -> None:
     assert [(s["span_id"], [c["span_id"] for c in s["children"]]) for s in roots] == [("e", ["g"]), ("f", [])]
 
 
-def test_a_trace_only_holds_rows_inside_the_askers_history(client: Any, scope: NodeScope) -> None:
+def test_a_trace_only_holds_rows_inside_the_askers_history(api_client: Any, scope: NodeScope) -> None:
     store(
         make_event("org_started", AT + US, event_id="later", span=span(1)),
         make_event("org_started", AT - timedelta(hours=720) - US, event_id="too-old", span=span(1)),
     )
-    assert client.get(f"/api/traces/{TRACE}").status_code == 404
+    assert api_client.get(f"/api/traces/{TRACE}").status_code == 404
     store(make_event("org_started", AT, event_id="now", span=span(1)))
-    assert _tree(client.get(f"/api/traces/{TRACE}").json()["spans"]) == [("1", ["now"], [])]
+    assert _tree(api_client.get(f"/api/traces/{TRACE}").json()["spans"]) == [("1", ["now"], [])]
 
 
 # -- turns -------------------------------------------------------------------------------
@@ -123,9 +123,9 @@ def _turns() -> None:
     store(*resumed)
 
 
-def test_turns_are_folded_from_their_rows_newest_first(client: Any, scope: NodeScope) -> None:
+def test_turns_are_folded_from_their_rows_newest_first(api_client: Any, scope: NodeScope) -> None:
     _turns()
-    body = get(client, "/api/turns").json()
+    body = get(api_client, "/api/turns").json()
     turns = {t["turn_id"]: t for t in body["turns"]}
     assert [t["turn_id"] for t in body["turns"]] == [
         "t-resumed", "t-breach", "t-running", "t-parked", "t-stopped", "t-failed", "t-phases", "t-ok",
@@ -151,15 +151,15 @@ def test_turns_are_folded_from_their_rows_newest_first(client: Any, scope: NodeS
     assert body["coverage"]["complete"] is True and body["at"] == "2025-03-10T12:30:00.000500Z"
 
 
-def test_turns_filter_on_the_start_rows(client: Any, scope: NodeScope) -> None:
+def test_turns_filter_on_the_start_rows(api_client: Any, scope: NodeScope) -> None:
     _turns()
-    assert [t["turn_id"] for t in get(client, "/api/turns", seat="linus").json()["turns"]] == ["t-failed"]
-    since = get(client, "/api/turns", since="2025-03-10T11:31:00.000500Z").json()["turns"]
+    assert [t["turn_id"] for t in get(api_client, "/api/turns", seat="linus").json()["turns"]] == ["t-failed"]
+    since = get(api_client, "/api/turns", since="2025-03-10T11:31:00.000500Z").json()["turns"]
     assert [t["turn_id"] for t in since] == ["t-resumed", "t-breach"]
-    assert get(client, "/api/turns", conversation_key="jira:t-ok").json()["turns"][0]["turn_id"] == "t-ok"
+    assert get(api_client, "/api/turns", conversation_key="jira:t-ok").json()["turns"][0]["turn_id"] == "t-ok"
 
 
-def test_paging_turns_visits_each_once_when_many_start_in_one_microsecond(client: Any, scope: NodeScope) -> None:
+def test_paging_turns_visits_each_once_when_many_start_in_one_microsecond(api_client: Any, scope: NodeScope) -> None:
     same = AT - timedelta(minutes=3)
     for i in range(23):
         store(*_turn(f"turn-{i:02d}", same))
@@ -170,7 +170,7 @@ def test_paging_turns_visits_each_once_when_many_start_in_one_microsecond(client
         params: dict[str, Any] = {"limit": 5}
         if cursor:
             params["cursor"] = cursor
-        body = get(client, "/api/turns", **params).json()
+        body = get(api_client, "/api/turns", **params).json()
         seen += [t["turn_id"] for t in body["turns"]]
         cursor = body["next_cursor"]
         if not cursor:
@@ -178,9 +178,9 @@ def test_paging_turns_visits_each_once_when_many_start_in_one_microsecond(client
     assert seen == ["turn-later", *[f"turn-{i:02d}" for i in range(22, -1, -1)], "turn-earlier"]
 
 
-def test_one_turn_comes_back_folded_with_all_its_rows(client: Any, scope: NodeScope) -> None:
+def test_one_turn_comes_back_folded_with_all_its_rows(api_client: Any, scope: NodeScope) -> None:
     _turns()
-    response = client.get("/api/turns/t-ok")
+    response = api_client.get("/api/turns/t-ok")
     assert response.status_code == 200
     turn = response.json()["turn"]
     assert (turn["outcome"], turn["tokens"]["total"], turn["phases"]) == ("ok", 140, 2)
@@ -188,13 +188,13 @@ def test_one_turn_comes_back_folded_with_all_its_rows(client: Any, scope: NodeSc
         "agent_turn_started", "agent_phase_completed", "agent_phase_completed", "knowledge_read", "agent_turn_completed",
     ]
     assert turn["truncated"] is False
-    assert client.get("/api/turns/nope").status_code == 404
+    assert api_client.get("/api/turns/nope").status_code == 404
 
 
 @pytest.mark.parametrize(
     "params, param",
     [({"category": "system"}, "category"), ({"feed_only": "true"}, "feed_only"), ({"limit": "900"}, "limit"), ({"cursor": qs.encode_cursor("e", AT, "x")}, "cursor")],
 )
-def test_a_turns_page_refuses_a_parameter_it_does_not_take(client: Any, scope: NodeScope, params: dict[str, str], param: str) -> None:
-    response = get(client, "/api/turns", **params)
+def test_a_turns_page_refuses_a_parameter_it_does_not_take(api_client: Any, scope: NodeScope, params: dict[str, str], param: str) -> None:
+    response = get(api_client, "/api/turns", **params)
     assert response.status_code == 400 and response.json()["param"] == param

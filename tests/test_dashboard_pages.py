@@ -17,7 +17,7 @@ from crewlet.events.types import SYSTEM_CLOSED_A2A
 from crewlet.org import Organization
 from crewlet.tracing import Trace
 from eventstore.questions import NodeScope
-from eventstore_support import AT, make_event, scope, store  # noqa: F401
+from eventstore_support import AT, make_event, store
 from seats.actions import NO_ENGINE
 from seats_support import company
 

@@ -28,10 +28,12 @@ from seats import actions
 from crewlet.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, wake
-from seats_support import _close_store_connections  # noqa: F401 (fixture)
 from waiting_support import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "events"]),
+    pytest.mark.usefixtures("close_store_connections"),
+]
 
 SEAT = "ada"
 TOPIC, GROUP = topics.agent_inbox(SEAT), topics.agent_inbox_group(SEAT)

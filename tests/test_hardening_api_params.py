@@ -30,7 +30,7 @@ from hypothesis_jsonschema import from_schema
 from eventstore import api
 from eventstore import questions as qs
 from eventstore.questions import NodeScope
-from eventstore_support import AT, client, ids, make_event, operator, scope, store  # noqa: F401  (fixtures)
+from eventstore_support import AT, ids, make_event, store
 from tests.up_support import UpProcess, http_call, up_env
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
@@ -49,9 +49,9 @@ TEXT_PARAMS = {
 }
 
 
-def get(client: Any, path: str, **params: Any) -> Any:
+def get(api_client: Any, path: str, **params: Any) -> Any:
     query = urlencode(params, doseq=True, quote_via=quote)
-    return client.get(f"{path}?{query}" if query else path)
+    return api_client.get(f"{path}?{query}" if query else path)
 
 
 def assert_refused(response: Any, param: str) -> dict[str, Any]:
@@ -78,9 +78,9 @@ def some_rows() -> None:
 @pytest.mark.parametrize("route", LIST_ROUTES)
 @pytest.mark.parametrize("param, value", [("since", PAST_THE_END), ("until", BEFORE_THE_START), ("since", BEFORE_THE_START), ("until", PAST_THE_END)])
 def test_a_timestamp_whose_utc_instant_is_past_the_calendar_is_answered_not_a_500(
-    client: Any, scope: NodeScope, route: str, param: str, value: str
+    api_client: Any, scope: NodeScope, route: str, param: str, value: str
 ) -> None:
-    response = get(client, route, **{param: value})
+    response = get(api_client, route, **{param: value})
     assert response.status_code == 200, response.content[:300]
 
 
@@ -95,23 +95,23 @@ def test_a_timestamp_whose_utc_instant_is_past_the_calendar_is_answered_not_a_50
     ],
 )
 def test_a_timestamp_past_either_end_of_the_calendar_stands_for_that_end(
-    client: Any, scope: NodeScope, params: dict[str, str], expected: list[str]
+    api_client: Any, scope: NodeScope, params: dict[str, str], expected: list[str]
 ) -> None:
     some_rows()
-    response = get(client, "/api/events", **params)
+    response = get(api_client, "/api/events", **params)
     assert response.status_code == 200, response.content[:300]
     assert ids(response.json()["events"]) == expected
-    turns = get(client, "/api/turns", **params).json()["turns"]
+    turns = get(api_client, "/api/turns", **params).json()["turns"]
     assert [t["turn_id"] for t in turns] == (["t1"] if expected else [])
 
 
-def test_since_past_the_end_and_until_before_the_start_is_since_after_until(client: Any, scope: NodeScope) -> None:
-    assert_refused(get(client, "/api/events", since=PAST_THE_END, until=BEFORE_THE_START), "since")
+def test_since_past_the_end_and_until_before_the_start_is_since_after_until(api_client: Any, scope: NodeScope) -> None:
+    assert_refused(get(api_client, "/api/events", since=PAST_THE_END, until=BEFORE_THE_START), "since")
 
 
 @pytest.mark.parametrize("value", ["0000-01-01T00:00:00Z", "2025-02-30T00:00:00Z", "2025-01-01T24:00:00Z", "2025-01-01T00:00:00+24:00"])
-def test_a_timestamp_no_calendar_holds_is_400_naming_it(client: Any, scope: NodeScope, value: str) -> None:
-    assert_refused(get(client, "/api/events", since=value), "since")
+def test_a_timestamp_no_calendar_holds_is_400_naming_it(api_client: Any, scope: NodeScope, value: str) -> None:
+    assert_refused(get(api_client, "/api/events", since=value), "since")
 
 
 # -- text the stores cannot compare ----------------------------------------------------------------
@@ -120,42 +120,42 @@ def test_a_timestamp_no_calendar_holds_is_400_naming_it(client: Any, scope: Node
 @pytest.mark.parametrize("route, param", [(r, p) for r, params in TEXT_PARAMS.items() for p in params])
 @pytest.mark.parametrize("bad", ["D0\x00X", "\x00", "x" * (api.MAX_VALUE_LENGTH + 1)])
 def test_a_nul_or_an_absurd_length_in_any_text_parameter_is_400_naming_it(
-    client: Any, scope: NodeScope, route: str, param: str, bad: str
+    api_client: Any, scope: NodeScope, route: str, param: str, bad: str
 ) -> None:
     """On PostgreSQL a NUL reached the driver (a 500); on SQLite it matched nothing (a 200)."""
-    assert_refused(get(client, route, **{param: bad}), param)
+    assert_refused(get(api_client, route, **{param: bad}), param)
 
 
 @pytest.mark.parametrize("route, tag", [("/api/events", "e"), ("/api/turns", "t")])
-def test_a_cursor_whose_key_holds_a_nul_is_400(client: Any, scope: NodeScope, route: str, tag: str) -> None:
+def test_a_cursor_whose_key_holds_a_nul_is_400(api_client: Any, scope: NodeScope, route: str, tag: str) -> None:
     cursor = qs.encode_cursor(tag, AT, "turn\x00-1")
-    assert_refused(get(client, route, cursor=cursor), "cursor")
+    assert_refused(get(api_client, route, cursor=cursor), "cursor")
 
 
 @pytest.mark.parametrize("route, tag", [("/api/events", "e"), ("/api/turns", "t")])
 @pytest.mark.parametrize("tamper", ["!", " ", "+", "="])
 def test_a_cursor_with_characters_its_encoder_never_writes_is_400(
-    client: Any, scope: NodeScope, route: str, tag: str, tamper: str
+    api_client: Any, scope: NodeScope, route: str, tag: str, tamper: str
 ) -> None:
     """base64's decoder skips stray characters; a cursor is only what the read handed out."""
     good = qs.encode_cursor(tag, AT, "k1")
-    assert get(client, route, cursor=good).status_code == 200
-    assert_refused(get(client, route, cursor=good[:4] + tamper + good[4:]), "cursor")
+    assert get(api_client, route, cursor=good).status_code == 200
+    assert_refused(get(api_client, route, cursor=good[:4] + tamper + good[4:]), "cursor")
 
 
-def test_a_cursor_whose_instant_is_spelled_the_way_int_alone_would_take_is_400(client: Any, scope: NodeScope) -> None:
+def test_a_cursor_whose_instant_is_spelled_the_way_int_alone_would_take_is_400(api_client: Any, scope: NodeScope) -> None:
     import base64
 
     cursor = base64.urlsafe_b64encode(b"e|+1_741_600_000_000_000|k1").rstrip(b"=").decode()
-    assert_refused(get(client, "/api/events", cursor=cursor), "cursor")
+    assert_refused(get(api_client, "/api/events", cursor=cursor), "cursor")
 
 
 @pytest.mark.parametrize("route, param", [("/api/events/{}", "event_id"), ("/api/traces/{}", "trace_id"), ("/api/turns/{}", "turn_id")])
 @pytest.mark.parametrize("bad", ["%00", "a%00b", "x" * (api.MAX_VALUE_LENGTH + 1)])
 def test_a_nul_or_an_absurd_length_in_a_path_id_is_400_naming_it(
-    client: Any, scope: NodeScope, route: str, param: str, bad: str
+    api_client: Any, scope: NodeScope, route: str, param: str, bad: str
 ) -> None:
-    assert_refused(client.get(route.format(bad)), param)
+    assert_refused(api_client.get(route.format(bad)), param)
 
 
 @pytest.mark.parametrize("param", ["seat", "node", "cursor", "since", "limit", "category"])
@@ -168,37 +168,37 @@ def test_a_lone_surrogate_in_any_parameter_is_refused_before_it_reaches_sql(scop
     assert refused.value.param == param and "surrogate" in refused.value.reason
 
 
-def test_a_refusal_names_an_unknown_parameter_in_the_one_shape(client: Any, scope: NodeScope) -> None:
-    assert_refused(get(client, "/api/turns", type="x"), "type")
+def test_a_refusal_names_an_unknown_parameter_in_the_one_shape(api_client: Any, scope: NodeScope) -> None:
+    assert_refused(get(api_client, "/api/turns", type="x"), "type")
 
 
 # -- /api/schema/?version= -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("version", ["\r\nSet-Cookie: a=b", "x\";filename=evil.html", "2", "", "1 "])
-def test_a_schema_version_the_api_does_not_have_is_400_and_never_reaches_a_header(client: Any, version: str) -> None:
-    response = client.get(f"/api/schema/?version={quote(version)}")
+def test_a_schema_version_the_api_does_not_have_is_400_and_never_reaches_a_header(api_client: Any, version: str) -> None:
+    response = api_client.get(f"/api/schema/?version={quote(version)}")
     body = assert_refused(response, "version")
     assert "1" in body["reason"]
     assert "Content-Disposition" not in response
 
 
 @pytest.mark.parametrize("query, suffix", [("", "yaml"), ("?version=1", "yaml"), ("?format=json", "json"), ("?version=1&format=json", "json")])
-def test_the_schema_is_served_under_a_filename_built_from_nothing_the_caller_sent(client: Any, query: str, suffix: str) -> None:
-    response = client.get(f"/api/schema/{query}")
+def test_the_schema_is_served_under_a_filename_built_from_nothing_the_caller_sent(api_client: Any, query: str, suffix: str) -> None:
+    response = api_client.get(f"/api/schema/{query}")
     assert response.status_code == 200
     assert response["Content-Disposition"] == f'inline; filename="Crewlet API.{suffix}"'
     if suffix == "json":
         assert response.json()["info"]["version"] == "1"
 
 
-def test_the_schema_route_refuses_a_parameter_it_does_not_take(client: Any) -> None:
-    assert_refused(client.get("/api/schema/?lang=%00"), "lang")
+def test_the_schema_route_refuses_a_parameter_it_does_not_take(api_client: Any) -> None:
+    assert_refused(api_client.get("/api/schema/?lang=%00"), "lang")
 
 
 @pytest.mark.parametrize("fmt", ["zz", "%00", "html"])
-def test_a_schema_format_the_route_cannot_render_is_400_naming_it(client: Any, fmt: str) -> None:
-    body = assert_refused(client.get(f"/api/schema/?format={fmt}"), "format")
+def test_a_schema_format_the_route_cannot_render_is_400_naming_it(api_client: Any, fmt: str) -> None:
+    body = assert_refused(api_client.get(f"/api/schema/?format={fmt}"), "format")
     assert "json" in body["reason"] and "yaml" in body["reason"]
 
 
@@ -206,8 +206,8 @@ def test_a_schema_format_the_route_cannot_render_is_400_naming_it(client: Any, f
 
 
 @pytest.fixture
-def document(client: Any) -> dict[str, Any]:
-    response = client.get("/api/schema/?format=json")
+def document(api_client: Any) -> dict[str, Any]:
+    response = api_client.get("/api/schema/?format=json")
     assert response.status_code == 200
     return response.json()
 
@@ -276,7 +276,7 @@ def test_the_documented_limit_is_the_enforced_one(document: dict[str, Any]) -> N
 
 
 def test_a_value_just_outside_each_documented_bound_is_400_and_one_just_inside_is_answered(
-    client: Any, scope: NodeScope, document: dict[str, Any]
+    api_client: Any, scope: NodeScope, document: dict[str, Any]
 ) -> None:
     checked = 0
     for path, operation in read_operations(document):
@@ -288,17 +288,17 @@ def test_a_value_just_outside_each_documented_bound_is_400_and_one_just_inside_i
                 if parameter["in"] == "path":
                     if value == "":  # an empty path segment is another route
                         continue
-                    response = client.get(path.replace("{" + name + "}", quote(value, safe="")))
+                    response = api_client.get(path.replace("{" + name + "}", quote(value, safe="")))
                 else:
-                    response = get(client, path, **{name: value})
+                    response = get(api_client, path, **{name: value})
                 assert_refused(response, name)
                 checked += 1
             for value in inside:
                 if parameter["in"] == "path":
-                    response = client.get(path.replace("{" + name + "}", quote(value, safe="")))
+                    response = api_client.get(path.replace("{" + name + "}", quote(value, safe="")))
                     assert response.status_code == 404, (path, name, value, response.content[:300])
                 else:
-                    response = get(client, path, **{name: value})
+                    response = get(api_client, path, **{name: value})
                     assert response.status_code == 200, (path, name, value, response.content[:300])
                 checked += 1
     assert checked > 100
@@ -325,7 +325,7 @@ def _wire(params: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("operation_id", ["events_list", "turns_list", "events_series"])
-def test_whatever_the_schema_allows_is_answered(client: Any, scope: NodeScope, document: dict[str, Any], operation_id: str) -> None:
+def test_whatever_the_schema_allows_is_answered(api_client: Any, scope: NodeScope, document: dict[str, Any], operation_id: str) -> None:
     """Positive examples drawn from the served schema itself; the opaque cursor is walked above instead."""
     path, queries = _query_strategy(document, operation_id, leave_out=frozenset({"cursor"}))
 
@@ -335,7 +335,7 @@ def test_whatever_the_schema_allows_is_answered(client: Any, scope: NodeScope, d
     @given(queries)
     def run(params: dict[str, Any]) -> None:
         sent.append(params)
-        response = get(client, path, **_wire(params))
+        response = get(api_client, path, **_wire(params))
         if response.status_code == 400:
             body = response.json()
             assert (body["param"], body["reason"]) in CROSS_PARAMETER or body["reason"].startswith("makes "), body
@@ -354,7 +354,7 @@ _ANY_TEXT = st.one_of(
 
 @pytest.mark.parametrize("path, names", [(r, [*api.EVENTS_PARAMS]) for r in ["/api/events"]] + [("/api/turns", [*api.TURNS_PARAMS]), ("/api/events/series", [*api.SERIES_PARAMS])])
 def test_whatever_arrives_in_the_query_is_answered_or_refused_in_the_one_shape_never_a_500(
-    client: Any, scope: NodeScope, path: str, names: list[str]
+    api_client: Any, scope: NodeScope, path: str, names: list[str]
 ) -> None:
     sent: list[dict[str, str]] = []
 
@@ -362,7 +362,7 @@ def test_whatever_arrives_in_the_query_is_answered_or_refused_in_the_one_shape_n
     @given(st.dictionaries(st.sampled_from([*names, "format", "limitt"]), _ANY_TEXT, max_size=4))
     def run(params: dict[str, str]) -> None:
         sent.append(params)
-        response = get(client, path, **params)
+        response = get(api_client, path, **params)
         assert response.status_code in (200, 400), (params, response.status_code, response.content[:300])
         if response.status_code == 400:
             body = response.json()

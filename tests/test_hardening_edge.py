@@ -44,9 +44,10 @@ from notifications_support import (
     slack_message,
 )
 from seats_support import Recorder, eventually, memory_queues
-from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 from test_notifications_edge import ACCEPTED, edge_on, post, published
 from tests.up_support import UpProcess, http_json, up_env
+
+pytestmark = pytest.mark.usefixtures("close_store_connections")
 
 SURROGATE = "\ud800"
 NUL = "\x00"

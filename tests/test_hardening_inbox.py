@@ -42,8 +42,9 @@ from seats.ledger import (
 from seats.mailboxes import ensure_mailboxes
 from seats.turns import Trigger, TurnResult, TurnRunner
 from seats_support import Recorder, company, drained, eventually, holder, memory_queues, running
-from seats_support import _close_store_connections  # noqa: F401 (fixture)
 from waiting_support import wait_until
+
+pytestmark = pytest.mark.usefixtures("close_store_connections")
 
 DB = pytest.mark.django_db(transaction=True, databases=["default", "events"])
 T0 = datetime(2024, 6, 10, 9, 0, tzinfo=timezone.utc)

@@ -30,9 +30,11 @@ from notifications_support import (
     slack_message,
 )
 from seats_support import Recorder, eventually, memory_queues
-from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.django_db(transaction=True, databases=["default"])]
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default"]),
+    pytest.mark.usefixtures("close_store_connections"),
+]
 
 AGENTS = ("ada", "linus")
 NOW = 1_800_000_000.0

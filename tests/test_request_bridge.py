@@ -22,7 +22,6 @@ from a2a.models import Channel
 from crewlet import runtime
 from crewlet.tokens import OperatorToken
 from seats_support import eventually
-from seats_support import runtime_on_memory  # noqa: F401 (fixture)
 from tests.up_support import REQUEST_TIMEOUT_S, UpProcess, http_json, serve, up_env
 
 TOKEN = "bridge-test-operator-token-0123456789abcdef"

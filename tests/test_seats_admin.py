@@ -11,8 +11,7 @@ from django.test import Client
 from seats import actions
 from seats.delivery_models import SeatPause, SeatRecord
 from crewlet.tokens import OperatorToken, hash_token
-from seats_support import eventually
-from seats_support import in_thread, runtime_on_memory  # noqa: F401 (fixtures)
+from seats_support import eventually, in_thread
 
 
 

@@ -13,8 +13,7 @@ from crewlet.queue import topics
 from seats import actions
 from seats.delivery_models import SeatPause
 from crewlet.tokens import OperatorToken
-from seats_support import eventually, send, wake
-from seats_support import bearer, in_thread, runtime_on_memory  # noqa: F401 (fixtures)
+from seats_support import bearer, eventually, in_thread, send, wake
 
 
 # -- no runtime in this process: sync tests ---------------------------------------------

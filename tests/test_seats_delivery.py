@@ -14,10 +14,12 @@ from seats.delivery_models import LedgerEntry
 from seats.inbox import HOLD_NO_PROVIDER, HOLD_PAUSED
 from seats.mailboxes import ensure_mailboxes
 from seats.ownership import SeatOwnership
-from seats_support import Recorder, company, eventually, holder, memory_queues, send, wake
-from seats_support import _close_store_connections, drained, inbox, running  # noqa: F401 (fixtures)
+from seats_support import Recorder, company, drained, eventually, holder, inbox, memory_queues, running, send, wake
 
-pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "events"]),
+    pytest.mark.usefixtures("close_store_connections"),
+]
 
 FIRST = MAX_DELIVERIES - 1  # ``remaining`` on a message's first delivery
 

@@ -13,12 +13,12 @@ from seats.actions import apause_seat, aresume_seat
 from seats.inbox import HOLD_NO_PROVIDER
 from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
 from seats.runtime import SeatRuntime
-from seats_support import Recorder, company, eventually, holder, jetstream_queues, send, wake
-from seats_support import _close_store_connections, drained, inbox, running  # noqa: F401 (fixtures)
+from seats_support import Recorder, company, drained, eventually, holder, inbox, jetstream_queues, running, send, wake
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
+    pytest.mark.usefixtures("close_store_connections"),
 ]
 
 FIRST = MAX_DELIVERIES - 1

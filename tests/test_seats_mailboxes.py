@@ -12,9 +12,11 @@ from seats.delivery_models import SeatRecord
 from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
 from seats.runtime import SeatRuntime
 from seats_support import company, holder, memory_queues, send, wake
-from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "events"]),
+    pytest.mark.usefixtures("close_store_connections"),
+]
 
 T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)
 DAY = timedelta(hours=24)

@@ -12,9 +12,11 @@ from seats.delivery_models import ScheduleFiring
 from seats.runtime import SeatRuntime
 from seats.scheduler import slot_of
 from seats_support import Recorder, company, eventually, holder, memory_queues
-from seats_support import _close_store_connections  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "events"]),
+    pytest.mark.usefixtures("close_store_connections"),
+]
 
 T0 = datetime(2025, 6, 2, 9, 30, tzinfo=timezone.utc).timestamp()
 STANDUP = [{"name": "standup", "seat": "ada", "every": "24h", "task": "Post the stand-up summary"}]
