@@ -1,0 +1,195 @@
+"""Durable consumers: created, aligned, deleted, listed by their metadata, and pulled from."""
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any, Optional
+
+from crewlet.queue import topics
+from crewlet.queue.contract import SubscriptionRef
+from crewlet.queue.errors import Unavailable
+from crewlet.queue.jetstream.configs import META_GROUP, META_TOPIC, consumer_config, durable_name
+from crewlet.queue.jetstream.pull import JetStreamPuller
+from crewlet.queue.jetstream.streams import StreamsPart
+from crewlet.queue.jetstream.wire import (
+    _NATS_ERRORS,
+    _NS,
+    ERR_CONSUMER_EXISTS,
+    ERR_CONSUMER_NOT_FOUND,
+    ERR_STREAM_NOT_FOUND,
+    _ApiError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ConsumersPart(StreamsPart):
+    """A seat's mailbox on the broker: one durable pull consumer per (topic, group)."""
+
+    # -- durable consumers -----------------------------------------------------------
+
+    async def ensure_consumer(self, topic: str, group: str) -> bool:
+        spec = self._stream_of(topic)
+        await self._ensure_stream(spec)
+        name = durable_name(topic, group)
+        try:
+            info = await self._api(f"CONSUMER.INFO.{spec.name}.{name}", None, what="consumer info")
+        except _ApiError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:
+                await self._ensure_stream(spec, force=True)
+            elif e.err_code != ERR_CONSUMER_NOT_FOUND:
+                raise
+        else:
+            await self._align_ack_wait(spec.name, name, info.get("config") or {})
+            return False
+        cfg = consumer_config(topic, group, self.timings)
+        # A per-call nonce: of two racing creators exactly one gets "created"
+        # (the broker refuses an action=create whose config differs).
+        cfg["description"] = f"crewlet mailbox #{secrets.token_hex(6)}"
+        try:
+            await self._api(
+                f"CONSUMER.CREATE.{spec.name}.{name}",
+                {"stream_name": spec.name, "config": cfg, "action": "create"},
+                what=f"create consumer {name}",
+            )
+        except _ApiError as e:
+            if e.err_code == ERR_CONSUMER_EXISTS:
+                return False
+            raise
+        logger.info(
+            "jetstream_consumer_created",
+            extra={"stream": spec.name, "consumer": name, "topic": topic, "group": group},
+        )
+        return True
+
+    async def _align_ack_wait(self, stream: str, name: str, current: dict[str, Any]) -> None:
+        """Give an existing durable this client's ack window (one made with another keeps it otherwise).
+
+        Only the ack window is aligned: it is what decides how long a dead
+        process's mail waits, and the broker lets it change in place. The
+        rest of the consumer (its position, its metadata, its nonce) is kept
+        as it is, and a refusal leaves the consumer as it was.
+        """
+        want = int(float(self.timings.ack_wait_s) * _NS)
+        have = current.get("ack_wait")
+        if not current or have == want:
+            return
+        cfg = dict(current)
+        cfg["ack_wait"] = want
+        try:
+            await self._api(
+                f"CONSUMER.CREATE.{stream}.{name}",
+                {"stream_name": stream, "config": cfg, "action": "update"},
+                what=f"update consumer {name}",
+            )
+        except _ApiError as e:
+            logger.warning(
+                "jetstream_consumer_config_kept",
+                extra={"stream": stream, "consumer": name, "ack_wait_s": (have or 0) / _NS, "error": e.description},
+            )
+            return
+        logger.info(
+            "jetstream_consumer_updated",
+            extra={"stream": stream, "consumer": name, "ack_wait_s_was": (have or 0) / _NS, "ack_wait_s": want / _NS},
+        )
+
+    async def delete_consumer(self, topic: str, group: str) -> bool:
+        spec = self._stream_of(topic)
+        name = durable_name(topic, group)
+        try:
+            resp = await self._api(f"CONSUMER.DELETE.{spec.name}.{name}", None, what=f"delete consumer {name}")
+        except _ApiError as e:
+            if e.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+                return False
+            raise
+        deleted = bool(resp.get("success"))
+        if deleted:
+            logger.info("jetstream_consumer_deleted", extra={"stream": spec.name, "consumer": name})
+        return deleted
+
+    async def _list_streams(self, pattern: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            resp = await self._api("STREAM.LIST", {"offset": offset, "subject": pattern}, what="list streams")
+            streams = resp.get("streams") or []
+            out.extend(streams)
+            offset += len(streams)
+            if not streams or offset >= int(resp.get("total", 0) or 0):
+                return out
+
+    async def _list_consumers_of(self, stream: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            try:
+                resp = await self._api(f"CONSUMER.LIST.{stream}", {"offset": offset}, what=f"list consumers of {stream}")
+            except _ApiError as e:
+                if e.err_code == ERR_STREAM_NOT_FOUND:
+                    return out
+                raise
+            consumers = resp.get("consumers") or []
+            out.extend(consumers)
+            offset += len(consumers)
+            if not consumers or offset >= int(resp.get("total", 0) or 0):
+                return out
+
+    async def list_consumers(self, pattern: str) -> list[SubscriptionRef]:
+        topics.validate_pattern(pattern)
+        refs: set[SubscriptionRef] = set()
+        for info in await self._list_streams(pattern):
+            cfg = info.get("config") or {}
+            stream = str(cfg.get("name", ""))
+            subjects = cfg.get("subjects") or []
+            if not stream.startswith(topics.STREAM_PREFIX):
+                continue  # another application's stream on a shared account
+            if not any(topics.overlaps(s, pattern) for s in subjects):
+                continue
+            for ci in await self._list_consumers_of(stream):
+                ccfg = ci.get("config") or {}
+                name = str(ci.get("name", ""))
+                if not ccfg.get("durable_name"):
+                    continue  # ephemeral (broadcast) consumers are never subscriptions
+                meta = ccfg.get("metadata") or {}
+                topic, group = meta.get(META_TOPIC), meta.get(META_GROUP)
+                if (
+                    not isinstance(topic, str)
+                    or not isinstance(group, str)
+                    or ccfg.get("durable_name") != name
+                    or durable_name(topic, group) != name
+                ):
+                    logger.warning(
+                        "jetstream_subscription_unnamed",
+                        extra={"stream": stream, "consumer": name, "meta_topic": topic, "meta_group": group},
+                    )
+                    continue
+                if topics.matches(pattern, topic):
+                    refs.add(SubscriptionRef(topic, group))
+        return sorted(refs)
+
+    async def consumer_info(self, topic: str, group: str) -> Optional[dict[str, Any]]:
+        """The broker's view of the durable (topic, group), or None when it does not exist."""
+        spec = self._stream_of(topic)
+        try:
+            return await self._api(f"CONSUMER.INFO.{spec.name}.{durable_name(topic, group)}", None, what="consumer info")
+        except _ApiError as e:
+            if e.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+                return None
+            raise
+
+    async def backlog(self, topic: str, group: str) -> int:
+        info = await self.consumer_info(topic, group)
+        if info is None:
+            return 0
+        return int(info.get("num_pending", 0) or 0) + int(info.get("num_ack_pending", 0) or 0)
+
+    async def open_puller(self, topic: str, group: str) -> JetStreamPuller:
+        spec = self._stream_of(topic)
+        self._require_connected()
+        puller = JetStreamPuller(self, spec.name, durable_name(topic, group), topic, group)
+        try:
+            await puller._open_sub()
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"cannot open a puller on {topic!r}: {e!r}") from e
+        self._pullers.add(puller)
+        return puller

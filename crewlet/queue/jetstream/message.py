@@ -1,0 +1,80 @@
+"""One fetched JetStream message and how it is settled (ack, nak, term, in progress)."""
+from __future__ import annotations
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from crewlet.queue.errors import Unavailable
+from crewlet.queue.jetstream.wire import _NATS_ERRORS, _num_delivered, ordered_flush
+
+
+class JetStreamMessage:
+    """One fetched, unsettled JetStream message (a :class:`~crewlet.queue.transport.RawMessage`)."""
+
+    __slots__ = ("_msg", "_nc", "data", "delivered")
+
+    def __init__(self, msg: Msg, nc: NatsClient) -> None:
+        self._msg = msg
+        self._nc = nc
+        self.data: bytes = msg.data
+        self.delivered: int = _num_delivered(msg.reply)
+
+    @property
+    def subject(self) -> str:
+        return self._msg.subject
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self._msg.headers or {})
+
+    async def ack(self) -> None:
+        try:
+            await self._msg.ack()
+        except nats.errors.MsgAlreadyAckdError:
+            return
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"ack failed: {e!r}") from e
+
+    async def nak(self, delay_s: float) -> None:
+        try:
+            await self._msg.nak(delay=delay_s if delay_s and delay_s > 0 else None)
+        except nats.errors.MsgAlreadyAckdError:
+            return
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"nak failed: {e!r}") from e
+
+    async def nak_head(self) -> None:
+        """An immediate Nak, flushed: the next fetch cannot race it (ARCHITECTURE: broker facts)."""
+        try:
+            await self._msg.nak()
+        except nats.errors.MsgAlreadyAckdError:
+            return
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"nak failed: {e!r}") from e
+        if not self._nc.is_connected:
+            return  # buffered; it goes out on reconnect
+        try:
+            await ordered_flush(self._nc, 5)
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"flushing a hand-back failed: {e!r}") from e
+
+    async def term(self) -> None:
+        try:
+            await self._msg.term()
+        except nats.errors.MsgAlreadyAckdError:
+            return
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"term failed: {e!r}") from e
+
+    async def in_progress(self) -> None:
+        """``+WPI``: the broker restarts this delivery's ack clock (allowed any number of times)."""
+        if self._msg._ackd:
+            return
+        try:
+            await self._msg.in_progress()
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"in-progress signal failed: {e!r}") from e
+
+    def __repr__(self) -> str:
+        return f"<JetStreamMessage {self._msg.subject} delivered={self.delivered} bytes={len(self.data)}>"

@@ -1,0 +1,163 @@
+"""Stream provisioning (the topology of ``crewlet.queue.topics``) and publishing into it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Mapping, Optional
+
+import nats.errors
+
+from crewlet.aio import keeping_cancel
+from crewlet.queue import topics
+from crewlet.queue.contract import MAX_PAYLOAD_BYTES
+from crewlet.queue.errors import InvalidArgument, TooLarge, Unavailable
+from crewlet.queue.jetstream.base import TransportBase
+from crewlet.queue.jetstream.configs import stream_config
+from crewlet.queue.jetstream.wire import (
+    _NATS_ERRORS,
+    _NS,
+    ERR_MESSAGE_TOO_LARGE,
+    ERR_STREAM_NAME_IN_USE,
+    ERR_STREAM_NOT_FOUND,
+    _acked_seq,
+    _ApiError,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Stream settings provisioning keeps aligned with the topology (others are the broker's defaults).
+_ALIGNED_KEYS = frozenset(
+    {"subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msg_size", "num_replicas", "discard"}
+)
+
+
+class StreamsPart(TransportBase):
+    """Streams created and aligned on demand, and publishing with a stream under every subject."""
+
+    # -- streams ----------------------------------------------------------------------
+
+    def stream_config(self, spec: topics.StreamSpec) -> dict[str, Any]:
+        return stream_config(
+            spec,
+            event_retention_hours=self.event_retention_hours,
+            memory_storage=self.memory_storage,
+            replicas=self.replicas,
+        )
+
+    async def provision(self) -> None:
+        """Create (or align) every engine stream; idempotent."""
+        for spec in topics.ENGINE_STREAMS:
+            await self._ensure_stream(spec)
+
+    async def _ensure_stream(self, spec: topics.StreamSpec, *, force: bool = False) -> None:
+        """Create the stream, or align an existing one with the topology; then remember it.
+
+        Looks first: the broker's ``did_create`` is true for an idempotent create
+        as well, so it cannot say whether this call created the stream.
+        """
+        if not force and spec.name in self._ready_streams:
+            return
+        async with self._provision_lock:
+            if not force and spec.name in self._ready_streams:
+                return
+            cfg = self.stream_config(spec)
+            try:
+                info = await self._api(f"STREAM.INFO.{spec.name}", None, what=f"stream info {spec.name}")
+            except _ApiError as e:
+                if e.err_code != ERR_STREAM_NOT_FOUND:
+                    raise
+                await self._create_stream(spec, cfg)
+            else:
+                current = info.get("config") or {}
+                drift = {k: (current.get(k), v) for k, v in cfg.items() if k in _ALIGNED_KEYS and current.get(k) != v}
+                if drift:
+                    await self._update_stream(spec, cfg, drift)
+            self._ready_streams.add(spec.name)
+
+    async def _create_stream(self, spec: topics.StreamSpec, cfg: dict[str, Any]) -> None:
+        try:
+            await self._api(f"STREAM.CREATE.{spec.name}", cfg, what=f"create stream {spec.name}")
+        except _ApiError as e:
+            if e.err_code == ERR_STREAM_NAME_IN_USE:  # another client created it meanwhile, differently
+                await self._update_stream(spec, cfg, {})
+                return
+            logger.error(
+                "jetstream_stream_provision_failed",
+                extra={"stream": spec.name, "subjects": spec.subjects, "error": e.description},
+            )
+            raise Unavailable(f"cannot provision stream {spec.name}: {e.description}") from e
+        logger.info(
+            "jetstream_stream_created",
+            extra={
+                "stream": spec.name,
+                "subjects": spec.subjects,
+                "retention": cfg["retention"],
+                "storage": cfg["storage"],
+                "max_age_s": cfg["max_age"] / _NS,
+            },
+        )
+
+    async def _update_stream(self, spec: topics.StreamSpec, cfg: dict[str, Any], drift: dict[str, Any]) -> None:
+        try:
+            await self._api(f"STREAM.UPDATE.{spec.name}", cfg, what=f"update stream {spec.name}")
+        except _ApiError as e:
+            # e.g. storage or retention cannot change in place: keep the stream as it is.
+            logger.warning(
+                "jetstream_stream_config_kept",
+                extra={"stream": spec.name, "error": e.description, "drift": repr(drift)},
+            )
+            return
+        logger.info("jetstream_stream_updated", extra={"stream": spec.name, "drift": repr(drift)})
+
+    def _stream_of(self, subject: str) -> topics.StreamSpec:
+        spec = self._subject_streams.get(subject)
+        if spec is None:
+            spec = topics.stream_for(subject)
+            if len(self._subject_streams) > 50_000:
+                self._subject_streams.clear()
+            self._subject_streams[subject] = spec
+        return spec
+
+    # -- publishing ----------------------------------------------------------------
+
+    async def publish(self, subject: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> int:
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise TooLarge(f"{len(data)} bytes is over the limit of {MAX_PAYLOAD_BYTES}")
+        if self._unsub_pending:
+            # A puller just gave up a pull request: let its UNSUB reach the wire
+            # first, so this message cannot be delivered into that request.
+            await asyncio.sleep(0)
+        spec = self._stream_of(subject)
+        if spec.name not in self._ready_streams:
+            await self._ensure_stream(spec)
+        hdrs = dict(headers) if headers else None
+        for attempt in (1, 2):
+            self._require_connected()
+            try:
+                msg = await keeping_cancel(self._nc.request(subject, data, timeout=self._api_timeout_s, headers=hdrs))
+            except nats.errors.MaxPayloadError as e:
+                raise TooLarge(f"{len(data)} bytes is over the broker's max_payload {self._nc.max_payload}") from e
+            except nats.errors.NoRespondersError as e:
+                # No stream listens there (deleted, or a new broker): provision it once and retry.
+                self._ready_streams.discard(spec.name)
+                if attempt == 2:
+                    raise Unavailable(f"no stream stores {subject!r}") from e
+                await self._ensure_stream(spec)
+                continue
+            except nats.errors.BadSubjectError as e:
+                raise InvalidArgument(f"subject={subject!r}: {e!r}") from e
+            except _NATS_ERRORS as e:
+                raise Unavailable(f"publish to {subject!r} failed: {e!r}") from e
+            body = msg.data
+            if b'"error"' in body:
+                try:
+                    err = json.loads(body).get("error") or {}
+                except ValueError:
+                    err = {}
+                desc = str(err.get("description", ""))
+                if err.get("err_code") == ERR_MESSAGE_TOO_LARGE or "message size" in desc.lower():
+                    raise TooLarge(f"publish to {subject!r}: {desc}")
+                raise Unavailable(f"publish to {subject!r}: {desc or body[:200]!r}")
+            return _acked_seq(body)
+        return 0

@@ -1,0 +1,125 @@
+"""What every part of the JetStream backend shares on the wire.
+
+The API's subject prefix and the error codes the backend decides on, the
+nats-py exceptions it translates at this boundary, and the parsing of what
+the broker sends back (reply subjects, statuses, publish acknowledgements).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from urllib.parse import urlsplit, urlunsplit
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from crewlet.aio import keeping_cancel
+from crewlet.queue.errors import Unavailable
+
+API_PREFIX = "$JS.API"
+
+_NS = 1_000_000_000
+
+# JetStream API error codes this backend decides on.
+ERR_CONSUMER_NOT_FOUND = 10014
+ERR_STREAM_NOT_FOUND = 10059
+ERR_STREAM_NAME_IN_USE = 10058
+ERR_CONSUMER_EXISTS = 10148
+ERR_MESSAGE_TOO_LARGE = 10054
+ERR_NO_MESSAGE_FOUND = 10037
+ERR_SEQUENCE_NOT_FOUND = 10043
+#: A message delete the broker refused; "no message found" when another delete took it first.
+ERR_MESSAGE_DELETE_FAILED = 10057
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any credential replaced, fit for logs and error messages."""
+    out = []
+    for part in str(url).split(","):
+        try:
+            parts = urlsplit(part.strip())
+        except ValueError:
+            out.append("<unparseable url>")
+            continue
+        if parts.username is not None or parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port is not None:
+                host = f"{host}:{parts.port}"
+            parts = parts._replace(netloc=f"***@{host}")
+        out.append(urlunsplit(parts))
+    return ",".join(out)
+
+
+async def ordered_flush(nc: NatsClient, timeout_s: float = 5.0) -> None:
+    """Push the write buffer out, then PING/PONG: everything written before is at the server.
+
+    nats-py's ``flush()`` writes its PING straight to the socket, so on its own
+    it can overtake a SUB or a NAK still sitting in the client's buffer. The
+    buffer push is bounded too: nats-py waits for its flusher without a
+    deadline, and a connection dropping under it ends the flusher first.
+    """
+    await keeping_cancel(asyncio.wait_for(nc._flush_pending(force_flush=True), timeout=timeout_s))
+    await keeping_cancel(nc.flush(timeout=timeout_s))  # type: ignore[arg-type]  # nats-py annotates its seconds as int and uses them as float (asyncio.wait_for, sleep)
+
+
+def _num_delivered(reply: str) -> int:
+    """Deliveries including this one, from a ``$JS.ACK.…`` reply subject (both token layouts)."""
+    toks = reply.split(".")
+    try:
+        if len(toks) == 9:
+            return int(toks[4])
+        return int(toks[6])
+    except (IndexError, ValueError):
+        return 1
+
+
+def _stream_seq(reply: str) -> int:
+    toks = reply.split(".")
+    try:
+        if len(toks) == 9:
+            return int(toks[5])
+        return int(toks[7])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _status_of(msg: Msg) -> tuple[str, str]:
+    hdrs = msg.headers or {}
+    return str(hdrs.get("Status", "") or ""), str(hdrs.get("Description", "") or "")
+
+
+class _ApiError(Unavailable):
+    """An error answer of the JetStream API (internal: callers decide on ``err_code``)."""
+
+    def __init__(self, what: str, code: int, err_code: int, description: str) -> None:
+        super().__init__(f"{what}: {description} (code {code}, err_code {err_code})")
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+def _message_not_found(e: "nats.js.errors.APIError") -> bool:
+    """A stream message get/delete that found no message at that sequence.
+
+    A plain miss is a 404 (10037); a delete that lost a race with another delete
+    of the same sequence comes back as a 500 delete failure (10057) saying so
+    on a memory store, and as a 400 "sequence N not found" (10043) on a file
+    store.
+    """
+    if isinstance(e, nats.js.errors.NotFoundError) or e.err_code in (ERR_NO_MESSAGE_FOUND, ERR_SEQUENCE_NOT_FOUND):
+        return True
+    return e.err_code == ERR_MESSAGE_DELETE_FAILED and "no message found" in str(e.description or "").lower()
+
+
+def _acked_seq(body: bytes) -> int:
+    """The stream sequence a publish acknowledgement names; 0 when it names none."""
+    try:
+        seq = json.loads(body).get("seq")
+    except (ValueError, AttributeError):
+        return 0
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0
+
+
+_NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, OSError, asyncio.TimeoutError)
