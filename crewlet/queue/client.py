@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Optional, Sequence, Unio
 
 from crewlet import events
 from crewlet.aio import keeping_cancel
-from crewlet.events import Event
+from crewlet.events import Event, Trace
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE, MessageDeadLettered
 from crewlet.queue import topics
 from crewlet.queue.contract import (
@@ -46,7 +46,6 @@ from crewlet.queue.transport import (
     dead_letter_headers,
     replay_msg_id,
 )
-from crewlet.tracing import Trace
 
 logger = logging.getLogger(__name__)
 

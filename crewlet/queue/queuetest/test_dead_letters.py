@@ -11,13 +11,12 @@ import asyncio
 
 import pytest
 
-from crewlet.events import Event
+from crewlet.events import Event, Trace
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE, MessageDeadLettered
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DEAD_LETTER_REF, MAX_DELIVERIES, DeadLetter, Outcome
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, Unavailable
 from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, needs
-from crewlet.tracing import Trace
 
 FIRST = MAX_DELIVERIES - 1  # what a first delivery says is left
 
