@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Optional, Protocol, runtime_checkable
 
 from crewlet.events import Event
-from crewlet.queue.contract import EventQueue, Timings
+from crewlet.queue.contract import MAX_DELIVERIES, EventQueue, SubscriptionRef, Timings
 from crewlet.queue.queuetest.waiting import eventually as eventually  # re-exported: the cases import it from here
 
 @runtime_checkable
@@ -160,6 +160,48 @@ def inbox(label: str = "") -> tuple[str, str]:
 
 def ev(i: Any = 0, **payload: Any) -> Event:
     return Event(type="conformance_probe", payload={"i": i, **payload})
+
+
+#: What a first delivery says is left.
+FIRST = MAX_DELIVERIES - 1
+
+
+async def publish_all(queue: EventQueue, topic: str, events: list[Event]) -> list[Event]:
+    """Publish ``events`` to ``topic`` in order; the events, for the case to compare with what arrives."""
+    for event in events:
+        await queue.publish(topic, event)
+    return events
+
+
+# ---------------------------------------------------------------------------
+# What the broker holds
+
+
+async def state(queue: EventQueue, *pairs: tuple[str, str]) -> tuple[tuple[int, ...], list[tuple[Any, ...]], list[SubscriptionRef]]:
+    """What the broker holds: these pairs' backlogs, the dead letters, the listing.
+
+    A negative case takes it before and after: a refusal must leave all three as they were.
+    """
+    backlogs = tuple([await queue.backlog(t, g) for t, g in pairs])
+    dead = [(d.ref, d.topic, d.group, d.deliveries) for d in await queue.dead_letters()]
+    return backlogs, dead, await queue.list_subscriptions(">")
+
+
+async def only(queue: EventQueue, backlogs: dict[tuple[str, str], int]) -> None:
+    """Nothing else was written: exactly these subscriptions, these backlogs, no dead letter."""
+    pairs = list(backlogs)
+    no_dead_letters: list[tuple[Any, ...]] = []
+    expected = (tuple(backlogs.values()), no_dead_letters, sorted(SubscriptionRef(t, g) for t, g in pairs))
+    assert await state(queue, *pairs) == expected
+
+
+async def drained(harness: Harness, queue: EventQueue, topic: str, group: str, n: int = 0) -> None:
+    """Wait until the pair's backlog is ``n`` (acks settle asynchronously on a real broker)."""
+
+    async def check() -> bool:
+        return await queue.backlog(topic, group) == n
+
+    await eventually(check, harness.wait_s, f"backlog of {topic}/{group} to be {n}")
 
 
 # ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
 from crewlet.queue.errors import TooLarge
-from crewlet.queue.queuetest.harness import Collector, eventually, uniq
+from crewlet.queue.queuetest.harness import Collector, eventually, state, uniq
 
 #: An ask deadline a case expects to run out.
 SHORT_S = 0.3
@@ -51,11 +51,6 @@ def tagged(tag: bytes) -> Answerer:
 def blocked(tag: bytes) -> Answerer:
     """An answerer that holds each request until its gate opens."""
     return Answerer(tag, gated=True)
-
-
-async def written(queue) -> tuple:
-    """Ask/serve must write nothing durable: dead letters and the listing stay as they were."""
-    return ([d.ref for d in await queue.dead_letters()], await queue.list_subscriptions(">"))
 
 
 async def within(harness, coro):
@@ -127,29 +122,29 @@ async def test_an_answerers_error_is_a_missing_answer(harness, queue):
 
     good = tagged(b"good")
     servers = [await queue.serve(subject, failing), await queue.serve(subject, good)]
-    before = await written(queue)
+    before = await state(queue)
     got = await within(harness, queue.ask(subject, b"q", 2, SHORT_S))
     assert got == [b"good:q"]
     # The failing server is still serving: it saw the next request too.
     got = await within(harness, queue.ask(subject, b"r", 2, SHORT_S))
     assert got == [b"good:r"]
     assert calls == [b"q", b"r"]
-    assert await written(queue) == before
+    assert await state(queue) == before
     for srv in servers:
         await srv.close()
 
 
 async def test_nobody_serving_means_zero_answers(harness, queue):
     subject = fleet()
-    before = await written(queue)
+    before = await state(queue)
     got = await within(harness, queue.ask(subject, b"anyone?", 3, SHORT_S))
     assert got == []
-    assert await written(queue) == before
+    assert await state(queue) == before
 
 
 async def test_nothing_is_retained_for_a_later_server(harness, queue):
     subject = fleet()
-    before = await written(queue)
+    before = await state(queue)
     assert await within(harness, queue.ask(subject, b"early", 1, SHORT_S)) == []
     late = Collector(harness)
 
@@ -161,7 +156,7 @@ async def test_nothing_is_retained_for_a_later_server(harness, queue):
     await late.quiet(expect=0)  # the early request is gone
     assert await within(harness, queue.ask(subject, b"now", 1, LONG_S)) == [b"late:now"]
     assert late.items == [b"now"]
-    assert await written(queue) == before
+    assert await state(queue) == before
     await srv.close()
 
 
@@ -170,7 +165,7 @@ async def test_a_closed_server_stops_answering(harness, queue):
     closing, staying = tagged(b"closing"), tagged(b"staying")
     srv = await queue.serve(subject, closing)
     keeper = await queue.serve(subject, staying)
-    before = await written(queue)
+    before = await state(queue)
     assert sorted(await within(harness, queue.ask(subject, b"q1", 2, LONG_S))) == [b"closing:q1", b"staying:q1"]
     await srv.close()
     await srv.close()  # closing twice is fine
@@ -178,7 +173,7 @@ async def test_a_closed_server_stops_answering(harness, queue):
     await keeper.close()
     assert await within(harness, queue.ask(subject, b"q3", 1, SHORT_S)) == []
     assert closing.seen == [b"q1"] and staying.seen == [b"q1", b"q2"]
-    assert await written(queue) == before
+    assert await state(queue) == before
 
 
 async def test_request_and_reply_bytes_survive_exactly(harness, queue):
@@ -209,11 +204,11 @@ async def test_an_oversized_request_is_refused_as_too_large(harness, queue):
         return b"ok"
 
     srv = await queue.serve(subject, answer)
-    before = await written(queue)
+    before = await state(queue)
     with pytest.raises(TooLarge):
         await queue.ask(subject, b"x" * (MAX_PAYLOAD_BYTES + 1), 1, SHORT_S)
     await col.quiet(expect=0)  # it reached nobody
-    assert await written(queue) == before
+    assert await state(queue) == before
     assert await within(harness, queue.ask(subject, b"small", 1, LONG_S)) == [b"ok"]
     await srv.close()
 

@@ -10,32 +10,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from crewlet.queue.contract import MAX_DELIVERIES, BatchOptions, Outcome, SubscriptionRef
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, uniq
-
-FIRST = MAX_DELIVERIES - 1
+from crewlet.queue.contract import BatchOptions, Outcome, SubscriptionRef
+from crewlet.queue.queuetest.harness import FIRST, Collector, drained, ev, inbox, only, publish_all, uniq
 
 
-async def state(queue, *pairs):
-    """What the broker holds: these pairs' backlogs, the dead letters, the listing."""
-    backlogs = tuple([await queue.backlog(t, g) for t, g in pairs])
-    dead = [(d.ref, d.topic, d.group, d.deliveries) for d in await queue.dead_letters()]
-    return backlogs, dead, await queue.list_subscriptions(">")
-
-
-async def only(queue, backlogs):
-    """Nothing else was written: exactly these subscriptions, these backlogs, no dead letter."""
-    pairs = list(backlogs)
-    no_dead_letters: list[tuple[object, ...]] = []
-    expected = (tuple(backlogs.values()), no_dead_letters, sorted(SubscriptionRef(t, g) for t, g in pairs))
-    assert await state(queue, *pairs) == expected
-
-
-async def drained(harness, queue, topic, group, n=0):
-    async def check():
-        return await queue.backlog(topic, group) == n
-
-    await eventually(check, harness.wait_s, f"backlog of {topic}/{group} to be {n}")
+async def both_attached(harness, queue):
+    """This client and a second one (``n2``) attached to one (topic, group); the second, its collectors, the pair."""
+    topic, group = inbox()
+    other = await harness.client("n2")
+    mine, theirs = Collector(harness), Collector(harness)
+    await queue.subscribe(topic, group, mine)
+    await other.subscribe(topic, group, theirs)
+    return other, mine, theirs, topic, group
 
 
 # ---------------------------------------------------------------------------
@@ -50,9 +36,7 @@ async def test_detach_stops_delivery_and_keeps_the_mail_which_replays_on_reattac
     await col.wait_for(1)
     await drained(harness, queue, topic, group)
     assert await sub.detach() is True
-    kept = [ev(1), ev(2)]
-    for e in kept:
-        await queue.publish(topic, e)
+    kept = await publish_all(queue, topic, [ev(1), ev(2)])
     await col.quiet(1)
     assert await queue.backlog(topic, group) == 2
     assert await queue.list_subscriptions(topic) == [SubscriptionRef(topic, group)]
@@ -86,8 +70,7 @@ async def test_detach_reports_whether_there_was_anything_to_detach_and_is_idempo
 async def test_a_detach_inside_a_handler_stops_the_next_delivery(harness, queue):
     topic, group = inbox()
     await queue.ensure_subscription(topic, group)
-    for i in range(3):
-        await queue.publish(topic, ev(i))
+    await publish_all(queue, topic, [ev(i) for i in range(3)])
     attached = asyncio.Event()
     handle: dict[str, Any] = {}
 
@@ -161,9 +144,7 @@ async def test_unquiesce_delivers_what_waited_and_reports_true_then_false(harnes
     sub = await queue.subscribe(topic, group, col)
     assert await sub.unquiesce() is False, "not quiesced"
     assert await sub.quiesce() is True
-    sent = [ev(0), ev(1)]
-    for e in sent:
-        await queue.publish(topic, e)
+    sent = await publish_all(queue, topic, [ev(0), ev(1)])
     await col.quiet(0)
     await only(queue, {(topic, group): 2})
     assert await sub.unquiesce() is True
@@ -228,15 +209,9 @@ async def test_reattaching_after_a_deferral_clears_the_quiesce_it_took(harness, 
 
 
 async def test_one_clients_detach_leaves_the_other_attached(harness, queue):
-    topic, group = inbox()
-    other = await harness.client("n2")
-    mine, theirs = Collector(harness), Collector(harness)
-    await queue.subscribe(topic, group, mine)
-    await other.subscribe(topic, group, theirs)
+    other, mine, theirs, topic, group = await both_attached(harness, queue)
     assert await queue.detach(topic, group) is True
-    sent = [ev(i) for i in range(3)]
-    for e in sent:
-        await queue.publish(topic, e)
+    sent = await publish_all(queue, topic, [ev(i) for i in range(3)])
     await theirs.wait_for(3)
     assert [d.event.id for d in theirs.items] == [e.id for e in sent]
     await theirs.quiet(3)
@@ -245,15 +220,9 @@ async def test_one_clients_detach_leaves_the_other_attached(harness, queue):
 
 
 async def test_one_clients_hold_leaves_the_other_ungated(harness, queue):
-    topic, group = inbox()
-    other = await harness.client("n2")
-    mine, theirs = Collector(harness), Collector(harness)
-    await queue.subscribe(topic, group, mine)
-    await other.subscribe(topic, group, theirs)
+    other, mine, theirs, topic, group = await both_attached(harness, queue)
     await queue.hold(topic, group, "sandbox")
-    sent = [ev(i) for i in range(3)]
-    for e in sent:
-        await queue.publish(topic, e)
+    sent = await publish_all(queue, topic, [ev(i) for i in range(3)])
     await theirs.wait_for(3)
     assert [d.event.id for d in theirs.items] == [e.id for e in sent]
     await theirs.quiet(3)
@@ -262,16 +231,10 @@ async def test_one_clients_hold_leaves_the_other_ungated(harness, queue):
 
 
 async def test_one_clients_close_leaves_the_other_attached(harness, queue):
-    topic, group = inbox()
-    other = await harness.client("n2")
-    mine, theirs = Collector(harness), Collector(harness)
-    await queue.subscribe(topic, group, mine)
-    await other.subscribe(topic, group, theirs)
+    other, mine, theirs, topic, group = await both_attached(harness, queue)
     await queue.hold(topic, group, "sandbox")
     await queue.close()
-    sent = [ev(i) for i in range(3)]
-    for e in sent:
-        await other.publish(topic, e)
+    sent = await publish_all(other, topic, [ev(i) for i in range(3)])
     await theirs.wait_for(3)
     assert [d.event.id for d in theirs.items] == [e.id for e in sent]
     assert len(mine) == 0

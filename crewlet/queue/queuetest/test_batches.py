@@ -13,10 +13,9 @@ import math
 from datetime import datetime, timedelta, timezone
 
 from crewlet.queue.contract import MAX_DELIVERIES, MAX_LINGER_SECONDS, BatchOptions, Outcome, Partition
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox
+from crewlet.queue.queuetest.harness import FIRST, Collector, drained, ev, eventually, inbox, state
 
 #: What a first delivery says is left.
-FIRST = MAX_DELIVERIES - 1
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 #: A linger that never elapses inside a case: the case always stops it first.
 LONG_LINGER = 30.0
@@ -53,22 +52,6 @@ async def backlog_of(queue, topic: str, group: str, events) -> None:
     assert await queue.backlog(topic, group) == len(events)
 
 
-async def settled(queue, topic: str, group: str, harness) -> None:
-    async def empty() -> bool:
-        return await queue.backlog(topic, group) == 0
-
-    await eventually(empty, harness.wait_s, f"an empty backlog on {topic}")
-
-
-async def written(queue, *pairs) -> tuple:
-    """What a negative case must leave unchanged: backlogs, dead letters, the listing."""
-    return (
-        [await queue.backlog(t, g) for t, g in pairs],
-        [d.ref for d in await queue.dead_letters()],
-        await queue.list_subscriptions(">"),
-    )
-
-
 # ---------------------------------------------------------------------------
 # Linger and batch size
 
@@ -84,7 +67,7 @@ async def _dispatches_without_lingering(harness, queue, linger) -> None:
     await col.wait_for(2)
     assert shapes(col) == [[1], [2]]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_zero_linger_dispatches_each_event_as_it_arrives(harness, queue):
@@ -114,7 +97,7 @@ async def test_the_linger_is_clamped_to_sixty_seconds_and_max_batch_to_at_least_
     await col.wait_for(3)
     assert shapes(col) == [[1], [2], [3]]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_events_of_one_key_arriving_within_the_linger_join_one_partition(harness, queue):
@@ -130,7 +113,7 @@ async def test_events_of_one_key_arriving_within_the_linger_join_one_partition(h
     await col.wait_for(2)
     assert [(p.key, ids(p)) for p in col.items] == [("a", [1, 3]), ("b", [2])]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_partitions_keep_arrival_order_by_key(harness, queue):
@@ -142,7 +125,7 @@ async def test_partitions_keep_arrival_order_by_key(harness, queue):
     await col.wait_for(3)
     assert [(p.key, ids(p)) for p in col.items] == [("a", [1, 3, 6]), ("b", [2, 5]), ("c", [4])]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_max_batch_chunks_a_large_backlog(harness, queue):
@@ -153,7 +136,7 @@ async def test_max_batch_chunks_a_large_backlog(harness, queue):
     await col.wait_for(3)
     assert shapes(col) == [[1, 2], [3, 4], [5]]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 # ---------------------------------------------------------------------------
@@ -177,7 +160,7 @@ async def test_a_batch_handler_is_told_the_deliveries_left(harness, queue):
     assert all(d.remaining == FIRST - 1 for p in col.items[1:] for d in p.deliveries)
     assert all(p.headroom == FIRST - 1 for p in col.items[1:])
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_a_partition_at_mixed_counts_tells_each_message_its_own_and_the_partition_the_minimum(harness, queue):
@@ -209,7 +192,7 @@ async def test_a_partition_at_mixed_counts_tells_each_message_its_own_and_the_pa
     assert ids(mixed) == [1, 2, 3]
     assert [d.remaining for d in mixed.deliveries] == [FIRST - naks, FIRST, FIRST]
     assert mixed.headroom == FIRST - naks
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
     assert len(seen) == naks + 1
     assert await queue.dead_letters() == []
 
@@ -242,7 +225,7 @@ async def test_a_failing_partition_is_redelivered_alone(harness, queue):
     assert all(p.key == "a" for p in col.items[2:]), shapes(col)
     assert all(d.remaining == FIRST - 1 for p in col.items[2:] for d in p.deliveries)
     assert [d.event.payload["i"] for d in flat(col)].count(2) == 1  # the healthy one was not replayed
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
     assert await queue.dead_letters() == []
 
 
@@ -257,7 +240,7 @@ async def test_a_failing_partition_is_dead_lettered_alone(harness, queue):
         return len(await queue.dead_letters()) >= 2
 
     await eventually(two_dead, 30.0, "both events of the failing partition dead-lettered")
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
     await col.quiet()
     dead = await queue.dead_letters()
     assert sorted(d.event.id for d in dead) == sorted([events[0].id, events[2].id])
@@ -290,7 +273,7 @@ async def test_a_key_function_that_raises_falls_back_to_a_unique_key_per_event(h
         (f"event:{e3.id}", [3]),
     ]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
     assert await queue.dead_letters() == []
 
 
@@ -311,7 +294,7 @@ async def test_options_changed_at_runtime_take_effect_on_the_next_cycle(harness,
     await col.wait_for(2)
     assert shapes(col) == [[1], [2, 3, 4]]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_a_partition_key_changed_at_runtime_takes_effect_on_the_next_cycle(harness, queue):
@@ -330,7 +313,7 @@ async def test_a_partition_key_changed_at_runtime_takes_effect_on_the_next_cycle
     assert col.items[0].key.startswith("event:") and col.items[1].key.startswith("event:")
     assert col.items[2].key == "k"
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_closing_cancels_a_pending_lingered_flush_and_keeps_the_mail(harness, queue):
@@ -350,7 +333,7 @@ async def test_closing_cancels_a_pending_lingered_flush_and_keeps_the_mail(harne
     assert shapes(again) == [[1]]
     await again.quiet()
     assert len(col) == 0
-    await settled(other, topic, group, harness)
+    await drained(harness, other, topic, group)
 
 
 # ---------------------------------------------------------------------------
@@ -376,7 +359,7 @@ async def _gate_during_linger(harness, queue, take, lift) -> None:
     # Being drained was the delivery: each message paid exactly one.
     assert [d.remaining for d in flat(col)] == [FIRST - 1, FIRST - 1]
     await col.quiet()
-    await settled(queue, sub.ref.topic, sub.ref.group, harness)
+    await drained(harness, queue, sub.ref.topic, sub.ref.group)
 
 
 async def _pause(queue, sub):
@@ -455,7 +438,7 @@ async def _gate_between_partitions(harness, queue, take, lift, *, first_returns:
     assert [d.event.payload["i"] for d in rest] == back
     assert [d.remaining for d in rest] == [FIRST - 1] * len(back)
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def _pause_in_handler(queue, sub):
@@ -514,7 +497,7 @@ async def test_a_stopped_drain_comes_back_in_its_order_ahead_of_newer_mail(harne
     assert shapes(col) == [[1], [2], [3], [4], [5]]
     assert [d.remaining for d in flat(col)] == [FIRST, FIRST - 1, FIRST - 1, FIRST - 1, FIRST]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_a_held_batch_subscription_is_handed_nothing_and_nothing_is_republished(harness, queue):
@@ -529,15 +512,15 @@ async def test_a_held_batch_subscription_is_handed_nothing_and_nothing_is_republ
     await wire.wait_for(3)
     # Nothing handed over, and no park: nothing went round the broker again.
     await asyncio.gather(col.quiet(expect=0), wire.quiet(expect=3))
-    backlogs, dead, listing = await written(queue, (topic, group))
-    assert backlogs == [3] and dead == []
+    backlogs, dead, listing = await state(queue, (topic, group))
+    assert backlogs == (3,) and dead == []
     await sub.release("sandbox")
     await eventually(lambda: len(flat(col)) >= 3, harness.wait_s, "the held mail")
     assert [d.event.payload["i"] for d in flat(col)] == [1, 2, 3]
     # The mail waited on the broker: its delivery count is intact.
     assert [d.remaining for d in flat(col)] == [FIRST] * 3
     await asyncio.gather(wire.quiet(expect=3), col.quiet())
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
     assert await queue.list_subscriptions(">") == listing
     await stream.close()
 
@@ -555,7 +538,7 @@ async def test_the_oldest_conversation_dispatches_first(harness, queue):
     await col.wait_for(2)
     assert [(p.key, ids(p)) for p in col.items] == [("wait", [2]), ("hot", [1, 3])]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_within_a_partition_events_are_ordered_by_timestamp(harness, queue):
@@ -568,7 +551,7 @@ async def test_within_a_partition_events_are_ordered_by_timestamp(harness, queue
     stamps = [e.timestamp for e in col.items[0].events]
     assert stamps == sorted(stamps)
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_a_redelivered_event_rejoins_its_conversation_in_timestamp_order(harness, queue):
@@ -591,7 +574,7 @@ async def test_a_redelivered_event_rejoins_its_conversation_in_timestamp_order(h
     assert shapes(col) == [[1], [2, 1, 3]]
     assert [d.remaining for d in col.items[1].deliveries] == [FIRST, FIRST - 1, FIRST]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_ties_keep_arrival_order(harness, queue):
@@ -602,7 +585,7 @@ async def test_ties_keep_arrival_order(harness, queue):
     await col.wait_for(2)
     assert [(p.key, ids(p)) for p in col.items] == [("b", [1, 3]), ("a", [2, 4])]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_events_without_a_usable_timestamp_do_not_disable_aging(harness, queue):
@@ -631,7 +614,7 @@ async def test_events_without_a_usable_timestamp_do_not_disable_aging(harness, q
     assert keys.index("wait") < keys.index("hot"), keys
     assert keys == ["wait", "hot", keys[2]] and keys[2].startswith("event:"), keys
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
     assert await queue.dead_letters() == []
 
 
@@ -652,4 +635,4 @@ async def test_a_publish_during_a_batch_does_not_change_what_that_batch_dispatch
     assert sorted(later) == [3, 4]
     assert all(d.remaining == FIRST for d in flat(col))
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)

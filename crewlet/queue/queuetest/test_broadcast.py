@@ -10,24 +10,12 @@ import asyncio
 import pytest
 
 from crewlet.queue import topics
-from crewlet.queue.contract import MAX_DELIVERIES
 from crewlet.queue.errors import InvalidArgument
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, uniq
-
-FIRST = MAX_DELIVERIES - 1
+from crewlet.queue.queuetest.harness import FIRST, Collector, ev, eventually, inbox, state, uniq
 
 
 def event_topic(*tail: str) -> str:
     return ".".join(("crewlet.events", uniq("probe"), *tail))
-
-
-async def written(queue, *pairs) -> tuple:
-    """What a negative case must leave unchanged: backlogs, dead letters, the listing."""
-    return (
-        [await queue.backlog(t, g) for t, g in pairs],
-        [d.ref for d in await queue.dead_letters()],
-        await queue.list_subscriptions(">"),
-    )
 
 
 def seen(col: Collector) -> list[tuple[str, object]]:
@@ -111,7 +99,7 @@ async def test_closing_a_broadcast_stops_dispatch(harness, queue):
     await queue.ensure_subscription(mailbox, group)
     stream = await queue.subscribe_stream(topic, closed.stream_handler)
     keeper = await queue.subscribe_stream(topic, open_.stream_handler)
-    before = await written(queue, (mailbox, group))
+    before = await state(queue, (mailbox, group))
     await queue.publish(topic, ev(1))
     await closed.wait_for(1)
     await stream.close()
@@ -120,7 +108,7 @@ async def test_closing_a_broadcast_stops_dispatch(harness, queue):
     await open_.wait_for(2)
     await closed.quiet(expect=1)
     assert seen(open_) == [(topic, 1), (topic, 2)]
-    assert await written(queue, (mailbox, group)) == before  # a broadcast writes nothing durable
+    assert await state(queue, (mailbox, group)) == before  # a broadcast writes nothing durable
     await keeper.close()
 
 
@@ -192,7 +180,7 @@ async def test_broadcast_history_is_not_replayed(harness, queue):
 async def test_a_pattern_spanning_every_namespace_is_refused(harness, queue):
     topic, group = inbox()
     await queue.ensure_subscription(topic, group)
-    before = await written(queue, (topic, group))
+    before = await state(queue, (topic, group))
     col = Collector(harness)
     for pattern in (">", "*.>", "crewlet.>", "crewlet.*", "*", "crewlet", "*.events.>"):
         with pytest.raises(InvalidArgument):
@@ -200,5 +188,5 @@ async def test_a_pattern_spanning_every_namespace_is_refused(harness, queue):
     await queue.publish(topic, ev(1))
     await queue.publish(event_topic(), ev(2))
     await col.quiet(expect=0)  # nothing half-made is listening
-    backlogs, dead, listing = await written(queue, (topic, group))
-    assert backlogs == [1] and dead == before[1] and listing == before[2]
+    backlogs, dead, listing = await state(queue, (topic, group))
+    assert backlogs == (1,) and dead == before[1] and listing == before[2]

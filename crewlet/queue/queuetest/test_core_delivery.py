@@ -13,37 +13,36 @@ import pytest
 
 from crewlet.queue.contract import MAX_DELIVERIES, BatchOptions, Outcome, SubscriptionRef, Timings
 from crewlet.queue.errors import NotLive
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, needs, uniq
-
-FIRST = MAX_DELIVERIES - 1  # what a first delivery says is left
-
-
-async def state(queue, *pairs):
-    """What the broker holds: these pairs' backlogs, the dead letters, the listing."""
-    backlogs = tuple([await queue.backlog(t, g) for t, g in pairs])
-    dead = [(d.ref, d.topic, d.group, d.deliveries) for d in await queue.dead_letters()]
-    return backlogs, dead, await queue.list_subscriptions(">")
-
-
-async def drained(harness, queue, topic, group, n=0):
-    """Wait until the pair's backlog is ``n`` (acks settle asynchronously on a real broker)."""
-
-    async def check():
-        return await queue.backlog(topic, group) == n
-
-    await eventually(check, harness.wait_s, f"backlog of {topic}/{group} to be {n}")
-
-
-async def only(queue, backlogs):
-    """Nothing else was written: exactly these subscriptions, these backlogs, no dead letter."""
-    pairs = list(backlogs)
-    no_dead_letters: list[tuple[object, ...]] = []
-    expected = (tuple(backlogs.values()), no_dead_letters, sorted(SubscriptionRef(t, g) for t, g in pairs))
-    assert await state(queue, *pairs) == expected
+from crewlet.queue.queuetest.harness import (
+    FIRST,
+    Collector,
+    drained,
+    ev,
+    eventually,
+    inbox,
+    needs,
+    only,
+    publish_all,
+    state,
+    uniq,
+)
 
 
 def remaining(col):
     return [d.remaining for d in col.items]
+
+
+def once(event, outcome):
+    """A handler's verdict: ``outcome`` for the first delivery of ``event``, an ack for everything else."""
+    done = set()
+
+    def decide(delivery):
+        if delivery.event.id == event.id and event.id not in done:
+            done.add(event.id)
+            return outcome
+        return None
+
+    return decide
 
 
 # ---------------------------------------------------------------------------
@@ -158,9 +157,7 @@ async def test_members_of_one_group_compete_so_each_event_reaches_exactly_one_me
     a, b = Collector(harness), Collector(harness)
     await queue.subscribe(topic, group, a)
     await other.subscribe(topic, group, b)
-    sent = [ev(i) for i in range(12)]
-    for e in sent:
-        await queue.publish(topic, e)
+    sent = await publish_all(queue, topic, [ev(i) for i in range(12)])
     await eventually(lambda: len(a) + len(b) >= len(sent), harness.wait_s, "every event delivered")
     await a.quiet()
     got = [d.event.id for d in a.items + b.items]
@@ -279,9 +276,7 @@ async def test_subscribing_creates_the_subscription_so_a_later_ensure_reports_it
 async def test_mail_published_to_an_ensured_unattached_subscription_is_replayed_in_order_on_attach(harness, queue):
     topic, group = inbox()
     await queue.ensure_subscription(topic, group)
-    sent = [ev(i) for i in range(6)]
-    for e in sent:
-        await queue.publish(topic, e)
+    sent = await publish_all(queue, topic, [ev(i) for i in range(6)])
     assert await queue.backlog(topic, group) == len(sent)
     col = Collector(harness)
     await queue.subscribe(topic, group, col)
@@ -337,9 +332,7 @@ async def test_deleting_a_subscription_discards_its_mail_and_leaves_a_neighbouri
     neighbour = f"{group}-neighbour"
     await queue.ensure_subscription(topic, group)
     await queue.ensure_subscription(topic, neighbour)
-    sent = [ev(i) for i in range(3)]
-    for e in sent:
-        await queue.publish(topic, e)
+    sent = await publish_all(queue, topic, [ev(i) for i in range(3)])
     assert await queue.delete_subscription(topic, group) is True
     assert await queue.backlog(topic, group) == 0
     assert await queue.backlog(topic, neighbour) == 3
@@ -445,18 +438,8 @@ async def test_a_handler_never_runs_under_a_cancelled_context_inherited_from_its
 async def test_a_nak_returns_behind_the_mail_that_was_waiting(harness, queue):
     topic, group = inbox()
     await queue.ensure_subscription(topic, group)
-    e1, e2 = ev(1), ev(2)
-    await queue.publish(topic, e1)
-    await queue.publish(topic, e2)
-    failed = set()
-
-    def fail_e1_once(delivery):
-        if delivery.event.id == e1.id and e1.id not in failed:
-            failed.add(e1.id)
-            return Outcome.NAK
-        return None
-
-    col = Collector(harness, fail_e1_once)
+    e1, e2 = await publish_all(queue, topic, [ev(1), ev(2)])
+    col = Collector(harness, once(e1, Outcome.NAK))
     await queue.subscribe(topic, group, col)
     await col.wait_for(3)
     assert col.payloads() == [1, 2, 1]
@@ -468,18 +451,8 @@ async def test_a_nak_returns_behind_the_mail_that_was_waiting(harness, queue):
 async def test_a_defer_returns_at_the_head_and_quiesces_the_consumer(harness, queue):
     topic, group = inbox()
     await queue.ensure_subscription(topic, group)
-    e1, e2 = ev(1), ev(2)
-    await queue.publish(topic, e1)
-    await queue.publish(topic, e2)
-    deferred = set()
-
-    def defer_e1_once(delivery):
-        if delivery.event.id == e1.id and e1.id not in deferred:
-            deferred.add(e1.id)
-            return Outcome.DEFER
-        return None
-
-    col = Collector(harness, defer_e1_once)
+    e1, e2 = await publish_all(queue, topic, [ev(1), ev(2)])
+    col = Collector(harness, once(e1, Outcome.DEFER))
     sub = await queue.subscribe(topic, group, col)
     await col.wait_for(1)
     await col.quiet(1)  # the consumer quiesced itself: e2 is not taken either
@@ -574,9 +547,7 @@ async def test_a_held_pair_keeps_its_mail_while_other_topics_flow_and_flushes_in
     await queue.subscribe(held_t, held_g, held)
     await queue.subscribe(free_t, free_g, free)
     await queue.hold(held_t, held_g, "sandbox")
-    sent = [ev(i) for i in range(3)]
-    for e in sent:
-        await queue.publish(held_t, e)
+    sent = await publish_all(queue, held_t, [ev(i) for i in range(3)])
     await queue.publish(free_t, ev("flows"))
     await free.wait_for(1)
     await held.quiet(0)

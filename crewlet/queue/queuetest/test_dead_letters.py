@@ -16,9 +16,7 @@ from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECOD
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DEAD_LETTER_REF, MAX_DELIVERIES, DeadLetter, Outcome
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, Unavailable
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, needs
-
-FIRST = MAX_DELIVERIES - 1  # what a first delivery says is left
+from crewlet.queue.queuetest.harness import FIRST, Collector, ev, eventually, inbox, needs
 
 
 def seen(letters: list[DeadLetter]) -> list[tuple[str, str, str, int, bytes]]:

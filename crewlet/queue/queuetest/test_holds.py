@@ -8,26 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from crewlet.queue.contract import MAX_DELIVERIES, Outcome
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox
-
-FIRST = MAX_DELIVERIES - 1
-
-
-async def written(queue, *pairs) -> tuple:
-    """What a negative case must leave unchanged: backlogs, dead letters, the listing."""
-    return (
-        [await queue.backlog(t, g) for t, g in pairs],
-        [d.ref for d in await queue.dead_letters()],
-        await queue.list_subscriptions(">"),
-    )
-
-
-async def settled(queue, topic: str, group: str, harness) -> None:
-    async def empty() -> bool:
-        return await queue.backlog(topic, group) == 0
-
-    await eventually(empty, harness.wait_s, f"an empty backlog on {topic}")
+from crewlet.queue.contract import Outcome
+from crewlet.queue.queuetest.harness import FIRST, Collector, drained, ev, eventually, inbox, state
 
 
 def payloads(col: Collector) -> list:
@@ -53,15 +35,15 @@ async def test_a_held_subscription_keeps_its_mail_while_other_topics_flow_and_fl
     await wire.wait_for(3)
     # Nothing handed over, and nothing parked, requeued or republished.
     await asyncio.gather(held.quiet(expect=0), wire.quiet(expect=3))
-    backlogs, dead, listing = await written(queue, (held_topic, held_group))
-    assert backlogs == [3] and dead == []
+    backlogs, dead, listing = await state(queue, (held_topic, held_group))
+    assert backlogs == (3,) and dead == []
     await queue.release(held_topic, held_group, "sandbox")
     await held.wait_for(3)
     assert payloads(held) == [1, 2, 3]
     # It waited on the broker, so no delivery was spent while it was held.
     assert [d.remaining for d in held.items] == [FIRST] * 3
     await asyncio.gather(held.quiet(), wire.quiet(expect=3))
-    await settled(queue, held_topic, held_group, harness)
+    await drained(harness, queue, held_topic, held_group)
     assert await queue.list_subscriptions(">") == listing
     await stream.close()
 
@@ -75,14 +57,14 @@ async def test_a_hold_taken_before_attaching_gates_the_attachment_from_the_start
     await queue.subscribe(topic, group, col)
     await queue.publish(topic, ev(2))
     await col.quiet(expect=0)
-    backlogs, dead, _ = await written(queue, (topic, group))
-    assert backlogs == [2] and dead == []
+    backlogs, dead, _ = await state(queue, (topic, group))
+    assert backlogs == (2,) and dead == []
     await queue.release(topic, group, "recovered-run")
     await col.wait_for(2)
     assert payloads(col) == [1, 2]
     assert [d.remaining for d in col.items] == [FIRST, FIRST]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_holds_are_scoped_by_key_so_releasing_one_of_two_keeps_the_gate(harness, queue):
@@ -94,14 +76,14 @@ async def test_holds_are_scoped_by_key_so_releasing_one_of_two_keeps_the_gate(ha
     await queue.publish(topic, ev(1))
     await queue.release(topic, group, "sandbox")
     await col.quiet(expect=0)  # "no-provider" still holds it
-    before = await written(queue, (topic, group))
-    assert before[0] == [1] and before[1] == []
+    before = await state(queue, (topic, group))
+    assert before[0] == (1,) and before[1] == []
     await sub.release("no-provider")
     await col.wait_for(1)
     assert payloads(col) == [1]
     assert col.items[0].remaining == FIRST
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_holding_the_same_key_twice_is_one_hold(harness, queue):
@@ -116,7 +98,7 @@ async def test_holding_the_same_key_twice_is_one_hold(harness, queue):
     await col.wait_for(1)
     assert payloads(col) == [1]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_holds_are_scoped_by_the_topic_group_pair_so_a_sibling_group_is_not_gated(harness, queue):
@@ -140,7 +122,7 @@ async def test_holds_are_scoped_by_the_topic_group_pair_so_a_sibling_group_is_no
     assert payloads(held) == [1]
     await held.quiet()
     for t, g in ((topic, group), (topic, sibling_group), (other_topic, group)):
-        await settled(queue, t, g, harness)
+        await drained(harness, queue, t, g)
 
 
 async def test_releasing_an_unheld_pair_is_a_no_op(harness, queue):
@@ -148,11 +130,11 @@ async def test_releasing_an_unheld_pair_is_a_no_op(harness, queue):
     never_held_topic, never_held_group = inbox("never")
     col = Collector(harness)
     sub = await queue.subscribe(topic, group, col)
-    before = await written(queue, (topic, group), (never_held_topic, never_held_group))
+    before = await state(queue, (topic, group), (never_held_topic, never_held_group))
     await queue.release(never_held_topic, never_held_group, "sandbox")  # a pair this client never touched
     await queue.release(topic, group, "sandbox")  # attached, never held
     await sub.release("sandbox")
-    assert await written(queue, (topic, group), (never_held_topic, never_held_group)) == before
+    assert await state(queue, (topic, group), (never_held_topic, never_held_group)) == before
     await queue.publish(topic, ev(1))
     await col.wait_for(1)  # still ungated
     await sub.hold("sandbox")
@@ -163,7 +145,7 @@ async def test_releasing_an_unheld_pair_is_a_no_op(harness, queue):
     await col.wait_for(2)
     assert payloads(col) == [1, 2]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_pausing_all_delivery_still_accepts_publishes(harness, queue):
@@ -176,8 +158,8 @@ async def test_pausing_all_delivery_still_accepts_publishes(harness, queue):
         await queue.publish(topic, ev(i))
         await queue.publish(topic, ev(i + 10))
     await asyncio.gather(*(col.quiet(expect=0) for col in cols))
-    backlogs, dead, _ = await written(queue, *pairs)
-    assert backlogs == [2, 2] and dead == []
+    backlogs, dead, _ = await state(queue, *pairs)
+    assert backlogs == (2, 2) and dead == []
     await queue.resume_delivery()
     for i, col in enumerate(cols):
         await col.wait_for(2)
@@ -185,7 +167,7 @@ async def test_pausing_all_delivery_still_accepts_publishes(harness, queue):
         assert [d.remaining for d in col.items] == [FIRST, FIRST]
     await asyncio.gather(*(col.quiet() for col in cols))
     for topic, group in pairs:
-        await settled(queue, topic, group, harness)
+        await drained(harness, queue, topic, group)
 
 
 async def test_pausing_is_idempotent(harness, queue):
@@ -204,7 +186,7 @@ async def test_pausing_is_idempotent(harness, queue):
     await col.wait_for(2)
     assert payloads(col) == [1, 2]
     await col.quiet()
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 # ---------------------------------------------------------------------------
@@ -234,7 +216,7 @@ async def test_handlers_in_flight_can_be_counted_and_waited_for(harness, queue):
     assert await waiter is True
     assert queue.in_flight() == 0
     for topic, group in pairs:
-        await settled(queue, topic, group, harness)
+        await drained(harness, queue, topic, group)
 
 
 async def test_a_handler_that_fails_or_hands_back_leaves_the_count(harness, queue):
@@ -255,7 +237,7 @@ async def test_a_handler_that_fails_or_hands_back_leaves_the_count(harness, queu
     assert seen == [1, 1, 1]
     assert await queue.wait_idle(harness.wait_s) is True
     assert queue.in_flight() == 0
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_a_drain_racing_new_handlers_never_counts_below_zero(harness, queue):
@@ -295,4 +277,4 @@ async def test_a_drain_racing_new_handlers_never_counts_below_zero(harness, queu
     assert min(outside) >= 0, outside
     assert min(inside) >= 1 and max(inside) <= len(pairs), inside
     for topic, group in pairs:
-        await settled(queue, topic, group, harness)
+        await drained(harness, queue, topic, group)

@@ -11,14 +11,7 @@ import pytest
 
 from crewlet.queue.contract import BatchOptions, SubscriptionRef
 from crewlet.queue.errors import InvalidArgument
-from crewlet.queue.queuetest.harness import Collector, inbox, uniq
-
-
-async def state(queue, *pairs):
-    """What the broker holds: these pairs' backlogs, the dead letters, the listing."""
-    backlogs = tuple([await queue.backlog(t, g) for t, g in pairs])
-    dead = [(d.ref, d.topic, d.group, d.deliveries) for d in await queue.dead_letters()]
-    return backlogs, dead, await queue.list_subscriptions(">")
+from crewlet.queue.queuetest.harness import Collector, inbox, state, uniq
 
 
 def refs(*pairs):

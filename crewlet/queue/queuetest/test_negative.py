@@ -8,25 +8,9 @@ from __future__ import annotations
 import pytest
 
 from crewlet.events import Event
-from crewlet.queue.contract import MAX_DELIVERIES, MAX_PAYLOAD_BYTES, BatchOptions
+from crewlet.queue.contract import MAX_PAYLOAD_BYTES, BatchOptions
 from crewlet.queue.errors import InvalidArgument, NotLive, QueueError, TooLarge, Unavailable
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, needs
-
-FIRST = MAX_DELIVERIES - 1
-
-
-async def state(queue, *pairs):
-    """What the broker holds: these pairs' backlogs, the dead letters, the listing."""
-    backlogs = tuple([await queue.backlog(t, g) for t, g in pairs])
-    dead = [(d.ref, d.topic, d.group, d.deliveries) for d in await queue.dead_letters()]
-    return backlogs, dead, await queue.list_subscriptions(">")
-
-
-async def drained(harness, queue, topic, group, n=0):
-    async def check():
-        return await queue.backlog(topic, group) == n
-
-    await eventually(check, harness.wait_s, f"backlog of {topic}/{group} to be {n}")
+from crewlet.queue.queuetest.harness import FIRST, Collector, drained, ev, eventually, inbox, needs, state
 
 
 def sized(total: int, node: str) -> Event:
@@ -37,21 +21,30 @@ def sized(total: int, node: str) -> Event:
     return event
 
 
+async def watched(harness, queue):
+    """A (topic, group) that a consumer, a broadcast subscriber and a publish listener all watch.
+
+    The pair, what each watcher saw, and the broker's state before the case acts,
+    so a refused publish can be shown to have reached nobody and written nothing.
+    """
+    topic, group = inbox()
+    col, streamed, heard = Collector(harness), Collector(harness), []
+
+    async def listener(t, e):
+        heard.append(e)
+
+    queue.add_publish_listener(listener)
+    await queue.subscribe(topic, group, col)
+    await queue.subscribe_stream(topic, streamed.stream_handler)
+    return topic, group, col, streamed, heard, await state(queue, (topic, group))
+
+
 # ---------------------------------------------------------------------------
 # Refused publishes
 
 
 async def test_an_oversized_publish_is_refused_as_permanently_too_large_and_lands_nowhere(harness, queue):
-    topic, group = inbox()
-    col, streamed, heard = Collector(harness), Collector(harness), []
-
-    async def listener(t, e):
-        heard.append(e.id)
-
-    queue.add_publish_listener(listener)
-    await queue.subscribe(topic, group, col)
-    await queue.subscribe_stream(topic, streamed.stream_handler)
-    before = await state(queue, (topic, group))
+    topic, group, col, streamed, heard, before = await watched(harness, queue)
     oversized = sized(MAX_PAYLOAD_BYTES + 1, queue.node)
     with pytest.raises(TooLarge) as refused:
         await queue.publish(topic, oversized)
@@ -77,16 +70,7 @@ async def test_an_event_of_exactly_the_limit_is_accepted_and_delivered(harness, 
 
 
 async def test_a_missing_event_is_refused_and_reaches_nobody(harness, queue):
-    topic, group = inbox()
-    col, streamed, heard = Collector(harness), Collector(harness), []
-
-    async def listener(t, e):
-        heard.append(e)
-
-    queue.add_publish_listener(listener)
-    await queue.subscribe(topic, group, col)
-    await queue.subscribe_stream(topic, streamed.stream_handler)
-    before = await state(queue, (topic, group))
+    topic, group, col, streamed, heard, before = await watched(harness, queue)
     for missing in (None, {"type": "conformance_probe", "payload": {}}, b"{}", "event"):
         with pytest.raises(InvalidArgument):
             await queue.publish(topic, missing)

@@ -4,14 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from crewlet.queue.contract import BatchOptions
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox
-
-
-async def settled(queue, topic: str, group: str, harness) -> None:
-    async def empty() -> bool:
-        return await queue.backlog(topic, group) == 0
-
-    await eventually(empty, harness.wait_s, f"an empty backlog on {topic}")
+from crewlet.queue.queuetest.harness import Collector, drained, ev, eventually, inbox
 
 
 async def test_a_handler_that_publishes_to_its_own_subscription_is_not_re_entered(harness, queue):
@@ -38,7 +31,7 @@ async def test_a_handler_that_publishes_to_its_own_subscription_is_not_re_entere
     await eventually(lambda: ("exit", 3) in log, harness.wait_s, "the chain of three")
     assert log == [("enter", 1), ("exit", 1), ("enter", 2), ("exit", 2), ("enter", 3), ("exit", 3)]
     assert max_depth == 1
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_a_batch_handler_that_publishes_to_its_own_subscription_is_not_re_entered(harness, queue):
@@ -65,7 +58,7 @@ async def test_a_batch_handler_that_publishes_to_its_own_subscription_is_not_re_
     await eventually(lambda: log and log[-1] == ("exit", [3]), harness.wait_s, "the chain of three")
     assert log == [("enter", [1]), ("exit", [1]), ("enter", [2]), ("exit", [2]), ("enter", [3]), ("exit", [3])]
     assert max_depth == 1
-    await settled(queue, topic, group, harness)
+    await drained(harness, queue, topic, group)
 
 
 async def test_a_handlers_publish_returns_without_waiting_for_the_delivery_it_causes(harness, queue):
@@ -99,5 +92,5 @@ async def test_a_handlers_publish_returns_without_waiting_for_the_delivery_it_ca
         gate.set()
     await target_started.wait_for(2)
     assert target_started.payloads() == ["caused", "caused"]
-    await settled(queue, source, source_group, harness)
-    await settled(queue, target, target_group, harness)
+    await drained(harness, queue, source, source_group)
+    await drained(harness, queue, target, target_group)

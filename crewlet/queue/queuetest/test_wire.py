@@ -14,8 +14,7 @@ from datetime import datetime, timezone
 
 from crewlet.events import Event, register
 from crewlet.queue.contract import Outcome
-from crewlet.queue.queuetest.harness import Collector, ev, eventually, inbox, uniq
-
+from crewlet.queue.queuetest.harness import Collector, drained, ev, inbox, uniq
 
 
 @register("conformance_wire_typed")
@@ -30,13 +29,6 @@ class WireTyped:
 
 def typed(**kw) -> Event:
     return Event(type="conformance_wire_typed", data=WireTyped(**kw))
-
-
-async def drained(harness, queue, topic, group, n=0):
-    async def check():
-        return await queue.backlog(topic, group) == n
-
-    await eventually(check, harness.wait_s, f"backlog of {topic}/{group} to be {n}")
 
 
 # ---------------------------------------------------------------------------
