@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import AsyncIterator, Optional
 
@@ -704,6 +706,31 @@ async def test_when_the_broker_stops_every_verb_is_unavailable_and_no_nats_type_
         assert isinstance(caught.value, Unavailable)
         assert not type(caught.value).__module__.startswith("nats")
     await puller.close()
+
+
+async def test_round_trips_that_timed_out_on_a_frozen_broker_leave_the_connection_answering_once_it_resumes(
+    broker: EmbeddedBroker, transport: JetStreamTransport
+) -> None:
+    """The PONGs of the timed-out PINGs arrive after the resume, before any other answer.
+
+    A connection that stopped reading at the first of them would time out every
+    request until its stale-connection check reconnected it, tens of seconds
+    later; the publish below waits only the API timeout.
+    """
+    topic = topics.agent_inbox("frozen")
+    await transport.ensure_consumer(topic, "agent-frozen")
+    assert broker.pid is not None
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            with pytest.raises(Unavailable):
+                await transport.round_trip(0.2)
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+    await transport.publish(topic, event())
+    await transport.round_trip(5.0)
+    assert transport.is_connected
+    assert await transport.backlog(topic, "agent-frozen") == 1
 
 
 async def _ignore(subject: str, data: bytes) -> None:

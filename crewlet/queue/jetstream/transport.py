@@ -5,7 +5,6 @@ import asyncio
 import logging
 
 import nats.errors
-from nats.aio.client import Client as NatsClient
 
 from crewlet.aio import keeping_cancel
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, EventQueue, Timings
@@ -16,6 +15,7 @@ from crewlet.queue.jetstream.configs import MAX_MESSAGE_BYTES
 from crewlet.queue.jetstream.consumers import ConsumersPart
 from crewlet.queue.jetstream.dead_letters import DeadLettersPart
 from crewlet.queue.jetstream.wire import redact_url
+from crewlet.queue.natsclient import LatePongClient
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
         if not isinstance(url, str) or not url.strip():
             raise InvalidArgument("url: a nats:// URL is required")
         servers = [u.strip() for u in url.split(",") if u.strip()]
-        nc = NatsClient()
+        nc = LatePongClient()
         self = cls(
             nc,
             timings=timings,
