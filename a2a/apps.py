@@ -1,7 +1,12 @@
 """a2a: channels, ask/answer, sweep."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.apps import AppConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine, Service
 
 
 class A2AConfig(AppConfig):
@@ -14,3 +19,9 @@ class A2AConfig(AppConfig):
         from a2a.hooks import answer_after_turn
 
         register_after_turn(answer_after_turn)
+
+    def engine_services(self, engine: "Engine") -> list["Service"]:
+        """The A2A channel sweep (idle close, closed-record deletion)."""
+        from a2a import runtime
+
+        return runtime.engine_services(engine)

@@ -5,11 +5,11 @@ channel is closed (and its ``a2a_channel_closed`` published) exactly once.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from crewlet.events.emit import Emitter
+from crewlet.engine import Service, periodic
+from crewlet.interfaces import EVENT_STORE
 
 from a2a import services
 
@@ -20,32 +20,18 @@ log = logging.getLogger("crewlet.a2a.runtime")
 
 #: How often the duty looks (the thresholds themselves are the services' constants).
 SWEEP_EVERY_S = 300.0
+#: The duty's name (a failing pass logs ``a2a_sweep_failed``).
+SWEEP = "a2a_sweep"
 
 
-async def run_sweeps(queue: Any, *, every_s: float = SWEEP_EVERY_S, **options: Any) -> None:
-    """Sweep now and every ``every_s`` until cancelled; a failing pass is logged and tried next time."""
-    emitter = Emitter(queue)
-    try:
-        while True:
-            try:
-                await services.sweep(queue, emitter=emitter, **options)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("a2a_sweep_failed")
-            await asyncio.sleep(every_s)
-    finally:
-        await emitter.close()
+def engine_services(engine: "Engine", *, every_s: float = SWEEP_EVERY_S, **options: Any) -> list[Service]:
+    """The sweep, now and every ``every_s``, publishing through the engine's emitter."""
 
-
-def install(engine: "Engine", **options: Any) -> None:
-    """Register the sweep as an engine service (started once the queue is connected)."""
-
-    async def a2a_sweep_service(engine: "Engine") -> None:
+    async def sweep() -> None:
         assert engine.queue is not None
-        await run_sweeps(engine.queue, **options)
+        await services.sweep(engine.queue, emitter=engine.emitter, **options)
 
-    engine.add_service(a2a_sweep_service, name="a2a_sweep")
+    return [periodic(SWEEP, every_s, sweep, after=(EVENT_STORE,), logger=log)]
 
 
-__all__ = ["SWEEP_EVERY_S", "install", "run_sweeps"]
+__all__ = ["SWEEP", "SWEEP_EVERY_S", "engine_services"]

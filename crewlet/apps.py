@@ -1,7 +1,12 @@
 """The ``crewlet`` app: the project package itself, installed for its management commands and its models (config revisions, operator tokens)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.apps import AppConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine, Service
 
 
 class CrewletConfig(AppConfig):
@@ -10,3 +15,9 @@ class CrewletConfig(AppConfig):
 
     def ready(self) -> None:
         from crewlet import schema  # noqa: F401  (registers the OpenAPI descriptions of the API's credentials)
+
+    def engine_services(self, engine: "Engine") -> list["Service"]:
+        """Every node's config-revision poller (applies the active revision when it changes)."""
+        from crewlet import revisions
+
+        return revisions.services(engine)

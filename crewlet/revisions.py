@@ -28,22 +28,26 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from crewlet import events
-from crewlet.aio import keeping_cancel
 from crewlet.events import Trace
 from crewlet.events.emit import Emitter
+from crewlet.engine import Periodic, Service
 from crewlet.events.types import ConfigRevisionActivated, ConfigRevisionApplied
+from crewlet.interfaces import CONFIG_POLLER, SEAT_RUNTIME, SeatLoops
 from crewlet.org import CompanyError, Organization, parse_company_text
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.runtime import call_on_loop
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine
 
 log = logging.getLogger("crewlet.revisions")
 
@@ -220,21 +224,29 @@ def _active_row() -> Optional[tuple[int, str]]:
 class ConfigPoller:
     """One node's duty: apply the active revision to the running seat runtime whenever it changes.
 
-    ``runtime`` is anything with ``holder`` and ``async apply(org)`` (a
-    :class:`~seats.runtime.SeatRuntime`). At start the revision whose text the
+    ``runtime`` is the engine's :data:`~crewlet.interfaces.SEAT_RUNTIME` (its
+    ``holder`` and ``async apply(org)``). At start the revision whose text the
     runtime already serves counts as applied, so a restart is not a change.
     """
 
-    def __init__(self, queue: EventQueue, runtime: Any, node_id: str = "", interval_s: float = POLL_EVERY_S) -> None:
+    def __init__(
+        self,
+        queue: EventQueue,
+        runtime: SeatLoops,
+        node_id: str = "",
+        interval_s: float = POLL_EVERY_S,
+        *,
+        emitter: Optional[Emitter] = None,
+    ) -> None:
         self.queue = queue
         self.runtime = runtime
         self.node_id = node_id or queue.node
         self.interval_s = interval_s
         self.applied: Optional[int] = None
-        self._wake = asyncio.Event()
-        self._task: Optional[asyncio.Task[None]] = None
+        self._periodic = Periodic("config_poll", interval_s, self.poll, logger=log)
         self._nudge: Optional[Closable] = None
-        self.emitter = Emitter(queue)
+        self._owns_emitter = emitter is None
+        self.emitter = emitter or Emitter(queue)
 
     async def start(self) -> None:
         bind(self.queue)
@@ -243,41 +255,22 @@ class ConfigPoller:
             self.applied = row[0]
 
         async def nudge(_topic: str, _event: events.Event) -> None:
-            self._wake.set()
+            self._periodic.wake()
 
         try:
             self._nudge = await self.queue.subscribe_stream(topics.CONFIG_REVISION_ACTIVATED, nudge)
         except QueueError:
             log.warning("config_revision_nudge_unavailable", exc_info=True)  # the poll still applies it
-        self._task = asyncio.create_task(self._run(), name="config-poller")
+        await self._periodic.start()
 
     async def stop(self) -> None:
         if self._nudge is not None:
             await self._nudge.close()
             self._nudge = None
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-        await self.emitter.close()
+        await self._periodic.stop()
+        if self._owns_emitter:
+            await self.emitter.close()
         unbind(self.queue)
-
-    async def _run(self) -> None:
-        while True:
-            self._wake.clear()
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("config_poll_failed", extra={"node": self.node_id})
-            try:
-                await keeping_cancel(asyncio.wait_for(self._wake.wait(), timeout=self.interval_s))
-            except asyncio.TimeoutError:
-                pass
 
     async def poll(self) -> Optional[ConfigRevisionApplied]:
         """One pass: apply the active revision if it is not the one applied; what was published, if anything."""
@@ -313,23 +306,20 @@ class ConfigPoller:
             await self.emitter.publish(topic, event, log_event="config_revision_applied_publish_failed")
 
 
-def install(engine: Any, interval_s: float = POLL_EVERY_S) -> None:
-    """Register the poller as an engine service; it starts once this node's seat runtime runs."""
+def services(engine: "Engine", interval_s: float = POLL_EVERY_S) -> list[Service]:
+    """The poller as the :data:`~crewlet.interfaces.CONFIG_POLLER` service, started once the seat runtime runs."""
 
-    async def config_poller_service(engine: Any) -> None:
-        import seats.runtime
-
+    def make(engine: "Engine") -> ConfigPoller:
         assert engine.queue is not None
-        while (runtime := seats.runtime.current()) is None:
-            await asyncio.sleep(0.05)  # the seat runtime starts concurrently with this service
-        poller = ConfigPoller(engine.queue, runtime, node_id=engine.settings.node.id, interval_s=interval_s)
-        await poller.start()
-        try:
-            await asyncio.Event().wait()  # until the engine cancels its services
-        finally:
-            await poller.stop()
+        return ConfigPoller(
+            engine.queue,
+            engine.service(SEAT_RUNTIME),
+            node_id=engine.settings.node.id,
+            interval_s=interval_s,
+            emitter=engine.emitter,
+        )
 
-    engine.add_service(config_poller_service, name="config_poller")
+    return [Service(CONFIG_POLLER, make, depends_on=(SEAT_RUNTIME,))]
 
 
 def adopt_active(holder: Any) -> Optional[int]:
@@ -361,6 +351,6 @@ __all__ = [
     "adopt_active",
     "create_revision",
     "import_first_revision",
-    "install",
+    "services",
     "validate",
 ]

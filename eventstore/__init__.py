@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
-    from crewlet.org import CompanyHolder
     from crewlet.queue.contract import EventQueue
     from eventstore.writer import EventWriter
 
@@ -21,19 +20,17 @@ def attach(queue: "EventQueue", **kwargs: Any) -> "EventWriter":
     return _attach(queue, **kwargs)
 
 
-def install(engine: "Engine", holder: "CompanyHolder") -> None:
-    """Register the store's duties on an engine: the writer on its queue, the retention sweep, and the live projection.
+def install(engine: "Engine") -> None:
+    """Register the store's services on an engine: the writer on its queue, the retention sweep, and the live projection.
 
-    The projection (:mod:`eventstore.projection`) of ``holder``'s company (the
+    The projection (:mod:`eventstore.projection`) of ``engine.company`` (the
     one the engine serves) opens one broadcast stream of ``crewlet.events.>``
     and seeds itself from this node's store, so the dashboard and
     ``/ws/stream`` read the company's state in this process.
     """
-    from eventstore.projection import projection_service
     from eventstore.services import install as _install
 
     _install(engine)
-    engine.add_service(projection_service(holder), name="eventstore_projection")
 
 
 __all__ = ["attach", "install"]

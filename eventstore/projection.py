@@ -53,7 +53,6 @@ store already.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections import OrderedDict, deque
@@ -735,34 +734,36 @@ async def subscribe(queue: "EventQueue", projection: LiveProjection) -> "Closabl
     return await queue.subscribe_stream(topics.EVENTS_ALL, projection.handler)
 
 
-def projection_service(holder: CompanyHolder) -> Callable[["Engine"], Awaitable[None]]:
-    """The engine's projection of ``holder``'s company, as an engine service.
+class ProjectionService:
+    """The engine's projection of its company (``engine.company``), as an engine service.
 
-    The company is handed in by whoever loads it for the engine, so the seed
-    reads the seats the engine serves even before the seat runtime is up.
+    The company is the engine's, so the seed reads the seats the engine
+    serves even before the seat runtime is up. The stream opens first (so
+    nothing falls between), then the seed reads the store; what the stream
+    delivers meanwhile waits for it.
     """
 
-    async def service(engine: "Engine") -> None:
-        await _serve(engine, holder)
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        holder: CompanyHolder = engine.company
+        self.projection = LiveProjection(holder.current)
+        self._stream: Optional["Closable"] = None
 
-    return service
-
-
-async def _serve(engine: "Engine", holder: CompanyHolder) -> None:
-    """Stream first (so nothing falls between), then the seed, until cancelled."""
-    assert engine.queue is not None
-    projection = install(LiveProjection(holder.current))
-    with projection._lock:
-        projection._pending = []  # what the stream delivers while the seed reads waits for it
-    stream = await subscribe(engine.queue, projection)
-    try:
+    async def start(self) -> None:
+        assert self.engine.queue is not None
+        projection = install(self.projection)
+        with projection._lock:
+            projection._pending = []  # what the stream delivers while the seed reads waits for it
+        self._stream = await subscribe(self.engine.queue, projection)
         await projection.seed()
-        await asyncio.Event().wait()  # until the engine cancels its services
-    finally:
+
+    async def stop(self) -> None:
+        stream, self._stream = self._stream, None
         try:
-            await stream.close()
+            if stream is not None:
+                await stream.close()
         finally:
-            uninstall(projection)
+            uninstall(self.projection)
 
 
 __all__ = [
@@ -783,7 +784,7 @@ __all__ = [
     "current",
     "feed_row",
     "install",
-    "projection_service",
+    "ProjectionService",
     "running",
     "subscribe",
     "uninstall",

@@ -7,18 +7,20 @@ sweep has not reached yet is never shown past its time either.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import datetime, timedelta, timezone
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Optional
 
 from crewlet.conf import EngineSettings
 from crewlet.db_router import EVENTS_ALIAS
+from crewlet.engine import Periodic
 
 log = logging.getLogger("crewlet.eventstore.retention")
 
 #: How often the duty sweeps. Hourly: a row outlives its bound by at most this.
 RETENTION_INTERVAL_S = 3600.0
+#: The duty's name (its failures log as ``eventstore_retention_failed``).
+RETENTION = "eventstore_retention"
 #: Rows deleted per statement, so one sweep after a long outage never holds a long lock.
 DELETE_BATCH = 10_000
 
@@ -61,28 +63,38 @@ def _sweep_and_close(hours: float, now: datetime, *, using: str) -> int:
         connections[using].close()
 
 
-async def retention_duty(
+def retention_periodic(
     settings: EngineSettings,
     interval_s: float = RETENTION_INTERVAL_S,
     *,
     now: Callable[[], datetime] = _utcnow,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    pause: Optional[Callable[[float], Awaitable[None]]] = None,
     using: str = EVENTS_ALIAS,
-) -> None:
-    """Sweep at start, then every ``interval_s``, until cancelled.
+) -> Periodic:
+    """The duty: sweep at start, then every ``interval_s``.
 
-    A sweep that fails is logged and retried next time: a database hiccup must
-    not stop the engine, and the rows it missed are still older next hour.
+    A sweep that fails is logged (``eventstore_retention_failed``) and retried
+    next time: a database hiccup must not stop the engine, and the rows it
+    missed are still older next hour.
     """
     from asgiref.sync import sync_to_async
 
     hours = settings.stream.event_retention_hours
     sweep = sync_to_async(_sweep_and_close, thread_sensitive=False)
-    while True:
-        try:
-            await sweep(hours, now(), using=using)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("eventstore_retention_failed", extra={"hours": hours})
-        await sleep(interval_s)
+
+    async def once() -> None:
+        await sweep(hours, now(), using=using)
+
+    return Periodic(RETENTION, interval_s, once, logger=log, pause=pause)
+
+
+async def retention_duty(
+    settings: EngineSettings,
+    interval_s: float = RETENTION_INTERVAL_S,
+    *,
+    now: Callable[[], datetime] = _utcnow,
+    sleep: Optional[Callable[[float], Awaitable[None]]] = None,
+    using: str = EVENTS_ALIAS,
+) -> None:
+    """Run :func:`retention_periodic` in the calling task until cancelled (``sleep`` waits between sweeps)."""
+    await retention_periodic(settings, interval_s, now=now, pause=sleep, using=using).run()

@@ -1,31 +1,50 @@
-"""The store's duties on a running engine (``manage.py up`` / ``runconsumers`` install them)."""
+"""The store's services on a running engine, contributed by ``EventStoreConfig.engine_services``.
+
+The writer (the queue's publish listener: every event this node publishes
+becomes a row), the hourly retention sweep, and the live projection.
+"""
 from __future__ import annotations
 
-import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
-from eventstore.retention import retention_duty
+from crewlet.engine import Service
+from crewlet.interfaces import EVENT_STORE, LIVE_PROJECTION
+from eventstore.retention import RETENTION, retention_periodic
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
 
 
-async def writer_service(engine: "Engine") -> None:
+class WriterService:
     """Attach the writer once the queue is connected; close it when the engine stops."""
-    from eventstore.writer import attach
 
-    assert engine.queue is not None
-    writer = attach(engine.queue)
-    try:
-        await asyncio.Event().wait()  # until the engine cancels its services
-    finally:
-        await writer.aclose()
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        self.writer: Optional[Any] = None
+
+    async def start(self) -> None:
+        from eventstore.writer import attach
+
+        assert self.engine.queue is not None
+        self.writer = attach(self.engine.queue)
+
+    async def stop(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            await writer.aclose()
 
 
-async def retention_service(engine: "Engine") -> None:
-    await retention_duty(engine.settings)
+def services(engine: "Engine") -> list[Service]:
+    """The writer, the retention duty (after the writer) and the projection of ``engine.company``."""
+    from eventstore.projection import ProjectionService
+
+    return [
+        Service(EVENT_STORE, WriterService),
+        Service(RETENTION, lambda e: retention_periodic(e.settings), after=(EVENT_STORE,)),
+        Service(LIVE_PROJECTION, lambda e: ProjectionService(e), after=(EVENT_STORE,)),
+    ]
 
 
 def install(engine: "Engine") -> None:
-    engine.add_service(writer_service, name="eventstore_writer")
-    engine.add_service(retention_service, name="eventstore_retention")
+    for service in services(engine):
+        engine.add(service)

@@ -11,17 +11,20 @@ windows and cold thread follows. ``stop()`` undoes all of it.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from django.db import DatabaseError
-
+from crewlet.engine import Periodic, Service
+from crewlet.events.emit import Emitter
+from crewlet.interfaces import EVENT_STORE, NOTIFY
 from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
 from notifications import service, store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine
 
 log = logging.getLogger("crewlet.notifications")
 
@@ -84,16 +87,19 @@ class NotifyService:
         install_edge: bool = True,
         prune_interval_s: float = PRUNE_INTERVAL_S,
         router: Optional[service.NotifyRouter] = None,
+        emitter: Optional[Emitter] = None,
         **edge_options: Any,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.install_edge = install_edge
         self.prune_interval_s = prune_interval_s
-        self.router = router or service.NotifyRouter(queue, holder)
+        self.router = router or service.NotifyRouter(queue, holder, emitter=emitter)
+        #: The router's telemetry emitter is closed at stop only when this service made it.
+        self._owns_emitter = router is None and emitter is None
         self.edge_options = edge_options
         self.edge: Optional[edge_module.Edge] = None
-        self._prune: Optional[asyncio.Task[None]] = None
+        self._prune: Optional[Periodic] = None
 
     async def start(self) -> None:
         org = self.holder.current()
@@ -104,45 +110,48 @@ class NotifyService:
             self.edge = edge_module.install(self.queue, self.holder, **self.edge_options)
         await self.router.start()
         if self.prune_interval_s > 0 and self._prune is None:
-            self._prune = asyncio.get_running_loop().create_task(self._prune_loop(), name="notify-prune")
+            self._prune = Periodic(
+                "notify_prune", self.prune_interval_s, self.prune, logger=log, first_after_s=self.prune_interval_s
+            )
+            await self._prune.start()
 
     async def stop(self) -> None:
         """Stop the prune, detach the router, remove the edge; a cancel of the caller still does all three, then propagates."""
-        try:
-            await self._stop_prune()
-        finally:
-            await self.router.stop()
-            if self.edge is not None:
-                edge_module.uninstall(self.edge)
-                self.edge = None
-
-    async def _stop_prune(self) -> None:
         prune, self._prune = self._prune, None
-        if prune is None:
-            return
-        prune.cancel()
-        # asyncio.wait, not ``await prune``: the prune's own cancellation stays
-        # inside it, while a cancel of the task calling stop() reaches that task.
-        await asyncio.wait({prune})
-        failure = None if prune.cancelled() else prune.exception()
-        if failure is not None:
-            log.warning("notify_prune_failed", extra={"error": service.short_reason(failure)})
-
-    async def _prune_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.prune_interval_s)
+        try:
+            if prune is not None:
+                await prune.stop()
+        finally:
             try:
-                deleted = await store.aprune()
-            except DatabaseError:
-                log.warning("notify_prune_failed", exc_info=True)
-                continue
-            if any(deleted.values()):
-                log.info("notify_pruned", extra=deleted)
+                await self.router.stop()
+            finally:
+                if self._owns_emitter:
+                    await self.router.emitter.close()
+                if self.edge is not None:
+                    edge_module.uninstall(self.edge)
+                    self.edge = None
+
+    async def prune(self) -> None:
+        """One pass of the hourly prune (dedupe keys, rate windows, cold thread follows); ``notify_prune_failed`` when it fails."""
+        deleted = await store.aprune()
+        if any(deleted.values()):
+            log.info("notify_pruned", extra=deleted)
+
+
+def services(engine: "Engine") -> list[Service]:
+    """The notifications duties on ``engine.company`` as the :data:`~crewlet.interfaces.NOTIFY` service."""
+
+    def make(engine: "Engine") -> NotifyService:
+        assert engine.queue is not None
+        return NotifyService(engine.queue, engine.company, emitter=engine.emitter)
+
+    return [Service(NOTIFY, make, after=(EVENT_STORE,))]
 
 
 __all__ = [
     "NotifyService",
     "PRUNE_INTERVAL_S",
+    "services",
     "unconfigured_surfaces",
     "unverified_surfaces",
     "warn_unconfigured",

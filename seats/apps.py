@@ -1,7 +1,18 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.apps import AppConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine, Service
 
 
 class SeatsConfig(AppConfig):
     name = "seats"
+
+    def engine_services(self, engine: "Engine") -> list["Service"]:
+        """The seat runtime: mailboxes, inbox loops, scheduler, retirement sweep, pause reconcile."""
+        from seats import runtime
+
+        return runtime.services(engine)

@@ -10,8 +10,9 @@ the mailboxes again (a new seat's mailbox before its loop), hot-reload the
 coalesce knobs and the concurrency gate, stop loops of seats that are gone,
 start loops for new ones, and lift or take the no-provider holds.
 
-On an engine, :func:`install` registers it as a service; ``current()`` is the
-running instance (for ``/healthz`` and the pause API).
+On an engine it is the :data:`~crewlet.interfaces.SEAT_RUNTIME` service
+(:func:`services`); ``current()`` is the running instance (for ``/healthz``
+and the pause API).
 """
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from crewlet.engine import Periodic, Service
 from crewlet.events import Event
+from crewlet.events.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated
+from crewlet.interfaces import EVENT_STORE, SEAT_RUNTIME, PauseRow
 from crewlet.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
@@ -79,11 +83,14 @@ class SeatRuntime:
         run_scheduler: bool = True,
         merge: Optional[Merge] = None,
         node_max_concurrent: Optional[int] = None,
+        emitter: Optional[Emitter] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.node_id = node_id or queue.node
-        self.runner = runner or TurnRunner(queue, holder)
+        #: The telemetry emitter is closed at stop only when this runtime made it (an engine's is the engine's).
+        self._owns_emitter = runner is None and emitter is None
+        self.runner = runner or TurnRunner(queue, holder, emitter=emitter)
         self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
         self.absent_after_s = absent_after_s
         self.sweep_every_s = sweep_every_s
@@ -100,7 +107,7 @@ class SeatRuntime:
         )
         self.loops: dict[str, InboxLoop] = {}
         self._lock: Optional[asyncio.Lock] = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._duties: list[Periodic] = []
         self._nudges: list[Closable] = []
         self._started = False
         self._stopped = False
@@ -129,13 +136,12 @@ class SeatRuntime:
             self._started = True
         actions.bind(self.queue, hook=self.on_pause_change, holder=self.holder)
         await self._subscribe_nudges()
-        loop = asyncio.get_running_loop()
         if self.run_scheduler:
-            self._tasks.append(loop.create_task(self.scheduler.run(), name="seats:scheduler"))
-        self._tasks.append(loop.create_task(self._every(self.sweep_every_s, self.sweep, "sweep"), name="seats:retire"))
-        self._tasks.append(
-            loop.create_task(self._every(self.pause_poll_s, self.reconcile_pauses, "pauses"), name="seats:pauses")
-        )
+            self._duties.append(self.scheduler.periodic())
+        self._duties.append(Periodic("seat_sweep", self.sweep_every_s, self.sweep, logger=log))
+        self._duties.append(Periodic("seat_pauses", self.pause_poll_s, self.reconcile_pauses, logger=log))
+        for duty in self._duties:
+            await duty.start()
         _current = self
         log.info(
             "seat_runtime_started",
@@ -148,11 +154,9 @@ class SeatRuntime:
         if self._stopped:
             return
         self._stopped = True
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        for duty in self._duties:
+            await duty.stop()
+        self._duties.clear()
         for nudge in self._nudges:
             try:
                 await nudge.close()
@@ -163,6 +167,8 @@ class SeatRuntime:
         async with self._guard():
             for handle in list(self.loops):
                 await self._detach(handle, "node stopping")
+        if self._owns_emitter:
+            await self.runner.emitter.close()
         if _current is self:
             _current = None
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
@@ -171,9 +177,20 @@ class SeatRuntime:
         """Started, not stopped, every duty alive and every claimed seat's loop attached."""
         if not self._started or self._stopped:
             return False
-        if any(task.done() for task in self._tasks):
+        if not all(duty.alive for duty in self._duties):
             return False
         return all(loop.attached for loop in self.loops.values())
+
+    def held_locally(self) -> dict[str, bool]:
+        """The seats this node runs, each with whether a turn of it runs right now."""
+        return {handle: loop.turn_running for handle, loop in list(self.loops.items())}
+
+    def pause_rows(self, handles: list[str]) -> dict[str, PauseRow]:
+        """The stored pauses of ``handles`` (blocking: the projection's seed calls it in its worker thread)."""
+        return {
+            handle: PauseRow(paused=row.paused, reason=row.reason, paused_by=row.paused_by or row.paused_by_seat)
+            for handle, row in actions.pause_states(handles).items()
+        }
 
     def turn_limit(self, org: Organization) -> int:
         """Turns this node runs at once: the company's ``node.max_concurrent``, capped by this node's own setting.
@@ -329,25 +346,16 @@ class SeatRuntime:
             )
         return report
 
-    async def _every(self, interval_s: float, duty: Callable[[], Awaitable[Any]], name: str) -> None:
-        """Run ``duty`` now and every ``interval_s``; a failing pass is logged and retried next time."""
-        while True:
-            try:
-                await duty()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("seat_duty_failed", extra={"duty": name})
-            await asyncio.sleep(interval_s)
-
     async def _emit(self, body: Any) -> None:
         await self.runner.emitter.emit(body, trace_of(), log_event="seat_runtime_publish_failed")
 
 
-def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:
-    """Register the seat runtime as an engine service (started once the queue is connected).
+def services(engine: "Engine", **options: Any) -> list[Service]:
+    """The seat runtime of ``engine.company`` as the :data:`~crewlet.interfaces.SEAT_RUNTIME` service.
 
-    In production a multi-wake partition is merged by the notifications
+    It starts once the event store's writer is attached (so what it
+    publishes is stored) and publishes telemetry through the engine's
+    emitter. In production a multi-wake partition is merged by the
     digest (``seats.coalescer.dispatch``) into ONE trigger.
     """
     if "merge" not in options:
@@ -355,18 +363,22 @@ def install(engine: "Engine", holder: CompanyHolder, **options: Any) -> None:
 
         options["merge"] = dispatch
 
-    async def seat_runtime_service(engine: "Engine") -> None:
+    def make(engine: "Engine") -> SeatRuntime:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
-        runtime = SeatRuntime(engine.queue, holder, node_id=engine.settings.node.id, **options)
+        runtime = SeatRuntime(
+            engine.queue, engine.company, node_id=engine.settings.node.id, emitter=engine.emitter, **options
+        )
         engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
-        await runtime.start()
-        try:
-            await asyncio.Event().wait()  # until the engine cancels its services
-        finally:
-            await runtime.stop()
+        return runtime
 
-    engine.add_service(seat_runtime_service, name="seat_runtime")
+    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE,))]
 
 
-__all__ = ["PAUSE_POLL_S", "SWEEP_EVERY_S", "SeatRuntime", "current", "install"]
+def install(engine: "Engine", **options: Any) -> None:
+    """Register :func:`services` on ``engine`` (what ``SeatsConfig.engine_services`` contributes)."""
+    for service in services(engine, **options):
+        engine.add(service)
+
+
+__all__ = ["PAUSE_POLL_S", "SWEEP_EVERY_S", "SeatRuntime", "current", "install", "services"]

@@ -15,7 +15,6 @@ recorded as ``scheduled_task_fired`` on the event stream.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -26,6 +25,7 @@ from typing import Callable, Optional
 from django.db import IntegrityError, transaction
 
 from crewlet import events
+from crewlet.engine import Periodic
 from crewlet.events.emit import Emitter
 from crewlet.events.types import ScheduledTaskFired, TaskAssigned
 from crewlet.org import CompanyHolder, Organization, Schedule
@@ -171,17 +171,22 @@ class Scheduler:
             wait = min(wait, max(left, 0.001))
         return wait
 
-    async def run(self) -> None:
-        """Tick until cancelled; a failing pass is logged and the next tick tries again."""
-        while True:
-            try:
-                await self.fire_due()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("scheduler_pass_failed")
+    async def _pass(self) -> None:
+        try:
+            await self.fire_due()
+        finally:
             self.passes += 1
-            await asyncio.sleep(self._next_due_in(self.clock()))
+
+    def periodic(self) -> Periodic:
+        """The ticking duty: a pass now, then at each next slot boundary (at most ``tick_s`` apart).
+
+        A failing pass is logged (``scheduler_pass_failed``) and the next tick tries again.
+        """
+        return Periodic("scheduler_pass", lambda: self._next_due_in(self.clock()), self._pass, logger=log)
+
+    async def run(self) -> None:
+        """Tick until cancelled (the :meth:`periodic` duty, in the calling task)."""
+        await self.periodic().run()
 
 
 __all__ = ["Scheduler", "TICK_S", "claim_slot", "prune_firings", "slot_of", "task_event_id"]

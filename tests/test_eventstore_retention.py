@@ -115,4 +115,4 @@ def test_the_store_installs_its_writer_and_retention_on_the_engine_manage_py_run
     cmd = load_command_class("crewlet", "runconsumers")
     options = vars(cmd.create_parser("manage.py", "runconsumers").parse_args(["--node", "n1"]))
     engine = cmd.engine(options)
-    assert {"eventstore_writer", "eventstore_retention"} <= {name for name, *_ in engine._factories}
+    assert {"eventstore_writer", "eventstore_retention"} <= {service.name for service in engine.registered}

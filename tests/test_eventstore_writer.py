@@ -350,8 +350,8 @@ async def test_the_engine_writes_what_its_queue_publishes_once_the_store_is_inst
     async def connect(**kwargs: Any) -> Any:
         return broker.client(node=kwargs["node"]), None
 
-    engine = Engine(load_settings({}, env={}, overrides={"node.id": "n9"}), connect=connect)
-    eventstore.install(engine, CompanyHolder(load_company()))
+    engine = Engine(load_settings({}, env={}, overrides={"node.id": "n9"}), connect=connect, company=CompanyHolder(load_company()))
+    eventstore.install(engine)
     serving = asyncio.create_task(engine.serve())
     try:
         while engine.queue is None or not engine.queue._listeners:  # the writer service has attached

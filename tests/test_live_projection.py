@@ -302,16 +302,10 @@ async def test_events_that_arrive_while_the_seed_reads_are_applied_after_it_and_
 
 
 def test_the_engine_installs_the_projection_service_beside_the_writer() -> None:
-    class Recording:
-        def __init__(self) -> None:
-            self.names: list[str] = []
-
-        def add_service(self, factory: Callable[..., Any], *, name: str = "", stop_first: bool = False) -> None:
-            self.names.append(name)
-
-    engine = Recording()
-    eventstore.install(engine, CompanyHolder(company()))  # type: ignore[arg-type]
-    assert "eventstore_projection" in engine.names and "eventstore_writer" in engine.names
+    engine = Engine(load_settings({}, env={}, overrides={"node.id": NODE}), company=CompanyHolder(company()))
+    eventstore.install(engine)
+    names = [service.name for service in engine.registered]
+    assert "eventstore_projection" in names and "eventstore_writer" in names
 
 
 async def test_the_engines_projection_shows_the_company_it_was_handed_before_any_seat_runtime_runs() -> None:
@@ -320,8 +314,12 @@ async def test_the_engines_projection_shows_the_company_it_was_handed_before_any
     async def connect(**kwargs: Any) -> Any:
         return broker.client(node=kwargs["node"]), None
 
-    engine = Engine(load_settings({}, env={}, overrides={"node.id": NODE}), connect=connect)
-    eventstore.install(engine, CompanyHolder(company(seats=[{"handle": "zed", "kind": "agent", "role": "engineer"}])))
+    engine = Engine(
+        load_settings({}, env={}, overrides={"node.id": NODE}),
+        connect=connect,
+        company=CompanyHolder(company(seats=[{"handle": "zed", "kind": "agent", "role": "engineer"}])),
+    )
+    eventstore.install(engine)
     serving = asyncio.create_task(engine.serve())
     try:
         await eventually(lambda: projection.current() is not None and projection.current().seeded, what="the seed")

@@ -97,7 +97,8 @@ async def test_a_cancel_of_the_task_stopping_the_notify_service_reaches_that_tas
         notify = NotifyService(q, holder(company()), prune_interval_s=3600.0)
         await notify.start()
         assert edge_module.current_edge() is notify.edge
-        prune = notify._prune
+        assert notify._prune is not None
+        prune = notify._prune.task
         assert prune is not None
         stopping = asyncio.get_running_loop().create_task(notify.stop())
         # stop() cancels the prune and waits for it in one step: once the

@@ -368,8 +368,8 @@ async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stop
     async def connect(**kwargs: Any) -> Any:
         return broker.client(node=kwargs["node"]), None
 
-    engine = Engine(load_settings({}, env={}, overrides={"node.id": "n9"}), connect=connect, timings=FAST)
-    seat_runtime.install(engine, holder(), run_scheduler=False)
+    engine = Engine(load_settings({}, env={}, overrides={"node.id": "n9"}), connect=connect, timings=FAST, company=holder())
+    seat_runtime.install(engine, run_scheduler=False)
     serving = asyncio.create_task(engine.serve())
     try:
         await eventually(lambda: seat_runtime.current() is not None and seat_runtime.current().healthy())

@@ -362,14 +362,14 @@ def test_a_bad_company_file_is_a_one_line_command_error(command: str, tmp_path: 
 
 def test_up_registers_every_loop_and_duty_and_the_web_server_runconsumers_no_web_server() -> None:
     cmd, options = _options("up", "--stream-type", "nats", "--stream-url", "nats://b:4222")
-    names = {name: stop_first for name, _, stop_first in cmd.engine(options)._factories}
+    names = {service.name: service.stop_first for service in cmd.engine(options).registered}
     assert names == {
         "eventstore_writer": False, "eventstore_retention": False, "eventstore_projection": False,
         "seat_runtime": False, "notify": False, "a2a_sweep": False,
         "config_poller": False, "web": True,
     }
     cmd, options = _options("runconsumers", "--stream-type", "nats", "--stream-url", "nats://b:4222")
-    assert "web" not in {name for name, *_ in cmd.engine(options)._factories}
+    assert "web" not in {service.name for service in cmd.engine(options).registered}
 
 
 def test_up_keeps_the_embedded_brokers_store_under_the_data_dir_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:

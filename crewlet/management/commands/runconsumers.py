@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from crewlet.conf import STREAM_TYPES, SettingsError, load_settings
-from crewlet.engine import Engine
+from crewlet.engine import Engine, app_services
 from crewlet.org import EXAMPLE_COMPANY, CompanyError, CompanyHolder, load_company
 
 #: Command-line flag -> dotted setting it overrides (flags win over env and the settings file).
@@ -47,24 +47,16 @@ class Command(BaseCommand):
             raise CommandError(f"--company={str(path)!r}: cannot be read ({exc.strerror or exc})") from None
 
     def engine(self, options: dict[str, Any]) -> Engine:
-        """The validated settings from file, env and flags, as an engine with every loop and duty registered."""
+        """The validated settings from file, env and flags, as an engine with every installed app's services."""
         try:
             settings = load_settings(overrides=self.settings_overrides(options))
         except SettingsError as exc:
             raise CommandError(str(exc)) from None
         holder = self.company(options)
         self.holder = holder
-        engine = Engine(settings, timings=settings.delivery.timings())
-        import a2a.runtime  # the A2A channel sweep
-        import crewlet.revisions  # every node's config-revision poller
-        import eventstore  # the store's writer and retention duty
-        import seats.runtime  # mailboxes, inbox loops, scheduler, retirement sweep
-
-        eventstore.install(engine, holder)
-        seats.runtime.install(engine, holder)
-        install_notify(engine, holder)
-        crewlet.revisions.install(engine)  # applies the active config revision when it changes
-        a2a.runtime.install(engine)  # the A2A channel sweep (idle close, closed-record deletion)
+        engine = Engine(settings, company=holder, timings=settings.delivery.timings())
+        for service in app_services(engine):
+            engine.add(service)
         return engine
 
     def seed_operator_token(self) -> None:
@@ -101,23 +93,3 @@ class Command(BaseCommand):
         if status != 0:
             raise CommandError("the engine stopped after an error (see the log above)", returncode=status)
 
-
-def install_notify(engine: Engine, holder: CompanyHolder) -> None:
-    """The notifications duties (webhook edge, router, prune; warns about unverified surfaces) as a service.
-
-    The single call site of ``notifications.runtime.NotifyService``.
-    """
-    from notifications.runtime import NotifyService
-
-    async def notify_service(engine: Engine) -> None:
-        import asyncio
-
-        assert engine.queue is not None
-        notify = NotifyService(engine.queue, holder)
-        await notify.start()
-        try:
-            await asyncio.Event().wait()  # until the engine cancels its services
-        finally:
-            await notify.stop()
-
-    engine.add_service(notify_service, name="notify")

@@ -16,7 +16,6 @@ other way (``call_command``), set ``CREWLET_VAR_DIR`` instead.
 """
 from __future__ import annotations
 
-import asyncio
 from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,11 @@ from django.core.management.base import CommandError
 from crewlet import web
 from crewlet.conf import SettingsError, load_settings
 from crewlet.engine import Engine
+from crewlet.interfaces import WEB
 from crewlet.management.commands.runconsumers import Command as RunConsumersCommand
 
 DEFAULT_ADDR = "127.0.0.1:8000"
 DATABASES = ("default", "events")
-READY_POLL_S = 0.05
 
 
 class Command(RunConsumersCommand):
@@ -80,13 +79,7 @@ class Command(RunConsumersCommand):
         engine = super().engine(options)
 
         async def announce(bound: tuple[str, int]) -> None:
-            import seats.runtime
-
-            while True:  # the seat loops attach concurrently with the listener
-                runtime = seats.runtime.current()
-                if runtime is not None and runtime.healthy():
-                    break
-                await asyncio.sleep(READY_POLL_S)
+            # The web server starts after every other service: the seat loops already run.
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             self.stdout.write(f"Crewlet is up: http://{shown}:{bound[1]}/ (node {engine.settings.node.id})")
             self.stdout.flush()
@@ -96,7 +89,12 @@ class Command(RunConsumersCommand):
 
             return with_static_files(application)
 
-        engine.add_service(web.service(application, host, port, announce), name="web", stop_first=True)
+        engine.add_service(
+            web.service(application, host, port, announce),
+            name=WEB,
+            stop_first=True,
+            depends_on=tuple(s.name for s in engine.registered),
+        )
         return engine
 
     def migrate(self) -> None:
