@@ -2,8 +2,8 @@
 
 Same credentials as the rest of ``/api/`` (an operator token or a staff
 session; 401 otherwise). ``POST ask`` is :func:`a2a.services.ask` run on the
-engine's loop (the queue the running seat runtime bound), so it answers 503
-when no runtime runs in this process or the loop does not answer within
+engine's loop (:func:`crewlet.runtime.on_engine`), so it answers 503
+when no engine runs in this process or the loop does not answer within
 :data:`ASK_TIMEOUT_S`. An ask carrying a ``request_id`` is idempotent: 201 for
 the call that opened the channel, 200 with the same channel for a retry (so a
 client that saw a 503 or no answer retries without opening a second channel),
@@ -25,12 +25,11 @@ from rest_framework.views import APIView
 
 from a2a import services
 from a2a.models import Channel
+from crewlet import runtime
 from crewlet.bodies import ERROR_BAD_PARAMETER, BadParameterSerializer, DetailSerializer, StrictCharField, bad_request_body
 from crewlet.events import format_timestamp
 from crewlet.org import HANDLE_PATTERN
 from crewlet.tracing import Trace
-from seats import actions
-from seats.api import company
 
 log = logging.getLogger("crewlet.a2a.api")
 
@@ -137,7 +136,10 @@ class AskView(APIView):
         body.is_valid(raise_exception=True)
         asker, target, brief = body.validated_data["from"], body.validated_data["to"], body.validated_data["brief"]
         request_id = body.validated_data.get("request_id", "")
-        org = company()
+        try:
+            org = runtime.company()
+        except runtime.NoEngine as exc:
+            return _detail(str(exc), status.HTTP_503_SERVICE_UNAVAILABLE)
         for handle in (asker, target):
             if org.seat_by_handle(handle) is None:
                 return _detail(f"no seat {handle!r} in the company", status.HTTP_404_NOT_FOUND)
@@ -148,7 +150,7 @@ class AskView(APIView):
         asker_seat = org.seat_by_handle(asker)
         opened_before = request_id and Channel.objects.filter(pk=services.ask_channel_id(asker, request_id)).exists()
         try:
-            row = actions.on_engine(
+            row = runtime.on_engine(
                 lambda queue: services.ask(
                     queue,
                     asker,
@@ -161,7 +163,7 @@ class AskView(APIView):
                 ),
                 ASK_TIMEOUT_S,
             )
-        except actions.EngineAway as exc:
+        except runtime.EngineAway as exc:
             log.warning("a2a_ask_unreachable", extra={"asker": asker, "target": target, "error": str(exc)})
             return _detail(f"the ask could not be published: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE)
         except services.RequestIdReused as exc:

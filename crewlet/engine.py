@@ -435,13 +435,22 @@ class Engine:
 
     @property
     def loop(self) -> Optional[asyncio.AbstractEventLoop]:
-        """The loop the engine serves on (None before :meth:`serve` or :meth:`attach_loop`)."""
+        """The loop the engine serves on (None before :meth:`serve` or :meth:`bind_queue`)."""
         return self._loop
 
-    def attach_loop(self, queue: EventQueue, loop: Optional[asyncio.AbstractEventLoop] = None) -> "Engine":
-        """Make this engine a registry around ``queue`` on ``loop`` without serving (tests build one so)."""
+    def bind_queue(self, queue: Optional[EventQueue], loop: Optional[asyncio.AbstractEventLoop] = None) -> "Engine":
+        """Make this engine a registry around ``queue`` on ``loop`` (default: the running one, if any) without serving.
+
+        For code that runs services by hand (tests): with :func:`crewlet.runtime.attach`
+        the process then answers as it does while the engine serves.
+        """
         self.queue = queue
-        self._loop = loop or asyncio.get_running_loop()
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        self._loop = loop
         return self
 
     def call(self, make: Callable[[], Awaitable[_T]], timeout_s: float) -> _T:
@@ -528,13 +537,14 @@ class Engine:
                     "services": len(plan),
                 },
             )
-            runtime.set_queue(self.queue)
+            runtime.attach(self)
             self._starting = asyncio.create_task(self._start_all(plan), name="engine:start")
             await self._stop.wait()
             await self._shutdown()
             log.info("engine_stopped", extra={"node": node, "clean": not self._failed})
             return 1 if self._failed else 0
         finally:
+            runtime.detach(self)
             for signum in installed:
                 self._loop.remove_signal_handler(signum)
 
@@ -601,7 +611,7 @@ class Engine:
                 log.exception("engine_emitter_close_failed")
         from crewlet import runtime
 
-        runtime.clear_queue(queue)
+        runtime.detach(self)
         try:
             if idle:
                 await queue.close()

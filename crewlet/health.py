@@ -20,6 +20,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from crewlet import runtime
+from crewlet.interfaces import seat_loops
 from crewlet.queue.errors import QueueError
 
 BROKER_CONNECTED = "connected"
@@ -32,11 +33,13 @@ DEFAULT_BROKER_TIMEOUT_S = 1.5
 
 
 async def health() -> tuple[bool, dict[str, Any]]:
-    """(healthy, body) for this process, right now: the broker asked for a round trip."""
-    import seats.runtime
+    """(healthy, body) for this process, right now: the broker asked for a round trip.
 
-    queue = runtime.current_queue()
-    seat_runtime = seats.runtime.current()
+    The loops are the running engine's seat runtime (:data:`~crewlet.interfaces.SEAT_RUNTIME`).
+    """
+    running = runtime.current_engine()
+    queue = running.queue if running is not None else None
+    seat_runtime = seat_loops(running) if running is not None else None
     loops = LOOPS_RUNNING if seat_runtime is not None and seat_runtime.healthy() else LOOPS_NOT_RUNNING
     if queue is None:
         return False, {"status": "down", "broker": BROKER_NO_ENGINE, "loops": loops, "node": None}

@@ -17,15 +17,14 @@ holder swap, ``ensure_mailboxes``, the coalesce knobs and gate, the
 no-provider holds) and publishes ``config_revision_applied`` with its node,
 the outcome and the last step it reached.
 
-Sync callers (the admin) announce on the engine's loop through the binding
-the poller makes when it starts; with no engine in the process the change is
-stored and every node's poller still applies it.
+Sync callers (the admin) announce on the loop of the engine running in this
+process (:func:`crewlet.runtime.current_engine`); with no engine in the
+process the change is stored and every node's poller still applies it.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -34,7 +33,7 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from crewlet import events
+from crewlet import events, runtime
 from crewlet.events import Trace
 from crewlet.events.emit import Emitter
 from crewlet.engine import Periodic, Service
@@ -44,7 +43,6 @@ from crewlet.org import CompanyError, Organization, parse_company_text
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.runtime import call_on_loop
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
@@ -126,30 +124,6 @@ def activate_cas(revision_id: int, by: str) -> Optional[Activation]:
 # -- announcing ---------------------------------------------------------------------------
 
 
-@dataclass
-class _Binding:
-    queue: EventQueue
-    loop: asyncio.AbstractEventLoop
-
-
-_binding: Optional[_Binding] = None
-_bind_lock = threading.Lock()
-
-
-def bind(queue: EventQueue, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
-    """Make ``queue`` (on ``loop``, default the running one) where sync activations are announced."""
-    global _binding
-    with _bind_lock:
-        _binding = _Binding(queue, loop or asyncio.get_running_loop())
-
-
-def unbind(queue: Optional[EventQueue] = None) -> None:
-    global _binding
-    with _bind_lock:
-        if _binding is not None and (queue is None or _binding.queue is queue):
-            _binding = None
-
-
 async def _announce(queue: EventQueue, change: Activation) -> None:
     event = change.event()
     emitter = Emitter(queue)
@@ -159,15 +133,20 @@ async def _announce(queue: EventQueue, change: Activation) -> None:
 
 
 def activate(revision_id: int, by: str) -> bool:
-    """Sync activation (the admin): True when this call moved the pointer; announced after commit."""
-    b = _binding
+    """Sync activation (the admin): True when this call moved the pointer; announced after commit.
+
+    Announced on the engine running in this process; with none, the change
+    is stored and every node's poller still applies it.
+    """
+    running = runtime.current_engine()
 
     def announce(change: Activation) -> None:
-        if b is None:
+        queue = running.queue if running is not None else None
+        if running is None or queue is None:
             log.info("config_revision_activated_unannounced", extra={"revision": change.revision, "reason": "no engine here"})
             return
         try:
-            call_on_loop(lambda: _announce(b.queue, change), b.loop, ANNOUNCE_TIMEOUT_S)
+            running.call(lambda: _announce(queue, change), ANNOUNCE_TIMEOUT_S)
         except Exception:
             # The pointer moved whatever happens here; every node's poller applies it.
             log.warning("config_revision_announce_failed", extra={"revision": change.revision}, exc_info=True)
@@ -180,11 +159,11 @@ def activate(revision_id: int, by: str) -> bool:
 
 
 async def aactivate(revision_id: int, by: str, *, queue: Optional[EventQueue] = None) -> bool:
-    """Async activation; announced on ``queue`` (default the bound one) when this call moved the pointer."""
+    """Async activation; announced on ``queue`` (default the running engine's) when this call moved the pointer."""
     change = await sync_to_async(activate_cas)(revision_id, by)
     if change is None:
         return False
-    q = queue or (_binding.queue if _binding is not None else None)
+    q = queue or runtime.current_queue()
     if q is not None:
         await _announce(q, change)
     return True
@@ -249,7 +228,6 @@ class ConfigPoller:
         self.emitter = emitter or Emitter(queue)
 
     async def start(self) -> None:
-        bind(self.queue)
         row = await sync_to_async(_active_row)()
         if row is not None and row[1] == self.runtime.holder.current().source_text:
             self.applied = row[0]
@@ -270,7 +248,6 @@ class ConfigPoller:
         await self._periodic.stop()
         if self._owns_emitter:
             await self.emitter.close()
-        unbind(self.queue)
 
     async def poll(self) -> Optional[ConfigRevisionApplied]:
         """One pass: apply the active revision if it is not the one applied; what was published, if anything."""

@@ -1,97 +1,132 @@
-"""The process-wide handle on this process's queue client.
+"""The process's one handle on its running engine, and the one way a request thread reaches it.
 
-The engine registers its queue here once it is connected (and clears it
+The engine attaches itself here once its queue is connected (and detaches
 before closing it), so code served by the same process — webhook views,
-``/healthz`` — publishes through the engine's own connection instead of
-dialling the broker again.
+``/healthz``, the dashboard, the API — asks :func:`engine` for the engine and,
+through :meth:`~crewlet.engine.Engine.service`, for the service it needs
+(the names are :mod:`crewlet.interfaces`). That reference is the only
+process-wide state: every service lives in the engine's registry.
 
-A web-only process (no engine) has no queue registered. :func:`aget_queue`
-then dials the broker named by the settings (``stream.type: nats``) once,
-lazily, on first use; with ``stream.type: embedded`` there is no broker to
-dial from outside ``manage.py up``, and it says so.
+A web-only process (no engine) gets an explicit answer everywhere:
+:func:`engine` raises :class:`NoEngine` (its words are :data:`NO_ENGINE`),
+:func:`get_queue` raises :class:`NoQueue`, and views answer 503 saying so.
 
 :func:`call_on_loop` is the one way a thread that is not the engine's (a sync
 view, an admin action, an ``on_commit`` announcement) runs a coroutine on the
-engine's loop and waits for its answer.
+engine's loop and waits for its answer; :func:`on_engine` is it for the common
+case of asking the engine's queue.
 """
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import logging
-from typing import Awaitable, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional, TypeVar
 
 from asgiref.sync import SyncToAsync
 from opentelemetry import context as otel_context
 
 from crewlet.queue.contract import EventQueue
 
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine
+    from crewlet.org import Organization
+
 log = logging.getLogger("crewlet.runtime")
 
-_queue: Optional[EventQueue] = None
-_lazy_lock: Optional[asyncio.Lock] = None
+_T = TypeVar("_T")
+
+#: Why a thread could not ask the engine, when no engine runs in this process.
+NO_ENGINE = "no engine runs in this process to reach the queue"
+#: How long a request thread waits for the engine's loop by default.
+ENGINE_TIMEOUT_S = 10.0
+
+_engine: Optional["Engine"] = None
+
+
+class EngineAway(Exception):
+    """The engine's loop cannot be asked from here, or it did not answer in time."""
+
+
+class NoEngine(EngineAway):
+    """No engine runs in this process (a web-only process, or the engine stopped)."""
+
+    def __init__(self) -> None:
+        super().__init__(NO_ENGINE)
 
 
 class NoQueue(RuntimeError):
-    """No queue client in this process (and none can be dialled from the settings)."""
+    """No queue client in this process: no engine runs here."""
 
 
-def set_queue(queue: EventQueue) -> None:
-    """Make ``queue`` this process's queue (the engine calls this once connected)."""
-    global _queue
-    _queue = queue
+def attach(engine: "Engine") -> None:
+    """Make ``engine`` this process's running engine (the engine calls this once its queue is connected)."""
+    global _engine
+    _engine = engine
 
 
-def clear_queue(queue: Optional[EventQueue] = None) -> None:
-    """Forget the registered queue (only ``queue`` itself, when given)."""
-    global _queue
-    if queue is None or _queue is queue:
-        _queue = None
+def detach(engine: Optional["Engine"] = None) -> None:
+    """Forget the running engine (only ``engine`` itself, when given, so a stale stop cannot remove a newer one)."""
+    global _engine
+    if engine is None or _engine is engine:
+        _engine = None
+
+
+def current_engine() -> Optional["Engine"]:
+    """The engine running in this process, or None."""
+    return _engine
+
+
+def engine() -> "Engine":
+    """The engine running in this process; :class:`NoEngine` when none does."""
+    if _engine is None:
+        raise NoEngine()
+    return _engine
+
+
+def company() -> "Organization":
+    """The company the running engine serves (its active revision); :class:`NoEngine` without one.
+
+    A web-only process does not know which seats there are: that is the
+    running engine's company file or active revision, never a guess.
+    """
+    holder = engine().company
+    if holder is None:
+        raise NoEngine()
+    found: "Organization" = holder.current()
+    return found
 
 
 def current_queue() -> Optional[EventQueue]:
-    """The registered queue, or None."""
-    return _queue
+    """The running engine's queue, or None."""
+    return _engine.queue if _engine is not None else None
 
 
 def get_queue() -> EventQueue:
-    """The registered queue; raises :class:`NoQueue` with what to do when there is none."""
-    if _queue is None:
+    """The running engine's queue; raises :class:`NoQueue` with what to do when there is none."""
+    queue = current_queue()
+    if queue is None:
         raise NoQueue(
             "no queue in this process: the engine is not running here "
-            "(run manage.py up, or use aget_queue() in a web-only process with stream.type nats)"
+            "(run manage.py up, or manage.py runconsumers beside the web server)"
         )
-    return _queue
+    return queue
 
 
 async def aget_queue() -> EventQueue:
-    """The registered queue, else one dialled from the settings on first use (``stream.type: nats`` only)."""
-    global _lazy_lock
-    if _queue is not None:
-        return _queue
-    if _lazy_lock is None:
-        _lazy_lock = asyncio.Lock()
-    async with _lazy_lock:
-        if _queue is not None:
-            return _queue
-        from crewlet.conf import load_settings
-        from crewlet.queue.jetstream import JetStreamQueue
-
-        settings = load_settings()
-        if settings.stream.type != "nats":
-            raise NoQueue(
-                f"no queue in this process and stream.type is {settings.stream.type!r}: "
-                "an embedded broker lives inside manage.py up; a web-only process needs stream.type nats"
-            )
-        queue = await JetStreamQueue.connect(
-            settings.stream.url,
-            node=settings.node.id,
-            timings=settings.delivery.timings(),  # ensuring a mailbox aligns its ack window with these
-            event_retention_hours=settings.stream.event_retention_hours,
-        )
-        log.info("web_queue_connected", extra={"node": settings.node.id})
-        set_queue(queue)
+    """The running engine's queue; :class:`NoQueue` saying why a process without an engine has none."""
+    queue = current_queue()
+    if queue is not None:
         return queue
+    from crewlet.conf import load_settings
+
+    stream_type = load_settings().stream.type
+    if stream_type == "embedded":
+        raise NoQueue(
+            f"no queue in this process and stream.type is {stream_type!r}: "
+            "an embedded broker lives inside manage.py up"
+        )
+    raise NoQueue(f"no queue in this process: the engine is not running here (stream.type is {stream_type!r})")
 
 
 def is_connected(queue: EventQueue) -> bool:
@@ -99,17 +134,22 @@ def is_connected(queue: EventQueue) -> bool:
     return queue.connected
 
 
+def on_engine(make: Callable[[EventQueue], Awaitable[_T]], timeout_s: float = ENGINE_TIMEOUT_S) -> _T:
+    """Run ``make(queue)`` on the engine's loop and wait for it; :class:`EngineAway` when it cannot be asked.
+
+    The way a request thread (a view) reaches the engine's queue: the queue
+    lives on the engine's asyncio loop, so its verbs are awaited there,
+    through :func:`call_on_loop` (which cannot deadlock on the request's own
+    thread).
+    """
+    running = engine()
+    queue = running.queue
+    if queue is None:
+        raise NoEngine()
+    return call_on_loop(lambda: make(queue), running.loop, timeout_s)
+
+
 # -- a thread waiting on the engine's loop ---------------------------------------------------
-
-_T = TypeVar("_T")
-
-#: Why a thread could not ask the engine's loop, when no engine runs in this process.
-NO_ENGINE = "no engine runs in this process to reach the queue"
-
-
-class EngineAway(Exception):
-    """The engine's loop cannot be asked from here, or it did not answer in time."""
-
 
 def call_on_loop(
     make: Callable[[], Awaitable[_T]], loop: Optional[asyncio.AbstractEventLoop], timeout_s: float
@@ -168,14 +208,20 @@ def call_on_loop(
 
 
 __all__ = [
+    "ENGINE_TIMEOUT_S",
     "NO_ENGINE",
     "EngineAway",
+    "NoEngine",
     "NoQueue",
     "aget_queue",
+    "attach",
     "call_on_loop",
-    "clear_queue",
+    "company",
+    "current_engine",
     "current_queue",
+    "detach",
+    "engine",
     "get_queue",
     "is_connected",
-    "set_queue",
+    "on_engine",
 ]

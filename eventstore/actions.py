@@ -10,7 +10,7 @@ the arguments: a dead letter's ref is the operator's input, not the record.
 The event is published on ``topics.event("operator_acted")`` with the queue's
 own publish, so the event store's publish listener records it like every other
 event this node publishes. These coroutines run on the engine's loop; a request
-thread reaches them through ``seats.actions.bound_queue()``.
+thread reaches them through :func:`crewlet.runtime.on_engine`.
 """
 from __future__ import annotations
 

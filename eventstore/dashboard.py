@@ -19,6 +19,7 @@ from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse_lazy
 
+from crewlet import runtime
 from crewlet.events import categories
 from crewlet.queue import topics
 from eventstore import api as store_api
@@ -67,8 +68,8 @@ class LogoutView(auth_views.LogoutView):
 def on_engine_loop(make: Callable[[Any], Any]) -> tuple[Optional[Any], str]:
     """Ask the engine's queue for a page: (answer, "") or (None, why it could not be read)."""
     try:
-        return actions.on_engine(make, QUEUE_READ_TIMEOUT_S), ""
-    except actions.EngineAway as exc:
+        return runtime.on_engine(make, QUEUE_READ_TIMEOUT_S), ""
+    except runtime.EngineAway as exc:
         return None, str(exc)
     except Exception as exc:  # the broker is away, or slow: the page says so rather than failing
         log.warning("dashboard_queue_read_failed", extra={"error": repr(exc)})

@@ -3,7 +3,7 @@
 Same credentials as the rest of ``/api/`` (an operator token, or a staff
 session with its CSRF token; 401 otherwise). The views run in a request
 thread, while the engine's queue lives on the engine's asyncio loop: they reach
-it through :func:`seats.actions.on_engine` (:func:`crewlet.runtime.call_on_loop`)
+it through :func:`crewlet.runtime.on_engine` (:func:`crewlet.runtime.call_on_loop`)
 with a deadline, as ``seats.api`` does. A body is a JSON object or a 400 of the
 one shape (``crewlet.bodies``), audited as a ``bad_args`` refusal. The action itself is
 :func:`eventstore.actions.replay_dead_letter`, which publishes the one
@@ -22,13 +22,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from crewlet import runtime
 from crewlet.auth import actor_of
 from crewlet.bodies import BadBody, BadParameterSerializer, DetailSerializer, StrictCharField, bad_request_body
 from crewlet.events import format_timestamp
 from crewlet.queue.contract import DeadLetter
 from eventstore import actions as ops
 from eventstore.api import BadParameter
-from seats import actions as seat_actions
 
 log = logging.getLogger("crewlet.eventstore.operator")
 
@@ -64,7 +64,7 @@ P_LIMIT = "limit"
 
 #: Where an event names no type or summary we can read (bytes from another build).
 UNREADABLE = "unreadable"
-NO_ENGINE = seat_actions.NO_ENGINE
+NO_ENGINE = runtime.NO_ENGINE
 
 
 # -- serializers (the schema; the answers are plain dicts) -----------------------------------
@@ -185,8 +185,8 @@ class DeadLettersView(APIView):
     def get(self, request: Request) -> Response:
         limit = _limit(request)
         try:
-            letters = seat_actions.on_engine(lambda queue: queue.dead_letters(limit), QUEUE_TIMEOUT_S)
-        except seat_actions.EngineAway as exc:
+            letters = runtime.on_engine(lambda queue: queue.dead_letters(limit), QUEUE_TIMEOUT_S)
+        except runtime.EngineAway as exc:
             return _unavailable(str(exc))
         except Exception as exc:  # Unavailable from the broker, or NotLive while stopping
             log.warning("dead_letters_read_failed", extra={"error": repr(exc)})
@@ -226,13 +226,13 @@ class OperatorActView(APIView):
             return Response(bad_request_body(refusal, param, detail), status=status.HTTP_400_BAD_REQUEST)
         ref = args[K_REF].strip()
         try:
-            result = seat_actions.on_engine(
+            result = runtime.on_engine(
                 lambda queue: ops.replay_dead_letter(
                     queue, ref, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id
                 ),
                 QUEUE_TIMEOUT_S,
             )
-        except seat_actions.EngineAway as exc:
+        except runtime.EngineAway as exc:
             log.warning("operator_act_unreachable", extra={"tool": tool_name, "actor": actor, "error": str(exc)})
             return _unavailable(str(exc))
         if result.ok:
@@ -271,7 +271,7 @@ class OperatorActView(APIView):
         """A refused call is a call too: audited once when the engine is there to publish it."""
         result = ops.ActResult(tool=tool, outcome=ops.OUTCOME_REFUSED, refusal=refusal)
         try:
-            seat_actions.on_engine(
+            runtime.on_engine(
                 lambda queue: ops.audit(queue, result, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id),
                 QUEUE_TIMEOUT_S,
             )

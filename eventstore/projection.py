@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Deque, Optional
 
 from crewlet.events import Event, format_timestamp, is_fed, is_stored
 from crewlet.events import types
+from crewlet.interfaces import LIVE_PROJECTION, SeatLoops, seat_loops
 from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.runtime import NO_ENGINE
 from crewlet.queue import topics
@@ -231,16 +232,6 @@ class NoEngineHere(LookupError):
         super().__init__(NO_ENGINE)
 
 
-def _held_locally() -> dict[str, bool]:
-    """The seats this process's runtime holds, each with whether a turn of it runs right now."""
-    from seats import runtime
-
-    rt = runtime.current()
-    if rt is None:
-        return {}
-    return {handle: loop.turn_running for handle, loop in list(rt.loops.items())}
-
-
 class LiveProjection:
     """The in-process live state of the company (see the module docstring).
 
@@ -248,17 +239,21 @@ class LiveProjection:
     called from any thread (a sync view), so every read and write holds one
     lock and a snapshot is a deep copy. ``company`` is the engine's company,
     read per use (a config revision swaps it): the holder the engine serves.
+    ``seats`` is the engine's seat runtime when it runs one (the seed reads
+    which seats this node holds, and the stored pauses, through it).
     """
 
     def __init__(
         self,
         company: Callable[[], Organization],
         *,
+        seats: Callable[[], Optional[SeatLoops]] = lambda: None,
         feed_size: int = FEED_SIZE,
         seen_size: int = SEEN_SIZE,
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.company = company
+        self.seats = seats
         self.clock = clock
         self._lock = threading.RLock()
         self._seats: dict[str, SeatLive] = {}
@@ -499,13 +494,14 @@ class LiveProjection:
             if self._pending is None:
                 self._pending = []
         org = self.company()
+        seats = self.seats()
         try:
-            data = await sync_to_async(_read_seed, thread_sensitive=True)(org, scope, instant)
+            data = await sync_to_async(_read_seed, thread_sensitive=True)(org, scope, instant, seats)
         except (DatabaseError, qs.QuestionRefused):
             log.exception("projection_seed_failed")
             self._drain()
             return False
-        held = _held_locally()
+        held = seats.held_locally() if seats is not None else {}
         with self._lock:
             self._merge_seed(data, held, instant)
         self._drain()
@@ -586,11 +582,9 @@ def _scope() -> qs.NodeScope:
     return node_scope()
 
 
-def _read_seed(org: Organization, scope: Optional[qs.NodeScope], at: datetime) -> SeedData:
-    """Every read a seed makes, asked as the store's own questions at one instant."""
+def _read_seed(org: Organization, scope: Optional[qs.NodeScope], at: datetime, seats: Optional[SeatLoops] = None) -> SeedData:
+    """Every read a seed makes, asked as the store's own questions at one instant (the pauses through ``seats``)."""
     from django.db import connections
-
-    from seats.actions import pause_states
 
     scope = scope or _scope()
     try:
@@ -602,8 +596,8 @@ def _read_seed(org: Organization, scope: Optional[qs.NodeScope], at: datetime) -
             if turn is not None:
                 turns[handle] = turn
         pauses = {
-            handle: {"paused": row.paused, "reason": row.reason, "paused_by": row.paused_by or row.paused_by_seat}
-            for handle, row in pause_states(handles).items()
+            handle: {"paused": row.paused, "reason": row.reason, "paused_by": row.paused_by}
+            for handle, row in (seats.pause_rows(handles) if seats is not None else {}).items()
         }
         counters, per_seat = _count_rows(scope, at - COUNTER_WINDOW, at)
         for handle, turn in turns.items():
@@ -698,35 +692,24 @@ _SEAT_TYPES: frozenset[str] = frozenset(
 )
 
 
-# -- one per process ----------------------------------------------------------------------------
-
-_current: Optional[LiveProjection] = None
+# -- the engine's one ---------------------------------------------------------------------------
 
 
 def current() -> Optional[LiveProjection]:
-    """This process's projection, or None when none runs here (no engine, nothing installed)."""
-    return _current
+    """The running engine's projection, or None when none runs in this process."""
+    from crewlet import runtime
+
+    running = runtime.current_engine()
+    service = running.lookup(LIVE_PROJECTION) if running is not None else None
+    return service.projection if service is not None else None
 
 
 def running() -> LiveProjection:
-    """This process's projection; :class:`NoEngineHere` when none runs here (a web-only process)."""
-    if _current is None:
+    """The running engine's projection; :class:`NoEngineHere` when none runs here (a web-only process)."""
+    found = current()
+    if found is None:
         raise NoEngineHere()
-    return _current
-
-
-def install(projection: LiveProjection) -> LiveProjection:
-    """Make ``projection`` this process's one."""
-    global _current
-    _current = projection
-    return projection
-
-
-def uninstall(projection: Optional[LiveProjection] = None) -> None:
-    """Forget this process's projection (only ``projection`` itself, when given)."""
-    global _current
-    if projection is None or _current is projection:
-        _current = None
+    return found
 
 
 async def subscribe(queue: "EventQueue", projection: LiveProjection) -> "Closable":
@@ -743,15 +726,15 @@ class ProjectionService:
     delivers meanwhile waits for it.
     """
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: "Engine", projection: Optional[LiveProjection] = None) -> None:
         self.engine = engine
         holder: CompanyHolder = engine.company
-        self.projection = LiveProjection(holder.current)
+        self.projection = projection or LiveProjection(holder.current, seats=lambda: seat_loops(engine))
         self._stream: Optional["Closable"] = None
 
     async def start(self) -> None:
         assert self.engine.queue is not None
-        projection = install(self.projection)
+        projection = self.projection
         with projection._lock:
             projection._pending = []  # what the stream delivers while the seed reads waits for it
         self._stream = await subscribe(self.engine.queue, projection)
@@ -759,11 +742,8 @@ class ProjectionService:
 
     async def stop(self) -> None:
         stream, self._stream = self._stream, None
-        try:
-            if stream is not None:
-                await stream.close()
-        finally:
-            uninstall(self.projection)
+        if stream is not None:
+            await stream.close()
 
 
 __all__ = [
@@ -783,9 +763,7 @@ __all__ = [
     "NoEngineHere",
     "current",
     "feed_row",
-    "install",
     "ProjectionService",
     "running",
     "subscribe",
-    "uninstall",
 ]

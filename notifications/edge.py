@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from crewlet import events
 from crewlet.events.types import InboundDelivery, RawWebhook
+from crewlet.interfaces import NOTIFY
 from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Surface
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
@@ -280,27 +281,17 @@ class Edge:
             self._inbound_ready = True
 
 
-# -- the process's edge (the engine installs it; the view reads it) -----------------
-
-_EDGE: Optional[Edge] = None
-
-
-def install(queue: EventQueue, holder: CompanyHolder, **kwargs: Any) -> Edge:
-    """Make this process's webhook routes publish through ``queue`` (call on the queue's loop)."""
-    global _EDGE
-    _EDGE = Edge(queue, holder, **kwargs)
-    return _EDGE
-
-
-def uninstall(edge: Optional[Edge] = None) -> None:
-    """Remove the installed edge (only ``edge`` when given, so a stale stop cannot remove a newer one)."""
-    global _EDGE
-    if edge is None or _EDGE is edge:
-        _EDGE = None
+# -- this process's edge (the engine's notify service holds it; the view asks the engine) --------
 
 
 def current_edge() -> Optional[Edge]:
-    return _EDGE
+    """The edge of the engine running in this process, or None (no engine, or no notify service)."""
+    from crewlet import runtime
+
+    running = runtime.current_engine()
+    notify = running.lookup(NOTIFY) if running is not None else None
+    found: Optional[Edge] = getattr(notify, "edge", None)
+    return found
 
 
 __all__ = [
@@ -311,10 +302,8 @@ __all__ = [
     "KEPT_HEADERS",
     "MAX_BODY_SETTING",
     "current_edge",
-    "install",
     "is_json_content_type",
     "max_body_bytes",
     "refuse",
-    "uninstall",
     "verify",
 ]

@@ -1,11 +1,11 @@
-"""The start hook the engine calls: ``NotifyService(queue, holder)`` with ``start()`` / ``stop()``.
+"""The notifications app's engine service (:data:`~crewlet.interfaces.NOTIFY`): ``NotifyService(queue, holder)``.
 
 ``start()`` warns about every surface the company left unverified (the
 example company does, so the README's curl example works) and about every
 verified surface whose secret variable is unset (``webhook_secret_missing``,
-naming the variable: such a surface refuses every delivery), installs this
-process's webhook edge on ``queue`` (so ``POST /webhooks/<source>`` served by
-this process publishes through it), creates the fleet-wide ``notify`` group
+naming the variable: such a surface refuses every delivery), builds the
+webhook edge on ``queue`` (``POST /webhooks/<source>`` served by this process
+asks the running engine's notify service for it and publishes through it), creates the fleet-wide ``notify`` group
 and attaches the router, and runs the hourly prune of old dedupe keys, rate
 windows and cold thread follows. ``stop()`` undoes all of it.
 """
@@ -107,7 +107,7 @@ class NotifyService:
         environ = self.edge_options.get("environ")
         warn_unconfigured(org, environ if environ is not None else os.environ)
         if self.install_edge:
-            self.edge = edge_module.install(self.queue, self.holder, **self.edge_options)
+            self.edge = edge_module.Edge(self.queue, self.holder, **self.edge_options)
         await self.router.start()
         if self.prune_interval_s > 0 and self._prune is None:
             self._prune = Periodic(
@@ -127,9 +127,7 @@ class NotifyService:
             finally:
                 if self._owns_emitter:
                     await self.router.emitter.close()
-                if self.edge is not None:
-                    edge_module.uninstall(self.edge)
-                    self.edge = None
+                self.edge = None
 
     async def prune(self) -> None:
         """One pass of the hourly prune (dedupe keys, rate windows, cold thread follows); ``notify_prune_failed`` when it fails."""

@@ -1,8 +1,8 @@
 """``POST /webhooks/<source>``: the Django face of :mod:`notifications.edge`.
 
 Thin on purpose: it reads the request, refuses an oversized body before
-reading it, and hands the rest to the process's installed :class:`~notifications.edge.Edge`
-(the engine installs it when it starts the notify service). No edge installed
+reading it, and hands the rest to the :class:`~notifications.edge.Edge` of the
+engine running in this process (its notify service holds it). No edge
 means this process has no broker connection: 503, so the vendor retries.
 """
 from __future__ import annotations

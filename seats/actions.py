@@ -17,17 +17,17 @@ state.
 Callers: the HTTP API and the admin action (sync: :func:`pause_seat`,
 :func:`resume_seat`, which hand the publish to the engine's loop) and async
 code (:func:`apause_seat`, :func:`aresume_seat`). Both find the queue and the
-hook through :func:`bind`, which the running :class:`~seats.runtime.SeatRuntime`
-calls; an async caller may pass its own queue instead.
+hook on the engine running in this process (:func:`crewlet.runtime.engine`:
+its queue, and its :data:`~crewlet.interfaces.SEAT_RUNTIME`); an async caller
+may pass its own queue instead.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from django.db import transaction
 from django.utils import timezone
@@ -35,6 +35,7 @@ from django.utils import timezone
 from crewlet import events, runtime
 from crewlet.events.emit import Emitter
 from crewlet.events.types import SeatPaused, SeatResumed
+from crewlet.interfaces import SEAT_RUNTIME
 from crewlet.org import CompanyHolder
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
@@ -42,6 +43,9 @@ from crewlet.queue.errors import InvalidArgument
 from crewlet.tracing import trace_of
 from seats.delivery_models import SeatPause
 from seats.ledger import in_store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine
 
 log = logging.getLogger("crewlet.seats.actions")
 
@@ -94,72 +98,15 @@ class PauseChange:
 PauseHook = Callable[[PauseChange], Awaitable[None]]
 
 
-@dataclass
-class _Binding:
-    queue: EventQueue
-    loop: asyncio.AbstractEventLoop
-    hook: Optional[PauseHook]
-    holder: Optional[CompanyHolder]
+def _seats_here() -> tuple[Optional["Engine"], Any]:
+    """The engine running in this process and its seat runtime (None for what is not there)."""
+    running = runtime.current_engine()
+    return running, (running.lookup(SEAT_RUNTIME) if running is not None else None)
 
 
-_binding: Optional[_Binding] = None
-_bind_lock = threading.Lock()
-
-
-def bind(
-    queue: EventQueue,
-    *,
-    hook: Optional[PauseHook] = None,
-    holder: Optional[CompanyHolder] = None,
-    loop: Optional[asyncio.AbstractEventLoop] = None,
-) -> None:
-    """Make ``queue`` (on ``loop``, default the running one) where this process announces changes."""
-    global _binding
-    with _bind_lock:
-        _binding = _Binding(queue, loop or asyncio.get_running_loop(), hook, holder)
-
-
-def unbind(queue: Optional[EventQueue] = None) -> None:
-    """Forget the binding (only if it is ``queue``'s, when given)."""
-    global _binding
-    with _bind_lock:
-        if _binding is not None and (queue is None or _binding.queue is queue):
-            _binding = None
-
-
-def bound() -> bool:
-    return _binding is not None
-
-
-def bound_queue() -> Optional[tuple[EventQueue, asyncio.AbstractEventLoop]]:
-    """The bound queue and the loop it lives on, for a request thread that must publish there."""
-    b = _binding
-    if b is None or b.loop.is_closed():
-        return None
-    return b.queue, b.loop
-
-
-#: Why a request thread could not ask the engine's queue, when no engine runs in this process.
-NO_ENGINE = runtime.NO_ENGINE
-#: How long a request thread waits for the engine's loop by default.
-ENGINE_TIMEOUT_S = 10.0
-_T = TypeVar("_T")
-EngineAway = runtime.EngineAway
-
-
-def on_engine(make: Callable[[EventQueue], Awaitable[_T]], timeout_s: float = ENGINE_TIMEOUT_S) -> _T:
-    """Run ``make(queue)`` on the engine's loop and wait for it; EngineAway when it cannot be asked.
-
-    The way a request thread (a view) reaches the bound queue: the queue
-    lives on the engine's asyncio loop, so its verbs are awaited there, through
-    :func:`crewlet.runtime.call_on_loop` (which cannot deadlock on the
-    request's own thread).
-    """
-    bound = bound_queue()
-    if bound is None:
-        raise EngineAway(NO_ENGINE)
-    queue, loop = bound
-    return runtime.call_on_loop(lambda: make(queue), loop, timeout_s)
+def seat_runtime_here() -> bool:
+    """Whether a seat runtime runs in this process (the sync path needs one to announce on)."""
+    return _seats_here()[1] is not None
 
 
 # -- the compare-and-set ----------------------------------------------------------
@@ -268,14 +215,16 @@ async def _announce(queue: EventQueue, change: PauseChange, hook: Optional[Pause
 
 
 def _resolve(queue: Optional[EventQueue]) -> tuple[EventQueue, Optional[PauseHook], Optional[CompanyHolder]]:
-    b = _binding
+    running, seats = _seats_here()
+    hook = seats.on_pause_change if seats is not None else None
+    holder = seats.holder if seats is not None else None
     if queue is not None:
-        if b is not None and b.queue is queue:
-            return queue, b.hook, b.holder
+        if running is not None and running.queue is queue:
+            return queue, hook, holder
         return queue, None, None
-    if b is None:
-        raise RuntimeError("no queue to announce seat pauses on: pass queue= or run a SeatRuntime in this process")
-    return b.queue, b.hook, b.holder
+    if running is None or running.queue is None or seats is None:
+        raise RuntimeError("no queue to announce seat pauses on: pass queue= or run the engine's seat runtime in this process")
+    return running.queue, hook, holder
 
 
 async def apause_seat(
@@ -309,21 +258,22 @@ async def aresume_seat(handle: str, by: str, *, by_seat: str = "", queue: Option
 
 
 def _sync(cas: Callable[[], Optional[PauseChange]]) -> bool:
-    b = _binding
-    if b is None:
-        raise RuntimeError("no running SeatRuntime in this process to announce seat pauses on")
+    running, seats = _seats_here()
+    if running is None or running.queue is None or seats is None:
+        raise RuntimeError("no running seat runtime in this process to announce seat pauses on")
     try:
-        running = asyncio.get_running_loop()
+        asyncio.get_running_loop()
     except RuntimeError:
-        running = None
-    if running is not None:
+        pass
+    else:
         raise RuntimeError("pause_seat/resume_seat block: from async code call apause_seat/aresume_seat")
+    queue: EventQueue = running.queue
 
     def announce(change: PauseChange) -> None:
         # The change is committed whatever happens here: a failed announcement is logged, and
         # every node's pause reconcile still applies the row.
         try:
-            runtime.call_on_loop(lambda: _announce(b.queue, change, b.hook), b.loop, ANNOUNCE_TIMEOUT_S)
+            running.call(lambda: _announce(queue, change, seats.on_pause_change), ANNOUNCE_TIMEOUT_S)
         except Exception:
             log.error("seat_pause_announce_failed", extra={"seat": change.handle}, exc_info=True)
 
@@ -334,35 +284,33 @@ def _sync(cas: Callable[[], Optional[PauseChange]]) -> bool:
     return change is not None
 
 
+def _holder_here() -> Optional[CompanyHolder]:
+    seats = _seats_here()[1]
+    return seats.holder if seats is not None else None
+
+
 def pause_seat(handle: str, by: str, reason: str = "", stop_running: bool = False, *, by_seat: str = "") -> bool:
     """Sync pause (API view, admin action); the announcement runs on the engine's loop after commit."""
-    _check(handle, _binding.holder if _binding else None)
+    _check(handle, _holder_here())
     return _sync(lambda: pause_cas(handle, by, by_seat, reason, stop_running))
 
 
 def resume_seat(handle: str, by: str, *, by_seat: str = "") -> bool:
     """Sync resume; see :func:`pause_seat`."""
-    _check(handle, _binding.holder if _binding else None)
+    _check(handle, _holder_here())
     return _sync(lambda: resume_cas(handle, by, by_seat))
 
 
 __all__ = [
-    "ENGINE_TIMEOUT_S",
-    "EngineAway",
-    "NO_ENGINE",
     "PauseChange",
     "SeatNotFound",
     "apause_seat",
     "apause_states",
     "aresume_seat",
-    "bind",
-    "bound",
-    "bound_queue",
-    "on_engine",
     "pause_cas",
     "pause_seat",
     "pause_states",
     "resume_cas",
     "resume_seat",
-    "unbind",
+    "seat_runtime_here",
 ]

@@ -7,10 +7,11 @@ compare-and-set whose winner alone publishes ``seat_paused`` /
 ``seat_resumed`` — so ``changed`` is false for a second click and nothing is
 announced twice.
 
-Which company: the one the running :class:`~seats.runtime.SeatRuntime` serves
-(its holder, read per request), else the example company. A mailbox's depth
-is read through the runtime's queue on the engine's loop; with no runtime in
-this process (or no answer in time) it is ``null``.
+Which company: the one the engine running in this process serves
+(:func:`crewlet.runtime.company`, read per request); a process with no
+engine answers 503 saying so rather than show some other company. A
+mailbox's depth is read through the engine's queue on its loop; when that
+cannot be asked (or does not answer in time) it is ``null``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from crewlet import runtime
 from crewlet.auth import actor_of
 from crewlet.bodies import (
     ERROR_BAD_PARAMETER,
@@ -33,9 +35,9 @@ from crewlet.bodies import (
     StrictCharField,
     bad_request_body,
 )
-from crewlet.org import Organization, Seat, load_company
+from crewlet.org import Organization, Seat
 from crewlet.queue import topics
-from seats import actions, runtime
+from seats import actions
 from seats.actions import SeatNotFound
 from seats.delivery_models import SeatPause
 
@@ -97,11 +99,12 @@ _ERRORS = {400: BadParameterSerializer, 401: DetailSerializer, 404: DetailSerial
 
 
 def company() -> Organization:
-    """The company the running runtime serves, else the example one."""
-    rt = runtime.current()
-    if rt is not None:
-        return rt.holder.current()
-    return load_company()
+    """The company the running engine serves; :class:`~crewlet.runtime.NoEngine` in a process without one."""
+    return runtime.company()
+
+
+def _no_engine(exc: runtime.NoEngine) -> Response:
+    return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
 
 
 def depths(handles: list[str]) -> dict[str, Optional[int]]:
@@ -116,7 +119,7 @@ def depths(handles: list[str]) -> dict[str, Optional[int]]:
         )
 
     try:
-        answers = actions.on_engine(ask, DEPTH_TIMEOUT_S)
+        answers = runtime.on_engine(ask, DEPTH_TIMEOUT_S)
     except Exception:
         log.warning("seat_depth_unavailable", exc_info=True)
         return {h: None for h in handles}
@@ -146,7 +149,10 @@ def state(row: Optional[SeatPause]) -> dict[str, Any]:
 
 
 def _seat_or_error(handle: str) -> tuple[Optional[Seat], Optional[Response]]:
-    seat = company().seat_by_handle(handle)
+    try:
+        seat = company().seat_by_handle(handle)
+    except runtime.NoEngine as exc:
+        return None, _no_engine(exc)
     if seat is None:
         return None, Response({"detail": f"no seat {handle!r} in the company"}, status=status.HTTP_404_NOT_FOUND)
     if not seat.is_agent:
@@ -171,10 +177,13 @@ class SeatsView(APIView):
     @extend_schema(
         operation_id="seats_list",
         summary="Every seat of the company, its pause and its mailbox depth",
-        responses={200: SeatListSerializer, 401: DetailSerializer},
+        responses={200: SeatListSerializer, 401: DetailSerializer, 503: DetailSerializer},
     )
     def get(self, request: Request) -> Response:
-        org = company()
+        try:
+            org = company()
+        except runtime.NoEngine as exc:
+            return _no_engine(exc)
         rows = actions.pause_states([s.handle for s in org.seats])
         depth = depths([s.handle for s in org.agent_seats()])
         seats = []
@@ -197,7 +206,7 @@ class SeatsView(APIView):
 
 def _change(handle: str, verb: str, change: Callable[[], bool]) -> Response:
     """Run a pause/resume compare-and-set for a request and answer with what it did and the state now."""
-    if not actions.bound():
+    if not actions.seat_runtime_here():
         return _no_runtime()
     try:
         changed = change()

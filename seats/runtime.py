@@ -11,8 +11,8 @@ coalesce knobs and the concurrency gate, stop loops of seats that are gone,
 start loops for new ones, and lift or take the no-provider holds.
 
 On an engine it is the :data:`~crewlet.interfaces.SEAT_RUNTIME` service
-(:func:`services`); ``current()`` is the running instance (for ``/healthz``
-and the pause API).
+(:func:`services`), which ``/healthz``, the pause API and the live projection
+ask the engine for.
 """
 from __future__ import annotations
 
@@ -48,14 +48,6 @@ log = logging.getLogger("crewlet.seats.runtime")
 #: Production defaults of the runtime's own duties.
 SWEEP_EVERY_S = 3600.0
 PAUSE_POLL_S = 2.0
-
-_current: Optional["SeatRuntime"] = None
-
-
-def current() -> Optional["SeatRuntime"]:
-    """The runtime running in this process, if any."""
-    return _current
-
 
 class SeatRuntime:
     """Everything this node does for the company's seats.
@@ -126,7 +118,6 @@ class SeatRuntime:
 
     async def start(self) -> None:
         """Mailboxes, then claims, then loops, then the duties. Idempotent."""
-        global _current
         if self._started:
             return
         async with self._guard():
@@ -134,7 +125,6 @@ class SeatRuntime:
             await ensure_mailboxes(self.queue, org, now=self.now())
             await self._rebalance(org)
             self._started = True
-        actions.bind(self.queue, hook=self.on_pause_change, holder=self.holder)
         await self._subscribe_nudges()
         if self.run_scheduler:
             self._duties.append(self.scheduler.periodic())
@@ -142,7 +132,6 @@ class SeatRuntime:
         self._duties.append(Periodic("seat_pauses", self.pause_poll_s, self.reconcile_pauses, logger=log))
         for duty in self._duties:
             await duty.start()
-        _current = self
         log.info(
             "seat_runtime_started",
             extra={"node": self.node_id, "org": org.org, "seats": len(self.loops), "max_concurrent": self.gate.limit},
@@ -150,7 +139,6 @@ class SeatRuntime:
 
     async def stop(self) -> None:
         """Stop the duties and detach every loop; mailboxes and their mail stay. Idempotent."""
-        global _current
         if self._stopped:
             return
         self._stopped = True
@@ -163,14 +151,11 @@ class SeatRuntime:
             except Exception:
                 log.debug("seat_nudge_close_failed", exc_info=True)
         self._nudges.clear()
-        actions.unbind(self.queue)
         async with self._guard():
             for handle in list(self.loops):
                 await self._detach(handle, "node stopping")
         if self._owns_emitter:
             await self.runner.emitter.close()
-        if _current is self:
-            _current = None
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
 
     def healthy(self) -> bool:
@@ -381,4 +366,4 @@ def install(engine: "Engine", **options: Any) -> None:
         engine.add(service)
 
 
-__all__ = ["PAUSE_POLL_S", "SWEEP_EVERY_S", "SeatRuntime", "current", "install", "services"]
+__all__ = ["PAUSE_POLL_S", "SWEEP_EVERY_S", "SeatRuntime", "install", "services"]

@@ -1,9 +1,21 @@
-"""What the engine tests and the ``up`` tests share: an engine on the in-memory twin instead of a broker."""
+"""What the engine tests and the ``up`` tests share: an engine on the in-memory twin instead of a broker, and
+an engine registry for tests that run services by hand, attached to the process as a serving engine is.
+
+Views, ``/healthz`` and the pause and config-revision announcements find the
+engine through :func:`crewlet.runtime.engine`; a test that starts a seat
+runtime, a projection or a notify service itself attaches one
+(:func:`engine_here`) so they find its queue, its loop and its services.
+"""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+from typing import Any, Callable, Iterator, Optional
 
+from crewlet import runtime
 from crewlet.conf import load_settings
+from crewlet.engine import Engine
+from crewlet.org import CompanyHolder, Organization, load_company
+from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 
 
@@ -32,3 +44,29 @@ def twin_connect(broker: FakeBroker, seen: Optional[dict[str, Any]] = None) -> C
 def fast_settings(**overrides: Any) -> Any:
     """The engine settings with no environment or file: node n1, plus ``overrides``."""
     return load_settings({}, {}, overrides={"node.id": "n1", **overrides})
+
+
+@contextlib.contextmanager
+def engine_here(
+    queue: Optional[EventQueue] = None,
+    *,
+    company: Any = None,
+    node: str = "n1",
+    services: Optional[dict[str, Any]] = None,
+) -> Iterator[Engine]:
+    """An engine around ``queue`` (on the running loop, if any) serving ``company`` with ``services``.
+
+    ``company`` is a holder or an organization; the example company when not given.
+    """
+    if company is None:
+        company = CompanyHolder(load_company())
+    elif isinstance(company, Organization):
+        company = CompanyHolder(company)
+    engine = Engine(load_settings({}, env={}, overrides={"node.id": node}), company=company).bind_queue(queue)
+    for name, thing in (services or {}).items():
+        engine.provide(name, thing)
+    runtime.attach(engine)
+    try:
+        yield engine
+    finally:
+        runtime.detach(engine)

@@ -15,13 +15,14 @@ from rest_framework.test import APIClient
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import ExternalNotification
+from crewlet.interfaces import SEAT_RUNTIME
 from crewlet.org import CompanyHolder, Organization, parse_company
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.memory import MemoryBroker
 from crewlet.tracing import Trace
-from seats import actions
 from seats.runtime import SeatRuntime
+from engine_support import engine_here
 from waiting_support import eventually
 
 #: Shrunk delivery timings: the real paths, in milliseconds.
@@ -241,7 +242,8 @@ async def running(queue: EventQueue, org: Optional[Organization] = None, **optio
     runtime = SeatRuntime(queue, holder(org), **options)
     await runtime.start()
     try:
-        yield runtime
+        with engine_here(queue, company=runtime.holder, node=queue.node, services={SEAT_RUNTIME: runtime}):
+            yield runtime
     finally:
         await runtime.stop()
 
@@ -282,10 +284,10 @@ async def runtime_on_memory() -> AsyncIterator[tuple[SeatRuntime, Any, Recorder]
         rt = SeatRuntime(q, holder(), run_scheduler=False)
         await rt.start()
         try:
-            yield rt, q, rec
+            with engine_here(q, company=rt.holder, node=q.node, services={SEAT_RUNTIME: rt}):
+                yield rt, q, rec
         finally:
             await rt.stop()
-            actions.unbind()
             from django.db import connections
 
             await sync_to_async(connections.close_all)()

@@ -8,7 +8,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from a2a.models import Channel
+from crewlet.runtime import NO_ENGINE
 from crewlet.tokens import OperatorToken
+from engine_support import engine_here
 from seats_support import bearer, eventually, in_thread
 
 
@@ -17,6 +19,7 @@ def test_an_ask_with_no_runtime_in_the_process_is_503_and_opens_nothing() -> Non
     _, token = OperatorToken.mint("tests")
     response = bearer(token).post("/api/a2a/ask", {"from": "ada", "to": "linus", "brief": "hi"}, format="json")
     assert response.status_code == 503
+    assert response.json()["detail"] == NO_ENGINE
     assert not Channel.objects.exists()
 
 
@@ -24,10 +27,11 @@ def test_an_ask_with_no_runtime_in_the_process_is_503_and_opens_nothing() -> Non
 def test_an_ask_naming_an_unknown_seat_is_404_a_human_target_400_and_a_missing_field_400() -> None:
     _, token = OperatorToken.mint("tests")
     c = bearer(token)
-    assert c.post("/api/a2a/ask", {"from": "ada", "to": "nobody", "brief": "hi"}, format="json").status_code == 404
-    human = c.post("/api/a2a/ask", {"from": "ada", "to": "grace", "brief": "hi"}, format="json")
-    assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "to"
-    assert c.post("/api/a2a/ask", {"to": "linus", "brief": "hi"}, format="json").status_code == 400
+    with engine_here():  # the example company
+        assert c.post("/api/a2a/ask", {"from": "ada", "to": "nobody", "brief": "hi"}, format="json").status_code == 404
+        human = c.post("/api/a2a/ask", {"from": "ada", "to": "grace", "brief": "hi"}, format="json")
+        assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "to"
+        assert c.post("/api/a2a/ask", {"to": "linus", "brief": "hi"}, format="json").status_code == 400
     assert not Channel.objects.exists()
 
 

@@ -18,6 +18,8 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from seats.inbox import HOLD_NO_PROVIDER
 from seats.runtime import SeatRuntime
+from crewlet.interfaces import CONFIG_POLLER, SEAT_RUNTIME
+from engine_support import engine_here
 from seats_support import Recorder, eventually, memory_queues
 from seats_support import in_thread
 
@@ -135,22 +137,21 @@ def test_the_change_page_shows_the_diff_against_the_active_revision() -> None:
 async def test_the_activate_button_moves_the_pointer_and_publishes_config_revision_activated_once() -> None:
     async with memory_queues() as (_, [q]):
         rec = Recorder().attach(q)
-        revisions.bind(q)
         try:
-            one = await sync_to_async(revisions.create_revision)(company_yaml(), "ops")
-            await revisions.aactivate(one.pk, "ops")
-            two = await sync_to_async(revisions.create_revision)(company_yaml(window_s=3), "ops")
-            rec.seen.clear()
+            with engine_here(q):
+                one = await sync_to_async(revisions.create_revision)(company_yaml(), "ops")
+                await revisions.aactivate(one.pk, "ops")
+                two = await sync_to_async(revisions.create_revision)(company_yaml(window_s=3), "ops")
+                rec.seen.clear()
 
-            def click_twice() -> None:
-                c = staff_client()
-                for _ in range(2):
-                    r = c.post(f"/admin/crewlet/configrevision/{two.pk}/activate/", follow=True)
-                    assert r.status_code == 200
+                def click_twice() -> None:
+                    c = staff_client()
+                    for _ in range(2):
+                        r = c.post(f"/admin/crewlet/configrevision/{two.pk}/activate/", follow=True)
+                        assert r.status_code == 200
 
-            await asyncio.to_thread(in_thread, click_twice)
+                await asyncio.to_thread(in_thread, click_twice)
         finally:
-            revisions.unbind(q)
             from django.db import connections
 
             await sync_to_async(connections.close_all)()
@@ -182,7 +183,8 @@ async def node(first_yaml: str, *, interval_s: float = 0.05) -> AsyncIterator[tu
         await poller.start()
         try:
             assert poller.applied == first.pk  # the revision it already serves is no change
-            yield rt, q, rec
+            with engine_here(q, company=rt.holder, services={SEAT_RUNTIME: rt, CONFIG_POLLER: poller}):
+                yield rt, q, rec
         finally:
             await poller.stop()
             await rt.stop()

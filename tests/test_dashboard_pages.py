@@ -14,11 +14,13 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from crewlet.events.types import SYSTEM_CLOSED_A2A
+from crewlet.interfaces import LIVE_PROJECTION
 from crewlet.org import Organization
 from crewlet.tracing import Trace
 from eventstore.questions import NodeScope
 from eventstore_support import AT, make_event, store
-from seats.actions import NO_ENGINE
+from crewlet.runtime import NO_ENGINE
+from engine_support import engine_here
 from seats_support import company
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
@@ -42,11 +44,10 @@ def staff() -> Client:
 @pytest.fixture
 def no_live() -> None:
     """A web-only process, as this test process is: no engine, so no projection, no seat runtime, no queue."""
-    from crewlet import runtime as queue_runtime
+    from crewlet import runtime
     from eventstore import projection
-    from seats import runtime
 
-    assert (projection.current(), runtime.current(), queue_runtime.current_queue()) == (None, None, None)
+    assert (projection.current(), runtime.current_engine(), runtime.current_queue()) == (None, None, None)
 
 
 @pytest.fixture
@@ -60,11 +61,9 @@ def engine_company() -> Iterator[Organization]:
             {"handle": "yve", "kind": "human", "role": "lead"},
         ]
     )
-    installed = projection.install(projection.LiveProjection(company=lambda: org))
-    try:
+    with engine_here(company=org) as engine:
+        engine.provide(LIVE_PROJECTION, projection.ProjectionService(engine, projection.LiveProjection(company=lambda: org)))
         yield org
-    finally:
-        projection.uninstall(installed)
 
 
 def a_turn() -> list[Any]:

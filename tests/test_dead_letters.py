@@ -4,7 +4,7 @@ The dead letter is made the way production makes one: a subscriber whose
 handler fails spends the message's whole delivery budget (the backoff shrunk
 through the injected Timings), and the queue copies it to CREWLET_DLQ. The
 views run in a worker thread, as under ASGI, and reach the queue on this
-test's loop through the binding the engine makes (``seats.actions.bind``);
+test's loop through the engine attached to the process (``crewlet.runtime``);
 the event store's writer is the queue's publish listener, as in ``up``.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from eventstore import actions as ops
 from eventstore.models import EventRow
-from seats import actions
 from crewlet.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
+from engine_support import engine_here
 from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, wake
 from waiting_support import wait_until
 
@@ -43,11 +43,10 @@ TOPIC, GROUP = topics.agent_inbox(SEAT), topics.agent_inbox_group(SEAT)
 async def bound_as_engine(q: Any) -> AsyncIterator[Any]:
     """``q`` bound as this process's engine queue, its publishes written to the event store, as ``up`` wires it."""
     writer = eventstore.attach(q)
-    actions.bind(q)
     try:
-        yield q
+        with engine_here(q):
+            yield q
     finally:
-        actions.unbind(q)
         await writer.aclose()
 
 

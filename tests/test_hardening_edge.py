@@ -16,7 +16,9 @@ from typing import Any, Optional
 import pytest
 
 from crewlet.events.types import SKIP_PARSER_REFUSED, SKIP_PAYLOAD_UNREADABLE
+from crewlet.interfaces import NOTIFY
 from crewlet.jsontext import depth_exceeds
+from engine_support import engine_here
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from notifications.edge import InboundRequest
@@ -277,11 +279,12 @@ async def test_a_verified_surface_whose_secret_is_unset_is_named_at_start_by_its
         notify = NotifyService(q, holder(company(verify=True)), environ=environ, prune_interval_s=0)
         await notify.start()
         try:
-            missing = [r for r in caplog.records if r.getMessage() == "webhook_secret_missing"]
-            assert [(r.surface, r.variable, r.levelno) for r in missing] == [("slack", "SLACK_SIGNING_SECRET", logging.WARNING)]
-            resp = await post("/webhooks/slack", body_of(slack_dm()))
-            assert resp.status_code == 401
-            assert "set SLACK_SIGNING_SECRET (its webhook secret is not configured on this server)" in resp.json()["error"]
+            with engine_here(q, services={NOTIFY: notify}):
+                missing = [r for r in caplog.records if r.getMessage() == "webhook_secret_missing"]
+                assert [(r.surface, r.variable, r.levelno) for r in missing] == [("slack", "SLACK_SIGNING_SECRET", logging.WARNING)]
+                resp = await post("/webhooks/slack", body_of(slack_dm()))
+                assert resp.status_code == 401
+                assert "set SLACK_SIGNING_SECRET (its webhook secret is not configured on this server)" in resp.json()["error"]
         finally:
             await notify.stop()
     logged = caplog.text + "".join(str(vars(r)) for r in caplog.records)

@@ -46,11 +46,7 @@ COMPOSITION_ROOT: Mapping[str, frozenset[str]] = {
 #: reach: the engine's wiring, which moves into each app's AppConfig. A ceiling: a module
 #: may drop an app from its entry, never add one, and no module may join the list.
 ENGINE_WIRING: Mapping[str, frozenset[str]] = {
-    "crewlet.health": frozenset({"seats"}),
-    "crewlet.revisions": frozenset({"seats"}),
     "crewlet.web": frozenset({"notifications"}),
-    "crewlet.management.commands.up": frozenset({"seats"}),
-    "crewlet.management.commands.runconsumers": frozenset({"a2a", "eventstore", "notifications", "seats"}),
 }
 
 _DYNAMIC_IMPORTERS = {"import_module", "import_string", "__import__"}

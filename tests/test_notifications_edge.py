@@ -4,19 +4,22 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any, AsyncIterator, Optional
+from types import SimpleNamespace
+from typing import Any, AsyncIterator, Iterator, Optional
 
 import pytest
 from django.test import AsyncClient
 
 from crewlet.events import store_label
 from crewlet.events.types import InboundDelivery, RawWebhook
+from crewlet.interfaces import NOTIFY
 from crewlet.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 from crewlet.tracing import format_traceparent, parse_traceparent
-from notifications.edge import Edge, InboundRequest, install, uninstall
+from engine_support import engine_here
+from notifications.edge import Edge, InboundRequest, current_edge
 from notifications_support import (
     SECRETS,
     company,
@@ -32,16 +35,21 @@ from seats_support import Recorder, memory_queues
 JSON = "application/json"
 
 
+@contextlib.contextmanager
+def edge_here(q: EventQueue, org: Optional[Organization] = None) -> Iterator[Edge]:
+    """An edge on ``q``, held by the notify service of the engine this process stands for (as ``up`` holds it)."""
+    edge = Edge(q, holder(org or company()))
+    with engine_here(q, services={NOTIFY: SimpleNamespace(edge=edge)}):
+        yield edge
+
+
 @contextlib.asynccontextmanager
 async def edge_on(org: Optional[Organization] = None) -> AsyncIterator[tuple[MemoryBroker, EventQueue, Recorder]]:
     """An edge installed on a memory-twin client, with a recorder of everything it published."""
     async with memory_queues("n1") as (broker, (q,)):
         rec = Recorder().attach(q)
-        edge = install(q, holder(org or company()))
-        try:
+        with edge_here(q, org):
             yield broker, q, rec
-        finally:
-            uninstall(edge)
 
 
 async def post(path: str, body: bytes, *, content_type: str = JSON, headers: Optional[dict[str, str]] = None) -> Any:
@@ -308,7 +316,7 @@ async def test_an_unreachable_broker_is_503_and_nothing_is_half_accepted() -> No
 
 
 async def test_a_process_without_an_edge_answers_503() -> None:
-    uninstall()
+    assert current_edge() is None  # no engine runs in this test process
     resp = await post("/webhooks/slack", fixture_bytes("slack", "event_callback-app_mention.json"))
     assert resp.status_code == 503 and "no broker connection" in resp.json()["error"]
 
@@ -322,17 +330,16 @@ async def test_a_stopped_real_broker_is_503_so_the_vendor_retries() -> None:
     async with EmbeddedBroker(store_dir=None) as broker:
         q = await JetStreamQueue.connect(broker.url, node="n1", timings=FAST, memory_storage=broker.memory_storage)
         rec = Recorder().attach(q)
-        edge = install(q, holder())
         try:
-            body = fixture_bytes("slack", "event_callback-app_mention.json")
-            assert (await post("/webhooks/slack", body)).status_code == 202
-            assert published(rec) == ACCEPTED
-            await broker.stop()
-            resp = await post("/webhooks/slack", body)
-            assert resp.status_code == 503
-            assert published(rec) == ACCEPTED  # nothing more
+            with edge_here(q):
+                body = fixture_bytes("slack", "event_callback-app_mention.json")
+                assert (await post("/webhooks/slack", body)).status_code == 202
+                assert published(rec) == ACCEPTED
+                await broker.stop()
+                resp = await post("/webhooks/slack", body)
+                assert resp.status_code == 503
+                assert published(rec) == ACCEPTED  # nothing more
         finally:
-            uninstall(edge)
             await q.close()
 
 
@@ -376,7 +383,7 @@ async def test_a_request_served_on_another_event_loop_is_published_on_the_queues
         broker = MemoryBroker()
         state["queue"] = q = broker.client(node="n1")
         state["rec"] = Recorder().attach(q)
-        state["edge"] = install(q, holder())
+        state["edge"] = Edge(q, holder())
         state["loops"] = []
 
         async def where(topic: str, ev: Any) -> None:
@@ -386,12 +393,13 @@ async def test_a_request_served_on_another_event_loop_is_published_on_the_queues
 
     try:
         asyncio.run_coroutine_threadsafe(boot(), engine_loop).result(timeout=10)
-        resp = await post("/webhooks/jira", fixture_bytes("jira", "comment_created.json"))
+        with engine_here(state["queue"], services={NOTIFY: SimpleNamespace(edge=state["edge"])}) as engine:
+            engine.bind_queue(state["queue"], engine_loop)
+            resp = await post("/webhooks/jira", fixture_bytes("jira", "comment_created.json"))
         assert resp.status_code == 202
         assert state["loops"] == [engine_loop, engine_loop]
         assert published(state["rec"]) == ACCEPTED
     finally:
-        uninstall(state.get("edge"))
         if "queue" in state:
             asyncio.run_coroutine_threadsafe(state["queue"].close(), engine_loop).result(timeout=10)
         engine_loop.call_soon_threadsafe(engine_loop.stop)

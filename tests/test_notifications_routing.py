@@ -13,6 +13,8 @@ from django.db import DatabaseError
 from django.test import AsyncClient
 
 from crewlet.events import Event
+from crewlet.interfaces import NOTIFY
+from engine_support import engine_here
 from crewlet.events.types import SKIP_REASONS, ExternalNotification, NotificationSkipped, TaskAssigned
 from crewlet.org import CompanyHolder, Organization
 from crewlet.queue import topics
@@ -421,24 +423,25 @@ async def test_a_fixture_posted_to_the_edge_wakes_the_seat_on_its_inbox_over_the
 
         sub = await q.subscribe(inbox, group, collect)
         try:
-            body = fixture_bytes("slack", "event_callback-message-im-toplevel.json")
-            resp = await AsyncClient().post("/webhooks/slack", data=body, content_type="application/json")
-            assert resp.status_code == 202, resp.content
-            await eventually(lambda: len(got) == 1, what="ada's wake on her inbox")
-            wake = got[0]
-            assert wake.type == "external_notification" and wake.data.seat == "ada"
-            assert wake.payload["partition_key"] == wake.payload["conversation_identity"] == "slack:D111"
-            assert wake.payload["delivery_id"] == "Ev111" and wake.payload["sender"] == "W222"
-            assert wake.trace_id == resp.json()["trace_id"]
+            with engine_here(q, services={NOTIFY: notify}):
+                body = fixture_bytes("slack", "event_callback-message-im-toplevel.json")
+                resp = await AsyncClient().post("/webhooks/slack", data=body, content_type="application/json")
+                assert resp.status_code == 202, resp.content
+                await eventually(lambda: len(got) == 1, what="ada's wake on her inbox")
+                wake = got[0]
+                assert wake.type == "external_notification" and wake.data.seat == "ada"
+                assert wake.payload["partition_key"] == wake.payload["conversation_identity"] == "slack:D111"
+                assert wake.payload["delivery_id"] == "Ev111" and wake.payload["sender"] == "W222"
+                assert wake.trace_id == resp.json()["trace_id"]
 
-            # Slack retries the same delivery; a later, different message proves the retry was routed (and dropped).
-            assert (await AsyncClient().post("/webhooks/slack", data=body, content_type="application/json")).status_code == 202
-            later = fixture("slack", "event_callback-message-im-toplevel.json")
-            later["event_id"], later["event"]["ts"], later["event"]["text"] = "Ev222", "1726133799.000001", "second"
-            resp2 = await AsyncClient().post("/webhooks/slack", data=json.dumps(later), content_type="application/json")
-            assert resp2.status_code == 202
-            await eventually(lambda: len(got) == 2, what="the second message's wake")
-            assert [w.payload["delivery_id"] for w in got] == ["Ev111", "Ev222"]
+                # Slack retries the same delivery; a later, different message proves the retry was routed (and dropped).
+                assert (await AsyncClient().post("/webhooks/slack", data=body, content_type="application/json")).status_code == 202
+                later = fixture("slack", "event_callback-message-im-toplevel.json")
+                later["event_id"], later["event"]["ts"], later["event"]["text"] = "Ev222", "1726133799.000001", "second"
+                resp2 = await AsyncClient().post("/webhooks/slack", data=json.dumps(later), content_type="application/json")
+                assert resp2.status_code == 202
+                await eventually(lambda: len(got) == 2, what="the second message's wake")
+                assert [w.payload["delivery_id"] for w in got] == ["Ev111", "Ev222"]
         finally:
             await sub.detach()
             await notify.stop()
@@ -460,38 +463,39 @@ async def test_a_burst_posted_to_the_edge_becomes_one_digest_trigger_on_the_real
         notify = NotifyService(q, holder())
         await notify.start()
         try:
-            texts = ["can you look at the build?", "+1", "+1", "it is red since noon"]
-            for i, text in enumerate(texts):
-                msg = fixture("slack", "event_callback-message-im-toplevel.json")
-                msg["event_id"], msg["event"]["ts"], msg["event"]["text"] = f"Ev-burst-{i}", f"1726133800.00000{i}", text
-                resp = await AsyncClient().post("/webhooks/slack", data=json.dumps(msg), content_type="application/json")
-                assert resp.status_code == 202
+            with engine_here(q, services={NOTIFY: notify}):
+                texts = ["can you look at the build?", "+1", "+1", "it is red since noon"]
+                for i, text in enumerate(texts):
+                    msg = fixture("slack", "event_callback-message-im-toplevel.json")
+                    msg["event_id"], msg["event"]["ts"], msg["event"]["text"] = f"Ev-burst-{i}", f"1726133800.00000{i}", text
+                    resp = await AsyncClient().post("/webhooks/slack", data=json.dumps(msg), content_type="application/json")
+                    assert resp.status_code == 202
 
-            async def all_routed() -> bool:
-                return await q.backlog(inbox, group) == len(texts)
+                async def all_routed() -> bool:
+                    return await q.backlog(inbox, group) == len(texts)
 
-            await eventually(all_routed, what="every message routed to ada's inbox")
-            runs: list[Event] = []
+                await eventually(all_routed, what="every message routed to ada's inbox")
+                runs: list[Event] = []
 
-            async def run(ev: Event) -> None:
-                runs.append(ev)
+                async def run(ev: Event) -> None:
+                    runs.append(ev)
 
-            async def handler(partition: Partition) -> None:
-                await dispatch(q, "ada", partition.events, run)
+                async def handler(partition: Partition) -> None:
+                    await dispatch(q, "ada", partition.events, run)
 
-            sub = await q.subscribe_batch(inbox, group, BatchOptions(partition_key=partition_key_of, max_batch=20), handler)
-            try:
-                await eventually(lambda: len(runs) == 1, what="one merged turn")
-                await drained(q, "ada")
-            finally:
-                await sub.detach()
-            merged = runs[0]
-            assert merged.payload["coalesced_count"] == 4 and merged.payload["partition_key"] == "slack:D111"
-            assert merged.payload["body"].endswith("it is red since noon")
-            assert merged.payload["duplicates_collapsed"] == 1  # the same sender's repeated "+1"
-            assert [m["body"] for m in merged.data.messages] == texts
-            coalesced = rec.of("notifications_coalesced")
-            assert len(coalesced) == 1 and coalesced[0].data.partition_key == "slack:D111"
-            assert merged.trace_id == rec.of("external_notification")[0].trace_id  # the FIRST constituent's trace
+                sub = await q.subscribe_batch(inbox, group, BatchOptions(partition_key=partition_key_of, max_batch=20), handler)
+                try:
+                    await eventually(lambda: len(runs) == 1, what="one merged turn")
+                    await drained(q, "ada")
+                finally:
+                    await sub.detach()
+                merged = runs[0]
+                assert merged.payload["coalesced_count"] == 4 and merged.payload["partition_key"] == "slack:D111"
+                assert merged.payload["body"].endswith("it is red since noon")
+                assert merged.payload["duplicates_collapsed"] == 1  # the same sender's repeated "+1"
+                assert [m["body"] for m in merged.data.messages] == texts
+                coalesced = rec.of("notifications_coalesced")
+                assert len(coalesced) == 1 and coalesced[0].data.partition_key == "slack:D111"
+                assert merged.trace_id == rec.of("external_notification")[0].trace_id  # the FIRST constituent's trace
         finally:
             await notify.stop()

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from django.urls import Resolver404, resolve
 
+from crewlet.interfaces import NOTIFY
 from crewlet.org import SURFACES
+from engine_support import engine_here
 from notifications import edge as edge_module
 from notifications import sources
 from notifications.edge import Edge, InboundRequest
@@ -96,22 +98,23 @@ async def test_a_cancel_of_the_task_stopping_the_notify_service_reaches_that_tas
     async with memory_queues("n1") as (_, (q,)):
         notify = NotifyService(q, holder(company()), prune_interval_s=3600.0)
         await notify.start()
-        assert edge_module.current_edge() is notify.edge
-        assert notify._prune is not None
-        prune = notify._prune.task
-        assert prune is not None
-        stopping = asyncio.get_running_loop().create_task(notify.stop())
-        # stop() cancels the prune and waits for it in one step: once the
-        # prune is being cancelled, the stopper is waiting, and is cancelled itself.
-        while not prune.cancelling():
-            await asyncio.sleep(0)
-        stopping.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await stopping
-        assert stopping.cancelled()
-        # The stop still finished its work before the cancel propagated.
-        assert edge_module.current_edge() is None and notify.edge is None
-        assert notify.router._sub is None
+        with engine_here(q, services={NOTIFY: notify}):
+            assert edge_module.current_edge() is notify.edge
+            assert notify._prune is not None
+            prune = notify._prune.task
+            assert prune is not None
+            stopping = asyncio.get_running_loop().create_task(notify.stop())
+            # stop() cancels the prune and waits for it in one step: once the
+            # prune is being cancelled, the stopper is waiting, and is cancelled itself.
+            while not prune.cancelling():
+                await asyncio.sleep(0)
+            stopping.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stopping
+            assert stopping.cancelled()
+            # The stop still finished its work before the cancel propagated.
+            assert edge_module.current_edge() is None and notify.edge is None
+            assert notify.router._sub is None
 
 
 async def test_the_slack_handshake_body_still_verifies_first(monkeypatch) -> None:

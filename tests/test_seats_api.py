@@ -10,6 +10,8 @@ from asgiref.sync import sync_to_async
 from rest_framework.test import APIClient
 
 from crewlet.queue import topics
+from crewlet.runtime import NO_ENGINE
+from engine_support import engine_here
 from seats import actions
 from seats.delivery_models import SeatPause
 from crewlet.tokens import OperatorToken
@@ -30,9 +32,18 @@ def test_a_signed_in_user_who_is_not_staff_is_refused_with_401() -> None:
 
 
 @pytest.mark.django_db(databases=["default", "events"])
-def test_with_no_runtime_the_list_shows_the_example_company_with_unknown_depths() -> None:
+def test_a_process_with_no_engine_answers_the_seat_list_503_saying_so_rather_than_show_another_company() -> None:
     _, token = OperatorToken.mint("tests")
     response = bearer(token).get("/api/seats/")
+    assert response.status_code == 503
+    assert response.json() == {"detail": NO_ENGINE}
+
+
+@pytest.mark.django_db(databases=["default", "events"])
+def test_an_engine_whose_queue_cannot_be_asked_lists_its_company_with_unknown_depths() -> None:
+    _, token = OperatorToken.mint("tests")
+    with engine_here():  # the example company, and no queue to ask
+        response = bearer(token).get("/api/seats/")
     assert response.status_code == 200
     body = response.json()
     assert body["org"] == "acme"
@@ -48,10 +59,11 @@ def test_with_no_runtime_the_list_shows_the_example_company_with_unknown_depths(
 def test_an_unknown_handle_is_404_and_a_human_seat_is_400_before_anything_changes() -> None:
     _, token = OperatorToken.mint("tests")
     c = bearer(token)
-    for action in ("pause", "resume"):
-        assert c.post(f"/api/seats/nobody/{action}", {}, format="json").status_code == 404
-        human = c.post(f"/api/seats/grace/{action}", {}, format="json")
-        assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "handle"
+    with engine_here():
+        for action in ("pause", "resume"):
+            assert c.post(f"/api/seats/nobody/{action}", {}, format="json").status_code == 404
+            human = c.post(f"/api/seats/grace/{action}", {}, format="json")
+            assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "handle"
     assert not SeatPause.objects.exists()
 
 

@@ -360,6 +360,7 @@ async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stop
     from crewlet.conf import load_settings
     from crewlet.engine import Engine
     from crewlet.queue.memory import MemoryBroker
+    from crewlet.interfaces import SEAT_RUNTIME
     from seats import runtime as seat_runtime
     from seats_support import FAST
 
@@ -372,8 +373,8 @@ async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stop
     seat_runtime.install(engine, run_scheduler=False)
     serving = asyncio.create_task(engine.serve())
     try:
-        await eventually(lambda: seat_runtime.current() is not None and seat_runtime.current().healthy())
-        rt = seat_runtime.current()
+        await eventually(lambda: engine.lookup(SEAT_RUNTIME) is not None and engine.lookup(SEAT_RUNTIME).healthy())
+        rt = engine.lookup(SEAT_RUNTIME)
         assert rt is not None and rt.node_id == "n9" and sorted(rt.loops) == ["ada", "linus"]
         assert engine.queue is not None
         rec = Recorder().attach(engine.queue)
@@ -382,7 +383,7 @@ async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stop
     finally:
         engine.stop()
         assert await serving == 0
-    assert seat_runtime.current() is None and not rt.healthy()
+    assert engine.lookup(SEAT_RUNTIME) is None and not rt.healthy()
 
 
 # -- the digest seam -----------------------------------------------------------------------------

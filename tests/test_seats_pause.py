@@ -9,12 +9,10 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from crewlet.queue import topics
-from seats import actions
 from seats.actions import SeatNotFound, apause_seat, aresume_seat, pause_cas, pause_seat, resume_seat
 from seats.delivery_models import SeatPause
 from seats.inbox import HOLD_PAUSED
-from seats.runtime import SeatRuntime
-from seats_support import Recorder, eventually, holder, memory_queues
+from seats_support import Recorder, eventually, memory_queues, running
 from seats_support import in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
@@ -23,7 +21,6 @@ pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "eve
 @pytest.fixture(autouse=True)
 async def _close_store_connections() -> AsyncIterator[None]:
     yield
-    actions.unbind()
     from django.db import connections
 
     await sync_to_async(connections.close_all)()
@@ -83,25 +80,19 @@ async def test_a_pause_needs_a_queue_to_announce_on_and_an_agent_seat_to_pause()
     with pytest.raises(RuntimeError):
         await apause_seat("ada", by="grace")
     async with memory_queues() as (_, [q]):
-        runtime = SeatRuntime(q, holder(), run_scheduler=False)
-        await runtime.start()
-        try:
+        async with running(q) as runtime:
             with pytest.raises(SeatNotFound):
                 await apause_seat("grace", by="grace")  # a human seat has no inbox to hold
             with pytest.raises(SeatNotFound):
                 await apause_seat("nobody", by="grace")
-        finally:
-            await runtime.stop()
         assert not await sync_to_async(SeatPause.objects.exists)()
 
 
 async def test_the_sync_pause_commits_then_announces_on_the_engines_loop_and_holds_the_inbox() -> None:
     async with memory_queues() as (_, [q]):
         rec = Recorder().attach(q)
-        runtime = SeatRuntime(q, holder(), run_scheduler=False)
-        await runtime.start()
         inbox = (topics.agent_inbox("ada"), topics.agent_inbox_group("ada"))
-        try:
+        async with running(q) as runtime:
             # An admin action or a sync API view runs in a worker thread, never on the engine's loop.
             assert await asyncio.to_thread(in_thread, pause_seat, "ada", "grace", "maintenance") is True
             assert await asyncio.to_thread(in_thread, pause_seat, "ada", "grace", "maintenance") is False
@@ -113,5 +104,3 @@ async def test_the_sync_pause_commits_then_announces_on_the_engines_loop_and_hol
             assert len(rec.of("seat_resumed", seat="ada")) == 1
             with pytest.raises(RuntimeError):
                 pause_seat("ada", "grace")  # from the loop itself it would deadlock: refused
-        finally:
-            await runtime.stop()

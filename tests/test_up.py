@@ -19,8 +19,9 @@ from django.test import Client
 
 from crewlet import runtime, web
 from crewlet.engine import Engine
+from crewlet.interfaces import SEAT_RUNTIME
 from crewlet.queue import Timings
-from engine_support import FakeBroker, fast_settings, twin_connect
+from engine_support import FakeBroker, engine_here, fast_settings, twin_connect
 from tests.process_support import REPO_ROOT, descendants, is_running
 from tests.up_support import READY_LINE, UpProcess, up_env
 from waiting_support import wait_until
@@ -179,12 +180,12 @@ class FakeSeatRuntime:
 
 @pytest.fixture
 def no_process_queue() -> Any:
-    saved = runtime.current_queue()
-    runtime.clear_queue()
+    saved = runtime.current_engine()
+    runtime.detach()
     yield
-    runtime.clear_queue()
+    runtime.detach()
     if saved is not None:
-        runtime.set_queue(saved)
+        runtime.attach(saved)
 
 
 def _health(client: Client) -> tuple[int, dict[str, Any]]:
@@ -198,30 +199,21 @@ def test_healthz_is_503_engine_not_running_in_a_process_without_the_engine(no_pr
     assert body == {"status": "down", "broker": "engine not running", "loops": "not running", "node": None}
 
 
-def test_healthz_is_503_naming_the_broker_when_it_is_disconnected(no_process_queue: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    import seats.runtime
-
-    monkeypatch.setattr(seats.runtime, "_current", FakeSeatRuntime(True))
-    runtime.set_queue(FakeQueue(connected=False))  # type: ignore[arg-type]
-    assert _health(Client()) == (503, {"status": "down", "broker": "disconnected", "loops": "running", "node": "h1"})
+def test_healthz_is_503_naming_the_broker_when_it_is_disconnected(no_process_queue: None) -> None:
+    with engine_here(FakeQueue(connected=False), services={SEAT_RUNTIME: FakeSeatRuntime(True)}):  # type: ignore[arg-type]
+        assert _health(Client()) == (503, {"status": "down", "broker": "disconnected", "loops": "running", "node": "h1"})
 
 
-def test_healthz_is_503_naming_the_loops_when_they_do_not_run(no_process_queue: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    import seats.runtime
-
-    monkeypatch.setattr(seats.runtime, "_current", FakeSeatRuntime(False))
-    runtime.set_queue(FakeQueue(connected=True))  # type: ignore[arg-type]
-    assert _health(Client()) == (503, {"status": "down", "broker": "connected", "loops": "not running", "node": "h1"})
-    monkeypatch.setattr(seats.runtime, "_current", None)
-    assert _health(Client())[1]["loops"] == "not running"
+def test_healthz_is_503_naming_the_loops_when_they_do_not_run(no_process_queue: None) -> None:
+    with engine_here(FakeQueue(connected=True), services={SEAT_RUNTIME: FakeSeatRuntime(False)}):  # type: ignore[arg-type]
+        assert _health(Client()) == (503, {"status": "down", "broker": "connected", "loops": "not running", "node": "h1"})
+    with engine_here(FakeQueue(connected=True)):  # type: ignore[arg-type]
+        assert _health(Client())[1]["loops"] == "not running"
 
 
-def test_healthz_is_200_when_the_broker_is_connected_and_the_loops_run(no_process_queue: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    import seats.runtime
-
-    monkeypatch.setattr(seats.runtime, "_current", FakeSeatRuntime(True))
-    runtime.set_queue(FakeQueue(connected=True))  # type: ignore[arg-type]
-    assert _health(Client()) == (200, {"status": "ok", "broker": "connected", "loops": "running", "node": "h1"})
+def test_healthz_is_200_when_the_broker_is_connected_and_the_loops_run(no_process_queue: None) -> None:
+    with engine_here(FakeQueue(connected=True), services={SEAT_RUNTIME: FakeSeatRuntime(True)}):  # type: ignore[arg-type]
+        assert _health(Client()) == (200, {"status": "ok", "broker": "connected", "loops": "running", "node": "h1"})
 
 
 def test_get_queue_says_what_to_do_when_no_engine_runs_here(no_process_queue: None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional
 
 import nats
 import pytest
@@ -13,6 +13,8 @@ from channels.testing import WebsocketCommunicator
 
 from crewlet import events, runtime
 from crewlet.asgi import application
+from crewlet.engine import Engine
+from crewlet.interfaces import LIVE_PROJECTION
 from crewlet.events import Event
 from crewlet.events.types import AgentSpawned, AgentTurnStarted, AuxiliarySpend
 from crewlet.org import Organization
@@ -24,6 +26,7 @@ from crewlet.queue.memory import MemoryBroker
 from crewlet.tracing import Trace
 from eventstore import projection, stream
 from eventstore.projection import LiveProjection
+from engine_support import engine_here
 from seats_support import FAST, company, eventually
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "events"])]
@@ -75,14 +78,14 @@ async def jetstream_backend() -> AsyncIterator[Backend]:
 
 
 @pytest.fixture(params=["memory", "jetstream"])
-async def backend(request: Any) -> AsyncIterator[Backend]:
+async def backend(request: Any, process_engine: Engine) -> AsyncIterator[Backend]:
     maker = memory_backend if request.param == "memory" else jetstream_backend
     async with maker() as b:
-        runtime.set_queue(b.queue)
+        process_engine.bind_queue(b.queue)
         try:
             yield b
         finally:
-            runtime.clear_queue(b.queue)
+            process_engine.bind_queue(None)
 
 
 @pytest.fixture
@@ -90,11 +93,18 @@ def org() -> Organization:
     return company()
 
 
+@pytest.fixture(autouse=True)
+def process_engine(org: Organization) -> Iterator[Engine]:
+    """The engine this test process stands for; a test adds the queue (``backend``) and the projection (``live``)."""
+    with engine_here(company=org) as engine:
+        yield engine
+
+
 @pytest.fixture
-def live(org: Organization) -> Any:
-    installed = projection.install(LiveProjection(company=lambda: org))
+def live(org: Organization, process_engine: Engine) -> Any:
+    installed = LiveProjection(company=lambda: org)
+    process_engine.provide(LIVE_PROJECTION, projection.ProjectionService(process_engine, installed))
     yield installed
-    projection.uninstall(installed)
 
 
 @pytest.fixture(autouse=True)
