@@ -126,7 +126,7 @@ def activate_cas(revision_id: int, by: str) -> Optional[Activation]:
 
 async def _announce(queue: EventQueue, change: Activation) -> None:
     event = change.event()
-    emitter = Emitter(queue)
+    emitter = runtime.emitter_for(queue)
     for topic in (topics.CONFIG_REVISION_ACTIVATED, topics.event(event.type)):
         await emitter.publish(topic, event, log_event="config_revision_activated_publish_failed")
     log.info("config_revision_activated", extra={"revision": change.revision, "previous": change.previous, "by": change.by})

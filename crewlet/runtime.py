@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Optional, TypeVar
 from asgiref.sync import SyncToAsync
 from opentelemetry import context as otel_context
 
+from crewlet.events.emit import Emitter
 from crewlet.queue.contract import EventQueue
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -129,6 +130,19 @@ async def aget_queue() -> EventQueue:
     raise NoQueue(f"no queue in this process: the engine is not running here (stream.type is {stream_type!r})")
 
 
+def emitter_for(queue: EventQueue) -> Emitter:
+    """The running engine's telemetry emitter when ``queue`` is its queue, else one for this publish alone.
+
+    A one-off announcement (a pause, an activation, an operator audit) then
+    shares the engine's retry of a broker that is away for a moment, and is
+    flushed when the engine stops.
+    """
+    running = _engine
+    if running is not None and running.queue is queue and running.emitter is not None:
+        return running.emitter
+    return Emitter(queue)
+
+
 def is_connected(queue: EventQueue) -> bool:
     """Whether ``queue``'s broker connection is up."""
     return queue.connected
@@ -220,6 +234,7 @@ __all__ = [
     "current_engine",
     "current_queue",
     "detach",
+    "emitter_for",
     "engine",
     "get_queue",
     "is_connected",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from crewlet.events.emit import Emitter
+from crewlet import runtime
 from crewlet.events.types import OperatorActed
 from crewlet.queue.contract import DEAD_LETTER_REF_RULE, EventQueue, dead_letter_seq
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, Unavailable
@@ -107,7 +107,7 @@ async def audit(
         position=result.topic,
         refusal=result.refusal,
     )
-    await Emitter(queue).emit(
+    await runtime.emitter_for(queue).emit(
         body,
         trace_of(),
         source="operator",

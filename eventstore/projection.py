@@ -2,7 +2,7 @@
 
 Design (Broadcast Streams; Stored, not fed; the seat states): one projection
 per process, fed by the broadcast stream of ``crewlet.events.>`` — the
-engine's own :func:`projection_service` opens one, and every ``/ws/stream``
+engine's own :class:`ProjectionService` opens one, and every ``/ws/stream``
 tab applies what its own stream delivers before forwarding it, so
 :meth:`LiveProjection.apply` is idempotent by event id. A restarted node
 seeds it from its event store (:meth:`LiveProjection.seed`), so its screens

@@ -33,7 +33,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from crewlet import events, runtime
-from crewlet.events.emit import Emitter
 from crewlet.events.types import SeatPaused, SeatResumed
 from crewlet.interfaces import SEAT_RUNTIME
 from crewlet.org import CompanyHolder
@@ -200,7 +199,7 @@ apause_states = in_store(pause_states)
 async def _announce(queue: EventQueue, change: PauseChange, hook: Optional[PauseHook]) -> None:
     """Publish the change's event, then let this process's runtime apply the hold."""
     event = change.event()
-    await Emitter(queue).publish(
+    await runtime.emitter_for(queue).publish(
         topics.event(event.type), event, log_event="seat_pause_publish_failed", level=logging.ERROR, seat=change.handle
     )
     if hook is not None:

@@ -45,7 +45,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
-from crewlet import events
+from crewlet import events, runtime
 from crewlet.events import Event, Trace, format_timestamp
 from crewlet.events.emit import Emitter
 from crewlet.events.types import ExternalNotification, NotificationsCoalesced
@@ -339,7 +339,7 @@ async def publish_coalesced(
     record alone: either way a broker that is away for a moment is retried.
     """
     record = coalesced_record(merged, seat=seat, role=role, agent_id=agent_id, trace=trace)
-    await (emitter or Emitter(queue)).publish(
+    await (emitter or runtime.emitter_for(queue)).publish(
         topics.event(record.type),
         record,
         log_event="notifications_coalesced_publish_failed",

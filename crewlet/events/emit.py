@@ -17,8 +17,9 @@ refused argument) is logged and dropped at once.
 Work — an inbox wake, an A2A ask whose caller answers 503 — is not
 telemetry: it is published directly, and its failure is the caller's to raise.
 
-Each service that publishes telemetry owns one ``Emitter`` beside its queue
-and closes it when it stops; there is no process-wide one.
+The engine owns one ``Emitter`` (``Engine.emitter``) that every service it
+runs publishes through, and closes it once they have all stopped; a service
+built outside an engine (a test's) makes its own and closes it at its stop.
 """
 from __future__ import annotations
 
