@@ -1,0 +1,162 @@
+"""The engine as the one registry: named services in dependency order, periodic duties, its emitter, the process handle."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from crewlet import runtime
+from crewlet.engine import Engine, NoService, Periodic, Service, app_services, ordered
+from crewlet.interfaces import CONFIG_POLLER, EVENT_STORE, LIVE_PROJECTION, NOTIFY, SEAT_RUNTIME
+from crewlet.org import CompanyHolder, load_company
+from engine_support import FakeBroker, fast_settings, twin_connect
+from waiting_support import eventually
+
+
+class Recorded:
+    """A service that notes its start and stop, and what the engine handed it at its start."""
+
+    def __init__(self, name: str, log: list[str], engine: Engine, needs: tuple[str, ...] = ()) -> None:
+        self.name, self.log, self.engine, self.needs = name, log, engine, needs
+
+    async def start(self) -> None:
+        for dep in self.needs:
+            assert isinstance(self.engine.service(dep), Recorded)  # already running
+        self.log.append(f"start {self.name}")
+
+    async def stop(self) -> None:
+        self.log.append(f"stop {self.name}")
+
+
+def recorded(name: str, log: list[str], depends_on: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> Service:
+    return Service(name, lambda e: Recorded(name, log, e, depends_on), depends_on=depends_on, after=after)
+
+
+def an_engine() -> Engine:
+    return Engine(fast_settings(), connect=twin_connect(FakeBroker()), company=CompanyHolder(load_company()))
+
+
+async def test_services_start_after_what_they_depend_on_and_stop_in_the_reverse_order() -> None:
+    log: list[str] = []
+    engine = an_engine()
+    engine.add(recorded("poller", log, depends_on=("runtime",)))
+    engine.add(recorded("projection", log, after=("writer",)))
+    engine.add(recorded("runtime", log, after=("writer", "absent")))  # "after" a name nobody has: no constraint
+    engine.add(recorded("writer", log))
+    serving = asyncio.create_task(engine.serve())
+    await eventually(lambda: len(log) == 4, what="every service started")
+    assert log == ["start writer", "start runtime", "start poller", "start projection"]
+    assert isinstance(engine.service("poller"), Recorded)
+    engine.stop()
+    assert await serving == 0
+    assert log[4:] == ["stop projection", "stop poller", "stop runtime", "stop writer"]
+    with pytest.raises(NoService):
+        engine.service("poller")  # a stopped service is handed out no more
+
+
+def test_a_dependency_nobody_provides_or_a_cycle_is_refused_before_anything_starts() -> None:
+    log: list[str] = []
+    with pytest.raises(RuntimeError, match="'poller' depends on 'runtime', which no installed app provides"):
+        ordered([recorded("poller", log, depends_on=("runtime",))])
+    with pytest.raises(RuntimeError, match="cycle"):
+        ordered([recorded("a", log, depends_on=("b",)), recorded("b", log, depends_on=("a",))])
+    assert log == []
+
+
+async def test_an_engine_whose_services_cannot_be_ordered_exits_with_an_error_and_starts_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log: list[str] = []
+    engine = an_engine()
+    engine.add(recorded("poller", log, depends_on=("runtime",)))
+    assert await engine.serve() == 1
+    assert log == [] and "engine_start_failed" in caplog.text
+
+
+async def test_a_service_that_fails_to_start_stops_the_engine_with_an_error_and_what_started_is_stopped() -> None:
+    log: list[str] = []
+
+    class Broken:
+        async def start(self) -> None:
+            raise RuntimeError("cannot start")
+
+        async def stop(self) -> None:
+            log.append("stop broken")
+
+    engine = an_engine()
+    engine.add(recorded("writer", log))
+    engine.add(Service("broken", lambda e: Broken(), depends_on=("writer",)))
+    assert await asyncio.wait_for(engine.serve(), 10) == 1
+    assert log == ["start writer", "stop broken", "stop writer"]
+
+
+async def test_a_periodic_duty_runs_now_and_every_interval_and_a_failing_pass_is_logged_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    passes: list[int] = []
+
+    async def duty() -> None:
+        passes.append(len(passes))
+        if len(passes) == 2:
+            raise RuntimeError("store away for a moment")
+
+    engine = an_engine()
+    engine.add_periodic("tidy", 0.01, duty, logger=logging.getLogger("crewlet.test"))
+    serving = asyncio.create_task(engine.serve())
+    await eventually(lambda: len(passes) >= 4, what="passes go on after a failing one")
+    engine.stop()
+    assert await serving == 0
+    assert [r.getMessage() for r in caplog.records if r.name == "crewlet.test"] == ["tidy_failed"]
+
+
+async def test_a_periodic_duty_woken_runs_its_next_pass_at_once() -> None:
+    passes: list[str] = []
+
+    async def duty() -> None:
+        passes.append("pass")
+
+    periodic = Periodic("poll", 3600.0, duty)
+    await periodic.start()
+    try:
+        await eventually(lambda: passes == ["pass"], what="the first pass, at start")
+        periodic.wake()
+        await eventually(lambda: passes == ["pass", "pass"], what="the woken pass, long before the hour")
+        assert periodic.alive
+    finally:
+        await periodic.stop()
+    assert not periodic.alive
+
+
+async def test_the_engine_owns_one_emitter_and_closes_it_at_stop_and_the_process_reaches_the_engine_while_it_runs() -> None:
+    engine = an_engine()
+    seen: dict[str, Any] = {}
+
+    async def service(e: Engine) -> None:
+        seen["emitter"] = e.emitter
+        seen["here"] = runtime.engine()
+        seen["company"] = runtime.company().org
+        await asyncio.Event().wait()
+
+    engine.add_service(service, name="look")
+    serving = asyncio.create_task(engine.serve())
+    await eventually(lambda: "here" in seen, what="the service ran")
+    assert seen["here"] is engine and seen["emitter"] is engine.emitter and seen["company"] == "acme"
+    assert runtime.emitter_for(engine.queue) is engine.emitter  # type: ignore[arg-type]
+    engine.stop()
+    assert await serving == 0
+    assert seen["emitter"]._closed
+    with pytest.raises(runtime.NoEngine, match=runtime.NO_ENGINE):
+        runtime.engine()
+    with pytest.raises(runtime.NoEngine):
+        runtime.company()
+
+
+def test_every_installed_app_contributes_its_services_and_the_store_starts_before_the_seats_that_publish() -> None:
+    engine = an_engine()
+    names = {service.name for service in app_services(engine)}
+    assert {EVENT_STORE, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER, "eventstore_retention", "a2a_sweep"} == names
+    order = [s.name for s in ordered(app_services(engine))]
+    assert order.index(EVENT_STORE) < order.index(SEAT_RUNTIME) < order.index(CONFIG_POLLER)
+    assert order.index(SEAT_RUNTIME) < order.index(LIVE_PROJECTION)  # the seed reads which seats this node holds
