@@ -5,6 +5,9 @@ the gates (quiesce, holds, pause, detach), the batch drain, the delivery budget,
 the dead-letter decision, node stamping and publish listeners are decided in
 exactly one place. A backend cannot model them differently because it does not
 model them at all.
+
+Each subscription's consume loop (fetch, dispatch, the batch drain) is
+``crewlet.queue.attachment``; it settles through this client.
 """
 from __future__ import annotations
 
@@ -12,24 +15,22 @@ import asyncio
 import dataclasses
 import logging
 import time
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Coroutine, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 from crewlet import events
 from crewlet.aio import keeping_cancel
 from crewlet.events import Event, Trace
-from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE, MessageDeadLettered
+from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from crewlet.queue import topics
+from crewlet.queue.attachment import _Attachment, _Pair
 from crewlet.queue.contract import (
     MAX_PAYLOAD_BYTES,
     BatchHandler,
     BatchOptions,
     Closable,
     DeadLetter,
-    Delivery,
     Handler,
     Outcome,
-    Partition,
     PublishListener,
     StreamHandler,
     SubscriptionRef,
@@ -40,7 +41,6 @@ from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, Too
 from crewlet.queue.transport import (
     DUPLICATE_WINDOW_S,
     H_MSG_ID,
-    Puller,
     RawMessage,
     Transport,
     dead_letter_headers,
@@ -60,12 +60,9 @@ def _agent_inbox_or_empty(handle: str) -> str:
     except InvalidArgument:
         return ""
 
-#: Spacing between attempts to reach a broker that is away.
-_UNAVAILABLE_RETRY_S = 0.2
+
 #: How long close() waits for a running handler before cancelling its loop.
 _CLOSE_GRACE_S = 10.0
-#: Marks a message this attachment no longer holds.
-_NOT_HELD = -1.0
 
 
 def _validate_group(group: str) -> str:
@@ -83,268 +80,6 @@ def _outcome(result: Any) -> Outcome:
     return Outcome.NAK
 
 
-class _Pair:
-    """This client's view of one durable (topic, group): its holds and attachments."""
-
-    __slots__ = ("topic", "group", "holds", "attachments")
-
-    def __init__(self, topic: str, group: str) -> None:
-        self.topic = topic
-        self.group = group
-        self.holds: set[str] = set()
-        self.attachments: list[_Attachment] = []
-
-
-class _Attachment:
-    """One consume loop: fetch when the gate is open, dispatch, settle.
-
-    ``held`` is every message this loop fetched and has not settled, in fetch
-    order (with when it was fetched), whether its handler runs (``running``),
-    a batch is still collecting it, or its partition waits behind another.
-    The client keeps each one's ack clock running while it is held, and
-    nothing leaves the loop still held: a stop (pause of all delivery, a
-    detach, close) hands back at once what no handler is working on, and the
-    loop's end hands back whatever a cancelled handler was working on.
-    """
-
-    def __init__(
-        self,
-        client: "QueueClient",
-        pair: _Pair,
-        puller: Puller,
-        handler: Union[Handler, BatchHandler],
-        options: Optional[BatchOptions],
-    ) -> None:
-        self.client = client
-        self.pair = pair
-        self.puller = puller
-        self.handler = handler
-        self.options = options
-        self.quiesced = False
-        self.detached = False
-        self.wake = asyncio.Event()
-        self.task: Optional[asyncio.Task[None]] = None
-        self.held: dict[RawMessage, float] = {}
-        self.running: frozenset[RawMessage] = frozenset()
-
-    # -- the gate -----------------------------------------------------------
-
-    def ready(self) -> bool:
-        c = self.client
-        return not (self.detached or self.quiesced or self.pair.holds or c._paused or c._closed)
-
-    def stopping(self) -> bool:
-        """Closed for this process rather than for this seat: all delivery paused, detached, or closed."""
-        c = self.client
-        return self.detached or c._paused or c._closed
-
-    def poke(self) -> None:
-        """The gate may have changed: wake the loop, and end a waiting fetch if it closed.
-
-        On a stop, what was fetched and is not being handled goes back now,
-        not after the running handler: the next process (or another member)
-        gets it in milliseconds. A quiesce or a hold leaves it to the loop,
-        which hands it back once the running handler returns, as before.
-        """
-        self.wake.set()
-        if not self.ready():
-            self.puller.interrupt()
-            if self.stopping():
-                waiting = [msg for msg in self.held if msg not in self.running]
-                if waiting:
-                    self.client._spawn(self._give_back(waiting))
-
-    # -- what this loop holds -------------------------------------------------
-
-    def _take(self, msgs: Sequence[RawMessage]) -> None:
-        now = time.monotonic()
-        for msg in msgs:
-            self.held[msg] = now
-        self.client._keep_alive()
-
-    def _forget(self, msg: RawMessage) -> bool:
-        """Stop holding ``msg``; False when it was settled or handed back already."""
-        return self.held.pop(msg, _NOT_HELD) != _NOT_HELD
-
-    async def _give_back(self, msgs: Sequence[RawMessage]) -> None:
-        """Hand back at the head each of ``msgs`` this loop still holds."""
-        for msg in msgs:
-            if self._forget(msg):
-                await self.client._hand_back(self.pair, msg)
-
-    def start(self) -> None:
-        self.client._attachments.add(self)
-        self.task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"queue-consume:{self.pair.topic}:{self.pair.group}"
-        )
-
-    # -- the loop -------------------------------------------------------------
-
-    async def _run(self) -> None:
-        topic, group = self.pair.topic, self.pair.group
-        try:
-            while not self.detached and not self.client._closed:
-                if not self.ready():
-                    self.wake.clear()
-                    if not self.ready():
-                        await self.wake.wait()
-                    continue
-                max_n = 1 if self.options is None else self.options.effective_max_batch()
-                try:
-                    msgs = await self.puller.fetch(max_n, self.client._transport.poll_s, self.ready)
-                except Unavailable:
-                    await asyncio.sleep(_UNAVAILABLE_RETRY_S)
-                    continue
-                except Gone:
-                    logger.warning("queue_subscription_gone", extra={"topic": topic, "group": group})
-                    self.client._detach_attachments(self.pair, [self])
-                    break
-                if not msgs:
-                    continue
-                self._take(msgs)
-                if self.options is None:
-                    await self._deliver_one(msgs)
-                else:
-                    await self._drain(msgs)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the loop must never die silently
-            logger.exception("queue_consume_loop_failed", extra={"topic": topic, "group": group})
-        finally:
-            self.running = frozenset()
-            if self.held:
-                # A handler cancelled at the end of a stop's grace, or a loop that
-                # failed: its mail goes back now instead of waiting out the ack clock.
-                left = list(self.held)
-                logger.info("queue_handed_back_on_stop", extra={"topic": topic, "group": group, "messages": len(left)})
-                try:
-                    await self._give_back(left)
-                except Exception:
-                    logger.warning("queue_hand_back_on_stop_failed", extra={"topic": topic, "group": group}, exc_info=True)
-            self.client._attachments.discard(self)
-            try:
-                await self.puller.close()
-            except Exception:
-                logger.debug("queue_puller_close_failed", exc_info=True)
-
-    async def _handle(self, msgs: list[RawMessage], fn: Any, arg: Any) -> Outcome:
-        """Run the handler with ``msgs`` marked as being worked on (a stop leaves them to it)."""
-        self.running = frozenset(msgs)
-        try:
-            return await self.client._call(fn, arg)
-        finally:
-            self.running = frozenset()
-
-    async def _deliver_one(self, msgs: Sequence[RawMessage]) -> None:
-        for i, msg in enumerate(msgs):
-            if not self.ready():
-                await self._give_back(msgs[i:])
-                return
-            if msg not in self.held:
-                continue  # handed back by a stop meanwhile
-            event = self.client._decode_or_bury(self.pair, msg)
-            if event is None:
-                if self._forget(msg):
-                    await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
-                continue
-            delivery = Delivery(event=event, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
-            outcome = await self._handle([msg], self.handler, delivery)
-            await self._settle([msg], outcome)
-
-    async def _drain(self, first: Sequence[RawMessage]) -> None:
-        """Steps 1-4 of the batch drain (design: Inbox Batching & Coalescing)."""
-        assert self.options is not None
-        opts = self.options
-        cap = opts.effective_max_batch()
-        linger = opts.effective_linger_s()
-        msgs = list(first[:cap])
-        await self._give_back(list(first[cap:]))  # a backend that overdelivered: give the surplus back untouched
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + linger
-        while len(msgs) < cap and self.ready():
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            try:
-                more = await self.puller.fetch(cap - len(msgs), min(left, self.client._transport.poll_s), self.ready)
-            except (Unavailable, Gone):
-                break
-            self._take(more)
-            msgs.extend(more)
-        if not self.ready():
-            # A pause, hold, quiesce or detach taken during collection: nothing
-            # collected may start a turn. Being drained was the delivery.
-            await self._give_back(msgs)
-            return
-
-        decoded: list[tuple[int, RawMessage, Event]] = []
-        for idx, msg in enumerate(msgs):
-            event = self.client._decode_or_bury(self.pair, msg)
-            if event is None:
-                if self._forget(msg):
-                    await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
-                continue
-            decoded.append((idx, msg, event))
-        partitions = partition_drain(opts, decoded)
-
-        for pi, (key, items) in enumerate(partitions):
-            if not self.ready():
-                await self._give_back([msg for _, rest in partitions[pi:] for _, msg, _ in rest])
-                return
-            items = [item for item in items if item[1] in self.held]  # a stop may have handed some back
-            if not items:
-                continue
-            partition = Partition(
-                key=key,
-                deliveries=tuple(
-                    Delivery(event=ev, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
-                    for _, msg, ev in items
-                ),
-            )
-            outcome = await self._handle([msg for _, msg, _ in items], self.handler, partition)
-            await self._settle([msg for _, msg, _ in items], outcome)
-
-    async def _settle(self, msgs: list[RawMessage], outcome: Outcome) -> None:
-        client = self.client
-        mine = [msg for msg in msgs if self._forget(msg)]
-        if outcome is Outcome.ACK:
-            for msg in mine:
-                await client._ack(msg)
-        elif outcome is Outcome.NAK:
-            for msg in mine:
-                await client._nak(self.pair, msg)
-        else:  # DEFER: back at the head, and this attachment stops taking work
-            self.quiesced = True
-            for msg in mine:
-                await client._hand_back(self.pair, msg)
-
-
-def partition_drain(
-    options: BatchOptions, items: list[tuple[int, RawMessage, Event]]
-) -> list[tuple[str, list[tuple[int, RawMessage, Event]]]]:
-    """Group a drain by key; oldest conversation first; events in timestamp order.
-
-    Ties keep arrival order (the index). Ordering uses the events' own
-    timestamps, never how the drain was assembled, so a redelivered event
-    rejoins its conversation where it belongs.
-    """
-    drained_at = datetime.now(timezone.utc)
-
-    def age(item: tuple[int, RawMessage, Event]) -> tuple[datetime, int]:
-        # An unusable stamp (Go's zero time from another build) counts as drained
-        # now: it must neither jump every queue nor switch aging off.
-        ts = item[2].timestamp
-        return (ts if ts.year > 1 else drained_at, item[0])
-
-    by_key: dict[str, list[tuple[int, RawMessage, Event]]] = {}
-    for item in items:
-        by_key.setdefault(options.key_of(item[2]), []).append(item)
-    parts = []
-    for key, members in by_key.items():
-        members.sort(key=age)
-        parts.append(((age(members[0])[0], min(it[0] for it in members)), key, members))
-    parts.sort(key=lambda p: p[0])
-    return [(key, members) for _, key, members in parts]
 
 
 class _SubscriptionHandle:
