@@ -7,9 +7,10 @@ speaks to the broker: it provisions the stream topology of
 ``crewlet.queue.topics``, creates and lists durable pull consumers, pulls,
 settles, runs broadcast consumers and core-NATS scatter/gather.
 
-``nats`` is imported in this package and in ``crewlet.queue.broker`` only.
-Every nats exception is translated at this boundary (``Unavailable``,
-``TooLarge``, ``InvalidArgument``, ``Gone``); none escapes.
+``nats`` is imported in this package, ``crewlet.queue.natsclient`` and
+``crewlet.queue.broker`` only. Every nats exception is translated at this
+boundary (``Unavailable``, ``TooLarge``, ``InvalidArgument``, ``Gone``);
+none escapes.
 
 The modules, bottom up:
 
