@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ LINGER_S = 2.0
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 2621440
+#: The webhook routes' own body limit (``/webhooks/``): the setting, and its default.
+WEBHOOK_MAX_BODY_SETTING = "CREWLET_WEBHOOK_MAX_BODY_BYTES"
+DEFAULT_WEBHOOK_MAX_BODY_BYTES = 1024 * 1024
 REASON_TOO_LARGE = "the body is over the {limit}-byte limit"
 
 
@@ -78,19 +82,40 @@ class Limits:
         return self.max_body_bytes
 
 
+def webhook_max_body_bytes() -> int:
+    """The webhook routes' body limit: Django setting, else the environment variable, else 1 MiB.
+
+    The web server enforces it as the bytes arrive and the webhook edge checks
+    it again on the body, so both read it here, in the core.
+    """
+    value: Any = None
+    try:
+        from django.conf import settings
+
+        value = getattr(settings, WEBHOOK_MAX_BODY_SETTING, None)
+    except Exception:  # pragma: no cover - settings not configured (a bare script)
+        value = None
+    if value is None:
+        value = os.environ.get(WEBHOOK_MAX_BODY_SETTING) or DEFAULT_WEBHOOK_MAX_BODY_BYTES
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        return DEFAULT_WEBHOOK_MAX_BODY_BYTES
+    return limit if limit > 0 else DEFAULT_WEBHOOK_MAX_BODY_BYTES
+
+
 def limits_from_settings() -> Limits:
-    """The limits the Django settings (and the webhook edge's own setting) give."""
+    """The limits the Django settings (and the webhook routes' own setting) give."""
     from django.conf import settings
 
     from crewlet.urls import WEBHOOKS_PREFIX
-    from notifications.edge import max_body_bytes
 
     general = getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None) or DEFAULT_MAX_BODY_BYTES
     return Limits(
         header_timeout_s=float(getattr(settings, "HTTP_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S)),
         idle_timeout_s=float(getattr(settings, "HTTP_IDLE_TIMEOUT_S", DEFAULT_IDLE_TIMEOUT_S)),
         max_body_bytes=int(general),
-        body_limits=(("/" + WEBHOOKS_PREFIX, max_body_bytes()),),
+        body_limits=(("/" + WEBHOOKS_PREFIX, webhook_max_body_bytes()),),
         behind_proxy=bool(getattr(settings, "SECURE_PROXY_SSL_HEADER", None)),
     )
 

@@ -53,6 +53,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import TRACEPARENT_HEADER, parse_traceparent, start_span, trace_of
+from crewlet.web import webhook_max_body_bytes
 from notifications.parsers import (
     MAX_JSON_DEPTH,
     JSONTooDeep,
@@ -67,8 +68,6 @@ from opentelemetry.trace import SpanKind
 
 log = logging.getLogger("crewlet.notifications.edge")
 
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-MAX_BODY_SETTING = "CREWLET_WEBHOOK_MAX_BODY_BYTES"
 INBOUND_GROUP = "notify"
 #: inbound_delivery ids derive from (source, delivery id): a retry is one row.
 DELIVERY_ID_NAMESPACE = uuid.UUID("9a7d1c2e-4f36-5b0a-8e21-7765626864c5")
@@ -88,24 +87,6 @@ class EdgeResponse:
 def refuse(status: int, reason: str, **headers: str) -> EdgeResponse:
     """A refusal: JSON ``{"error": <reason>}``, the one shape every refusal of a delivery has."""
     return EdgeResponse(status, {"error": reason}, dict(headers))
-
-
-def max_body_bytes() -> int:
-    """The body limit: Django setting, else the environment variable, else 1 MiB."""
-    value: Any = None
-    try:
-        from django.conf import settings
-
-        value = getattr(settings, MAX_BODY_SETTING, None)
-    except Exception:  # pragma: no cover - settings not configured (a bare script)
-        value = None
-    if value is None:
-        value = os.environ.get(MAX_BODY_SETTING) or DEFAULT_MAX_BODY_BYTES
-    try:
-        limit = int(value)
-    except (TypeError, ValueError):
-        return DEFAULT_MAX_BODY_BYTES
-    return limit if limit > 0 else DEFAULT_MAX_BODY_BYTES
 
 
 def is_json_content_type(content_type: str) -> bool:
@@ -154,7 +135,7 @@ class Edge:
             self.loop = None
 
     def limit(self) -> int:
-        return self.max_body if self.max_body else max_body_bytes()
+        return self.max_body if self.max_body else webhook_max_body_bytes()
 
     async def receive(self, req: InboundRequest) -> EdgeResponse:
         """The whole edge for one request; runs on the queue's own loop when called from another."""
@@ -295,15 +276,12 @@ def current_edge() -> Optional[Edge]:
 
 
 __all__ = [
-    "DEFAULT_MAX_BODY_BYTES",
     "Edge",
     "EdgeResponse",
     "InboundRequest",
     "KEPT_HEADERS",
-    "MAX_BODY_SETTING",
     "current_edge",
     "is_json_content_type",
-    "max_body_bytes",
     "refuse",
     "verify",
 ]
