@@ -42,13 +42,6 @@ COMPOSITION_ROOT: Mapping[str, frozenset[str]] = {
     "crewlet.asgi": frozenset({"eventstore"}),
 }
 
-#: Core modules that still start or read an app's services directly, and the apps they
-#: reach: the engine's wiring, which moves into each app's AppConfig. A ceiling: a module
-#: may drop an app from its entry, never add one, and no module may join the list.
-ENGINE_WIRING: Mapping[str, frozenset[str]] = {
-    "crewlet.web": frozenset({"notifications"}),
-}
-
 _DYNAMIC_IMPORTERS = {"import_module", "import_string", "__import__"}
 
 
@@ -98,7 +91,7 @@ def offences(found: Iterable[tuple[str, str, str]]) -> list[str]:
     for where, package, target in found:
         module = where.split(":")[0]
         if package == CORE:
-            allowed = COMPOSITION_ROOT.get(module, frozenset()) | ENGINE_WIRING.get(module, frozenset())
+            allowed = COMPOSITION_ROOT.get(module, frozenset())
         else:
             allowed = ALLOWED[package] | {CORE}
         if target not in allowed:
