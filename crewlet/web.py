@@ -415,31 +415,49 @@ async def _deferred(d: Any) -> Any:
     return await defer.Deferred.asFuture(d, asyncio.get_running_loop())
 
 
+class WebService:
+    """The web server as an engine service: listening once started, closed (in-flight requests given their grace) at stop.
+
+    ``application`` is a callable returning the ASGI app, so Django's handler
+    is built on the loop that serves it; ``on_listening`` hears the bound
+    address once the listener is up.
+    """
+
+    def __init__(
+        self,
+        application: Callable[[], Any],
+        host: str,
+        port: int,
+        on_listening: Optional[Callable[[tuple[str, int]], Awaitable[None] | None]] = None,
+    ) -> None:
+        self.application = application
+        self.host = host
+        self.port = port
+        self.on_listening = on_listening
+        self.server: Optional[WebServer] = None
+
+    async def start(self) -> None:
+        self.server = WebServer(self.application(), self.host, self.port, limits=limits_from_settings())
+        bound = await self.server.start()
+        if self.on_listening is not None:
+            result = self.on_listening(bound)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def stop(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            await server.close()
+
+
 def service(
     application: Callable[[], Any],
     host: str,
     port: int,
     on_listening: Optional[Callable[[tuple[str, int]], Awaitable[None] | None]] = None,
-) -> Callable[["Engine"], Awaitable[None]]:
-    """An engine service (register with ``stop_first=True``) that serves the ASGI app until cancelled.
-
-    ``application`` is a callable returning the ASGI app, so Django's handler is
-    built on the loop that serves it.
-    """
-
-    async def web_server(engine: "Engine") -> None:
-        web = WebServer(application(), host, port, limits=limits_from_settings())
-        try:
-            bound = await web.start()
-            if on_listening is not None:
-                result = on_listening(bound)
-                if asyncio.iscoroutine(result):
-                    await result
-            await asyncio.Event().wait()
-        finally:
-            await web.close()
-
-    return web_server
+) -> Callable[["Engine"], WebService]:
+    """The factory of the engine's web service (register it ``stop_first``, after every other service)."""
+    return lambda _engine: WebService(application, host, port, on_listening)
 
 
 __all__ = [
@@ -447,6 +465,7 @@ __all__ = [
     "GRACE_S",
     "Limits",
     "WebServer",
+    "WebService",
     "bounded_http",
     "install_reactor",
     "limits_from_settings",

@@ -26,7 +26,7 @@ from django.core.management.base import CommandError
 
 from crewlet import web
 from crewlet.conf import SettingsError, load_settings
-from crewlet.engine import Engine
+from crewlet.engine import Engine, Service
 from crewlet.interfaces import WEB
 from crewlet.management.commands.runconsumers import Command as RunConsumersCommand
 
@@ -89,11 +89,13 @@ class Command(RunConsumersCommand):
 
             return with_static_files(application)
 
-        engine.add_service(
-            web.service(application, host, port, announce),
-            name=WEB,
-            stop_first=True,
-            depends_on=tuple(s.name for s in engine.registered),
+        engine.add(
+            Service(
+                WEB,
+                web.service(application, host, port, announce),
+                depends_on=tuple(s.name for s in engine.registered),
+                stop_first=True,
+            )
         )
         return engine
 
