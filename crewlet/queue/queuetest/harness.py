@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Optional, Protocol, runtime_checkable
 
 from crewlet.events import Event
-from crewlet.queue.contract import MAX_DELIVERIES, EventQueue, SubscriptionRef, Timings
+from crewlet.queue.contract import MAX_DELIVERIES, EventQueue, Subscription, SubscriptionRef, Timings
 from crewlet.queue.queuetest.waiting import eventually as eventually  # re-exported: the cases import it from here
 
 @runtime_checkable
@@ -171,6 +171,31 @@ async def publish_all(queue: EventQueue, topic: str, events: list[Event]) -> lis
     for event in events:
         await queue.publish(topic, event)
     return events
+
+
+async def attached(
+    harness: Harness, queue: EventQueue, outcome: Optional[Callable[[Any], Any]] = None
+) -> tuple[str, str, Collector, Subscription]:
+    """A fresh (topic, group) with a consumer attached that collects what it is handed (and answers ``outcome``).
+
+    The pair, the collector, the subscription.
+    """
+    topic, group = inbox()
+    col = Collector(harness, outcome)
+    return topic, group, col, await queue.subscribe(topic, group, col)
+
+
+async def both_attached(harness: Harness, queue: EventQueue) -> tuple[EventQueue, Collector, Collector, str, str]:
+    """``queue`` and a second client (``n2``) attached to one fresh (topic, group), each collecting what it is handed.
+
+    The second client, this client's collector, the second's collector, the pair.
+    """
+    topic, group = inbox()
+    other = await harness.client("n2")
+    mine, theirs = Collector(harness), Collector(harness)
+    await queue.subscribe(topic, group, mine)
+    await other.subscribe(topic, group, theirs)
+    return other, mine, theirs, topic, group
 
 
 # ---------------------------------------------------------------------------

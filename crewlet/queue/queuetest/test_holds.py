@@ -8,12 +8,38 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from crewlet.queue.contract import Outcome
-from crewlet.queue.queuetest.harness import FIRST, Collector, drained, ev, eventually, inbox, state
+from crewlet.queue.queuetest.harness import FIRST, Collector, attached, drained, ev, eventually, inbox, only, state
 
 
 def payloads(col: Collector) -> list:
     return col.payloads()
+
+
+async def flushed(harness, queue, col: Collector, topic: str, group: str, expected: list) -> None:
+    """Once the gate lifts: ``expected`` arrives in order and no more, none of it having spent a delivery while
+    it waited, and the pair's backlog drains."""
+    await col.wait_for(len(expected))
+    assert payloads(col) == expected
+    assert [d.remaining for d in col.items] == [FIRST] * len(expected)
+    await col.quiet()
+    await drained(harness, queue, topic, group)
+
+
+#: Two keys held on one pair and then released one at a time, each verb taken through the subscription
+#: ("sub") or through the (topic, group) pair ("pair"): the gate stays until the last key goes.
+TWO_KEYS = {
+    "held-through-the-subscription-and-the-pair": (
+        (("sub", "sandbox"), ("pair", "budget")),
+        (("sub", "sandbox"), ("pair", "budget")),
+    ),
+    "both-held-through-the-subscription-one-released-through-the-pair": (
+        (("sub", "sandbox"), ("sub", "no-provider")),
+        (("pair", "sandbox"), ("sub", "no-provider")),
+    ),
+}
 
 
 async def test_a_held_subscription_keeps_its_mail_while_other_topics_flow_and_flushes_in_order_on_release(
@@ -60,45 +86,35 @@ async def test_a_hold_taken_before_attaching_gates_the_attachment_from_the_start
     backlogs, dead, _ = await state(queue, (topic, group))
     assert backlogs == (2,) and dead == []
     await queue.release(topic, group, "recovered-run")
-    await col.wait_for(2)
-    assert payloads(col) == [1, 2]
-    assert [d.remaining for d in col.items] == [FIRST, FIRST]
-    await col.quiet()
-    await drained(harness, queue, topic, group)
+    await flushed(harness, queue, col, topic, group, [1, 2])
 
 
-async def test_holds_are_scoped_by_key_so_releasing_one_of_two_keeps_the_gate(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    sub = await queue.subscribe(topic, group, col)
-    await sub.hold("sandbox")
-    await sub.hold("no-provider")
+@pytest.mark.parametrize("holds, releases", list(TWO_KEYS.values()), ids=list(TWO_KEYS))
+async def test_holds_are_scoped_by_key_so_releasing_one_of_two_keeps_the_gate(harness, queue, holds, releases):
+    topic, group, col, sub = await attached(harness, queue)
+
+    def take(via: str, verb: str, key: str):
+        return getattr(sub, verb)(key) if via == "sub" else getattr(queue, verb)(topic, group, key)
+
+    for via, key in holds:
+        await take(via, "hold", key)
     await queue.publish(topic, ev(1))
-    await queue.release(topic, group, "sandbox")
-    await col.quiet(expect=0)  # "no-provider" still holds it
-    before = await state(queue, (topic, group))
-    assert before[0] == (1,) and before[1] == []
-    await sub.release("no-provider")
-    await col.wait_for(1)
-    assert payloads(col) == [1]
-    assert col.items[0].remaining == FIRST
-    await col.quiet()
-    await drained(harness, queue, topic, group)
+    (first_via, first_key), (last_via, last_key) = releases
+    await take(first_via, "release", first_key)
+    await col.quiet(expect=0)  # the other key still holds it
+    await only(queue, {(topic, group): 1})
+    await take(last_via, "release", last_key)
+    await flushed(harness, queue, col, topic, group, [1])
 
 
 async def test_holding_the_same_key_twice_is_one_hold(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    sub = await queue.subscribe(topic, group, col)
+    topic, group, col, sub = await attached(harness, queue)
     await sub.hold("sandbox")
     await queue.hold(topic, group, "sandbox")
     await queue.publish(topic, ev(1))
     await col.quiet(expect=0)
     await sub.release("sandbox")  # one release lifts it
-    await col.wait_for(1)
-    assert payloads(col) == [1]
-    await col.quiet()
-    await drained(harness, queue, topic, group)
+    await flushed(harness, queue, col, topic, group, [1])
 
 
 async def test_holds_are_scoped_by_the_topic_group_pair_so_a_sibling_group_is_not_gated(harness, queue):
@@ -170,21 +186,26 @@ async def test_pausing_all_delivery_still_accepts_publishes(harness, queue):
         await drained(harness, queue, topic, group)
 
 
-async def test_pausing_is_idempotent(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+async def test_pausing_and_holding_are_idempotent(harness, queue):
+    topic, group, col, _ = await attached(harness, queue)
     await queue.pause_delivery()
     await queue.pause_delivery()
     await queue.publish(topic, ev(1))
     await col.quiet(expect=0)
-    assert await queue.backlog(topic, group) == 1
+    await only(queue, {(topic, group): 1})
     await queue.resume_delivery()  # one resume undoes any number of pauses
     await col.wait_for(1)
     await queue.resume_delivery()  # and resuming twice is harmless
     await queue.publish(topic, ev(2))
     await col.wait_for(2)
-    assert payloads(col) == [1, 2]
+    await queue.hold(topic, group, "sandbox")
+    await queue.hold(topic, group, "sandbox")
+    await queue.publish(topic, ev(3))
+    await col.quiet(expect=2)
+    await only(queue, {(topic, group): 1})
+    await queue.release(topic, group, "sandbox")  # one release lifts a key however often it was held
+    await col.wait_for(3)
+    assert payloads(col) == [1, 2, 3]
     await col.quiet()
     await drained(harness, queue, topic, group)
 

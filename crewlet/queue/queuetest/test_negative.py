@@ -10,7 +10,7 @@ import pytest
 from crewlet.events import Event
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, BatchOptions
 from crewlet.queue.errors import InvalidArgument, NotLive, QueueError, TooLarge, Unavailable
-from crewlet.queue.queuetest.harness import FIRST, Collector, drained, ev, eventually, inbox, needs, state
+from crewlet.queue.queuetest.harness import FIRST, Collector, attached, drained, ev, eventually, inbox, needs, state
 
 
 def sized(total: int, node: str) -> Event:
@@ -58,9 +58,7 @@ async def test_an_oversized_publish_is_refused_as_permanently_too_large_and_land
 
 
 async def test_an_event_of_exactly_the_limit_is_accepted_and_delivered(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     limit = sized(MAX_PAYLOAD_BYTES, queue.node)
     await queue.publish(topic, limit)
     (got,) = await col.wait_for(1)

@@ -2,61 +2,73 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import pytest
 
 from crewlet.queue.contract import BatchOptions
 from crewlet.queue.queuetest.harness import Collector, drained, ev, eventually, inbox
 
 
-async def test_a_handler_that_publishes_to_its_own_subscription_is_not_re_entered(harness, queue):
+@dataclass(frozen=True)
+class Form:
+    """How a handler is attached and what it is handed: one delivery, or a partition of a batch."""
+
+    attach: Callable[[Any, str, str, Any], Awaitable[Any]]
+    #: What the handler was handed, as the chain's log records it: a link number, or a partition's list of them.
+    links: Callable[[Any], Any]
+    #: The newest link among what it was handed.
+    newest: Callable[[Any], int]
+    #: The log entry for link ``n``.
+    entry: Callable[[int], Any]
+    payload: dict = field(default_factory=dict)
+
+
+FORMS = {
+    "one-delivery-at-a-time": Form(
+        attach=lambda queue, topic, group, handler: queue.subscribe(topic, group, handler),
+        links=lambda delivery: delivery.event.payload["i"],
+        newest=lambda i: i,
+        entry=lambda n: n,
+    ),
+    "a-batch-of-partitions": Form(
+        attach=lambda queue, topic, group, handler: queue.subscribe_batch(
+            topic, group, BatchOptions(partition_key=lambda e: e.payload["k"]), handler
+        ),
+        links=lambda partition: [e.payload["i"] for e in partition.events],
+        newest=max,
+        entry=lambda n: [n],
+        payload={"k": "k"},
+    ),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS.values()), ids=list(FORMS))
+async def test_a_handler_that_publishes_to_its_own_subscription_is_not_re_entered(harness, queue, form):
     topic, group = inbox()
-    log: list[tuple[str, int]] = []
+    log: list[tuple[str, Any]] = []
     depth = 0
     max_depth = 0
 
-    async def handler(delivery):
+    async def handler(item):
         nonlocal depth, max_depth
         depth += 1
         max_depth = max(max_depth, depth)
-        i = delivery.event.payload["i"]
-        log.append(("enter", i))
+        links = form.links(item)
+        log.append(("enter", links))
         try:
-            if i < 3:
-                await queue.publish(topic, ev(i + 1))  # its own subscription
-            log.append(("exit", i))
+            if form.newest(links) < 3:
+                await queue.publish(topic, ev(form.newest(links) + 1, **form.payload))  # its own subscription
+            log.append(("exit", links))
         finally:
             depth -= 1
 
-    await queue.subscribe(topic, group, handler)
-    await queue.publish(topic, ev(1))
-    await eventually(lambda: ("exit", 3) in log, harness.wait_s, "the chain of three")
-    assert log == [("enter", 1), ("exit", 1), ("enter", 2), ("exit", 2), ("enter", 3), ("exit", 3)]
-    assert max_depth == 1
-    await drained(harness, queue, topic, group)
-
-
-async def test_a_batch_handler_that_publishes_to_its_own_subscription_is_not_re_entered(harness, queue):
-    topic, group = inbox()
-    log: list[tuple[str, list]] = []
-    depth = 0
-    max_depth = 0
-
-    async def handler(partition):
-        nonlocal depth, max_depth
-        depth += 1
-        max_depth = max(max_depth, depth)
-        ids = [e.payload["i"] for e in partition.events]
-        log.append(("enter", ids))
-        try:
-            if max(ids) < 3:
-                await queue.publish(topic, ev(max(ids) + 1, k="k"))
-            log.append(("exit", ids))
-        finally:
-            depth -= 1
-
-    await queue.subscribe_batch(topic, group, BatchOptions(partition_key=lambda e: e.payload["k"]), handler)
-    await queue.publish(topic, ev(1, k="k"))
-    await eventually(lambda: log and log[-1] == ("exit", [3]), harness.wait_s, "the chain of three")
-    assert log == [("enter", [1]), ("exit", [1]), ("enter", [2]), ("exit", [2]), ("enter", [3]), ("exit", [3])]
+    await form.attach(queue, topic, group, handler)
+    await queue.publish(topic, ev(1, **form.payload))
+    last = ("exit", form.entry(3))
+    await eventually(lambda: log and log[-1] == last, harness.wait_s, "the chain of three")
+    assert log == [(step, form.entry(n)) for n in (1, 2, 3) for step in ("enter", "exit")]
     assert max_depth == 1
     await drained(harness, queue, topic, group)
 

@@ -3,13 +3,11 @@ from __future__ import annotations
 import pytest
 
 from crewlet.queue.errors import NotLive
-from crewlet.queue.queuetest.harness import Collector, ev, inbox
+from crewlet.queue.queuetest.harness import attached, ev
 
 
 async def test_a_published_event_reaches_its_subscriber(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     await queue.publish(topic, ev(1))
     items = await col.wait_for(1)
     assert items[0].event.payload == {"i": 1}

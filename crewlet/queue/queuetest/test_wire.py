@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from crewlet.events import Event, register
 from crewlet.queue.contract import Outcome
-from crewlet.queue.queuetest.harness import Collector, drained, ev, inbox, uniq
+from crewlet.queue.queuetest.harness import Collector, attached, drained, ev, inbox, uniq
 
 
 @register("conformance_wire_typed")
@@ -36,9 +36,7 @@ def typed(**kw) -> Event:
 
 
 async def test_a_typed_payload_arrives_as_its_class(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     body = WireTyped(title="Ship it", count=3, ratio=0.25, tags=["a", "b"], meta={"k": {"n": 1}})
     sent = Event(type="conformance_wire_typed", data=body)
     await queue.publish(topic, sent)
@@ -51,9 +49,7 @@ async def test_a_typed_payload_arrives_as_its_class(harness, queue):
 
 
 async def test_free_form_payload_values_survive_with_their_types(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     payload = {
         "int": 7,
         "negative": -3,
@@ -89,9 +85,7 @@ async def test_free_form_payload_values_survive_with_their_types(harness, queue)
 
 
 async def test_the_whole_envelope_survives(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     sent = Event(
         type="conformance_probe",
         payload={"i": 1, "k": ["v"]},
@@ -242,9 +236,7 @@ async def test_an_event_that_already_names_a_node_keeps_it(harness, queue):
 
 
 async def test_publishing_never_mutates_the_callers_event(harness, queue):
-    topic, group = inbox()
-    col = Collector(harness)
-    await queue.subscribe(topic, group, col)
+    topic, group, col, _ = await attached(harness, queue)
     sent = Event(type="conformance_wire_typed", payload={"i": 1}, data=WireTyped(title="mine", tags=["t"]))
     snapshot = copy.deepcopy(sent)
     await queue.publish(topic, sent)
