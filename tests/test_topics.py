@@ -47,21 +47,25 @@ def test_a_handle_that_is_not_one_subject_token_is_refused(bad):
         topics.agent_inbox(bad)
 
 
+#: Each pattern, the subjects it matches, and the subjects it does not.
+GRAMMAR = {
+    "crewlet.events.>": (["crewlet.events.x", "crewlet.events.turn.guard_breach"], ["crewlet.events"]),
+    "crewlet.*.inbox": (["crewlet.ada.inbox"], ["crewlet.ada.b.inbox"]),
+    "crewlet.agent.*.inbox": (["crewlet.agent.ada.inbox"], []),
+    "*": (["a"], ["a.b"]),
+    ">": (["a.b.c"], []),
+    "a.b": (["a.b"], ["a_b"]),
+    "a.*": ([], ["a"]),
+}
+
+
 @pytest.mark.parametrize(
     "pattern,subject,expected",
     [
-        ("crewlet.events.>", "crewlet.events.x", True),
-        ("crewlet.events.>", "crewlet.events.turn.guard_breach", True),
-        ("crewlet.events.>", "crewlet.events", False),
-        ("crewlet.*.inbox", "crewlet.ada.inbox", True),
-        ("crewlet.*.inbox", "crewlet.ada.b.inbox", False),
-        ("crewlet.agent.*.inbox", "crewlet.agent.ada.inbox", True),
-        ("*", "a", True),
-        ("*", "a.b", False),
-        (">", "a.b.c", True),
-        ("a.b", "a.b", True),
-        ("a.b", "a_b", False),
-        ("a.*", "a", False),
+        (pattern, subject, expected)
+        for pattern, (matched, unmatched) in GRAMMAR.items()
+        for expected, subjects in ((True, matched), (False, unmatched))
+        for subject in subjects
     ],
 )
 def test_subject_matching_follows_the_nats_grammar(pattern, subject, expected):
