@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import signal
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 import nats
 import pytest
@@ -24,6 +25,7 @@ from crewlet.queue import topics
 from crewlet.queue.broker import EmbeddedBroker
 from crewlet.queue.contract import MAX_DELIVERIES, MAX_PAYLOAD_BYTES, Outcome, SubscriptionRef, Timings
 from crewlet.queue.errors import Gone, InvalidArgument, QueueError, TooLarge, Unavailable
+from crewlet.queue.jetstream.pull import JetStreamPuller
 from crewlet.queue.jetstream import (
     BROADCAST_PREFIX,
     META_GROUP,
@@ -53,11 +55,8 @@ async def broker() -> AsyncIterator[EmbeddedBroker]:
 
 @pytest.fixture
 async def transport(broker: EmbeddedBroker) -> AsyncIterator[JetStreamTransport]:
-    t = await JetStreamTransport.connect(
-        broker.url, node="n1", timings=TIMINGS, event_retention_hours=2.0, memory_storage=broker.memory_storage
-    )
-    yield t
-    await t.close()
+    async with connected(broker, node="n1", timings=TIMINGS, event_retention_hours=2.0) as t:
+        yield t
 
 
 @pytest.fixture
@@ -85,6 +84,51 @@ async def consumers_of(nc: nats.NATS, stream: str) -> list[dict]:
 
 def event(kind: str = "test_event", **payload: object) -> bytes:
     return Event(type=kind, payload=dict(payload)).to_json()
+
+
+@asynccontextmanager
+async def connected(broker: EmbeddedBroker, **options: Any) -> AsyncIterator[JetStreamTransport]:
+    """A transport on ``broker``, storing as the broker does, closed afterwards."""
+    transport = await JetStreamTransport.connect(broker.url, memory_storage=broker.memory_storage, **options)
+    try:
+        yield transport
+    finally:
+        await transport.close()
+
+
+@asynccontextmanager
+async def puller_on(transport: JetStreamTransport, topic: str, group: str) -> AsyncIterator[JetStreamPuller]:
+    """A puller on the pair's durable, closed afterwards."""
+    puller = await transport.open_puller(topic, group)
+    try:
+        yield puller
+    finally:
+        await puller.close()
+
+
+@asynccontextmanager
+async def pulling(
+    transport: JetStreamTransport, handle: str, *waiting: bytes
+) -> AsyncIterator[tuple[str, str, JetStreamPuller]]:
+    """Seat ``handle``'s inbox with ``waiting`` already published to it, and one puller on its group, closed after.
+
+    The inbox topic, its group, the puller.
+    """
+    topic, group = topics.agent_inbox(handle), f"agent-{handle}"
+    await transport.ensure_consumer(topic, group)
+    for data in waiting:
+        await transport.publish(topic, data)
+    async with puller_on(transport, topic, group) as puller:
+        yield topic, group, puller
+
+
+async def drained(transport: JetStreamTransport, topic: str, group: str) -> None:
+    """Wait for the pair's backlog to empty: acks are fire-and-forget, the broker applies them a moment later."""
+
+    async def settled() -> bool:
+        return await transport.backlog(topic, group) == 0
+
+    await eventually(settled)
 
 
 # ---------------------------------------------------------------------------
@@ -116,16 +160,13 @@ async def test_the_engine_streams_are_provisioned_with_the_designed_retentions(
 async def test_streams_are_file_backed_when_the_broker_has_a_store_dir(tmp_path: Path) -> None:
     async with EmbeddedBroker(store_dir=tmp_path / "store") as b:
         assert b.memory_storage is False
-        t = await JetStreamTransport.connect(b.url, memory_storage=b.memory_storage)
-        try:
+        async with connected(b):
             nc = await nats.connect(b.url)
             try:
                 for spec in topics.ENGINE_STREAMS:
                     assert (await stream_info(nc, spec.name))["config"]["storage"] == "file"
             finally:
                 await nc.close()
-        finally:
-            await t.close()
 
 
 async def test_provisioning_twice_is_idempotent_and_realigns_a_drifted_stream(
@@ -208,19 +249,13 @@ async def test_ensure_consumer_gives_an_existing_durable_the_configured_ack_wait
 ) -> None:
     topic, group = topics.agent_inbox("elder"), topics.agent_inbox_group("elder")
     name = durable_name(topic, group)
-    old = await JetStreamTransport.connect(
-        broker.url, timings=Timings(ack_wait_s=1800.0), memory_storage=broker.memory_storage
-    )
-    try:
+    async with connected(broker, timings=Timings(ack_wait_s=1800.0)) as old:
         assert await old.ensure_consumer(topic, group) is True
         await old.publish(topic, event(n=1))
-    finally:
-        await old.close()
     before = (await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}"))["config"]
     assert before["ack_wait"] == 1800 * NS  # a mailbox made by a build with the half-hour clock
 
-    new = await JetStreamTransport.connect(broker.url, timings=TIMINGS, memory_storage=broker.memory_storage)
-    try:
+    async with connected(broker, timings=TIMINGS) as new:
         assert await new.ensure_consumer(topic, group) is False  # not created: aligned
         info = await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}")
         assert info["config"]["ack_wait"] == int(TIMINGS.ack_wait_s * NS)
@@ -228,34 +263,22 @@ async def test_ensure_consumer_gives_an_existing_durable_the_configured_ack_wait
         assert info["config"]["description"] == before["description"]
         assert info["num_pending"] == 1  # the mail it held is still there, in place
         assert await new.list_consumers(topic) == [SubscriptionRef(topic, group)]
-    finally:
-        await new.close()
 
 
 async def test_an_in_progress_signal_restarts_the_brokers_ack_clock(broker: EmbeddedBroker, raw: nats.NATS) -> None:
     short = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=1.0)
-    t = await JetStreamTransport.connect(broker.url, timings=short, memory_storage=broker.memory_storage)
-    topic, group = topics.agent_inbox("busy"), topics.agent_inbox_group("busy")
-    name = durable_name(topic, group)
-    try:
-        await t.ensure_consumer(topic, group)
-        await t.publish(topic, event(n=1))
-        puller = await t.open_puller(topic, group)
-        try:
-            (msg,) = await puller.fetch(1, 5.0, always_ready)
-            loop = asyncio.get_running_loop()
-            until = loop.time() + 3 * short.ack_wait_s
-            while loop.time() < until:  # three ack windows, signalled well inside each
-                await msg.in_progress()
-                info = await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}")
-                assert info["num_redelivered"] == 0 and info["num_ack_pending"] == 1, info
-                await asyncio.sleep(short.ack_wait_s / 4)
-            await msg.ack()
-            await eventually(lambda: _acked(raw, name))
-        finally:
-            await puller.close()
-    finally:
-        await t.close()
+    async with connected(broker, timings=short) as t, pulling(t, "busy", event(n=1)) as (topic, group, puller):
+        name = durable_name(topic, group)
+        (msg,) = await puller.fetch(1, 5.0, always_ready)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 3 * short.ack_wait_s
+        while loop.time() < until:  # three ack windows, signalled well inside each
+            await msg.in_progress()
+            info = await api(raw, f"CONSUMER.INFO.CREWLET_AGENT.{name}")
+            assert info["num_redelivered"] == 0 and info["num_ack_pending"] == 1, info
+            await asyncio.sleep(short.ack_wait_s / 4)
+        await msg.ack()
+        await eventually(lambda: _acked(raw, name))
 
 
 async def _acked(raw: nats.NATS, name: str) -> bool:
@@ -367,43 +390,27 @@ async def test_listing_refuses_an_empty_or_malformed_pattern(transport: JetStrea
 async def test_a_batch_fetch_returns_what_is_available_without_waiting_for_a_full_batch(
     transport: JetStreamTransport,
 ) -> None:
-    topic = topics.agent_inbox("batch")
-    await transport.ensure_consumer(topic, "agent-batch")
-    for i in range(3):
-        await transport.publish(topic, event(n=i))
-    puller = await transport.open_puller(topic, "agent-batch")
-    try:
+    async with pulling(transport, "batch", *(event(n=i) for i in range(3))) as (topic, group, puller):
         # A one-minute fetch of up to 20 that returns within the test's deadline: it did not wait for 20.
         msgs = await asyncio.wait_for(puller.fetch(20, 60.0, always_ready), timeout=10)
         assert [Event.from_json(m.data).payload["n"] for m in msgs] == [0, 1, 2]
         assert [m.delivered for m in msgs] == [1, 1, 1]
         for m in msgs:
             await m.ack()
-
-        async def settled() -> bool:  # acks are fire-and-forget: the broker applies them a moment later
-            return await transport.backlog(topic, "agent-batch") == 0
-
-        await eventually(settled)
+        await drained(transport, topic, group)
         # Empty: [] at the timeout, never an error.
         assert await puller.fetch(5, 0.2, always_ready) == []
         assert await puller.fetch(5, 0.0, always_ready) == []
-    finally:
-        await puller.close()
 
 
 async def test_a_waiting_fetch_takes_the_first_message_that_arrives(transport: JetStreamTransport) -> None:
-    topic = topics.agent_inbox("late")
-    await transport.ensure_consumer(topic, "agent-late")
-    puller = await transport.open_puller(topic, "agent-late")
-    try:
+    async with pulling(transport, "late") as (topic, _, puller):
         task = asyncio.create_task(puller.fetch(10, 60.0, always_ready))
         await eventually(lambda: puller._active is not None)
         await transport.publish(topic, event(n=1))
         msgs = await asyncio.wait_for(task, timeout=10)
         assert len(msgs) == 1
         await msgs[0].ack()
-    finally:
-        await puller.close()
 
 
 async def test_an_interrupted_fetch_leaves_no_request_behind_to_swallow_mail(transport: JetStreamTransport) -> None:
@@ -428,25 +435,14 @@ async def test_an_interrupted_fetch_leaves_no_request_behind_to_swallow_mail(tra
 
 
 async def test_a_fetch_with_a_closed_gate_asks_the_broker_for_nothing(transport: JetStreamTransport) -> None:
-    topic = topics.agent_inbox("gated")
-    await transport.ensure_consumer(topic, "agent-gated")
-    await transport.publish(topic, event())
-    puller = await transport.open_puller(topic, "agent-gated")
-    try:
+    async with pulling(transport, "gated", event()) as (topic, group, puller):
         assert await puller.fetch(1, 5.0, lambda: False) == []
-        info = await transport.consumer_info(topic, "agent-gated")
+        info = await transport.consumer_info(topic, group)
         assert info is not None and info["num_ack_pending"] == 0 and info["num_pending"] == 1
-    finally:
-        await puller.close()
 
 
 async def test_a_hand_back_is_served_at_the_head_and_a_nak_behind_waiting_mail(transport: JetStreamTransport) -> None:
-    topic = topics.agent_inbox("order")
-    await transport.ensure_consumer(topic, "agent-order")
-    for i in (1, 2):
-        await transport.publish(topic, event(n=i))
-    puller = await transport.open_puller(topic, "agent-order")
-    try:
+    async with pulling(transport, "order", event(n=1), event(n=2)) as (topic, group, puller):
         (m1,) = await puller.fetch(1, 5.0, always_ready)
         assert Event.from_json(m1.data).payload["n"] == 1
         await m1.nak_head()
@@ -459,30 +455,19 @@ async def test_a_hand_back_is_served_at_the_head_and_a_nak_behind_waiting_mail(t
         (last,) = await puller.fetch(1, 10.0, always_ready)
         assert Event.from_json(last.data).payload["n"] == 1 and last.delivered == 3
         await last.term()
-
-        async def settled() -> bool:
-            return await transport.backlog(topic, "agent-order") == 0
-
-        await eventually(settled)
+        await drained(transport, topic, group)
         assert await puller.fetch(1, 0.3, always_ready) == []
-    finally:
-        await puller.close()
 
 
 async def test_a_fetch_on_a_deleted_durable_raises_gone(transport: JetStreamTransport) -> None:
-    topic = topics.agent_inbox("doomed")
-    await transport.ensure_consumer(topic, "agent-doomed")
-    puller = await transport.open_puller(topic, "agent-doomed")
-    try:
+    async with pulling(transport, "doomed") as (topic, group, puller):
         waiting = asyncio.create_task(puller.fetch(1, 60.0, always_ready))
         await eventually(lambda: puller._active is not None)
-        await transport.delete_consumer(topic, "agent-doomed")
+        await transport.delete_consumer(topic, group)
         with pytest.raises(Gone):
             await asyncio.wait_for(waiting, timeout=10)
         with pytest.raises(Gone):
             await puller.fetch(1, 5.0, always_ready)
-    finally:
-        await puller.close()
 
 
 # ---------------------------------------------------------------------------
@@ -745,53 +730,39 @@ async def test_the_client_reconnects_and_a_file_store_keeps_the_mail_across_a_re
     store = tmp_path / "store"
     topic = topics.agent_inbox("durable")
     short_ack = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=1.0)
-    async with EmbeddedBroker(store_dir=store) as b:
-        t = await JetStreamTransport.connect(b.url, timings=short_ack, memory_storage=b.memory_storage)
-        try:
-            await t.ensure_consumer(topic, "agent-durable")
-            await t.publish(topic, event(n=1))
-            await b.stop()
-            await eventually(lambda: not t.is_connected)
-            await b.start()  # same port, same credential: the client finds it again
-            await eventually(lambda: t.is_connected)
-            for n in (2, 3):
-                await t.publish(topic, event(n=n))  # streams are provisioned again on demand
-            puller = await t.open_puller(topic, "agent-durable")
-            try:
-                m1, m2 = await puller.fetch(2, 10.0, always_ready)
-                assert [Event.from_json(m.data).payload["n"] for m in (m1, m2)] == [1, 2]
-                await m1.ack()
-                await m2.nak_head()
-            finally:
-                await puller.close()
-        finally:
-            await t.close()
+    async with EmbeddedBroker(store_dir=store) as b, connected(b, timings=short_ack) as t:
+        await t.ensure_consumer(topic, "agent-durable")
+        await t.publish(topic, event(n=1))
+        await b.stop()
+        await eventually(lambda: not t.is_connected)
+        await b.start()  # same port, same credential: the client finds it again
+        await eventually(lambda: t.is_connected)
+        for n in (2, 3):
+            await t.publish(topic, event(n=n))  # streams are provisioned again on demand
+        async with puller_on(t, topic, "agent-durable") as puller:
+            m1, m2 = await puller.fetch(2, 10.0, always_ready)
+            assert [Event.from_json(m.data).payload["n"] for m in (m1, m2)] == [1, 2]
+            await m1.ack()
+            await m2.nak_head()
     # A new broker process (a new credential) over the same store.
-    async with EmbeddedBroker(store_dir=store) as b2:
-        t2 = await JetStreamTransport.connect(b2.url, timings=short_ack, memory_storage=b2.memory_storage)
-        try:
-            assert await t2.list_consumers("crewlet.agent.>") == [SubscriptionRef(topic, "agent-durable")]
-            assert await t2.ensure_consumer(topic, "agent-durable") is False
-            puller = await t2.open_puller(topic, "agent-durable")
-            try:
-                # The acked message never returns; the never-delivered one flows; and
-                # (broker fact) one unsettled at the stop, even one handed back just before
-                # it, is pending again after the restart: it returns once the ack window
-                # has passed, with its delivery count intact.
-                got: dict[int, int] = {}
+    async with EmbeddedBroker(store_dir=store) as b2, connected(b2, timings=short_ack) as t2:
+        assert await t2.list_consumers("crewlet.agent.>") == [SubscriptionRef(topic, "agent-durable")]
+        assert await t2.ensure_consumer(topic, "agent-durable") is False
+        async with puller_on(t2, topic, "agent-durable") as puller:
+            # The acked message never returns; the never-delivered one flows; and
+            # (broker fact) one unsettled at the stop, even one handed back just before
+            # it, is pending again after the restart: it returns once the ack window
+            # has passed, with its delivery count intact.
+            got: dict[int, int] = {}
 
-                async def both() -> bool:
-                    for m in await puller.fetch(5, 1.0, always_ready):
-                        got[Event.from_json(m.data).payload["n"]] = m.delivered
-                        await m.ack()
-                    return len(got) >= 2
+            async def both() -> bool:
+                for m in await puller.fetch(5, 1.0, always_ready):
+                    got[Event.from_json(m.data).payload["n"]] = m.delivered
+                    await m.ack()
+                return len(got) >= 2
 
-                await eventually(both, timeout_s=20)
-                assert got == {3: 1, 2: 2}
-            finally:
-                await puller.close()
-        finally:
-            await t2.close()
+            await eventually(both, timeout_s=20)
+            assert got == {3: 1, 2: 2}
 
 
 # ---------------------------------------------------------------------------
