@@ -43,38 +43,21 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import psycopg  # creating the bench databases
 
+import benchdb
+
 DEFAULT_DB = "crewlet_bench_dispatch"
 EVENTS_DB = "crewlet_bench_dispatch_events"
 
 
-def _conninfo(dbname: str) -> dict[str, Any]:
-    info: dict[str, Any] = {"dbname": dbname, "host": os.environ.get("CREWLET_PG_HOST", "/var/run/postgresql")}
-    for key, env in (("port", "CREWLET_PG_PORT"), ("user", "CREWLET_PG_USER"), ("password", "CREWLET_PG_PASSWORD")):
-        if os.environ.get(env):
-            info[key] = os.environ[env]
-    return info
-
-
 def ensure_databases() -> None:
-    with psycopg.connect(**_conninfo("postgres"), autocommit=True) as conn:
+    with psycopg.connect(**benchdb.conninfo("postgres"), autocommit=True) as conn:
         for name in (DEFAULT_DB, EVENTS_DB):
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
                 conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def setup_django() -> None:
-    os.environ["CREWLET_DATABASE"] = "postgres"
-    os.environ["CREWLET_PG_DBNAME"] = DEFAULT_DB
-    os.environ["CREWLET_PG_EVENTS_DBNAME"] = EVENTS_DB
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
-    os.environ.setdefault("CREWLET_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    call_command("migrate", database="events", verbosity=0)
+    benchdb.setup_django(DEFAULT_DB, EVENTS_DB)
 
 
 def bench_company(seats: int, max_concurrent: int) -> Any:

@@ -40,24 +40,15 @@ sys.path.insert(0, ROOT)
 
 import psycopg  # the baseline is raw psycopg on purpose
 
+import benchdb
+
 EVENTS_DB = "crewlet_bench"
 DEFAULT_DB = "crewlet_bench_default"
 TARGET = 0.7
 
 
-def _conninfo(dbname: str) -> dict[str, Any]:
-    info: dict[str, Any] = {"dbname": dbname, "host": os.environ.get("CREWLET_PG_HOST", "/var/run/postgresql")}
-    if os.environ.get("CREWLET_PG_PORT"):
-        info["port"] = os.environ["CREWLET_PG_PORT"]
-    if os.environ.get("CREWLET_PG_USER"):
-        info["user"] = os.environ["CREWLET_PG_USER"]
-    if os.environ.get("CREWLET_PG_PASSWORD"):
-        info["password"] = os.environ["CREWLET_PG_PASSWORD"]
-    return info
-
-
 def _admin(sql: str) -> None:
-    with psycopg.connect(**_conninfo("postgres"), autocommit=True) as conn:
+    with psycopg.connect(**benchdb.conninfo("postgres"), autocommit=True) as conn:
         conn.execute(sql)
 
 
@@ -76,18 +67,7 @@ def drop_databases() -> None:
 
 
 def setup_django() -> None:
-    os.environ["CREWLET_DATABASE"] = "postgres"
-    os.environ["CREWLET_PG_DBNAME"] = DEFAULT_DB
-    os.environ["CREWLET_PG_EVENTS_DBNAME"] = EVENTS_DB
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
-    os.environ.setdefault("CREWLET_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    call_command("migrate", database="events", verbosity=0)
+    benchdb.setup_django(DEFAULT_DB, EVENTS_DB)
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -151,7 +131,7 @@ def bench_writes(n: int, rounds: int, chunk: int = 250) -> tuple[float, float]:
     raw_sql = insert_sql()
 
     async def one_round() -> tuple[float, float]:
-        with psycopg.connect(**_conninfo(EVENTS_DB), autocommit=True) as raw:
+        with psycopg.connect(**benchdb.conninfo(EVENTS_DB), autocommit=True) as raw:
             writer = EventWriter()
             await writer(topic, events[0])  # both sides connected before the clock starts
             raw.execute(raw_sql, row_for(topic, events[1]))
@@ -180,7 +160,7 @@ def bench_writes(n: int, rounds: int, chunk: int = 250) -> tuple[float, float]:
 
     raw_rates: list[float] = []
     ours_rates: list[float] = []
-    with psycopg.connect(**_conninfo(EVENTS_DB), autocommit=True) as admin:
+    with psycopg.connect(**benchdb.conninfo(EVENTS_DB), autocommit=True) as admin:
         for _ in range(rounds):
             _truncate(admin)
             raw_rate, ours_rate = asyncio.run(one_round())
@@ -219,7 +199,7 @@ def seed(n: int, now: datetime) -> None:
     pad = "x" * 300
     buf = io.StringIO()
     t0 = time.perf_counter()
-    with psycopg.connect(**_conninfo(EVENTS_DB), autocommit=True) as conn:
+    with psycopg.connect(**benchdb.conninfo(EVENTS_DB), autocommit=True) as conn:
         with conn.cursor().copy(f"COPY eventstore_event ({', '.join(COLUMNS)}) FROM STDIN") as copy:
             for i in range(n):
                 us = (i - (i % 50 == 1)) * step  # pairs sharing one microsecond
@@ -321,7 +301,7 @@ def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, 
         assert cursor
 
     results = []
-    raw = psycopg.connect(**_conninfo(EVENTS_DB), autocommit=True)
+    raw = psycopg.connect(**benchdb.conninfo(EVENTS_DB), autocommit=True)
     try:
         for label, page_cursor in (("first page", ""), (f"page {pages}", cursor)):
             captured: list[tuple[str, Any]] = []
@@ -374,7 +354,7 @@ def main() -> int:
         print(f"  publish listener (EventWriter)    : {ours_rate:10,.0f} events/s")
         print(f"  ratio listener / raw              : {_ratio(ours_rate / raw_rate)}")
 
-        with psycopg.connect(**_conninfo(EVENTS_DB), autocommit=True) as conn:
+        with psycopg.connect(**benchdb.conninfo(EVENTS_DB), autocommit=True) as conn:
             conn.execute("TRUNCATE eventstore_event")
         print(f"\n2. reads: GET /api/events?limit=100 over {args.rows:,} rows, median of {args.repeat} requests")
         seed(args.rows, datetime.now(timezone.utc) - timedelta(minutes=1))
