@@ -49,6 +49,17 @@ log = logging.getLogger("crewlet.seats.runtime")
 SWEEP_EVERY_S = 3600.0
 PAUSE_POLL_S = 2.0
 
+
+async def _apply_pause(
+    loop: InboxLoop, paused: bool, version: int, *, stop_running: bool, by: str, by_seat: str, reason: str
+) -> None:
+    """Bring one loop's hold to a pause state, whether it came as a won change or as the store's row."""
+    if paused:
+        await loop.pause(stop_running=stop_running, by=by, by_seat=by_seat, reason=reason, version=version)
+    else:
+        await loop.resume(version=version)
+
+
 class SeatRuntime:
     """Everything this node does for the company's seats.
 
@@ -269,16 +280,10 @@ class SeatRuntime:
         loop = self.loops.get(change.handle)
         if loop is None:
             return
-        if change.paused:
-            await loop.pause(
-                stop_running=change.stop_running,
-                by=change.by,
-                by_seat=change.by_seat,
-                reason=change.reason,
-                version=change.version,
-            )
-        else:
-            await loop.resume(version=change.version)
+        await _apply_pause(
+            loop, change.paused, change.version,
+            stop_running=change.stop_running, by=change.by, by_seat=change.by_seat, reason=change.reason,
+        )
 
     async def reconcile_pauses(self, handles: Optional[list[str]] = None) -> None:
         """Bring this node's holds to the store's pause rows (the row is the state; events only nudge)."""
@@ -290,16 +295,10 @@ class SeatRuntime:
             loop, row = self.loops.get(handle), rows.get(handle)
             if loop is None or row is None or row.version <= loop.pause_version:
                 continue
-            if row.paused:
-                await loop.pause(
-                    stop_running=row.stop_running,
-                    by=row.paused_by,
-                    by_seat=row.paused_by_seat,
-                    reason=row.reason,
-                    version=row.version,
-                )
-            else:
-                await loop.resume(version=row.version)
+            await _apply_pause(
+                loop, row.paused, row.version,
+                stop_running=row.stop_running, by=row.paused_by, by_seat=row.paused_by_seat, reason=row.reason,
+            )
 
     async def _subscribe_nudges(self) -> None:
         async def nudge(_topic: str, event: Event) -> None:
