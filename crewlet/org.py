@@ -17,7 +17,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, TypedDict
 
 import yaml
 
@@ -99,6 +99,14 @@ class Surface:
     verify: bool = True
 
 
+class SeatLabels(TypedDict):
+    """The seat, role and agent id an event body carries for the seat it concerns."""
+
+    seat: str
+    role: str
+    agent_id: str
+
+
 @dataclass(frozen=True)
 class Seat:
     handle: str
@@ -111,6 +119,10 @@ class Seat:
     @property
     def is_agent(self) -> bool:
         return self.kind == "agent"
+
+    def labels(self) -> SeatLabels:
+        """The three fields that name this seat on every event about it: ``Body(**seat.labels(), ...)``."""
+        return {"seat": self.handle, "role": self.role, "agent_id": self.agent_id}
 
 
 @dataclass(frozen=True)

@@ -424,9 +424,7 @@ class NotifyRouter:
             extras["conversation_identity"] = parsed.conversation_identity
         return events.new(
             ExternalNotification(
-                seat=seat.handle,
-                role=seat.role,
-                agent_id=seat.agent_id,
+                **seat.labels(),
                 event_name=parsed.event_name,
                 delivery_id=parsed.delivery_id,
                 sender=sender,

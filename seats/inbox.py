@@ -579,9 +579,7 @@ class InboxLoop:
                 if len(fresh) > 1:
                     await self._emit(
                         NotificationsCoalesced(
-                            seat=seat.handle,
-                            role=seat.role,
-                            agent_id=seat.agent_id,
+                            **seat.labels(),
                             partition_key=key,
                             count=len(fresh),
                             event_ids=[ev.id for ev in fresh],
@@ -659,9 +657,7 @@ class InboxLoop:
         with child_span(ev, "seat.trigger_skipped", attributes={"crewlet.seat": seat.handle}):
             await self._emit(
                 TurnTriggerSkipped(
-                    seat=seat.handle,
-                    role=seat.role,
-                    agent_id=seat.agent_id,
+                    **seat.labels(),
                     trigger_event_id=ev.id,
                     turn_id=worked_by,
                     conversation_key=conversation if isinstance(conversation, str) else "",

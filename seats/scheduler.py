@@ -123,9 +123,7 @@ class Scheduler:
             with start_span("scheduler.fire", attributes={"crewlet.schedule": schedule.name}):
                 task = events.new(
                     TaskAssigned(
-                        seat=seat.handle,
-                        role=seat.role,
-                        agent_id=seat.agent_id,
+                        **seat.labels(),
                         schedule_id=schedule.name,
                         title=schedule.task,
                         instructions=schedule.task,
@@ -144,9 +142,7 @@ class Scheduler:
                     continue
                 await self.emitter.emit(
                     ScheduledTaskFired(
-                        seat=seat.handle,
-                        role=seat.role,
-                        agent_id=seat.agent_id,
+                        **seat.labels(),
                         schedule_id=schedule.name,
                         schedule_name=schedule.name,
                         task_event_id=event_id,
