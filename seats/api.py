@@ -52,28 +52,27 @@ P_HANDLE = "handle"
 # -- serializers (the schema; the answers are plain dicts) -------------------------------
 
 
-class PauseStateSerializer(serializers.Serializer):
+class PauseFieldsSerializer(serializers.Serializer):
+    """A seat's pause state as both the pause answers and the seat listing carry it."""
+
     paused = serializers.BooleanField()
     paused_by = serializers.CharField(allow_blank=True)
     paused_by_seat = serializers.CharField(allow_blank=True)
     reason = serializers.CharField(allow_blank=True)
     stop_running = serializers.BooleanField()
     paused_at = serializers.DateTimeField(allow_null=True)
+
+
+class PauseStateSerializer(PauseFieldsSerializer):
     version = serializers.IntegerField()
 
 
-class SeatSerializer(serializers.Serializer):
+class SeatSerializer(PauseFieldsSerializer):
     handle = serializers.CharField()
     kind = serializers.CharField()
     role = serializers.CharField(allow_blank=True)
     display_name = serializers.CharField(allow_blank=True)
     agent_id = serializers.CharField()
-    paused = serializers.BooleanField()
-    paused_by = serializers.CharField(allow_blank=True)
-    paused_by_seat = serializers.CharField(allow_blank=True)
-    reason = serializers.CharField(allow_blank=True)
-    stop_running = serializers.BooleanField()
-    paused_at = serializers.DateTimeField(allow_null=True)
     depth = serializers.IntegerField(allow_null=True, help_text="mail waiting in the seat's inbox; null when unknown")
 
 
@@ -204,8 +203,22 @@ class SeatsView(APIView):
         return Response({"org": org.org, "seats": seats})
 
 
+def _change_schema(operation_id: str, summary: str, request: Any) -> Callable[[Any], Any]:
+    """The OpenAPI description every pause/resume route shares: a change answered with the state now."""
+    return extend_schema(
+        operation_id=operation_id, summary=summary, request=request, responses={200: ChangeSerializer, **_ERRORS}
+    )
+
+
 def _change(handle: str, verb: str, change: Callable[[], bool]) -> Response:
-    """Run a pause/resume compare-and-set for a request and answer with what it did and the state now."""
+    """Run a pause/resume compare-and-set for a request and answer with what it did and the state now.
+
+    The seat is checked first (404 for an unknown handle, 400 for a human seat),
+    then that a seat runtime runs here to apply the change.
+    """
+    _, error = _seat_or_error(handle)
+    if error is not None:
+        return error
     if not actions.seat_runtime_here():
         return _no_runtime()
     try:
@@ -219,34 +232,20 @@ def _change(handle: str, verb: str, change: Callable[[], bool]) -> Response:
 
 
 class SeatPauseView(APIView):
-    @extend_schema(
-        operation_id="seats_pause",
-        summary="Pause a seat: hold its inbox (optionally stopping the running turn)",
-        request=PauseRequestSerializer,
-        responses={200: ChangeSerializer, **_ERRORS},
+    @_change_schema(
+        "seats_pause", "Pause a seat: hold its inbox (optionally stopping the running turn)", PauseRequestSerializer
     )
     def post(self, request: Request, handle: str) -> Response:
         body = PauseRequestSerializer(data=request.data)  # the parser let only a JSON object through
         body.is_valid(raise_exception=True)
-        _, error = _seat_or_error(handle)
-        if error is not None:
-            return error
         reason, stop_running = body.validated_data["reason"], body.validated_data["stop_running"]
         return _change(handle, "pause", lambda: actions.pause_seat(handle, actor_of(request), reason, stop_running))
 
 
 class SeatResumeView(APIView):
-    @extend_schema(
-        operation_id="seats_resume",
-        summary="Resume a paused seat: release the hold on its inbox",
-        request=None,
-        responses={200: ChangeSerializer, **_ERRORS},
-    )
+    @_change_schema("seats_resume", "Resume a paused seat: release the hold on its inbox", None)
     def post(self, request: Request, handle: str) -> Response:
         _ = request.data  # no body is needed, but one that is sent must be a JSON object (the parser refuses it)
-        _, error = _seat_or_error(handle)
-        if error is not None:
-            return error
         return _change(handle, "resume", lambda: actions.resume_seat(handle, actor_of(request)))
 
 
