@@ -9,26 +9,22 @@ signal lands.
 """
 from __future__ import annotations
 
-import asyncio
-import os
+import contextlib
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import pytest
 
 from crewlet.queue import MAX_DELIVERIES, Timings, topics
 from tests.browser_support import LoopThread, slack_message
-from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+from tests.up_support import UpProcess, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-UP_READY_S = 120.0
 #: A stop's hand-back must arrive well inside this; the ack clock is far longer in the clean-stop case.
 PROMPT_S = 10.0
 
@@ -65,31 +61,19 @@ def broker(loop: LoopThread, tmp_path: Path) -> Iterator[Any]:
     loop.run(server.stop())
 
 
-class Up:
-    """One `manage.py up` on the test's broker, with the test's company and ack window."""
+class Up(UpProcess):
+    """One `manage.py up` (an :class:`UpProcess`) on the test's broker, with the test's company and ack window."""
 
     def __init__(self, tmp: Path, broker_url: str, *, ack_wait_s: float, linger_s: int) -> None:
         company = tmp / "company.yaml"
         company.write_text(COMPANY % {"linger": linger_s})
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
-        self.env.update(
-            PYTHONUNBUFFERED="1",
-            DJANGO_SETTINGS_MODULE="crewlet.settings",
+        env = up_env(
             CREWLET_STREAM_TYPE="nats",
             CREWLET_STREAM_URL=broker_url,
             CREWLET_VAR_DIR=str(tmp / "data"),
             CREWLET_DELIVERY_ACK_WAIT_S=str(ack_wait_s),
         )
-        self.proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0", "--node", "u1",
-             "--company", str(company)],
-            cwd=tmp, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-        )
-        self.out = ProcessOutput(self.proc)
-        ready = self.out.wait_for("Crewlet is up: ", timeout_s=UP_READY_S)
-        self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        self.children = descendants(self.proc.pid)
+        super().__init__(tmp, "--company", str(company), node="u1", env=env)
 
     def post_slack(self, to: str, channel: str, text: str) -> None:
         import json
@@ -102,16 +86,6 @@ class Up:
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.status == 202, response.read()
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-        for pid in self.children:
-            if is_running(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 class Watcher:
@@ -158,15 +132,22 @@ class Watcher:
         self.loop.run(self.queue.close())
 
 
+@contextlib.contextmanager
+def running(loop: LoopThread, broker: Any, tmp: Path, *, ack_wait_s: float, linger_s: int) -> Iterator[tuple[Up, Watcher]]:
+    """`up` started on the test's broker and the test's own node watching it; both gone when the block ends."""
+    with Up(tmp, broker.url, ack_wait_s=ack_wait_s, linger_s=linger_s) as up:
+        watcher = Watcher(loop, broker, ack_wait_s)
+        try:
+            yield up, watcher
+        finally:
+            watcher.close()
+
+
 def test_sigterm_hands_back_held_and_gated_mail_at_once_and_a_second_sigterm_the_running_turns(
     loop: LoopThread, broker: Any, tmp_path: Path
 ) -> None:
     ack_wait_s = 600.0  # so nothing below can be the ack clock's doing
-    up: Optional[Up] = None
-    watcher: Optional[Watcher] = None
-    try:
-        up = Up(tmp_path, broker.url, ack_wait_s=ack_wait_s, linger_s=2)
-        watcher = Watcher(loop, broker, ack_wait_s)
+    with running(loop, broker, tmp_path, ack_wait_s=ack_wait_s, linger_s=2) as (up, watcher):
         # Three conversations with ada inside one linger: one drain, three partitions.
         for n in (1, 2, 3):
             up.post_slack("U0ADA", f"D0ADA{n}", f"conversation {n}")
@@ -207,22 +188,13 @@ def test_sigterm_hands_back_held_and_gated_mail_at_once_and_a_second_sigterm_the
         assert "event=queue_handed_back_on_stop" in text
         print(f"\nclean stop: held and gated mail back {held_back_s:.3f}s after SIGTERM; "
               f"the running turn's trigger {cancelled_back_s:.3f}s after the second SIGTERM")
-    finally:
-        if watcher is not None:
-            watcher.close()
-        if up is not None:
-            up.kill()
 
 
 def test_kill_9_mid_turn_returns_the_turns_trigger_after_about_one_ack_window(
     loop: LoopThread, broker: Any, tmp_path: Path
 ) -> None:
     ack_wait_s = 2.0
-    up: Optional[Up] = None
-    watcher: Optional[Watcher] = None
-    try:
-        up = Up(tmp_path, broker.url, ack_wait_s=ack_wait_s, linger_s=0)
-        watcher = Watcher(loop, broker, ack_wait_s)
+    with running(loop, broker, tmp_path, ack_wait_s=ack_wait_s, linger_s=0) as (up, watcher):
         up.post_slack("U0ADA", "D0ADA", "a long one")
         wait_until(lambda: watcher.turns_started("ada") == 1, 60, "ada's turn")
         # Several ack windows of the turn running: in-progress signals keep the trigger with `up`.
@@ -236,8 +208,3 @@ def test_kill_9_mid_turn_returns_the_turns_trigger_after_about_one_ack_window(
         (event_id, remaining, at), = watcher.received("ada")
         assert remaining == MAX_DELIVERIES - 2  # the same message, redelivered: its turn runs again
         print(f"\nkill -9 mid-turn: the trigger back {at - killed:.3f}s after the kill (ack wait {ack_wait_s} s)")
-    finally:
-        if watcher is not None:
-            watcher.close()
-        if up is not None:
-            up.kill()

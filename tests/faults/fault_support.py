@@ -24,8 +24,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -34,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, TypeVar, cast
 
 from tests import waiting_support
-from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+from tests.process_support import REPO_ROOT, descendants, is_running
+from tests.up_support import UpProcess, up_env
 
 T = TypeVar("T")
 
@@ -155,8 +154,11 @@ def slack_dm(channel: str, text: str = "please summarise the build", *, event_id
 # -- the process ---------------------------------------------------------------------------------
 
 
-class Up:
-    """``manage.py up`` on one data directory: start, restart, kill, stop; its URL and its broker child."""
+class Up(UpProcess):
+    """``manage.py up`` on one data directory (an :class:`UpProcess`): restart, kill -9, stop; its broker child.
+
+    Its output is kept across restarts and written to :data:`LOGS` by :meth:`cleanup`.
+    """
 
     def __init__(
         self,
@@ -166,51 +168,16 @@ class Up:
         env: Optional[dict[str, str]] = None,
         node: str = "fault1",
     ) -> None:
-        self.tmp = tmp
         self.data_dir = tmp / "data"
         self.company_file = tmp / "company.yaml"
         self.company_file.write_text(company)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, the defaults
-        self.env.update(
-            PYTHONUNBUFFERED="1",
-            DJANGO_SETTINGS_MODULE="crewlet.settings",
-            CREWLET_OPERATOR_TOKEN=TOKEN,
-            CREWLET_DATABASE="sqlite",
-            **SECRETS,
+        super().__init__(
+            tmp, "--data-dir", str(self.data_dir), "--company", str(self.company_file), node=node, ready_s=UP_READY_S,
+            env=up_env(CREWLET_OPERATOR_TOKEN=TOKEN, CREWLET_DATABASE="sqlite", **{**SECRETS, **(env or {})}),
         )
-        self.env.update(env or {})
-        self.node = node
-        self.proc: Optional[subprocess.Popen[str]] = None
-        self.out: Optional[ProcessOutput] = None
-        self.url = ""
-        self.children: dict[int, str] = {}
         self.logs: list[str] = []
-        self.starts = 0
 
     # -- lifecycle --
-
-    def start(self) -> float:
-        """Start and wait for the ready line; returns the seconds it took."""
-        began = time.monotonic()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, str(REPO_ROOT / "manage.py"), "up", "--addr", "127.0.0.1:0",
-                "--data-dir", str(self.data_dir), "--company", str(self.company_file), "--node", self.node,
-            ],
-            cwd=self.tmp,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.starts += 1
-        self.out = ProcessOutput(self.proc)
-        ready = self.out.wait_for("Crewlet is up: ", timeout_s=UP_READY_S)
-        self.url = ready.split("Crewlet is up: ", 1)[1].split(" ", 1)[0].rstrip("/")
-        self.children = descendants(self.proc.pid)
-        return time.monotonic() - began
 
     @property
     def broker_pid(self) -> int:
@@ -230,11 +197,10 @@ class Up:
         self._keep_log()
 
     def terminate(self, timeout_s: float = 90.0) -> int:
-        """SIGTERM and wait; returns the exit status."""
+        """SIGTERM and wait, the children it has then remembered for :meth:`leftover_children`; the exit status."""
         assert self.proc is not None
         self.children = descendants(self.proc.pid)
-        self.proc.send_signal(signal.SIGTERM)
-        status = self.proc.wait(timeout=timeout_s)
+        status = super().terminate(timeout_s)
         self._keep_log()
         return status
 
@@ -242,21 +208,13 @@ class Up:
         return [pid for pid in self.children if is_running(pid)]
 
     def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=10)
+        """Kill what is still running, then keep the case's `up` log as a CI artifact."""
+        running = self.proc is not None and self.proc.poll() is None
+        self.kill()
+        if running:
             self._keep_log()
-        for pid in self.children:
-            if is_running(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         LOGS.mkdir(parents=True, exist_ok=True)
-        (LOGS / f"{self.tmp.name}.log").write_text(self.log_text())  # the case's `up` log, a CI artifact
+        (LOGS / f"{self.tmp.name}.log").write_text(self.log_text())
 
     def _keep_log(self) -> None:
         if self.out is not None:
@@ -264,8 +222,7 @@ class Up:
             self.out = None
 
     def log_text(self) -> str:
-        current = "\n".join(self.out.lines) if self.out is not None else ""
-        return "\n".join([*self.logs, current])
+        return "\n".join([*self.logs, self.output_so_far()])
 
     # -- HTTP --
 
@@ -432,6 +389,35 @@ class Sender:
             return wait_until(settled, timeout_s=timeout_s, what=f"{len(chosen)} accepted deliveries each ran", interval_s=0.5)
         except AssertionError:
             return self.outcome(chosen)  # the caller records the figures, then fails on what is missing
+
+
+def record_exactly_once(
+    figures: Any, sender: Sender, outcome: Outcome, *, origin: float, recovery_s: Optional[float], bound_s: float,
+    note: str, **more: Any,
+) -> list[float]:
+    """Record the case's figures (``more`` as extra columns), then fail on a delivery accepted and never run, or run twice.
+
+    Returns each accepted delivery's delay from ``origin`` (or from its acceptance, if later) to its last run.
+    """
+    accepted = sender.accepted
+    lost = [d.key for d in accepted if outcome.runs(d.key) == 0]
+    doubled = [d.key for d in accepted if outcome.runs(d.key) > 1]
+    delays = [outcome.finished_at[d.key] - max(origin, d.accepted_at or origin) for d in accepted if d.key in outcome.finished_at]
+    figures.record(
+        sent=len(sender.deliveries),
+        accepted=len(accepted),
+        lost=len(lost),
+        duplicated=len(doubled),
+        delayed=sum(1 for x in delays if x > bound_s),
+        max_delay_s=max(delays, default=0.0),
+        recovery_s=recovery_s,
+        bound_s=bound_s,
+        note=note,
+        **more,
+    )
+    assert not lost, f"accepted and never run: {lost}"
+    assert not doubled, f"ran more than once: {doubled}"
+    return delays
 
 
 def parse_ts(text: str) -> float:

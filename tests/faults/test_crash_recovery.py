@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.faults.conftest import Figures
-from tests.faults.fault_support import Sender, Up, company_yaml, wait_until
+from tests.faults.fault_support import Outcome, Sender, Up, company_yaml, record_exactly_once, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,25 +32,18 @@ TURN_S = 2.0
 SLACK_S = 10.0
 
 
-def _figures(figures: Figures, sender: Sender, outcome, *, bound_s: float, origin: float, recovery_s: float, note: str = "") -> None:
-    accepted = [d for d in sender.deliveries if 202 in d.statuses]
-    lost = [d.key for d in accepted if outcome.runs(d.key) == 0]
-    doubled = [d.key for d in accepted if outcome.runs(d.key) > 1]
-    delays = [outcome.finished_at[d.key] - max(origin, d.accepted_at or origin) for d in accepted if d.key in outcome.finished_at]
-    figures.record(
-        sent=len(sender.deliveries),
-        accepted=len(accepted),
-        lost=len(lost),
-        duplicated=len(doubled),
-        delayed=sum(1 for x in delays if x > bound_s),
-        max_delay_s=max(delays, default=0.0),
-        recovery_s=recovery_s,
-        bound_s=bound_s,
-        restarted_turns=sum(max(outcome.started.get(d.key, 0) - 1, 0) for d in accepted),
-        note=note,
-    )
-    assert not lost, f"accepted and never run: {lost}"
-    assert not doubled, f"ran more than once: {doubled}"
+def _figures(figures: Figures, sender: Sender, outcome: Outcome, **case: Any) -> None:
+    restarted_turns = sum(max(outcome.started.get(d.key, 0) - 1, 0) for d in sender.accepted)
+    record_exactly_once(figures, sender, outcome, restarted_turns=restarted_turns, **case)
+
+
+def _turn_in_flight(up: Up, count: int) -> Sender:
+    """``count`` deliveries accepted, and one of their turns running."""
+    sender = Sender(up)
+    sent = sender.send_new(count)
+    assert all(202 in d.statuses for d in sent)
+    wait_until(lambda: up.events(type="agent_turn_started"), timeout_s=30, what="a turn in flight")
+    return sender
 
 
 def test_kill_9_of_up_with_mail_held_for_a_paused_seat_loses_and_doubles_nothing_after_the_restart(
@@ -86,11 +80,8 @@ def test_kill_9_of_up_with_a_turn_in_flight_and_mail_waiting_runs_each_delivery_
     up = Up(tmp_path, company=company)
     try:
         up.start()
-        sender = Sender(up)
-        sent = sender.send_new(4)
-        assert all(202 in d.statuses for d in sent)
         # One turn thinks for TURN_S on the only slot; the others wait for it, fetched or not.
-        wait_until(lambda: up.events(type="agent_turn_started"), timeout_s=30, what="a turn in flight")
+        sender = _turn_in_flight(up, 4)
         up.kill9()
         began = time.monotonic()
         up.start()
@@ -131,10 +122,7 @@ def test_sigterm_under_load_exits_0_leaves_no_child_and_hands_back_what_it_fetch
     up = Up(tmp_path, company=company)
     try:
         up.start()
-        sender = Sender(up)
-        sent = sender.send_new(8)
-        assert all(202 in d.statuses for d in sent)
-        wait_until(lambda: up.events(type="agent_turn_started"), timeout_s=30, what="a turn in flight")
+        sender = _turn_in_flight(up, 8)
         status = up.terminate()
         assert status == 0, up.log_text()[-3000:]
         assert "clean=true" in up.log_text()
