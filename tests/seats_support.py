@@ -21,6 +21,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.memory import MemoryBroker
 from crewlet.tracing import Trace
+from seats.mailboxes import ensure_mailboxes
 from seats.runtime import SeatRuntime
 from engine_support import engine_here
 from waiting_support import eventually
@@ -116,6 +117,14 @@ class Recorder:
 
     def types(self) -> list[str]:
         return [ev.type for _, ev in self.seen]
+
+
+async def recording_with_mailboxes(q: EventQueue) -> tuple[Recorder, Organization]:
+    """A :class:`Recorder` on ``q``, and the example company with its seats' mailboxes already on ``q``."""
+    rec = Recorder().attach(q)
+    org = company()
+    await ensure_mailboxes(q, org)
+    return rec, org
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import pytest
 
@@ -19,6 +19,22 @@ from waiting_support import eventually
 
 def events_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "crewlet.engine"]
+
+
+async def serving_one_in_flight(
+    engine: Engine, topic: str, group: str, handler: Callable[[Any], Awaitable[Any]]
+) -> asyncio.Task[int]:
+    """``engine`` serving, with one message published to ``handler`` and in its hands; the serve task."""
+
+    async def service(e: Engine) -> None:
+        assert e.queue is not None
+        await e.queue.subscribe(topic, group, handler)
+        await e.queue.publish(topic, Event(type="task_assigned"))
+
+    engine.add_service(service)
+    run = asyncio.create_task(engine.serve())
+    await eventually(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
+    return run
 
 
 async def test_engine_connects_with_the_settings_runs_services_and_stops(caplog: pytest.LogCaptureFixture) -> None:
@@ -119,14 +135,7 @@ async def test_engine_drain_gives_up_at_its_timeout_and_hands_the_running_handle
             cancelled.set()
             raise
 
-    async def service(e: Engine) -> None:
-        assert e.queue is not None
-        await e.queue.subscribe(topic, group, stuck)
-        await e.queue.publish(topic, Event(type="task_assigned"))
-
-    engine.add_service(service)
-    run = asyncio.create_task(engine.serve())
-    await eventually(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
+    run = await serving_one_in_flight(engine, topic, group, stuck)
     engine.stop()
     assert await asyncio.wait_for(run, 5) == 0
     events = events_logged(caplog)
@@ -146,14 +155,7 @@ async def test_a_second_signal_skips_the_drain(caplog: pytest.LogCaptureFixture)
     async def slow(delivery: Any) -> None:
         await release.wait()
 
-    async def service(e: Engine) -> None:
-        assert e.queue is not None
-        await e.queue.subscribe(topic, group, slow)
-        await e.queue.publish(topic, Event(type="task_assigned"))
-
-    engine.add_service(service)
-    run = asyncio.create_task(engine.serve())
-    await eventually(lambda: engine.queue is not None and engine.queue.in_flight() == 1)
+    run = await serving_one_in_flight(engine, topic, group, slow)
     engine._on_signal(signal.SIGTERM)
     await eventually(lambda: engine._drain_task is not None)
     engine._on_signal(signal.SIGINT)

@@ -41,7 +41,7 @@ from seats.ledger import (
 )
 from seats.mailboxes import ensure_mailboxes
 from seats.turns import Trigger, TurnResult, TurnRunner
-from seats_support import Recorder, company, drained, eventually, holder, memory_queues, running
+from seats_support import Recorder, company, drained, eventually, holder, memory_queues, recording_with_mailboxes, running
 from waiting_support import wait_until
 
 pytestmark = pytest.mark.usefixtures("close_store_connections")
@@ -164,9 +164,7 @@ def test_the_store_refusing_a_value_is_told_apart_from_the_store_being_down() ->
 @DB
 async def test_a_nul_in_a_dm_channel_runs_its_turn_and_the_good_dm_drained_with_it_runs_too() -> None:
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         poison = dm("hello from a broken client", channel="D0\x00X", n=1)
         good = dm("are you there?", channel="D0GOOD", n=2)
         await put(q, poison, good)  # waiting together: one drain, the poison's partition first
@@ -187,9 +185,7 @@ async def test_a_nul_in_a_dm_channel_runs_its_turn_and_the_good_dm_drained_with_
 @DB
 async def test_a_lone_surrogate_in_a_wake_from_another_producer_runs_its_turn_and_its_telemetry_publishes() -> None:
     async with memory_queues() as (broker, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         poison = dm("caf\ud800 menu?", channel="D0SUR", n=1)
         # Another build's encoder escapes the surrogate as JSON allows; this one's decoder gives it back raw.
         broker.publish(topics.agent_inbox("ada"), json.dumps(poison.to_dict()).encode("ascii"))
@@ -228,9 +224,7 @@ async def test_a_value_the_store_refuses_is_naked_alone_and_never_parks_the_good
 ) -> None:
     monkeypatch.setattr(inbox_module, "ascreen", _refusing_screen("D0POISON"))
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         poison = dm("poison", channel="D0POISON", n=1)
         good = dm("good", channel="D0GOOD", n=2)
         await put(q, poison, good)
@@ -252,9 +246,7 @@ async def test_a_refused_value_inside_a_conversations_batch_degrades_it_and_only
 ) -> None:
     monkeypatch.setattr(inbox_module, "ascreen", _refusing_screen("1718000000.000001"))
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         poison, second, third = (dm(f"message {n}", channel="D0ONE", n=n) for n in (1, 2, 3))
         await put(q, poison, second, third)  # one partition: the same DM channel
         async with running(q, org, merge=dispatch, store_retry_s=0.01):
@@ -285,9 +277,7 @@ async def test_a_store_that_is_down_still_defers_the_drain_and_retries_rather_th
 
     monkeypatch.setattr(inbox_module, "ascreen", in_store(flaky))
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         first, second = dm("one", channel="D0A", n=1), dm("two", channel="D0B", n=2)
         await put(q, first, second)
         async with running(q, org, merge=dispatch, store_retry_s=0.01) as rt:

@@ -130,12 +130,19 @@ async def asgi_post(path: str, payload: Any, token: str) -> tuple[int, Any]:
     return start["status"], json.loads(b"".join(chunks) or b"null")
 
 
+@pytest.fixture
+async def recorder_and_token(runtime_on_memory: Any) -> tuple[Any, str]:
+    """The engine running on the memory queue (what it published) and an operator's bearer token for the calls."""
+    _, _, rec = runtime_on_memory
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    return rec, token
+
+
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
 async def test_an_ask_through_the_asgi_handler_is_201_and_its_store_write_runs_off_the_request_thread(
-    runtime_on_memory: Any,
+    recorder_and_token: tuple[Any, str],
 ) -> None:
-    rt, q, rec = runtime_on_memory
-    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    rec, token = recorder_and_token
 
     status, asked = await asgi_post("/api/a2a/ask", {"from": "ada", "to": "linus", "brief": "status?"}, token)
     assert status == 201, asked
@@ -146,10 +153,9 @@ async def test_an_ask_through_the_asgi_handler_is_201_and_its_store_write_runs_o
 
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
 async def test_a_retry_after_an_ask_that_stopped_between_its_row_and_its_publishes_completes_that_channel_once(
-    runtime_on_memory: Any,
+    recorder_and_token: tuple[Any, str],
 ) -> None:
-    rt, q, rec = runtime_on_memory
-    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    rec, token = recorder_and_token
     ask = {"from": "ada", "to": "linus", "brief": "status of POC-9?", "request_id": "op-42"}
     # What an attempt cut off by its deadline leaves behind: the channel's row, and nothing published.
     await services._open("ada", "linus", ask["brief"], "", 0, [], None, services.ask_channel_id("ada", "op-42"))

@@ -12,9 +12,10 @@ from crewlet.tracing import Trace
 from seats.actions import apause_seat, aresume_seat
 from seats.delivery_models import LedgerEntry
 from seats.inbox import HOLD_NO_PROVIDER, HOLD_PAUSED
-from seats.mailboxes import ensure_mailboxes
 from seats.ownership import SeatOwnership
-from seats_support import Recorder, company, drained, eventually, holder, inbox, memory_queues, running, send, wake
+from seats_support import (
+    Recorder, company, drained, eventually, holder, inbox, memory_queues, recording_with_mailboxes, running, send, wake,
+)
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
@@ -54,9 +55,7 @@ async def test_start_creates_every_agent_seats_mailbox_before_it_claims_any() ->
 
 async def test_a_wake_published_before_the_seats_loop_starts_is_delivered_once_it_starts() -> None:
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         sent = await send(q, "ada", wake("ada", "are you there?"))
         assert await q.backlog(*inbox("ada")) == 1
 
@@ -128,9 +127,7 @@ async def test_a_redelivered_trigger_that_was_already_worked_is_skipped_visibly_
 
 async def test_same_id_duplicates_in_one_drain_make_one_turn() -> None:
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         twice = wake("ada", "hello")
         await send(q, "ada", twice)
         await send(q, "ada", twice)
@@ -145,9 +142,7 @@ async def test_same_id_duplicates_in_one_drain_make_one_turn() -> None:
 
 async def test_wakes_of_one_conversation_waiting_together_are_one_turn_tagged_with_its_identity() -> None:
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         sent = [
             await send(q, "ada", wake("ada", f"message {i}", partition_key="slack:D1:17.1", conversation="slack:D1"))
             for i in range(3)
@@ -409,9 +404,7 @@ async def test_a_merged_partition_is_one_turn_and_every_constituent_is_recorded_
         return await run(digest)
 
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         sent = await _conversation(q, 3)
         async with running(q, org, merge=merge):
             await eventually(lambda: rec.of("agent_turn_completed", seat="ada"))
@@ -430,9 +423,7 @@ async def test_a_degraded_merge_records_only_the_event_it_ran_and_the_requeued_t
         return await run(ordered[0])
 
     async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         sent = await _conversation(q, 3)
         async with running(q, org, merge=degrade):
             await eventually(lambda: len(rec.of("agent_turn_completed", seat="ada")) == 3)

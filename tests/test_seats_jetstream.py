@@ -13,7 +13,7 @@ from seats.actions import apause_seat, aresume_seat
 from seats.inbox import HOLD_NO_PROVIDER
 from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
 from seats.runtime import SeatRuntime
-from seats_support import Recorder, company, drained, eventually, holder, inbox, jetstream_queues, running, send, wake
+from seats_support import Recorder, company, drained, eventually, holder, inbox, jetstream_queues, recording_with_mailboxes, running, send, wake
 
 pytestmark = [
     pytest.mark.integration,
@@ -27,9 +27,7 @@ T0 = datetime(2025, 6, 2, 9, 0, tzinfo=timezone.utc)
 
 async def test_a_wake_sent_before_any_loop_runs_waits_on_the_broker_and_its_redelivery_is_skipped() -> None:
     async with jetstream_queues() as [q]:
-        rec = Recorder().attach(q)
-        org = company()
-        await ensure_mailboxes(q, org)
+        rec, org = await recording_with_mailboxes(q)
         sent = await send(q, "ada", wake("ada", "first thing", delivery_id="slack:Ev1"))
         # Interest retention kept it (the mailbox existed). JetStream updates a consumer's pending count a moment
         # after the publish is acked, so the depth is a gauge to wait on, not a fact to read at once.
