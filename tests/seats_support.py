@@ -1,12 +1,13 @@
 """Helpers the seat delivery tests share: companies, wakes, a recorder of what was published, brokers."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, AsyncIterator, Callable, Iterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -255,6 +256,26 @@ async def running(queue: EventQueue, org: Optional[Organization] = None, **optio
             yield runtime
     finally:
         await runtime.stop()
+
+
+@contextlib.asynccontextmanager
+async def scheduling_nodes(
+    queues: Sequence[EventQueue], schedules: list[dict[str, Any]], now: list[float]
+) -> AsyncIterator[tuple[Recorder, list[SeatRuntime]]]:
+    """One started runtime a client, each scheduling ``schedules`` every 20 ms on the clock ``now[0]``.
+
+    Yields a recorder on every client and the runtimes; they are stopped when the block ends.
+    """
+    rec = Recorder().attach(*queues)
+    runtimes = [
+        SeatRuntime(q, holder(company(schedules=schedules)), scheduler_tick_s=0.02, clock=lambda: now[0])
+        for q in queues
+    ]
+    await asyncio.gather(*(rt.start() for rt in runtimes))
+    try:
+        yield rec, runtimes
+    finally:
+        await asyncio.gather(*(rt.stop() for rt in runtimes))
 
 
 def inbox(handle: str) -> tuple[str, str]:

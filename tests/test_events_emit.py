@@ -6,9 +6,10 @@ store, with short injected retry durations; every wait is for a condition.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -16,7 +17,7 @@ from crewlet.events import Event, Trace
 from crewlet.events.emit import LOG_DROPPED, LOG_EXPIRED, Emitter
 from crewlet.events.types import SeatPaused
 from crewlet.queue import topics
-from crewlet.queue.contract import Outcome
+from crewlet.queue.contract import EventQueue, Outcome
 from crewlet.queue.memory import MemoryBroker
 from waiting_support import eventually
 
@@ -40,31 +41,43 @@ async def _read_all(queue: Any, held: int) -> list[Event]:
     return got
 
 
-async def test_a_telemetry_event_published_while_the_memory_broker_is_away_arrives_once_it_is_back() -> None:
+@contextlib.asynccontextmanager
+async def emitter_on_the_twin(
+    *, audited: bool = True, **options: Any
+) -> AsyncIterator[tuple[MemoryBroker, EventQueue, Emitter]]:
+    """An :class:`Emitter` with ``options`` on a twin client (holding the audit subscription when ``audited``).
+
+    When the block ends the broker is reachable again, and the emitter and its client are closed.
+    """
     broker = MemoryBroker()
     queue = broker.client("n1")
-    await queue.ensure_subscription(TOPIC, GROUP)
-    emitter = Emitter(queue, retry_window_s=30.0, retry_first_s=0.01, retry_max_s=0.05)
+    if audited:
+        await queue.ensure_subscription(TOPIC, GROUP)
+    emitter = Emitter(queue, **options)
     try:
+        yield broker, queue, emitter
+    finally:
+        broker.come_back()
+        await emitter.close()
+        await queue.close()
+
+
+async def test_a_telemetry_event_published_while_the_memory_broker_is_away_arrives_once_it_is_back() -> None:
+    async with emitter_on_the_twin(retry_window_s=30.0, retry_first_s=0.01, retry_max_s=0.05) as (broker, queue, emitter):
         broker.go_away()
         event = await emitter.emit(SeatPaused(seat="ada"), Trace.root(), log_event="test_publish_failed")
         assert emitter.pending == 1, "the failed publish is held, not dropped"
         broker.come_back()
         await eventually(lambda: emitter.pending == 0 and emitter.retried == 1, what="the held event published")
         assert [e.id for e in await _read_all(queue, 1)] == [event.id]
-    finally:
-        await emitter.close()
-        await queue.close()
 
 
 async def test_past_max_pending_the_oldest_held_event_is_dropped_with_a_counted_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    broker = MemoryBroker()
-    queue = broker.client("n1")
-    await queue.ensure_subscription(TOPIC, GROUP)
-    emitter = Emitter(queue, max_pending=2, retry_window_s=30.0, retry_first_s=0.01, retry_max_s=0.05)
-    try:
+    async with emitter_on_the_twin(
+        max_pending=2, retry_window_s=30.0, retry_first_s=0.01, retry_max_s=0.05
+    ) as (broker, queue, emitter):
         broker.go_away()
         with caplog.at_level(logging.WARNING, logger="crewlet.events.emit"):
             sent = [
@@ -77,28 +90,20 @@ async def test_past_max_pending_the_oldest_held_event_is_dropped_with_a_counted_
         broker.come_back()
         await eventually(lambda: emitter.pending == 0, what="the held events published")
         assert [e.id for e in await _read_all(queue, 2)] == [sent[1].id, sent[2].id]
-    finally:
-        await emitter.close()
-        await queue.close()
 
 
 async def test_an_event_held_past_its_window_is_given_up_with_a_counted_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    broker = MemoryBroker()
-    queue = broker.client("n1")
-    emitter = Emitter(queue, retry_window_s=0.05, retry_first_s=0.01, retry_max_s=0.02)
-    try:
+    async with emitter_on_the_twin(
+        audited=False, retry_window_s=0.05, retry_first_s=0.01, retry_max_s=0.02
+    ) as (broker, queue, emitter):
         broker.go_away()
         with caplog.at_level(logging.WARNING, logger="crewlet.events.emit"):
             event = await emitter.emit(SeatPaused(seat="ada"), Trace.root(), log_event="test_publish_failed")
             await eventually(lambda: emitter.expired == 1 and emitter.pending == 0, what="the event given up")
         expired = [r for r in caplog.records if r.getMessage() == LOG_EXPIRED]
         assert len(expired) == 1 and expired[0].event_id == event.id and expired[0].expired == 1
-    finally:
-        broker.come_back()
-        await emitter.close()
-        await queue.close()
 
 
 async def test_a_failure_no_retry_can_cure_is_logged_and_not_held(caplog: pytest.LogCaptureFixture) -> None:

@@ -8,10 +8,11 @@ a turn that crashes on one event, a merge that raises on one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -20,7 +21,7 @@ from django.db import DataError, OperationalError, connection, connections
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import ExternalNotification
-from crewlet.org import CompanyHolder, Seat
+from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
 from crewlet.tracing import Trace
@@ -200,6 +201,17 @@ async def test_a_lone_surrogate_in_a_wake_from_another_producer_runs_its_turn_an
 # -- a store that refuses one event's value -----------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def screened_by(
+    monkeypatch: pytest.MonkeyPatch, ascreen: Any
+) -> AsyncIterator[tuple[EventQueue, Recorder, Organization]]:
+    """A twin client whose inbox screens identities with ``ascreen``; a recorder on it, and the company's mailboxes."""
+    monkeypatch.setattr(inbox_module, "ascreen", ascreen)
+    async with memory_queues() as (_, [q]):
+        rec, org = await recording_with_mailboxes(q)
+        yield q, rec, org
+
+
 def _refusing_screen(marker: str) -> Any:
     """The real screen, except that an identity containing ``marker`` meets a value the store refuses.
 
@@ -222,9 +234,7 @@ def _refusing_screen(marker: str) -> Any:
 async def test_a_value_the_store_refuses_is_naked_alone_and_never_parks_the_good_dm_behind_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(inbox_module, "ascreen", _refusing_screen("D0POISON"))
-    async with memory_queues() as (_, [q]):
-        rec, org = await recording_with_mailboxes(q)
+    async with screened_by(monkeypatch, _refusing_screen("D0POISON")) as (q, rec, org):
         poison = dm("poison", channel="D0POISON", n=1)
         good = dm("good", channel="D0GOOD", n=2)
         await put(q, poison, good)
@@ -244,9 +254,7 @@ async def test_a_value_the_store_refuses_is_naked_alone_and_never_parks_the_good
 async def test_a_refused_value_inside_a_conversations_batch_degrades_it_and_only_the_poison_is_dead_lettered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(inbox_module, "ascreen", _refusing_screen("1718000000.000001"))
-    async with memory_queues() as (_, [q]):
-        rec, org = await recording_with_mailboxes(q)
+    async with screened_by(monkeypatch, _refusing_screen("1718000000.000001")) as (q, rec, org):
         poison, second, third = (dm(f"message {n}", channel="D0ONE", n=n) for n in (1, 2, 3))
         await put(q, poison, second, third)  # one partition: the same DM channel
         async with running(q, org, merge=dispatch, store_retry_s=0.01):
@@ -275,9 +283,7 @@ async def test_a_store_that_is_down_still_defers_the_drain_and_retries_rather_th
             type(connections["default"])(settings, alias="absent").ensure_connection()  # a real OperationalError
         return screen(seat, identities)
 
-    monkeypatch.setattr(inbox_module, "ascreen", in_store(flaky))
-    async with memory_queues() as (_, [q]):
-        rec, org = await recording_with_mailboxes(q)
+    async with screened_by(monkeypatch, in_store(flaky)) as (q, rec, org):
         first, second = dm("one", channel="D0A", n=1), dm("two", channel="D0B", n=2)
         await put(q, first, second)
         async with running(q, org, merge=dispatch, store_retry_s=0.01) as rt:

@@ -1,7 +1,6 @@
 """The delivery core on the shipped stack: a real nats-server (the embedded broker) and the test database."""
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -12,8 +11,10 @@ from crewlet.queue.contract import MAX_DELIVERIES
 from seats.actions import apause_seat, aresume_seat
 from seats.inbox import HOLD_NO_PROVIDER
 from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
-from seats.runtime import SeatRuntime
-from seats_support import Recorder, company, drained, eventually, holder, inbox, jetstream_queues, recording_with_mailboxes, running, send, wake
+from seats_support import (
+    Recorder, company, drained, eventually, inbox, jetstream_queues, recording_with_mailboxes, running,
+    scheduling_nodes, send, wake,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -115,18 +116,10 @@ async def test_two_jetstream_nodes_fire_a_schedule_slot_once() -> None:
     now = [T0.timestamp()]
     schedules = [{"name": "standup", "seat": "ada", "every": "24h", "task": "Post the stand-up summary"}]
     async with jetstream_queues("n1", "n2") as [q1, q2]:
-        rec = Recorder().attach(q1, q2)
-        runtimes = [
-            SeatRuntime(q, holder(company(schedules=schedules)), scheduler_tick_s=0.02, clock=lambda: now[0])
-            for q in (q1, q2)
-        ]
-        await asyncio.gather(*(rt.start() for rt in runtimes))
-        try:
+        async with scheduling_nodes([q1, q2], schedules, now) as (rec, runtimes):
             await eventually(lambda: all(rt.scheduler.passes >= 3 for rt in runtimes))
             await eventually(lambda: rec.of("agent_turn_completed", seat="ada"))
             assert len(rec.of("task_assigned")) == 1 and len(rec.of("agent_turn_started")) == 1
-        finally:
-            await asyncio.gather(*(rt.stop() for rt in runtimes))
 
 
 async def test_retirement_finds_and_deletes_mailboxes_on_the_real_broker() -> None:

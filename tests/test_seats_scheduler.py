@@ -11,7 +11,7 @@ from crewlet.queue import topics
 from seats.delivery_models import ScheduleFiring
 from seats.runtime import SeatRuntime
 from seats.scheduler import slot_of
-from seats_support import Recorder, company, eventually, holder, memory_queues
+from seats_support import Recorder, company, eventually, holder, memory_queues, scheduling_nodes
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
@@ -30,13 +30,7 @@ def firings() -> list[tuple[str, int, str]]:
 async def test_two_nodes_sharing_the_store_fire_a_slot_once_and_the_task_becomes_one_turn() -> None:
     now = [T0]
     async with memory_queues("n1", "n2") as (_, [q1, q2]):
-        rec = Recorder().attach(q1, q2)
-        runtimes = [
-            SeatRuntime(q, holder(company(schedules=STANDUP)), scheduler_tick_s=0.02, clock=lambda: now[0])
-            for q in (q1, q2)
-        ]
-        await asyncio.gather(*(rt.start() for rt in runtimes))
-        try:
+        async with scheduling_nodes([q1, q2], STANDUP, now) as (rec, runtimes):
             await eventually(lambda: all(rt.scheduler.passes >= 3 for rt in runtimes), what="several passes each")
             await eventually(lambda: rec.of("agent_turn_completed", seat="ada"), what="the task's turn")
             [task] = rec.of("task_assigned")
@@ -54,8 +48,6 @@ async def test_two_nodes_sharing_the_store_fire_a_slot_once_and_the_task_becomes
             passes = [rt.scheduler.passes for rt in runtimes]
             await eventually(lambda: all(rt.scheduler.passes >= p + 3 for rt, p in zip(runtimes, passes)))
             assert len(rec.of("task_assigned")) == 2 and len(await firings()) == 2
-        finally:
-            await asyncio.gather(*(rt.stop() for rt in runtimes))
 
 
 async def test_racing_passes_on_two_nodes_publish_one_task() -> None:
