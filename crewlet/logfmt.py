@@ -24,6 +24,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from crewlet.jsontext import storable_text
+
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys() | {"message", "asctime", "taskName"}
@@ -139,6 +141,21 @@ class RedactSecrets(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         redact_record(record)
         return True
+
+
+#: How much of an exception's text a failure's one log line quotes by default.
+REASON_CHARS = 200
+
+
+def short_reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
+    """``Type: message``, clipped to ``limit`` characters and safe to store: what one log line says about a failure.
+
+    A failure that repeats on every delivery of a message logs this line each
+    time; its traceback (a hundred kilobytes for a deep recursion) belongs on
+    the first delivery only, so a poison message cannot flood the log.
+    """
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return storable_text(text, limit)
 
 
 def record_fields(record: logging.LogRecord) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from django.db import DatabaseError
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.emit import Emitter
+from crewlet.logfmt import short_reason
 from crewlet.events.types import (
     SKIP_HUMAN_SEAT,
     SKIP_NO_PARSER,
@@ -98,11 +99,6 @@ RateCounterFn = Callable[[str, int], Awaitable[int]]
 #: How much of an error a log line or a skip's detail quotes.
 REASON_LIMIT = 300
 SKIP_DETAIL_LIMIT = 500
-
-
-def short_reason(exc: BaseException, limit: int = REASON_LIMIT) -> str:
-    """``Type: message``, clipped and safe to log: what a failure's one log line says."""
-    return storable_text(f"{type(exc).__name__}: {exc}", limit)
 
 
 def chat_skip_log(source: str) -> str:
@@ -225,7 +221,7 @@ class NotifyRouter:
         except Exception as exc:
             log.warning(
                 "notify_route_failed",
-                extra={"event_id": delivery.event.id, "remaining": delivery.remaining, "error": short_reason(exc)},
+                extra={"event_id": delivery.event.id, "remaining": delivery.remaining, "error": short_reason(exc, REASON_LIMIT)},
             )
             return Outcome.NAK
         return Outcome.ACK
@@ -511,4 +507,4 @@ class NotifyRouter:
         )
 
 
-__all__ = ["NOTIFY_GROUP", "NotifyRouter", "RateValve", "RouteResult", "chat_skip_log", "short_reason"]
+__all__ = ["NOTIFY_GROUP", "NotifyRouter", "RateValve", "RouteResult", "chat_skip_log"]

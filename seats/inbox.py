@@ -64,6 +64,7 @@ from typing import AsyncIterator, Awaitable, Callable, Optional, Protocol, Seque
 
 from crewlet.events import Event
 from crewlet.events.types import NotificationsCoalesced, TurnTriggerSkipped
+from crewlet.logfmt import REASON_CHARS, short_reason
 from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import (
@@ -93,11 +94,9 @@ from seats.turns import (
     ERR_CRASHED,
     OUTCOME_FAILED,
     OUTCOME_STOPPED,
-    REASON_CHARS,
     Trigger,
     TurnResult,
     TurnRunner,
-    short_reason,
 )
 
 log = logging.getLogger("crewlet.seats.inbox")

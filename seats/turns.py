@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, TypedDict
 
 from crewlet.events import Event
 from crewlet.events.emit import Emitter
+from crewlet.logfmt import short_reason
 from crewlet.events.types import (
     AgentPhaseCompleted,
     AgentPhaseStarted,
@@ -70,22 +71,6 @@ ERR_LLM_UNAVAILABLE = "llm_unavailable"
 ERR_NO_PROVIDER = "no_provider"
 #: The turn itself raised (a bug, or content nothing downstream could handle): not a provider kind.
 ERR_CRASHED = "crashed"
-#: How much of an exception's text a log line carries.
-REASON_CHARS = 200
-
-
-def short_reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
-    """``Type: message``, cut to ``limit`` characters: what one log line says about a failure.
-
-    A failure that repeats on every delivery of a message logs this line each
-    time; its traceback (which can be a hundred kilobytes for a deep
-    recursion) is logged in full once, on the first delivery, and at DEBUG after.
-    """
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    text = storable(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 class ProviderError(Exception):
     """One provider call that failed; ``kind`` is what the fallback event files it under."""
 
@@ -513,7 +498,6 @@ __all__ = [
     "TurnResult",
     "TurnRunner",
     "build_provider",
-    "short_reason",
     "ERR_CRASHED",
     "OUTCOME_COMPLETED",
     "OUTCOME_FAILED",

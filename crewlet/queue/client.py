@@ -21,6 +21,7 @@ from crewlet import events
 from crewlet.aio import keeping_cancel
 from crewlet.events import Event, Trace
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
+from crewlet.logfmt import short_reason
 from crewlet.queue import topics
 from crewlet.queue.attachment import _Attachment, _Pair
 from crewlet.queue.contract import (
@@ -29,8 +30,11 @@ from crewlet.queue.contract import (
     BatchOptions,
     Closable,
     DeadLetter,
+    Delivery,
     Handler,
+    MAX_DELIVERIES,
     Outcome,
+    Partition,
     PublishListener,
     StreamHandler,
     SubscriptionRef,
@@ -78,6 +82,12 @@ def _outcome(result: Any) -> Outcome:
         return result
     logger.warning("queue_handler_bad_outcome", extra={"returned": repr(result)[:200]})
     return Outcome.NAK
+
+
+def _first_delivery(arg: Any) -> bool:
+    """Whether every message a handler was called with is on its first delivery (a batch: all of them)."""
+    deliveries = arg.deliveries if isinstance(arg, Partition) else [arg] if isinstance(arg, Delivery) else []
+    return all(d.remaining == MAX_DELIVERIES - 1 for d in deliveries)
 
 
 
@@ -463,8 +473,11 @@ class QueueClient:
             return _outcome(await fn(arg))
         except asyncio.CancelledError:
             raise
-        except Exception:
-            logger.exception("queue_handler_failed")
+        except Exception as exc:
+            # One short line per failed delivery; the traceback only while it is a first delivery,
+            # so a poison message retried 25 times does not log 25 tracebacks.
+            first = _first_delivery(arg)
+            logger.warning("queue_handler_failed", extra={"error": short_reason(exc)}, exc_info=first)
             return Outcome.NAK
         finally:
             self._in_flight = max(self._in_flight - 1, 0)
