@@ -35,6 +35,7 @@ from crewlet.queue.jetstream import (
     durable_name,
     is_subset,
 )
+from crewlet.queue.natsclient import LOG_READ_LOOP_ENDED, LatePongClient
 from crewlet.queue.transport import H_DLQ_DELIVERIES, H_DLQ_GROUP, H_DLQ_TOPIC
 from waiting_support import eventually
 
@@ -716,6 +717,35 @@ async def test_round_trips_that_timed_out_on_a_frozen_broker_leave_the_connectio
     await transport.round_trip(5.0)
     assert transport.is_connected
     assert await transport.backlog(topic, "agent-frozen") == 1
+
+
+class _PongHandlingFailsOnce(LatePongClient):
+    """A client whose read loop meets an error nats-py does not handle: its first PONG's handling raises."""
+
+    failed = False
+
+    async def _process_pong(self) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("an error inside the read loop")
+        await super()._process_pong()
+
+
+async def test_a_read_loop_ended_by_an_unhandled_error_reconnects_at_once_instead_of_going_deaf(
+    broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nats-py stops reading on such an error and tells nobody; its stale-connection check is minutes away here."""
+    nc = _PongHandlingFailsOnce()
+    await nc.connect(broker.url, ping_interval=600, reconnect_time_wait=0.1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="crewlet.queue.natsclient"):
+            with pytest.raises(nats.errors.TimeoutError):
+                await nc.flush(timeout=1)
+        assert [r.getMessage() for r in caplog.records if r.name == "crewlet.queue.natsclient"] == [LOG_READ_LOOP_ENDED]
+        reply = await nc.request("$JS.API.INFO", b"", timeout=5)
+        assert "error" not in json.loads(reply.data)
+    finally:
+        await nc.close()
 
 
 async def _ignore(subject: str, data: bytes) -> None:
