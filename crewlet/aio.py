@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, TypeVar
+from typing import Any, Awaitable, Coroutine, TypeVar
 
 _T = TypeVar("_T")
 
@@ -29,4 +29,17 @@ async def keeping_cancel(awaitable: Awaitable[_T]) -> _T:
     return result
 
 
-__all__ = ["keeping_cancel"]
+def spawn_kept(tasks: set[asyncio.Task[_T]], coro: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+    """Start ``coro`` as a task held in ``tasks`` until it is done.
+
+    The event loop keeps only a weak reference to a task: one nobody holds can
+    be collected mid-run. The owner keeps the set, and awaits or cancels what
+    is left in it when it closes.
+    """
+    task = asyncio.get_running_loop().create_task(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return task
+
+
+__all__ = ["keeping_cancel", "spawn_kept"]

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Optional
 
-from crewlet.aio import keeping_cancel
+from crewlet.aio import keeping_cancel, spawn_kept
 from crewlet.queue import topics
 from crewlet.queue.client import QueueClient
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings, dead_letter_seq
@@ -481,9 +481,7 @@ class _MemoryServer:
             if isinstance(answer, (bytes, bytearray, memoryview)):
                 reply.put_nowait(bytes(answer))
 
-        task = asyncio.get_running_loop().create_task(run())
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        spawn_kept(self._inflight, run())
 
     async def close(self) -> None:
         if self.closed:

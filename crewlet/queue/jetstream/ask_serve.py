@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 import nats.errors
 from nats.aio.msg import Msg
 
-from crewlet.aio import keeping_cancel
+from crewlet.aio import keeping_cancel, spawn_kept
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable
 from crewlet.queue.errors import InvalidArgument, TooLarge, Unavailable
@@ -42,9 +42,7 @@ class _Server:
     async def _on_request(self, msg: Msg) -> None:
         if self._closed:
             return
-        task = asyncio.get_running_loop().create_task(self._answer(msg))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn_kept(self._tasks, self._answer(msg))
 
     async def _answer(self, msg: Msg) -> None:
         try:

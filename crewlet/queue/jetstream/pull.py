@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Optional
 
 from nats.aio.msg import Msg
 
+from crewlet.aio import spawn_kept
 from crewlet.queue.errors import Gone, Unavailable
 from crewlet.queue.jetstream.message import JetStreamMessage
 from crewlet.queue.jetstream.wire import (
@@ -202,9 +203,7 @@ class JetStreamPuller:
             self._retire_sub()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        spawn_kept(self._background, coro)
 
     def _retire_sub(self) -> None:
         sub, self._sub = self._sub, None
