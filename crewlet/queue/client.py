@@ -18,7 +18,7 @@ import time
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 from crewlet import events
-from crewlet.aio import keeping_cancel
+from crewlet.aio import keeping_cancel, spawn_kept
 from crewlet.events import Event, Trace
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from crewlet.logfmt import short_reason
@@ -422,9 +422,7 @@ class QueueClient:
     # -- the ack clock, kept running while mail is held -------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        spawn_kept(self._background, coro)
 
     def _keep_alive(self) -> None:
         """Start the in-progress signaller, once, when this client first holds mail."""
@@ -504,23 +502,29 @@ class QueueClient:
 
     async def _nak(self, pair: _Pair, msg: RawMessage) -> None:
         """A failure: behind the waiting mail after the backoff, or the dead letter."""
-        if remaining_after(msg.delivered) == 0:
-            await self._bury(pair, msg, reason=DEAD_LETTER_MAX_DELIVERIES)
-            return
-        try:
-            await msg.nak(self._timings.backoff_s(msg.delivered))
-        except QueueError:
-            logger.warning("queue_nak_failed", exc_info=True)
+        await self._redeliver_or_bury(
+            pair, msg, lambda: msg.nak(self._timings.backoff_s(msg.delivered)), "queue_nak_failed"
+        )
 
     async def _hand_back(self, pair: _Pair, msg: RawMessage) -> None:
         """A hand-back: at the head at once; it spent a delivery like any other."""
+        await self._redeliver_or_bury(pair, msg, msg.nak_head, "queue_hand_back_failed")
+
+    async def _redeliver_or_bury(
+        self, pair: _Pair, msg: RawMessage, redeliver: Callable[[], Awaitable[None]], failed_event: str
+    ) -> None:
+        """A delivery that did not end in an ack: the dead letter once none remain, else ``redeliver``.
+
+        A redelivery the transport refuses is logged (``failed_event``), not raised:
+        the handler's outcome is settled and the consumer goes on.
+        """
         if remaining_after(msg.delivered) == 0:
             await self._bury(pair, msg, reason=DEAD_LETTER_MAX_DELIVERIES)
             return
         try:
-            await msg.nak_head()
+            await redeliver()
         except QueueError:
-            logger.warning("queue_hand_back_failed", exc_info=True)
+            logger.warning(failed_event, exc_info=True)
 
     async def _bury(self, pair: _Pair, msg: RawMessage, *, reason: str) -> None:
         """Copy to CREWLET_DLQ, then terminate; if the copy fails, keep the message.
