@@ -1,12 +1,29 @@
 """One fetched JetStream message and how it is settled (ack, nak, term, in progress)."""
 from __future__ import annotations
 
+from typing import Awaitable
+
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from crewlet.queue.errors import Unavailable
 from crewlet.queue.jetstream.wire import _NATS_ERRORS, _num_delivered, ordered_flush
+
+
+async def _settle(verb: str, call: Awaitable[None]) -> bool:
+    """Send one settlement (``verb`` names it in the error); False when the message was settled already.
+
+    A second settlement of one delivery is not an error to the caller: the
+    first one stands, and the broker's view of the message is what it made it.
+    """
+    try:
+        await call
+    except nats.errors.MsgAlreadyAckdError:
+        return False
+    except _NATS_ERRORS as e:
+        raise Unavailable(f"{verb} failed: {e!r}") from e
+    return True
 
 
 class JetStreamMessage:
@@ -29,29 +46,15 @@ class JetStreamMessage:
         return dict(self._msg.headers or {})
 
     async def ack(self) -> None:
-        try:
-            await self._msg.ack()
-        except nats.errors.MsgAlreadyAckdError:
-            return
-        except _NATS_ERRORS as e:
-            raise Unavailable(f"ack failed: {e!r}") from e
+        await _settle("ack", self._msg.ack())
 
     async def nak(self, delay_s: float) -> None:
-        try:
-            await self._msg.nak(delay=delay_s if delay_s and delay_s > 0 else None)
-        except nats.errors.MsgAlreadyAckdError:
-            return
-        except _NATS_ERRORS as e:
-            raise Unavailable(f"nak failed: {e!r}") from e
+        await _settle("nak", self._msg.nak(delay=delay_s if delay_s and delay_s > 0 else None))
 
     async def nak_head(self) -> None:
         """An immediate Nak, flushed: the next fetch cannot race it (ARCHITECTURE: broker facts)."""
-        try:
-            await self._msg.nak()
-        except nats.errors.MsgAlreadyAckdError:
+        if not await _settle("nak", self._msg.nak()):
             return
-        except _NATS_ERRORS as e:
-            raise Unavailable(f"nak failed: {e!r}") from e
         if not self._nc.is_connected:
             return  # buffered; it goes out on reconnect
         try:
@@ -60,12 +63,7 @@ class JetStreamMessage:
             raise Unavailable(f"flushing a hand-back failed: {e!r}") from e
 
     async def term(self) -> None:
-        try:
-            await self._msg.term()
-        except nats.errors.MsgAlreadyAckdError:
-            return
-        except _NATS_ERRORS as e:
-            raise Unavailable(f"term failed: {e!r}") from e
+        await _settle("term", self._msg.term())
 
     async def in_progress(self) -> None:
         """``+WPI``: the broker restarts this delivery's ack clock (allowed any number of times)."""

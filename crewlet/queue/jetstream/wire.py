@@ -64,25 +64,26 @@ async def ordered_flush(nc: NatsClient, timeout_s: float = 5.0) -> None:
     await keeping_cancel(nc.flush(timeout=timeout_s))  # type: ignore[arg-type]  # nats-py annotates its seconds as int and uses them as float (asyncio.wait_for, sleep)
 
 
-def _num_delivered(reply: str) -> int:
-    """Deliveries including this one, from a ``$JS.ACK.…`` reply subject (both token layouts)."""
+def _ack_token(reply: str, index: int, default: int) -> int:
+    """The number at ``index`` of a ``$JS.ACK.…`` reply subject in its 9-token layout, or ``default``.
+
+    The longer layout puts the domain and the account hash before the same
+    tokens, two places further on.
+    """
     toks = reply.split(".")
     try:
-        if len(toks) == 9:
-            return int(toks[4])
-        return int(toks[6])
+        return int(toks[index if len(toks) == 9 else index + 2])
     except (IndexError, ValueError):
-        return 1
+        return default
+
+
+def _num_delivered(reply: str) -> int:
+    """Deliveries including this one, from a ``$JS.ACK.…`` reply subject (both token layouts)."""
+    return _ack_token(reply, 4, 1)
 
 
 def _stream_seq(reply: str) -> int:
-    toks = reply.split(".")
-    try:
-        if len(toks) == 9:
-            return int(toks[5])
-        return int(toks[7])
-    except (IndexError, ValueError):
-        return 0
+    return _ack_token(reply, 5, 0)
 
 
 def _status_of(msg: Msg) -> tuple[str, str]:
