@@ -56,6 +56,16 @@ _AUDIT_TEXT_MAX = 128
 
 
 @dataclass(frozen=True)
+class Caller:
+    """Who made an operator call, and how: what its audit row says besides the outcome."""
+
+    actor: str
+    actor_seat: str = ""
+    transport: str = TRANSPORT_ACT
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
 class ActResult:
     """What became of one operator call: the outcome, and the position or the refusal."""
 
@@ -83,26 +93,18 @@ def _clip(text: str) -> str:
     return text if len(text) <= _AUDIT_TEXT_MAX else text[: _AUDIT_TEXT_MAX - 1] + "…"
 
 
-async def audit(
-    queue: EventQueue,
-    result: ActResult,
-    *,
-    actor: str,
-    actor_seat: str = "",
-    transport: str = TRANSPORT_ACT,
-    request_id: str = "",
-) -> None:
+async def audit(queue: EventQueue, result: ActResult, caller: Caller) -> None:
     """Publish the one ``operator_acted`` of a call; an audit that cannot be published is logged, not raised.
 
     The call's outcome stands either way: failing an operator's replay because
     its audit could not be written would leave them unsure whether it happened.
     """
     body = OperatorActed(
-        token=actor,
-        actor_seat=actor_seat,
+        token=caller.actor,
+        actor_seat=caller.actor_seat,
         tool=_clip(result.tool),
-        transport=transport,
-        request_id=_clip(request_id),
+        transport=caller.transport,
+        request_id=_clip(caller.request_id),
         outcome=result.outcome,
         position=result.topic,
         refusal=result.refusal,
@@ -114,21 +116,13 @@ async def audit(
         log_event="operator_acted_publish_failed",
         level=logging.ERROR,
         tool=body.tool,
-        actor=actor,
+        actor=caller.actor,
         outcome=body.outcome,
         refusal=body.refusal,
     )
 
 
-async def replay_dead_letter(
-    queue: EventQueue,
-    ref: str,
-    *,
-    actor: str,
-    actor_seat: str = "",
-    transport: str = TRANSPORT_ACT,
-    request_id: str = "",
-) -> ActResult:
+async def replay_dead_letter(queue: EventQueue, ref: str, caller: Caller) -> ActResult:
     """Replay dead letter ``ref`` onto its original topic; audited once whatever became of it.
 
     A result's ``detail`` is written for the caller: the broker's own words
@@ -137,7 +131,7 @@ async def replay_dead_letter(
     refused = ref_refusal(ref)
     if refused:
         result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REFUSED, REFUSAL_BAD_ARGS, detail=refused)
-        await audit(queue, result, actor=actor, actor_seat=actor_seat, transport=transport, request_id=request_id)
+        await audit(queue, result, caller)
         return result
     try:
         letter = await queue.replay_dead_letter(ref)
@@ -158,16 +152,16 @@ async def replay_dead_letter(
         except Exception:  # bytes from another build: the replay still happened
             event_id = ""
         result = ActResult(TOOL_DEAD_LETTER_REPLAY, OUTCOME_REPLAYED, topic=letter.topic, event_id=event_id)
-    await audit(queue, result, actor=actor, actor_seat=actor_seat, transport=transport, request_id=request_id)
+    await audit(queue, result, caller)
     log.info(
         "operator_dead_letter_replay",
         extra={
-            "actor": actor,
+            "actor": caller.actor,
             "outcome": result.outcome,
             "refusal": result.refusal,
             "topic": result.topic,
             "event_id": result.event_id,
-            "request_id": request_id,
+            "request_id": caller.request_id,
         },
     )
     return result
@@ -175,6 +169,7 @@ async def replay_dead_letter(
 
 __all__ = [
     "ActResult",
+    "Caller",
     "DETAIL_NO_SUBSCRIPTION",
     "DETAIL_UNAVAILABLE",
     "OUTCOME_FAILED",

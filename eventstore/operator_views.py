@@ -227,9 +227,7 @@ class OperatorActView(APIView):
         ref = args[K_REF].strip()
         try:
             result = runtime.on_engine(
-                lambda queue: ops.replay_dead_letter(
-                    queue, ref, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id
-                ),
+                lambda queue: ops.replay_dead_letter(queue, ref, ops.Caller(actor, request_id=request_id)),
                 QUEUE_TIMEOUT_S,
             )
         except runtime.EngineAway as exc:
@@ -272,7 +270,7 @@ class OperatorActView(APIView):
         result = ops.ActResult(tool=tool, outcome=ops.OUTCOME_REFUSED, refusal=refusal)
         try:
             runtime.on_engine(
-                lambda queue: ops.audit(queue, result, actor=actor, transport=ops.TRANSPORT_ACT, request_id=request_id),
+                lambda queue: ops.audit(queue, result, ops.Caller(actor, request_id=request_id)),
                 QUEUE_TIMEOUT_S,
             )
         except Exception as exc:
