@@ -1,4 +1,4 @@
-"""Coordination-store rows behind notification routing (issue 5).
+"""Coordination-store rows behind notification routing.
 
 They live in ``default`` — the store a fleet shares — because the node that
 wins a delivery is usually not the one that saw the last one:

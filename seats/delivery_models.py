@@ -1,4 +1,4 @@
-"""Coordination-store rows behind seat delivery (issue 4's delivery core).
+"""Coordination-store rows behind seat delivery: seat records, the completion ledger, pause rows, schedule firings.
 
 They live in ``default`` because a fleet shares them: whichever node a
 redelivery reaches must see the completion ledger, whichever node a person's

@@ -97,7 +97,7 @@ EXTENSIONS: dict[str, str] = {
 }
 BUILD_MAP = {**DESIGN_MAP, **EXTENSIONS}
 
-# Excluded from the store (issue 3's list, plus the operator route's inbox
+# Excluded from the store (the design's exclusions table, plus the operator route's inbox
 # wake the design's sandbox_run_answered note says "is not stored").
 DESIGN_NOT_STORED = {
     "agent_spawned", "agent_terminated", "agent_turn_progress", "budget_meters",

@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # --- fixed phrase sets ------------------------------------------------------
 
-# notification_skipped reasons (design: Distributed Tracing; issue 5 fixes the
+# notification_skipped reasons (design: Distributed Tracing, which fixes the
 # phrases). A reader matches these exactly, so they are wire strings, defined
 # here once; the particulars (a parser's error, the unmatched identity) go in
 # ``detail``.
