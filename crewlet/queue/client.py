@@ -105,18 +105,17 @@ class _SubscriptionHandle:
         return self._att.options
 
     async def quiesce(self) -> bool:
-        self._client._live()
-        if self._att.detached:
-            return False
-        self._att.quiesced = True
-        self._att.poke()
-        return True
+        return self._set_quiesced(True)
 
     async def unquiesce(self) -> bool:
+        return self._set_quiesced(False)
+
+    def _set_quiesced(self, quiesced: bool) -> bool:
+        """Quiescing an attached consumer always takes (it is idempotent); unquiescing says whether one was lifted."""
         self._client._live()
-        if self._att.detached or not self._att.quiesced:
+        if self._att.detached or not (quiesced or self._att.quiesced):
             return False
-        self._att.quiesced = False
+        self._att.quiesced = quiesced
         self._att.poke()
         return True
 
