@@ -173,7 +173,7 @@ class Up(UpProcess):
         self.company_file.write_text(company)
         super().__init__(
             tmp, "--data-dir", str(self.data_dir), "--company", str(self.company_file), node=node, ready_s=UP_READY_S,
-            env=up_env(CREWLET_OPERATOR_TOKEN=TOKEN, CREWLET_DATABASE="sqlite", **{**SECRETS, **(env or {})}),
+            env=up_env(**{"CREWLET_OPERATOR_TOKEN": TOKEN, "CREWLET_DATABASE": "sqlite", **SECRETS, **(env or {})}),
         )
         self.logs: list[str] = []
 
