@@ -85,7 +85,8 @@ def database_settings(env: Mapping[str, str], var_dir: Path) -> dict[str, dict[s
     Solo: two SQLite files under ``var_dir`` (two files, so a write on one
     alias never waits for the other's lock), WAL so the web and engine
     processes read while the other writes, and IMMEDIATE transactions so a
-    writer takes the lock up front instead of failing on upgrade.
+    writer takes the lock up front instead of failing on upgrade. Their test
+    databases are files beside them, so tests see the locking ``up`` sees.
     PostgreSQL: one server, two databases, each with its own test database
     name so pytest-django creates both.
     """
@@ -100,6 +101,9 @@ def database_settings(env: Mapping[str, str], var_dir: Path) -> dict[str, dict[s
                     "transaction_mode": "IMMEDIATE",
                     "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
                 },
+                # Tests run on files too, as bin/up does: an in-memory test database shares
+                # one cache whose table locks fail at once where a file's writers wait.
+                "TEST": {"NAME": str(var_dir / f"test_{name}")},
             }
 
         return {"default": sqlite("crewlet.sqlite3"), "events": sqlite("events.sqlite3")}

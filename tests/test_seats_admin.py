@@ -57,10 +57,6 @@ async def test_the_pause_action_pauses_the_selected_seat_once_and_announces_it_o
     assert rt.loops["ada"].paused and not rt.loops["linus"].paused
 
 
-# SQLite's in-memory test database is one shared cache with table locks: the
-# runtime reading seats_seat_pause while the admin's thread writes it is refused
-# there with "database table is locked" (a file database in WAL mode lets it read).
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
 async def test_the_resume_action_on_pause_rows_resumes_and_announces_once(runtime_on_memory: Any) -> None:
     rt, q, rec = runtime_on_memory
