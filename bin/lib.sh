@@ -47,11 +47,18 @@ find_python() {
   return 1
 }
 
-# Create or refresh .venv from requirements.txt. Fast when nothing changed: the
-# hash of requirements.txt (plus the interpreter version) is stored in .venv and
-# pip only runs when it differs.
+# Create or refresh .venv. `ensure_venv` installs requirements.txt (what the
+# service runs on); `ensure_venv dev` installs requirements-dev.txt, which adds
+# the test and development tools on top. Fast when nothing changed: the hash of
+# the file(s) (plus the interpreter version) is stored in .venv, one stamp per
+# kind, and pip only runs when it differs.
 ensure_venv() {
-  local stamp="$VENV/.crewlet-requirements.sha256" want have="" python
+  local kind="${1:-runtime}" file stamp want have="" python
+  case "$kind" in
+    runtime) file="$CREWLET_ROOT/requirements.txt"; stamp="$VENV/.crewlet-requirements.sha256" ;;
+    dev) file="$CREWLET_ROOT/requirements-dev.txt"; stamp="$VENV/.crewlet-requirements-dev.sha256" ;;
+    *) die "ensure_venv: unknown kind '$kind' (runtime or dev)" ;;
+  esac
   mkdir -p "$CREWLET_ROOT/var"
   exec 9>"$CREWLET_ROOT/var/.venv.lock"
   flock 9 2>/dev/null || true   # two commands starting at once must not both pip install
@@ -70,13 +77,20 @@ ensure_venv() {
     fi
   fi
 
-  want="$( { sha256sum "$CREWLET_ROOT/requirements.txt" | cut -d' ' -f1; "$VENV/bin/python" -VV; } | sha256sum | cut -d' ' -f1)"
+  want="$( { cat "$CREWLET_ROOT/requirements.txt" "$file" | sha256sum | cut -d' ' -f1; "$VENV/bin/python" -VV; } | sha256sum | cut -d' ' -f1)"
   [ -f "$stamp" ] && have="$(cat "$stamp")"
   if [ "$want" != "$have" ]; then
-    log "installing requirements.txt into .venv"
-    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
-      "$VENV/bin/python" -m pip install -q -r "$CREWLET_ROOT/requirements.txt"
+    log "installing $(basename "$file") into .venv ($(grep -c '==' "$file") pinned packages; the first time takes a minute or two)"
+    # pip names each package as it fetches it and once more when it installs them;
+    # its download bars and notices are left out.
+    if ! PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+      "$VENV/bin/python" -m pip install --progress-bar off -r "$file" 2>&1 \
+      | { grep --line-buffered -E '^(Collecting|Installing collected|Successfully installed|ERROR)' || true; } \
+      | sed -u 's/^/  pip: /' >&2; then
+      die "pip could not install $(basename "$file") (its errors are above)"
+    fi
     printf '%s\n' "$want" >"$stamp"
+    log "installed $(basename "$file")"
   fi
   exec 9>&-
 }
