@@ -29,7 +29,7 @@ from tests.browser_support import (
     slack_message,
 )
 
-playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements.txt; run bin/test")
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt; run bin/test")
 from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
