@@ -1,0 +1,76 @@
+"""The seam between a turn and the tools a seat is granted: :class:`Toolbox`.
+
+The turn loop sees tools only through this protocol, so it neither knows nor
+cares whether a tool is reached over MCP stdio, streamable HTTP or anything
+else; the MCP session manager (:mod:`seats.tools.mcp`) is the implementation
+the engine runs. The value types are frozen dataclasses so a round can record
+them as they were when the model asked, and so a result can be handed to the
+model and to the event store without either altering it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool as the model is shown it.
+
+    ``name`` is the vendor-safe name (``<server>__<tool>``, matching
+    ``^[a-zA-Z0-9_-]{1,64}$``) that both model vendors accept; the toolbox
+    keeps the mapping back to the server's own tool name. ``input_schema`` is
+    the JSON Schema the server listed, passed through unchanged so the model
+    is held to the same contract the server enforces.
+    """
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for in a round: the model's call ``id`` (echoed back with the result), the exposed ``name``, the ``arguments``."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a call produced, as the model will see it and a round records it.
+
+    A tool that fails, times out or whose server is down is still a result
+    (``ok=False`` and ``error`` saying why): the model can react to it, and a
+    turn never crashes on a tool. ``bytes`` is the size of ``content`` in
+    UTF-8 (the round's ``tool_bytes``); ``server`` and ``tool`` are the
+    server's name and its own tool name (not the exposed name), what the
+    design records per call; ``duration_s`` is the wall time of the call.
+    """
+
+    ok: bool
+    content: str
+    bytes: int
+    server: str
+    tool: str
+    duration_s: float
+    error: Optional[str] = None
+
+
+class Toolbox(Protocol):
+    """The tools of each seat, as a turn uses them.
+
+    Both methods take the seat's ``handle`` because the sessions behind them
+    are per (seat, server): a seat sees only the servers it is granted, and a
+    server's state (a login, a cursor) is never shared between seats.
+    """
+
+    async def specs(self, handle: str) -> list[ToolSpec]:
+        """The seat's granted MCP tools, named ``<server>__<tool>``; a server that is down contributes none (the turn runs without it)."""
+        ...
+
+    async def call(self, handle: str, call: ToolCall) -> ToolResult:
+        """Run ``call`` for the seat; never raises for a tool failure (``ok=False``, ``error=...``), so a failing tool is something the model sees, not a crashed turn."""
+        ...
