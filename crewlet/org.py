@@ -17,10 +17,11 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, TypedDict
+from typing import Any, Mapping, NoReturn, Optional, TypedDict
 
 import yaml
 
+from crewlet.logfmt import REDACTED, is_secret_name, redact_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
 #: The namespace every node derives agent ids in. Never change it: ids are wire facts.
@@ -43,6 +44,18 @@ COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
 COALESCE_MAX_BATCH_RANGE = (1, 100)
 MAX_CONCURRENT_RANGE = (1, 64)
 EXAMPLE_COMPANY = Path(__file__).resolve().parent / "companies" / "example.yaml"
+
+#: The tool built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
+A2A_ASK_TOOL = "a2a_ask"
+BUILTIN_TOOLS: tuple[str, ...] = (A2A_ASK_TOOL,)
+#: How the engine reaches an MCP server: a child process over stdio, or streamable HTTP.
+MCP_STDIO = "stdio"
+MCP_HTTP = "http"
+#: An MCP server's name is the prefix of every tool the model sees from it (``<server>__<tool>``), so it
+#: stays short and within the vendors' tool-name alphabet, and never holds the ``__`` separator itself.
+_MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}")
+#: Values that are credentials by their shape, whatever they are called: chat, forge and model vendors' token prefixes.
+_SECRET_VALUE = re.compile(r"^(?:xox[a-z]-|xapp-|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|sk-|sk_live_|AKIA[0-9A-Z]{12})")
 
 _HANDLE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 #: What a seat handle looks like (a whole-string match), for whoever validates one from outside.
@@ -93,6 +106,30 @@ class Provider:
 
 
 @dataclass(frozen=True)
+class McpServer:
+    """One MCP server of the company, named once under ``mcp_servers`` and granted per seat.
+
+    Exactly one of ``command`` (a child process spoken to over stdio) and
+    ``url`` (streamable HTTP). Secrets never sit here: ``env_from`` names
+    variables of the node's environment passed through to the child, and
+    ``headers_from`` maps an HTTP header to the variable holding its value,
+    so the company file (stored, diffed, shown in the admin) holds names only.
+    ``env`` is for plain settings (a directory, a log level).
+    """
+
+    name: str
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    env_from: tuple[str, ...] = ()
+    url: str = ""
+    headers_from: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def transport(self) -> str:
+        return MCP_STDIO if self.command else MCP_HTTP
+
+
+@dataclass(frozen=True)
 class Surface:
     name: str
     secret_env: str = ""
@@ -115,6 +152,8 @@ class Seat:
     display_name: str
     identities: Mapping[str, str]
     agent_id: str
+    #: What the seat may call in a turn: MCP server names (``mcp_servers``) and built-ins (:data:`BUILTIN_TOOLS`).
+    tools: tuple[str, ...] = ()
 
     @property
     def is_agent(self) -> bool:
@@ -147,6 +186,7 @@ class Organization:
     seats: tuple[Seat, ...]
     schedules: tuple[Schedule, ...]
     source_text: str = ""
+    mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)
@@ -173,6 +213,10 @@ class Organization:
     @property
     def has_provider(self) -> bool:
         return bool(self.providers)
+
+    def mcp_servers_of(self, seat: Seat) -> tuple[McpServer, ...]:
+        """The MCP servers ``seat`` is granted, in the order its ``tools`` names them."""
+        return tuple(self.mcp_servers[name] for name in seat.tools if name in self.mcp_servers)
 
 
 # ---------------------------------------------------------------------------
@@ -213,6 +257,128 @@ def _string(value: Any, name: str, source: Optional[str], pattern: Optional[re.P
     return value
 
 
+def _refuse_inline_secret(name: str, allowed: str, source: Optional[str]) -> NoReturn:
+    """Refuse a credential written into the company file, naming the field and never echoing the value."""
+    raise CompanyError(name, REDACTED, allowed, source)
+
+
+def _looks_secret(value: str) -> bool:
+    """A credential by its shape: a vendor token prefix, or text the log redactor would blank (a bearer, a URL password)."""
+    return bool(_SECRET_VALUE.match(value.strip())) or redact_text(value) != value
+
+
+def _env_names(value: Any, name: str, source: Optional[str]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise CompanyError(name, value, "must be a list of environment variable names", source)
+    names = []
+    for i, v in enumerate(value):
+        if isinstance(v, str) and _looks_secret(v):
+            _refuse_inline_secret(f"{name}[{i}]", "must be an environment variable name, not the secret itself", source)
+        names.append(_string(v, f"{name}[{i}]", source, _ENV, "must be an environment variable name"))
+    return tuple(names)
+
+
+def _mcp_server(sname: str, body: Mapping[str, Any], source: Optional[str]) -> McpServer:
+    prefix = f"mcp_servers.{sname}"
+    allowed_keys = ("command", "env", "env_from", "url", "headers_from")
+    for key in body:
+        if key not in allowed_keys:
+            if key == "headers" or is_secret_name(str(key)):
+                _refuse_inline_secret(
+                    f"{prefix}.{key}", "is not allowed: give a header through headers_from: {Header: ENV_VAR}, "
+                    "a secret variable through env_from: [ENV_VAR]", source,
+                )
+            raise CompanyError(f"{prefix}.{key}", body[key], f"unknown key; allowed: {', '.join(allowed_keys)}", source)
+    has_command, has_url = body.get("command") is not None, body.get("url") is not None
+    if has_command == has_url:
+        raise CompanyError(
+            prefix, "both command and url" if has_command else "neither command nor url",
+            "must have exactly one of command: [program, args...] (stdio) or url: http(s)://... (streamable HTTP)", source,
+        )
+    command: tuple[str, ...] = ()
+    url = ""
+    if has_command:
+        raw = body["command"]
+        if not isinstance(raw, list) or not raw:
+            raise CompanyError(f"{prefix}.command", raw, "must be a non-empty list: [program, args...]", source)
+        parts = []
+        for i, part in enumerate(raw):
+            part = str(part) if isinstance(part, (int, float)) and not isinstance(part, bool) else part
+            part = _string(part, f"{prefix}.command[{i}]", source)
+            if _looks_secret(part):
+                _refuse_inline_secret(
+                    f"{prefix}.command[{i}]", "looks like a credential: pass it through env_from: [ENV_VAR]", source
+                )
+            parts.append(part)
+        command = tuple(parts)
+    else:
+        url = _string(body["url"], f"{prefix}.url", source)
+        if _looks_secret(url):
+            _refuse_inline_secret(
+                f"{prefix}.url", "carries a credential: give it through headers_from: {Header: ENV_VAR}", source
+            )
+        if not re.match(r"^https?://", url):
+            raise CompanyError(f"{prefix}.url", url, "must be an http:// or https:// URL", source)
+    env: dict[str, str] = {}
+    for key, value in _mapping(body.get("env"), f"{prefix}.env", source).items():
+        key = _string(key, f"{prefix}.env", source, _ENV, "must be an environment variable name")
+        text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        if is_secret_name(key) or (isinstance(text, str) and _looks_secret(text)):
+            _refuse_inline_secret(
+                f"{prefix}.env.{key}",
+                f"a secret is never inline: name the variable in env_from: [{key}] and set it in the node's environment",
+                source,
+            )
+        if not isinstance(text, str):
+            raise CompanyError(f"{prefix}.env.{key}", value, "must be a string", source)
+        env[key] = text
+    env_from = _env_names(body.get("env_from"), f"{prefix}.env_from", source)
+    headers_from: dict[str, str] = {}
+    for header, var in _mapping(body.get("headers_from"), f"{prefix}.headers_from", source).items():
+        what = f"{prefix}.headers_from.{header}"
+        if isinstance(var, str) and (_looks_secret(var) or (not _ENV.fullmatch(var) and is_secret_name(str(header)))):
+            _refuse_inline_secret(what, "must name the environment variable holding the value, not the value", source)
+        if not isinstance(var, str) or not _ENV.fullmatch(var):
+            raise CompanyError(what, var, "must be an environment variable name", source)
+        headers_from[str(header)] = var
+    if has_command and headers_from:
+        raise CompanyError(f"{prefix}.headers_from", dict(headers_from), "applies only to a url server", source)
+    if has_url and (env or env_from):
+        raise CompanyError(f"{prefix}.env", "env/env_from", "applies only to a command server", source)
+    return McpServer(name=sname, command=command, env=env, env_from=env_from, url=url, headers_from=headers_from)
+
+
+def _mcp_servers(value: Any, source: Optional[str]) -> dict[str, McpServer]:
+    servers: dict[str, McpServer] = {}
+    for sname, body in _mapping(value, "mcp_servers", source).items():
+        sname = _string(
+            sname, "mcp_servers", source, _MCP_SERVER_NAME,
+            "a server name must be 1-32 letters, digits, '-' or '_' (never '__'), starting with a letter or digit",
+        )
+        if sname in BUILTIN_TOOLS:
+            raise CompanyError(f"mcp_servers.{sname}", sname, "is the name of a built-in tool; choose another", source)
+        servers[sname] = _mcp_server(sname, _mapping(body, f"mcp_servers.{sname}", source), source)
+    return servers
+
+
+def _seat_tools(value: Any, name: str, servers: Mapping[str, McpServer], source: Optional[str]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    allowed = ", ".join([*servers, *BUILTIN_TOOLS])
+    if not isinstance(value, list):
+        raise CompanyError(name, value, f"must be a list of tool grants ({allowed})", source)
+    tools: list[str] = []
+    for i, tool in enumerate(value):
+        if not isinstance(tool, str) or (tool not in servers and tool not in BUILTIN_TOOLS):
+            raise CompanyError(f"{name}[{i}]", tool, f"must be an mcp_servers name or a built-in tool ({allowed})", source)
+        if tool in tools:
+            raise CompanyError(f"{name}[{i}]", tool, "is granted twice", source)
+        tools.append(tool)
+    return tuple(tools)
+
+
 _TOP_KEYS = (
     "org",
     "providers",
@@ -223,6 +389,7 @@ _TOP_KEYS = (
     "surfaces",
     "seats",
     "schedules",
+    "mcp_servers",
 )
 
 
@@ -288,6 +455,8 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
     )
     rate = _number(data.get("notification_rate_limit", 0), "notification_rate_limit", 0.0, None, False, source)
 
+    mcp_servers = _mcp_servers(data.get("mcp_servers"), source)
+
     surfaces_body = _mapping(data.get("surfaces"), "surfaces", source)
     _known(surfaces_body, "surfaces.", SURFACES, source)
     surfaces: dict[str, Surface] = {}
@@ -311,7 +480,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
     for i, entry in enumerate(seats_raw):
         name = f"seats[{i}]"
         entry = _mapping(entry, name, source)
-        _known(entry, f"{name}.", ("handle", "kind", "role", "display_name", "identities"), source)
+        _known(entry, f"{name}.", ("handle", "kind", "role", "display_name", "identities", "tools"), source)
         handle = _string(
             entry.get("handle"), f"{name}.handle", source, _HANDLE, "must be 1-63 lowercase letters, digits, '_' or '-'"
         )
@@ -340,6 +509,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
                 display_name=display,
                 identities=identities,
                 agent_id=agent_id_for(org, handle),
+                tools=_seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source),
             )
         )
     for surface in SURFACES:
@@ -392,6 +562,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
         seats=tuple(seats),
         schedules=tuple(schedules),
         source_text=text,
+        mcp_servers=mcp_servers,
     )
 
 
