@@ -47,3 +47,82 @@ class ActivationPointer(models.Model):
 
     def __str__(self) -> str:
         return f"active: revision {self.revision_id}"
+
+
+class Lease(models.Model):
+    """A named right held by one node until ``expires_at``: taken and kept by compare-and-set.
+
+    The database, not a process, decides who holds it: a node takes a row only
+    where it is free (``holder`` empty or ``expires_at`` past) or already its
+    own, in one conditional UPDATE, so two nodes racing for it cannot both win.
+    ``epoch`` counts the changes of holder (a fencing number a reader can
+    compare). ``expires_at`` is written from the database's own clock, so the
+    nodes' clocks never have to agree.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    holder = models.CharField(max_length=63, blank=True, default="")
+    expires_at = models.DateTimeField(db_index=True)
+    acquired_at = models.DateTimeField()
+    epoch = models.BigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.holder or '(free)'} until {self.expires_at:%Y-%m-%d %H:%M:%S}"
+
+
+class NodeLease(Lease):
+    """A node's presence: the live roster is the unexpired rows.
+
+    ``name`` is the node id; ``holder`` is the id too (a node holds its own
+    presence). ``store`` is the identity of the node's event store, so two
+    live nodes never write one store.
+    """
+
+    labels = models.JSONField(default=list, blank=True)
+    protocol = models.IntegerField(default=0)
+    store = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        db_table = "crewlet_node_lease"
+        verbose_name = "node lease"
+
+
+class SeatLease(Lease):
+    """Which node runs an agent seat (``name`` is the seat's handle): at most one at any instant."""
+
+    class Meta:
+        db_table = "crewlet_seat_lease"
+        verbose_name = "seat lease"
+
+
+class DutyLease(Lease):
+    """Which node runs a once-per-fleet duty (retirement, retention, the scheduler), or holds an event store."""
+
+    class Meta:
+        db_table = "crewlet_duty_lease"
+        verbose_name = "duty lease"
+
+
+class StoreIdentity(models.Model):
+    """The one row naming this event store: written once, in the ``events`` database, read at every start.
+
+    It is what a node's presence says about its store, so a second node
+    pointed at the same events database is refused rather than mixing two
+    nodes' histories in one store.
+    """
+
+    ROW_ID = 1
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=ROW_ID)
+    identity = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "crewlet_store_identity"
+        verbose_name = "event store identity"
+
+    def __str__(self) -> str:
+        return self.identity

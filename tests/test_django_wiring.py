@@ -60,7 +60,10 @@ def test_migrations_follow_the_router() -> None:
     events_tables = set(connections["events"].introspection.table_names())
     assert {"auth_user", "django_session", "django_migrations"} <= default_tables
     assert "eventstore_event" in events_tables and "eventstore_event" not in default_tables
-    assert all(t == "django_migrations" or t.startswith("eventstore_") for t in events_tables), events_tables
+    # The events database holds the event store and the one row naming that store, nothing of the coordination store.
+    own = {"django_migrations", "crewlet_store_identity"}
+    assert all(t in own or t.startswith("eventstore_") for t in events_tables), events_tables
+    assert "crewlet_store_identity" not in default_tables and "crewlet_seat_lease" in default_tables
 
 
 @pytest.mark.postgres
@@ -111,3 +114,13 @@ def test_postgres_settings_from_env(tmp_path: Path) -> None:
     assert dbs["default"]["TEST"]["NAME"] != dbs["events"]["TEST"]["NAME"]
     with pytest.raises(ImproperlyConfigured, match="CREWLET_DATABASE='mysql'"):
         crewlet_settings.database_settings({"CREWLET_DATABASE": "mysql"}, tmp_path)
+
+
+def test_router_keeps_the_event_store_identity_with_the_event_store_and_the_leases_with_the_fleet() -> None:
+    from crewlet.models import SeatLease, StoreIdentity
+
+    assert router.db_for_write(StoreIdentity) == "events"
+    assert router.db_for_write(SeatLease) == "default"
+    assert router.allow_migrate("events", "crewlet", model_name="storeidentity") is True
+    assert router.allow_migrate("default", "crewlet", model_name="storeidentity") is False
+    assert router.allow_migrate("events", "crewlet", model_name="seatlease") is False
