@@ -9,12 +9,22 @@ allowed, so an operator fixes it from one line instead of from a traceback
 deep inside the broker.
 
 Every knob is a dataclass field whose metadata carries its range, choices and
-environment variable; adding a knob is adding a field.
+environment variable; adding a knob is adding a field. A field whose type is
+itself a section (``stream.cluster``) is a nested mapping in the file and a
+dotted name everywhere else (``stream.cluster.port``, ``CREWLET_STREAM_CLUSTER_PORT``).
+A list setting (``stream.cluster.peers``, ``node.labels``) is a YAML list in the
+file and a comma-separated environment variable.
+
+One secret is not a setting: ``CREWLET_CLUSTER_SECRET``, which authenticates
+the routes between clustered members, is read from the environment only, is
+never part of :class:`EngineSettings` (whose repr reaches logs and tracebacks),
+and is required when ``stream.cluster.peers`` is set.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import os
 import re
@@ -29,12 +39,24 @@ import yaml
 
 from crewlet.queue.contract import Timings
 
+log = logging.getLogger(__name__)
+
 SETTINGS_FILE_ENV = "CREWLET_SETTINGS_FILE"
+#: The shared secret of the routes between clustered embedded members (environment only, never logged).
+CLUSTER_SECRET_ENV = "CREWLET_CLUSTER_SECRET"
 #: Keys whose environment variable is a fallback for the file rather than an override.
 ENV_YIELDS_TO_FILE = frozenset({"node.id"})
+#: Old dotted names still read, each as the setting that replaced it.
+RENAMED = {"delivery.ack_wait_s": "stream.ack_wait_s"}
 NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+LABEL_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+PEER_PATTERN = re.compile(r"(?P<host>[^\s:/@]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 STREAM_TYPES = ("embedded", "nats")
 URL_SCHEMES = ("nats", "tls")
+#: Stream replica counts JetStream can keep a quorum with.
+REPLICA_CHOICES = (1, 3, 5)
+#: The type of a list setting (a YAML list, or a comma-separated environment variable).
+Strings = tuple[str, ...]
 
 
 class SettingsError(ValueError):
@@ -82,12 +104,24 @@ def setting(
     default: Any,
     *,
     env: Optional[str] = None,
+    env_aliases: tuple[str, ...] = (),
     bounds: Optional[tuple[float, float]] = None,
-    choices: Optional[tuple[str, ...]] = None,
+    choices: Optional[tuple[Any, ...]] = None,
     doc: str = "",
 ) -> Any:
-    """A settings field: its default plus what validation and the env loader need to know."""
-    return field(default=default, metadata={"env": env, "bounds": bounds, "choices": choices, "doc": doc})
+    """A settings field: its default plus what validation and the env loader need to know.
+
+    ``env_aliases`` are older variable names still read when ``env`` is unset.
+    """
+    return field(
+        default=default,
+        metadata={"env": env, "env_aliases": env_aliases, "bounds": bounds, "choices": choices, "doc": doc},
+    )
+
+
+def section(cls: type) -> Any:
+    """A field holding a nested section (``stream.cluster``), defaulting to that section's defaults."""
+    return field(default_factory=cls)
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,11 +150,23 @@ def _check_field(section: str, f: dataclasses.Field, cls: type, value: Any) -> A
     elif kind is str:
         if not isinstance(value, str):
             raise SettingsError(name, value, "must be a string")
+    elif kind == Strings:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise SettingsError(name, value, "must be a list of strings")
+        value = tuple(value)
+    elif _is_section(kind):
+        if not isinstance(value, kind):
+            raise SettingsError(name, value, "must be a mapping")
+        return value
+    if choices and value not in choices:
+        raise SettingsError(name, value, f"must be one of {', '.join(str(c) for c in choices)}")
     if bounds and not bounds[0] <= value <= bounds[1]:
         raise SettingsError(name, value, f"must be{span}")
-    if choices and value not in choices:
-        raise SettingsError(name, value, f"must be one of {', '.join(choices)}")
     return value
+
+
+def _is_section(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, _Section)
 
 
 class _Section:
@@ -140,6 +186,66 @@ class _Section:
         """Rules that involve more than one field, or more than a range."""
 
 
+def _check_name(name: str, value: str) -> None:
+    """A node id or cluster name (empty passes: not chosen)."""
+    if value and not NODE_ID_PATTERN.fullmatch(value):
+        raise SettingsError(name, value, "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit")
+
+
+def _check_items(name: str, values: Strings, valid: typing.Callable[[str], bool], what: str, noun: str) -> None:
+    """Each of a list setting's values ``valid`` (else "'x' is not <what>"), and none twice."""
+    for value in values:
+        if not valid(value):
+            raise SettingsError(name, list(values), f"{value!r} is not {what}")
+    if len(set(values)) != len(values):
+        raise SettingsError(name, list(values), f"must not name a {noun} twice")
+
+
+def _peer(value: str) -> Optional[tuple[str, int]]:
+    """``host:port`` as (host, port), or None when it is not one."""
+    m = PEER_PATTERN.fullmatch(value)
+    if m is None or not 1 <= int(m["port"]) <= 65535:
+        return None
+    return m["host"], int(m["port"])
+
+
+@dataclass(frozen=True)
+class ClusterSettings(_Section):
+    """This node's embedded broker as one member of a JetStream cluster (empty ``name``: a lone broker)."""
+
+    SECTION = "stream.cluster"
+
+    name: str = setting("", env="CREWLET_STREAM_CLUSTER_NAME", doc="the cluster's name, the same on every member; empty: a lone broker")
+    host: str = setting("0.0.0.0", env="CREWLET_STREAM_CLUSTER_HOST", doc="the address this member's route listener binds")
+    port: int = setting(6222, env="CREWLET_STREAM_CLUSTER_PORT", bounds=(1, 65535), doc="this member's route port")
+    peers: Strings = setting((), env="CREWLET_STREAM_CLUSTER_PEERS", doc="host:port of every other member's route listener")
+    form_timeout_s: float = setting(
+        60.0, env="CREWLET_STREAM_CLUSTER_FORM_TIMEOUT_S", bounds=(1, 3600),
+        doc="how long start-up waits for the cluster to elect its JetStream meta leader",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.name)
+
+    @property
+    def members(self) -> int:
+        """How many members the cluster has: this one and its peers."""
+        return 1 + len(self.peers)
+
+    def peer_addresses(self) -> list[tuple[str, int]]:
+        """Each peer as (host, port); the values were checked when the settings were made."""
+        return [typing.cast(tuple[str, int], _peer(p)) for p in self.peers]
+
+    def check(self) -> None:
+        _check_name("stream.cluster.name", self.name)
+        if self.peers and not self.name:
+            raise SettingsError("stream.cluster.name", self.name, "required when stream.cluster.peers is set")
+        if not self.host or any(c.isspace() for c in self.host):
+            raise SettingsError("stream.cluster.host", self.host, "must be an address to listen on (0.0.0.0, 127.0.0.1, a host name)")
+        _check_items("stream.cluster.peers", self.peers, lambda p: _peer(p) is not None, "host:port (a port from 1 to 65535)", "peer")
+
+
 @dataclass(frozen=True)
 class StreamSettings(_Section):
     """Where the broker runs and how long the event stream keeps history."""
@@ -152,7 +258,7 @@ class StreamSettings(_Section):
     )
     url: str = setting(
         "", env="CREWLET_STREAM_URL",
-        doc="nats://host:port or tls://host:port; required when stream.type is nats",
+        doc="nats://host:port or tls://host:port, several comma-separated; required when stream.type is nats",
     )
     store_dir: str = setting(
         "", env="CREWLET_STREAM_STORE_DIR",
@@ -162,19 +268,54 @@ class StreamSettings(_Section):
         720.0, env="CREWLET_EVENT_RETENTION_HOURS", bounds=(1, 8760),
         doc="age bound of CREWLET_EVENTS and CREWLET_DLQ",
     )
+    replicas: int = setting(
+        1, env="CREWLET_STREAM_REPLICAS", choices=REPLICA_CHOICES,
+        doc="copies of every stream and durable consumer; never more than the cluster's members",
+    )
+    ack_wait_s: float = setting(
+        Timings.ack_wait_s, env="CREWLET_STREAM_ACK_WAIT_S", env_aliases=("CREWLET_DELIVERY_ACK_WAIT_S",), bounds=(5, 86400),
+        doc="how long a fetched message may go unacknowledged before the broker redelivers it",
+    )
+    cluster: ClusterSettings = section(ClusterSettings)
+
+    def urls(self) -> list[str]:
+        """The servers ``stream.url`` names (comma-separated), in order."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
 
     def check(self) -> None:
         if self.type == "nats" and not self.url:
             raise SettingsError("stream.url", self.url, "required when stream.type is nats (nats://host:port or tls://host:port)")
-        if self.url:
-            shown = redact_url(self.url)  # an error message ends up in logs: never the password
-            parts = urlsplit(self.url)
+        for url in self.urls():
+            shown = redact_url(url)  # an error message ends up in logs: never the password
+            parts = urlsplit(url)
             try:
                 parts.port  # noqa: B018 - raises on a malformed port
             except ValueError:
                 raise SettingsError("stream.url", shown, "has an invalid port") from None
             if parts.scheme not in URL_SCHEMES or not parts.hostname:
                 raise SettingsError("stream.url", shown, "must start with nats:// or tls:// and name a host")
+        if self.cluster.enabled:
+            if self.type != "embedded":
+                raise SettingsError(
+                    "stream.cluster.name", self.cluster.name,
+                    "applies to the embedded broker only (stream.type embedded); with stream.type nats the cluster is the one stream.url names",
+                )
+            if not self.store_dir:
+                raise SettingsError(
+                    "stream.store_dir", self.store_dir,
+                    "required when stream.cluster is set: a member's replicated streams and raft log must survive its restart",
+                )
+        if self.type == "embedded" and self.replicas > self.cluster.members:
+            members = self.cluster.members
+            allowed = ", ".join(str(c) for c in REPLICA_CHOICES if c <= members)
+            if not self.cluster.enabled:
+                reason = f"a lone embedded broker keeps one copy; allowed: {allowed} (stream.cluster makes this node one member of a cluster)"
+            else:
+                reason = (
+                    f"more than the cluster's {members} members (this node and its {members - 1} stream.cluster.peers); "
+                    f"allowed: {allowed}"
+                )
+            raise SettingsError("stream.replicas", self.replicas, reason)
 
 
 @dataclass(frozen=True)
@@ -191,24 +332,28 @@ class NodeSettings(_Section):
         4, env="CREWLET_NODE_MAX_CONCURRENT", bounds=(1, 64),
         doc="turns this node runs at the same time",
     )
+    labels: Strings = setting(
+        (), env="CREWLET_NODE_LABELS",
+        doc="what this node offers placement (gpu, eu); a seat's placement may require labels",
+    )
 
     def check(self) -> None:
         # Empty means "not chosen yet"; load_settings resolves it from the hostname.
-        if self.id and not NODE_ID_PATTERN.fullmatch(self.id):
-            raise SettingsError(
-                "node.id", self.id,
-                "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit",
-            )
+        _check_name("node.id", self.id)
+        _check_items(
+            "node.labels", self.labels, lambda v: LABEL_PATTERN.fullmatch(v) is not None,
+            "a label: 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit", "label",
+        )
 
 
 @dataclass(frozen=True)
 class DeliverySettings(_Section):
-    """How the queue spaces redeliveries and how long a fetched message may go unacknowledged.
+    """How the queue spaces redeliveries of failed messages.
 
     The defaults are the queue's production :class:`Timings`; an operator may
     tune them, and the fault suite shrinks them so that a whole delivery budget
-    (25 deliveries) or a crash's redelivery is seen in seconds through the same
-    code ``up`` runs.
+    (25 deliveries) is seen in seconds through the same code ``up`` runs. The
+    ack clock, once ``delivery.ack_wait_s``, is ``stream.ack_wait_s``.
     """
 
     SECTION = "delivery"
@@ -221,14 +366,6 @@ class DeliverySettings(_Section):
         Timings.backoff_cap_s, env="CREWLET_DELIVERY_BACKOFF_CAP_S", bounds=(0, 3600),
         doc="the most a redelivery's spacing grows to",
     )
-    ack_wait_s: float = setting(
-        Timings.ack_wait_s, env="CREWLET_DELIVERY_ACK_WAIT_S", bounds=(0.1, 86400),
-        doc="how long a fetched message may go unacknowledged before the broker redelivers it",
-    )
-
-    def timings(self) -> Timings:
-        """These settings as the queue's :class:`Timings`."""
-        return Timings(backoff_base_s=self.backoff_base_s, backoff_cap_s=self.backoff_cap_s, ack_wait_s=self.ack_wait_s)
 
 
 @dataclass(frozen=True)
@@ -239,17 +376,39 @@ class EngineSettings:
     node: NodeSettings = field(default_factory=NodeSettings)
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
 
+    def timings(self) -> Timings:
+        """The queue's :class:`Timings`: the redelivery spacing and the ack clock."""
+        return Timings(
+            backoff_base_s=self.delivery.backoff_base_s,
+            backoff_cap_s=self.delivery.backoff_cap_s,
+            ack_wait_s=self.stream.ack_wait_s,
+        )
+
 
 def _sections() -> dict[str, type[_Section]]:
     return {f.name: _type_of(EngineSettings, f.name) for f in dataclasses.fields(EngineSettings)}
 
 
+def _leaves(prefix: str, cls: type) -> list[tuple[str, dataclasses.Field, type]]:
+    out: list[tuple[str, dataclasses.Field, type]] = []
+    for f in dataclasses.fields(cls):
+        kind = _type_of(cls, f.name)
+        if _is_section(kind):
+            out.extend(_leaves(f"{prefix}.{f.name}", kind))
+        else:
+            out.append((f"{prefix}.{f.name}", f, kind))
+    return out
+
+
 def known_settings() -> list[tuple[str, dataclasses.Field, type]]:
-    """Every setting as (dotted name, field, python type), in declaration order (docs, tests)."""
+    """Every setting as (dotted name, field, python type), in declaration order (docs, tests).
+
+    A nested section's settings are listed under their full dotted names
+    (``stream.cluster.port``); the section itself is not a setting.
+    """
     out = []
-    for section, cls in _sections().items():
-        for f in dataclasses.fields(cls):
-            out.append((f"{section}.{f.name}", f, _type_of(cls, f.name)))
+    for name, cls in _sections().items():
+        out.extend(_leaves(name, cls))
     return out
 
 
@@ -276,6 +435,8 @@ def _parse_env(name: str, kind: type, raw: str, bounds: Optional[tuple[float, fl
         if not math.isfinite(value):
             raise SettingsError(name, raw, f"must be a number{span}")
         return value
+    if kind == Strings:
+        return tuple(item.strip() for item in text.split(",") if item.strip())
     return text
 
 
@@ -289,6 +450,51 @@ def _read_file(path: str) -> Mapping[str, Any]:
     except yaml.YAMLError as exc:
         raise SettingsError(SETTINGS_FILE_ENV, path, f"is not valid YAML ({exc})") from None
     return {} if data is None else data
+
+
+def _flatten(
+    prefix: str, cls: type, body: Any, source: Optional[str], values: dict[str, tuple[Any, Optional[str]]]
+) -> None:
+    """One section's mapping into ``values`` under dotted names; a nested section recurses."""
+    if body is None:
+        return
+    if not isinstance(body, Mapping):
+        raise SettingsError(prefix, body, "must be a mapping", source)
+    kinds = {f.name: _type_of(cls, f.name) for f in dataclasses.fields(cls)}
+    for name, value in body.items():
+        dotted = f"{prefix}.{name}"
+        if dotted in RENAMED:
+            log.warning("setting_renamed", extra={"setting": dotted, "use": RENAMED[dotted]})
+            values[RENAMED[dotted]] = (value, source)
+            continue
+        if name not in kinds:
+            listed = ", ".join(f"{prefix}.{n}" for n in kinds)
+            raise SettingsError(dotted, value, f"unknown setting; known: {listed}", source)
+        if _is_section(kinds[name]):
+            _flatten(dotted, kinds[name], value, source, values)
+        else:
+            values[dotted] = (value, source)
+
+
+def _build(prefix: str, cls: type, values: Mapping[str, tuple[Any, Optional[str]]]) -> Any:
+    """The section ``cls`` at ``prefix`` from the dotted ``values`` (nested sections first)."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        dotted = f"{prefix}.{f.name}"
+        kind = _type_of(cls, f.name)
+        if _is_section(kind):
+            kwargs[f.name] = _build(dotted, kind, values)
+        elif dotted in values:
+            kwargs[f.name] = values[dotted][0]
+    try:
+        return cls(**kwargs)
+    except SettingsError as exc:
+        raise exc.from_source(values.get(exc.field, (None, None))[1]) from None
+
+
+def cluster_secret(env: Mapping[str, str] = os.environ) -> str:
+    """``CREWLET_CLUSTER_SECRET``: the routes' shared secret (``load_settings`` refuses peers without it)."""
+    return env.get(CLUSTER_SECRET_ENV, "")
 
 
 def load_settings(
@@ -321,43 +527,38 @@ def load_settings(
     for key, body in mapping.items():
         if key not in sections:
             raise SettingsError(str(key), body, f"unknown setting; known sections: {', '.join(sections)}", source)
-        if body is None:
-            continue
-        if not isinstance(body, Mapping):
-            raise SettingsError(str(key), body, "must be a mapping", source)
-        names = [f.name for f in dataclasses.fields(sections[key])]
-        for name, value in body.items():
-            if name not in names:
-                listed = ", ".join(f"{key}.{n}" for n in names)
-                raise SettingsError(f"{key}.{name}", value, f"unknown setting; known: {listed}", source)
-            values[f"{key}.{name}"] = (value, source)
+        _flatten(str(key), sections[key], body, source, values)
 
     known = {dotted: (f, kind) for dotted, f, kind in known_settings()}
     for dotted, (f, kind) in known.items():
         if dotted in ENV_YIELDS_TO_FILE and dotted in values:
             continue  # design: node.id, then CREWLET_NODE_ID, then the default
-        var = f.metadata.get("env")
-        raw = env.get(var, "") if var else ""
-        if raw != "":
+        for var in (f.metadata.get("env"), *f.metadata.get("env_aliases", ())):
+            raw = env.get(var, "") if var else ""
+            if raw == "":
+                continue
+            if var != f.metadata.get("env"):
+                log.warning("setting_env_renamed", extra={"env": var, "use": f.metadata.get("env")})
             try:
                 values[dotted] = (_parse_env(dotted, kind, raw, f.metadata.get("bounds")), var)
             except SettingsError as exc:
                 raise exc.from_source(var) from None
+            break
 
-    for dotted, value in (overrides or {}).items():
+    for given, value in (overrides or {}).items():
+        dotted = RENAMED.get(given, given)
         if dotted not in known:
             raise SettingsError(dotted, value, f"unknown setting; known: {', '.join(known)}", "overrides")
         values[dotted] = (value, "command line")
 
-    # One value per EngineSettings field, each of that field's section type.
-    built: dict[str, Any] = {}
-    for section, cls in sections.items():
-        kwargs = {d.split(".", 1)[1]: v for d, (v, _) in values.items() if d.split(".", 1)[0] == section}
-        try:
-            built[section] = cls(**kwargs)
-        except SettingsError as exc:
-            raise exc.from_source(values.get(exc.field, (None, None))[1]) from None
-
+    built: dict[str, Any] = {name: _build(name, cls, values) for name, cls in sections.items()}
+    secret = env.get(CLUSTER_SECRET_ENV, "")
+    stream = typing.cast(StreamSettings, built["stream"])
+    if stream.cluster.peers and not secret:
+        raise SettingsError(
+            CLUSTER_SECRET_ENV, "(unset)",
+            "required when stream.cluster.peers is set: the same secret on every member authenticates their routes",
+        )
     node = typing.cast(NodeSettings, built["node"])
     if not node.id:
         built["node"] = dataclasses.replace(node, id=default_node_id(hostname))

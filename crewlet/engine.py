@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol, TypeVar, Union
 
 from crewlet.aio import keeping_cancel
-from crewlet.conf import EngineSettings, redact_url
+from crewlet.conf import ClusterSettings, EngineSettings, cluster_secret, redact_url
 from crewlet.events.emit import Emitter
 from crewlet.queue.contract import EventQueue, Timings
 
@@ -251,6 +251,9 @@ class Connect(Protocol):
         node: str,
         timings: Timings,
         event_retention_hours: float,
+        replicas: int,
+        cluster: Optional[ClusterSettings],
+        cluster_secret: str,
     ) -> Awaitable[tuple[EventQueue, Optional[Broker]]]: ...
 
 
@@ -520,6 +523,9 @@ class Engine:
                     node=node,
                     timings=self.timings,
                     event_retention_hours=stream.event_retention_hours,
+                    replicas=stream.replicas,
+                    cluster=stream.cluster if stream.cluster.enabled else None,
+                    cluster_secret=cluster_secret() if stream.cluster.enabled else "",
                 )
             except Exception:
                 # connect_queue stops a broker it started before failing; nothing to tear down here.

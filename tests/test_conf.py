@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from crewlet.conf import (
+    ClusterSettings,
     EngineSettings,
     NodeSettings,
     SettingsError,
@@ -44,6 +45,9 @@ def test_every_default() -> None:
     assert s.stream.event_retention_hours == 720.0
     assert s.node.id == HOST  # resolved from the hostname when nothing sets it
     assert s.node.max_concurrent == 4
+    assert s.node.labels == ()
+    assert (s.stream.replicas, s.stream.ack_wait_s) == (1, 30.0)
+    assert s.stream.cluster == ClusterSettings() and not s.stream.cluster.enabled
 
 
 def test_known_settings_lists_every_key_with_its_env_var() -> None:
@@ -53,22 +57,40 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "stream.url": "CREWLET_STREAM_URL",
         "stream.store_dir": "CREWLET_STREAM_STORE_DIR",
         "stream.event_retention_hours": "CREWLET_EVENT_RETENTION_HOURS",
+        "stream.replicas": "CREWLET_STREAM_REPLICAS",
+        "stream.ack_wait_s": "CREWLET_STREAM_ACK_WAIT_S",
+        "stream.cluster.name": "CREWLET_STREAM_CLUSTER_NAME",
+        "stream.cluster.host": "CREWLET_STREAM_CLUSTER_HOST",
+        "stream.cluster.port": "CREWLET_STREAM_CLUSTER_PORT",
+        "stream.cluster.peers": "CREWLET_STREAM_CLUSTER_PEERS",
+        "stream.cluster.form_timeout_s": "CREWLET_STREAM_CLUSTER_FORM_TIMEOUT_S",
         "node.id": "CREWLET_NODE_ID",
         "node.max_concurrent": "CREWLET_NODE_MAX_CONCURRENT",
+        "node.labels": "CREWLET_NODE_LABELS",
         "delivery.backoff_base_s": "CREWLET_DELIVERY_BACKOFF_BASE_S",
         "delivery.backoff_cap_s": "CREWLET_DELIVERY_BACKOFF_CAP_S",
-        "delivery.ack_wait_s": "CREWLET_DELIVERY_ACK_WAIT_S",
     }
 
 
-def test_delivery_settings_default_to_the_queues_production_timings_and_shrink_from_the_environment() -> None:
+def test_the_queue_timings_are_the_delivery_spacing_and_the_stream_s_ack_clock() -> None:
     from crewlet.queue import Timings
 
-    assert load().delivery.timings() == Timings()
-    shrunk = load(env={"CREWLET_DELIVERY_BACKOFF_BASE_S": "0.05", "CREWLET_DELIVERY_BACKOFF_CAP_S": "0.1", "CREWLET_DELIVERY_ACK_WAIT_S": "2"})
-    assert shrunk.delivery.timings() == Timings(backoff_base_s=0.05, backoff_cap_s=0.1, ack_wait_s=2.0)
-    with pytest.raises(SettingsError, match=r"^delivery\.ack_wait_s=0: must be between 0\.1 and 86400 \(from CREWLET_DELIVERY_ACK_WAIT_S\)$"):
-        load(env={"CREWLET_DELIVERY_ACK_WAIT_S": "0"})
+    assert load().timings() == Timings()
+    shrunk = load(env={"CREWLET_DELIVERY_BACKOFF_BASE_S": "0.05", "CREWLET_DELIVERY_BACKOFF_CAP_S": "0.1", "CREWLET_STREAM_ACK_WAIT_S": "5"})
+    assert shrunk.timings() == Timings(backoff_base_s=0.05, backoff_cap_s=0.1, ack_wait_s=5.0)
+    with pytest.raises(SettingsError, match=r"^stream\.ack_wait_s=4: must be between 5 and 86400 \(from CREWLET_STREAM_ACK_WAIT_S\)$"):
+        load(env={"CREWLET_STREAM_ACK_WAIT_S": "4"})
+    assert load({"stream": {"ack_wait_s": 86400}}).stream.ack_wait_s == 86400.0
+
+
+def test_the_old_ack_clock_names_still_set_the_one_stream_ack_wait_s(caplog: pytest.LogCaptureFixture) -> None:
+    assert load({"delivery": {"ack_wait_s": 1800}}).stream.ack_wait_s == 1800.0
+    assert load(env={"CREWLET_DELIVERY_ACK_WAIT_S": "60"}).stream.ack_wait_s == 60.0
+    assert load(overrides={"delivery.ack_wait_s": 90}).stream.ack_wait_s == 90.0
+    # the new name wins over the old one, in the environment as in the file
+    assert load(env={"CREWLET_DELIVERY_ACK_WAIT_S": "60", "CREWLET_STREAM_ACK_WAIT_S": "120"}).stream.ack_wait_s == 120.0
+    assert str(error(env={"CREWLET_DELIVERY_ACK_WAIT_S": "2"})) == "stream.ack_wait_s=2: must be between 5 and 86400 (from CREWLET_DELIVERY_ACK_WAIT_S)"
+    assert {r.getMessage() for r in caplog.records} >= {"setting_renamed", "setting_env_renamed"}
 
 
 def test_settings_are_immutable() -> None:
@@ -217,12 +239,13 @@ def test_unknown_top_level_key() -> None:
 
 
 def test_unknown_nested_key() -> None:
-    e = error({"stream": {"replicas": 3}})
+    e = error({"stream": {"replica": 3}})
     assert str(e) == (
-        "stream.replicas=3: unknown setting; known: "
-        "stream.type, stream.url, stream.store_dir, stream.event_retention_hours"
+        "stream.replica=3: unknown setting; known: "
+        "stream.type, stream.url, stream.store_dir, stream.event_retention_hours, stream.replicas, stream.ack_wait_s, stream.cluster"
     )
     assert error({"node": {"name": "x"}}).field == "node.name"
+    assert str(error({"stream": {"cluster": {"nme": "a"}}})).startswith("stream.cluster.nme='a': unknown setting; known: stream.cluster.name, ")
 
 
 def test_unknown_override() -> None:
@@ -332,3 +355,80 @@ def test_missing_or_invalid_file(tmp_path: Path) -> None:
     bad.write_text("stream: [unclosed\n")
     with pytest.raises(SettingsError, match=r"is not valid YAML"):
         load_settings(None, {"CREWLET_SETTINGS_FILE": str(bad)})
+
+
+# -- a fleet: replicas, the cluster, labels ------------------------------------
+
+SECRET = {"CREWLET_CLUSTER_SECRET": "route-secret"}
+
+
+def clustered(peers: int = 2, **stream: Any) -> dict[str, Any]:
+    """The settings of node n1 of a cluster with ``peers`` other members."""
+    cluster = {"name": "acme", "host": "127.0.0.1", "port": 6301, "peers": [f"127.0.0.1:{6302 + i}" for i in range(peers)]}
+    return {"stream": {"store_dir": "/var/n1/stream", "cluster": cluster, **stream}, "node": {"id": "n1", "labels": ["gpu"]}}
+
+
+def test_the_issue_s_fleet_file_loads() -> None:
+    s = load(clustered(replicas=3, ack_wait_s=1800), SECRET)
+    assert s.stream.replicas == 3 and s.stream.ack_wait_s == 1800.0
+    assert s.stream.cluster == ClusterSettings(name="acme", host="127.0.0.1", port=6301, peers=("127.0.0.1:6302", "127.0.0.1:6303"))
+    assert s.stream.cluster.enabled and s.stream.cluster.members == 3
+    assert s.stream.cluster.peer_addresses() == [("127.0.0.1", 6302), ("127.0.0.1", 6303)]
+    assert s.node.labels == ("gpu",)
+    assert "route-secret" not in repr(s)  # the secret is never a setting
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"stream": {"replicas": 2}}, "stream.replicas=2: must be one of 1, 3, 5"),
+        ({"stream": {"replicas": "3"}}, "stream.replicas='3': must be an integer"),
+        ({"stream": {"replicas": 3}}, "stream.replicas=3: a lone embedded broker keeps one copy; allowed: 1 (stream.cluster makes this node one member of a cluster)"),
+        (clustered(peers=2, replicas=5), "stream.replicas=5: more than the cluster's 3 members (this node and its 2 stream.cluster.peers); allowed: 1, 3"),
+        ({"stream": {"cluster": {"peers": ["h:6222"]}}}, "stream.cluster.name='': required when stream.cluster.peers is set"),
+        ({"stream": {"cluster": {"name": "has space"}}}, "stream.cluster.name='has space': must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"),
+        (clustered(peers=0) | {"stream": {"store_dir": "/s", "cluster": {"name": "a", "peers": ["h"]}}}, "stream.cluster.peers=['h']: 'h' is not host:port (a port from 1 to 65535)"),
+        ({"stream": {"store_dir": "/s", "cluster": {"name": "a", "peers": ["h:70000"]}}}, "stream.cluster.peers=['h:70000']: 'h:70000' is not host:port (a port from 1 to 65535)"),
+        ({"stream": {"store_dir": "/s", "cluster": {"name": "a", "peers": ["h:1", "h:1"]}}}, "stream.cluster.peers=['h:1', 'h:1']: must not name a peer twice"),
+        ({"stream": {"cluster": {"peers": "h:1"}}}, "stream.cluster.peers='h:1': must be a list of strings"),
+        ({"stream": {"cluster": {"port": 0}}}, "stream.cluster.port=0: must be between 1 and 65535"),
+        ({"stream": {"cluster": {"form_timeout_s": 0}}}, "stream.cluster.form_timeout_s=0: must be between 1 and 3600"),
+        ({"stream": {"cluster": "acme"}}, "stream.cluster='acme': must be a mapping"),
+        ({"stream": {"cluster": {"name": "acme"}}}, "stream.store_dir='': required when stream.cluster is set: a member's replicated streams and raft log must survive its restart"),
+        ({"stream": {"type": "nats", "url": "nats://h:4222", "cluster": {"name": "acme"}}}, "stream.cluster.name='acme': applies to the embedded broker only (stream.type embedded); with stream.type nats the cluster is the one stream.url names"),
+        ({"node": {"labels": ["gpu", "g p u"]}}, "node.labels=['gpu', 'g p u']: 'g p u' is not a label: 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"),
+        ({"node": {"labels": ["gpu", "gpu"]}}, "node.labels=['gpu', 'gpu']: must not name a label twice"),
+        ({"node": {"labels": "gpu"}}, "node.labels='gpu': must be a list of strings"),
+    ],
+)
+def test_bad_fleet_settings_are_refused_naming_field_value_and_what_is_allowed(settings: dict[str, Any], message: str) -> None:
+    assert str(error(settings, SECRET)) == message
+
+
+def test_peers_without_the_cluster_secret_are_refused_and_nothing_shows_a_secret() -> None:
+    e = error(clustered())
+    assert str(e) == "CREWLET_CLUSTER_SECRET='(unset)': required when stream.cluster.peers is set: the same secret on every member authenticates their routes"
+    assert load({"stream": {"store_dir": "/s", "cluster": {"name": "seed"}}}).stream.cluster.members == 1  # no peers: no routes to guard
+
+
+def test_replicas_against_an_external_cluster_are_the_cluster_s_to_refuse() -> None:
+    s = load({"stream": {"type": "nats", "url": "nats://a:4222, nats://b:4222,nats://c:4222", "replicas": 3}})
+    assert s.stream.replicas == 3
+    assert s.stream.urls() == ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+    assert str(error({"stream": {"type": "nats", "url": "nats://a:4222,http://b"}})) == "stream.url='http://b': must start with nats:// or tls:// and name a host"
+
+
+def test_fleet_settings_come_from_the_environment_lists_comma_separated() -> None:
+    s = load(env={
+        **SECRET,
+        "CREWLET_STREAM_STORE_DIR": "/s",
+        "CREWLET_STREAM_REPLICAS": "3",
+        "CREWLET_STREAM_CLUSTER_NAME": "acme",
+        "CREWLET_STREAM_CLUSTER_PORT": "6301",
+        "CREWLET_STREAM_CLUSTER_PEERS": "10.0.0.2:6301, 10.0.0.3:6301",
+        "CREWLET_STREAM_CLUSTER_FORM_TIMEOUT_S": "90",
+        "CREWLET_NODE_LABELS": "gpu,eu",
+    })
+    assert (s.stream.replicas, s.stream.cluster.port, s.stream.cluster.form_timeout_s) == (3, 6301, 90.0)
+    assert s.stream.cluster.peers == ("10.0.0.2:6301", "10.0.0.3:6301") and s.node.labels == ("gpu", "eu")
+    assert str(error(env={"CREWLET_STREAM_REPLICAS": "3"})).endswith("(from CREWLET_STREAM_REPLICAS)")

@@ -71,7 +71,7 @@ class Up(UpProcess):
             CREWLET_STREAM_TYPE="nats",
             CREWLET_STREAM_URL=broker_url,
             CREWLET_VAR_DIR=str(tmp / "data"),
-            CREWLET_DELIVERY_ACK_WAIT_S=str(ack_wait_s),
+            CREWLET_STREAM_ACK_WAIT_S=str(ack_wait_s),
         )
         super().__init__(tmp, "--company", str(company), node="u1", env=env)
 
@@ -193,13 +193,13 @@ def test_sigterm_hands_back_held_and_gated_mail_at_once_and_a_second_sigterm_the
 def test_kill_9_mid_turn_returns_the_turns_trigger_after_about_one_ack_window(
     loop: LoopThread, broker: Any, tmp_path: Path
 ) -> None:
-    ack_wait_s = 2.0
+    ack_wait_s = 5.0  # the least stream.ack_wait_s allows
     with running(loop, broker, tmp_path, ack_wait_s=ack_wait_s, linger_s=0) as (up, watcher):
         up.post_slack("U0ADA", "D0ADA", "a long one")
         wait_until(lambda: watcher.turns_started("ada") == 1, 60, "ada's turn")
-        # Several ack windows of the turn running: in-progress signals keep the trigger with `up`.
+        # Two ack windows of the turn running: in-progress signals keep the trigger with `up`.
         watcher.take_inbox("ada")
-        time.sleep(3 * ack_wait_s)
+        time.sleep(2 * ack_wait_s)
         assert watcher.received("ada") == [], "a running turn keeps its trigger past the ack window"
 
         up.kill()

@@ -18,8 +18,17 @@ takes its broker with it, and the next start with the same ``store_dir``
 finds its file store intact. (The signal follows the thread that started the
 child: start the broker from the thread that runs the event loop for good.)
 
-``nats``: the same client code dialling ``stream.url``. :func:`connect_queue`
-picks one of the two.
+Clustered (``stream.cluster``): the same child is one member of a JetStream
+cluster. Its server name is the node id; it listens for routes on
+``cluster.host:cluster.port`` and dials every peer, both sides authenticated
+by the fleet's shared ``CREWLET_CLUSTER_SECRET``. Clients still dial this
+member's loopback port with this boot's own credential. The member is ready
+only once the cluster has elected its JetStream meta leader: before that no
+stream can be created or read.
+
+``nats``: the same client code dialling ``stream.url`` (one server or a
+comma-separated list, all handed to nats-py). :func:`connect_queue` picks one
+of the two.
 """
 from __future__ import annotations
 
@@ -37,7 +46,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
+from urllib.parse import quote
 
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.errors import InvalidArgument, QueueError
@@ -48,12 +58,67 @@ logger = logging.getLogger(__name__)
 #: Room for an 8 MiB event plus its headers.
 DEFAULT_MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES
 BINARY_NAME = "nats-server"
+#: A lone broker's server name; a clustered member is named after its node.
+DEFAULT_SERVER_NAME = "crewlet-embedded"
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 40
+#: The user name every member's route listener expects, with the cluster secret as its password.
+ROUTE_USER = "crewlet-route"
+#: How often a member waiting for its cluster says so, and asks again whether a meta leader exists.
+CLUSTER_PROGRESS_EVERY_S = 3.0
+_CLUSTER_ASK_TIMEOUT_S = 1.0
+_PEER_DIAL_TIMEOUT_S = 1.0
+#: The stand-in for the cluster secret in anything shown (a log tail, an error).
+_REDACTED = "[redacted]"
+
+
+class ClusterConfig(Protocol):
+    """What a clustered member needs to know of its cluster (``crewlet.conf.ClusterSettings`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def form_timeout_s(self) -> float: ...
+
+    def peer_addresses(self) -> list[tuple[str, int]]: ...
 
 
 class BrokerStartError(QueueError):
-    """The embedded broker could not be started (binary missing, port in use, exited early)."""
+    """The embedded broker could not be started (binary missing, port in use, exited early, no cluster)."""
+
+
+class ClusterFormTimeout(BrokerStartError):
+    """A clustered member saw no JetStream meta leader elected in time; ``unreached`` names the peers it could not dial."""
+
+    def __init__(self, message: str, unreached: Sequence[str]) -> None:
+        super().__init__(message)
+        self.unreached = list(unreached)
+
+
+async def unreachable_peers(peers: Sequence[tuple[str, int]], timeout_s: float = _PEER_DIAL_TIMEOUT_S) -> list[str]:
+    """``host:port`` of each peer whose route port does not accept a TCP connection within ``timeout_s``."""
+
+    async def dial(host: str, port: int) -> Optional[str]:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=timeout_s)
+        except (OSError, asyncio.TimeoutError):
+            return f"{host}:{port}"
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+        return None
+
+    found = await asyncio.gather(*(dial(h, p) for h, p in peers))
+    return [f for f in found if f is not None]
 
 
 def find_nats_server() -> Optional[str]:
@@ -157,7 +222,9 @@ class EmbeddedBroker:
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 10.0,
         supervise: bool = True,
-        server_name: str = "crewlet-embedded",
+        server_name: str = DEFAULT_SERVER_NAME,
+        cluster: Optional[ClusterConfig] = None,
+        cluster_secret: str = "",
     ) -> None:
         if not isinstance(port, int) or port < 0 or port > 65535:
             raise InvalidArgument(f"port={port!r}: must be 0 (ephemeral) or a TCP port")
@@ -172,6 +239,10 @@ class EmbeddedBroker:
         self._stop_timeout_s = float(stop_timeout_s)
         self._supervise = bool(supervise)
         self._server_name = server_name
+        if cluster is not None and cluster.peer_addresses() and not cluster_secret:
+            raise InvalidArgument("cluster_secret: required when the cluster has peers (CREWLET_CLUSTER_SECRET)")
+        self._cluster = cluster
+        self._cluster_secret = cluster_secret
         self._user = "crewlet"
         self._password = secrets.token_hex(24)
         self._proc: Optional[subprocess.Popen[bytes]] = None
@@ -193,6 +264,15 @@ class EmbeddedBroker:
     @property
     def store_dir(self) -> Optional[Path]:
         return self._store_dir
+
+    @property
+    def server_name(self) -> str:
+        """The member's name in its cluster (the node id)."""
+        return self._server_name
+
+    @property
+    def cluster(self) -> Optional[ClusterConfig]:
+        return self._cluster
 
     @property
     def host(self) -> str:
@@ -245,7 +325,13 @@ class EmbeddedBroker:
                 tail = collections.deque(fh, maxlen=lines)
         except OSError:
             return ""
-        return b"".join(tail).decode("utf-8", "replace")
+        return self._scrub(b"".join(tail).decode("utf-8", "replace"))
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the cluster secret (raw or URL-quoted), whatever the server chose to print."""
+        for secret in {self._cluster_secret, quote(self._cluster_secret, safe="")} - {""}:
+            text = text.replace(secret, _REDACTED)
+        return text
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -261,6 +347,9 @@ class EmbeddedBroker:
         async with self._lock:
             if self.running:
                 return
+            if self._proc is not None:  # killed (kill(), kill -9) with nobody supervising: clear what it left
+                self._proc = None
+                self._cleanup_runtime()
             self._stopping = False
             await self._start_locked()
             if self._supervise and (self._supervisor is None or self._supervisor.done()):
@@ -285,6 +374,7 @@ class EmbeddedBroker:
                 "jetstream {",
                 f"  store_dir: {_q(store)}",
                 "}",
+                *self._cluster_config(),
                 "",
             ]
         )
@@ -292,6 +382,27 @@ class EmbeddedBroker:
         path.write_text(conf)
         os.chmod(path, 0o600)
         return path
+
+    def _cluster_config(self) -> list[str]:
+        """The ``cluster`` block: the route listener and a route to every peer, both behind the secret."""
+        cluster = self._cluster
+        if cluster is None:
+            return []
+        password = quote(self._cluster_secret, safe="")
+        routes = [
+            _q(f"nats-route://{ROUTE_USER}:{password}@{host}:{port}") for host, port in cluster.peer_addresses()
+        ]
+        return [
+            "cluster {",
+            f"  name: {_q(cluster.name)}",
+            f"  listen: {_q(f'{cluster.host}:{cluster.port}')}",
+            "  authorization {",
+            f"    user: {_q(ROUTE_USER)}",
+            f"    password: {_q(self._cluster_secret)}",
+            "  }",
+            f"  routes: [{', '.join(routes)}]",
+            "}",
+        ]
 
     async def _start_locked(self) -> None:
         binary = self._binary or find_nats_server()
@@ -344,6 +455,8 @@ class EmbeddedBroker:
                 "url": self.client_url,
                 "store_dir": str(self._store_dir) if self._store_dir else None,
                 "memory_storage": self.memory_storage,
+                "server_name": self._server_name,
+                "cluster": self._cluster.name if self._cluster is not None else None,
             },
         )
 
@@ -370,11 +483,99 @@ class EmbeddedBroker:
                 self._port = self._read_ports_file(ports_file)
             if self._port:
                 try:
-                    await self._probe()
-                    return
+                    # A member answers JetStream only once its cluster has a meta leader: that wait is _wait_formed's.
+                    await self._probe(jetstream=self._cluster is None)
+                    break
                 except Exception as e:  # not listening yet, or JetStream still starting
                     last_error = e
             await asyncio.sleep(0.05)
+        if self._cluster is not None:
+            await self._wait_formed(self._cluster)
+
+    async def _wait_formed(self, cluster: ClusterConfig) -> None:
+        """Wait until the cluster has elected its JetStream meta leader; say so every few seconds.
+
+        The election is announced only on the system account
+        (``$JS.EVENT.ADVISORY.DOMAIN.LEADER_ELECTED``), which this member's
+        client credential is not in, so there is no event to wait on: the
+        member's own JetStream API is asked instead (``$JS.API.INFO``, which
+        a member leaves unanswered until a leader exists), once per
+        ``_CLUSTER_ASK_TIMEOUT_S`` at most, until ``form_timeout_s``. Failing,
+        it names the peers whose route port it could not dial.
+        """
+        import nats  # as in _probe
+
+        proc = self._proc
+        assert proc is not None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + float(cluster.form_timeout_s)
+        next_progress = started + CLUSTER_PROGRESS_EVERY_S
+        peers = cluster.peer_addresses()
+        nc = await nats.connect(
+            self.url, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=1, error_cb=_quiet
+        )
+        try:
+            while True:
+                asked = loop.time()
+                if await self._meta_leader_elected(nc):
+                    logger.info(
+                        "embedded_broker_cluster_formed",
+                        extra={"cluster": cluster.name, "server_name": self._server_name, "waited_s": round(asked - started, 3)},
+                    )
+                    return
+                rc = proc.poll()
+                if rc is not None:
+                    raise BrokerStartError(f"nats-server exited with status {rc} while joining cluster {cluster.name!r}:\n{self.log_tail()}")
+                now = loop.time()
+                if now >= deadline:
+                    unreached = await unreachable_peers(peers)
+                    raise ClusterFormTimeout(self._form_failure(cluster, unreached), unreached)
+                if now >= next_progress:
+                    next_progress = now + CLUSTER_PROGRESS_EVERY_S
+                    logger.info(
+                        "embedded_broker_cluster_waiting",
+                        extra={
+                            "cluster": cluster.name,
+                            "server_name": self._server_name,
+                            "waited_s": round(now - started, 1),
+                            "timeout_s": cluster.form_timeout_s,
+                            "unreached": ",".join(await unreachable_peers(peers)) or "(none)",
+                        },
+                    )
+                # An answer that came back at once (an error) waits out the rest of the interval.
+                await asyncio.sleep(max(0.0, _CLUSTER_ASK_TIMEOUT_S - (loop.time() - asked)))
+        finally:
+            await nc.close()
+
+    @staticmethod
+    async def _meta_leader_elected(nc: Any) -> bool:
+        import nats.errors
+
+        try:
+            msg = await nc.request("$JS.API.INFO", b"", timeout=_CLUSTER_ASK_TIMEOUT_S)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError):
+            return False
+        try:
+            return not json.loads(msg.data).get("error")
+        except ValueError:
+            return False
+
+    def _form_failure(self, cluster: ClusterConfig, unreached: list[str]) -> str:
+        peers = [f"{h}:{p}" for h, p in cluster.peer_addresses()]
+        if unreached:
+            why = f"could not reach peer{'s' if len(unreached) > 1 else ''} {', '.join(unreached)}"
+        elif peers:
+            why = (
+                f"every peer ({', '.join(peers)}) accepts connections, yet no leader was elected: "
+                "check that every member has the same stream.cluster.name and CREWLET_CLUSTER_SECRET"
+            )
+        else:
+            why = "it has no peers"
+        return (
+            f"cluster {cluster.name!r} did not elect a JetStream meta leader within {cluster.form_timeout_s:g} s "
+            f"(stream.cluster.form_timeout_s): {why}.\n{self.log_tail(10)}"
+        )
 
     def _read_ports_file(self, path: Path) -> int:
         try:
@@ -390,8 +591,8 @@ class EmbeddedBroker:
                 return port
         return 0
 
-    async def _probe(self) -> None:
-        """A real client connect with the credential, and a JetStream API round trip."""
+    async def _probe(self, *, jetstream: bool = True) -> None:
+        """A real client connect with the credential, and (``jetstream``) a JetStream API round trip."""
         import nats  # the readiness probe is the one other place nats is used
 
         # A plain TCP connect first: it fails at once while the server is not listening yet.
@@ -410,10 +611,11 @@ class EmbeddedBroker:
             error_cb=_quiet,
         )
         try:
-            msg = await nc.request("$JS.API.INFO", b"", timeout=1.0)
-            info = json.loads(msg.data)
-            if info.get("error"):
-                raise BrokerStartError(f"JetStream not ready: {info['error']}")
+            if jetstream:
+                msg = await nc.request("$JS.API.INFO", b"", timeout=1.0)
+                info = json.loads(msg.data)
+                if info.get("error"):
+                    raise BrokerStartError(f"JetStream not ready: {info['error']}")
         finally:
             await nc.close()
 
@@ -469,10 +671,12 @@ class EmbeddedBroker:
             logger.info("embedded_broker_stopped", extra={"pid": pid, "url": self.client_url})
 
     async def kill(self) -> None:
-        """SIGKILL the server without ceremony (a crash, for tests); the supervisor restarts it."""
+        """SIGKILL the server without ceremony (a crash, for tests) and wait until it is gone; the supervisor restarts it."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()
+            while proc.poll() is None:
+                await asyncio.sleep(0.02)
 
     def __del__(self) -> None:
         # A broker object dropped without stop(): do not leave its server running
@@ -528,15 +732,26 @@ async def connect_queue(
     node: str,
     timings: Timings = Timings(),
     event_retention_hours: float = 720.0,
+    replicas: int = 1,
+    cluster: Optional[ClusterConfig] = None,
+    cluster_secret: str = "",
 ) -> tuple[EventQueue, Optional[EmbeddedBroker]]:
     """The engine's queue per ``stream.type``: ``embedded`` starts a broker; ``nats`` dials ``url``.
 
-    Returns the queue and the embedded broker (None for ``nats``); the caller
-    closes the queue first, then stops the broker.
+    ``cluster`` (embedded only) makes the broker one member of that JetStream
+    cluster, named ``node``; every stream and durable is kept at ``replicas``
+    copies (never fewer than an existing stream already has). Returns the
+    queue and the embedded broker (None for ``nats``); the caller closes the
+    queue first, then stops the broker.
     """
     kind = (stream_type or "embedded").strip().lower()
     if kind == "embedded":
-        broker = EmbeddedBroker(store_dir or None)
+        broker = EmbeddedBroker(
+            store_dir or None,
+            server_name=node if cluster is not None else DEFAULT_SERVER_NAME,
+            cluster=cluster,
+            cluster_secret=cluster_secret,
+        )
         await broker.start()
         try:
             queue = await JetStreamQueue.connect(
@@ -545,6 +760,7 @@ async def connect_queue(
                 timings=timings,
                 event_retention_hours=event_retention_hours,
                 memory_storage=broker.memory_storage,
+                replicas=replicas,
             )
         except BaseException:
             await broker.stop()
@@ -559,6 +775,7 @@ async def connect_queue(
             timings=timings,
             event_retention_hours=event_retention_hours,
             memory_storage=False,
+            replicas=replicas,
         )
         return queue, None
     raise InvalidArgument(f"stream.type={stream_type!r}: must be 'embedded' or 'nats'")
@@ -566,6 +783,9 @@ async def connect_queue(
 
 __all__ = [
     "BrokerStartError",
+    "ClusterConfig",
+    "ClusterFormTimeout",
+    "unreachable_peers",
     "EmbeddedBroker",
     "connect_queue",
     "find_nats_server",

@@ -24,7 +24,7 @@ from tests.process_support import is_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ACK_WAIT_S = 3.0
+ACK_WAIT_S = 5.0  # the least stream.ack_wait_s allows
 TURN_S = 0.5
 #: The freeze: longer than a publish's 5 s deadline (so a delivery during it meets
 #: a timed-out publish), shorter than the client's stale-connection detection.
@@ -55,7 +55,7 @@ def _send_in_background(sender: Sender, count: int) -> threading.Thread:
 
 def test_kill_9_of_the_broker_is_survived_by_up_which_restarts_it_on_the_same_store(tmp_path: Path, figures: Figures) -> None:
     company = company_yaml(providers=f"[{{kind: echo, delay_s: {TURN_S}}}]", max_concurrent=2)
-    up = Up(tmp_path, company=company, env={"CREWLET_DELIVERY_ACK_WAIT_S": str(ACK_WAIT_S)})
+    up = Up(tmp_path, company=company, env={"CREWLET_STREAM_ACK_WAIT_S": str(ACK_WAIT_S)})
     try:
         up.start()
         sender = Sender(up)
@@ -81,7 +81,7 @@ def test_a_broker_frozen_under_load_gets_503s_or_acceptances_and_nothing_is_lost
     tmp_path: Path, figures: Figures
 ) -> None:
     company = company_yaml(providers=f"[{{kind: echo, delay_s: {TURN_S}}}]", max_concurrent=2)
-    up = Up(tmp_path, company=company, env={"CREWLET_DELIVERY_ACK_WAIT_S": str(ACK_WAIT_S)})
+    up = Up(tmp_path, company=company, env={"CREWLET_STREAM_ACK_WAIT_S": str(ACK_WAIT_S)})
     frozen = 0
     try:
         up.start()

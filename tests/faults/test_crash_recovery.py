@@ -3,7 +3,7 @@
 The bounds are docs/RELIABILITY.md's: mail that was held (a paused seat) is
 on the broker, unfetched, and runs as soon as the seat is resumed after the
 restart; mail that was fetched when `up` died (a turn in flight, or waiting
-for a concurrency slot) comes back when its ack clock (``delivery.ack_wait_s``)
+for a concurrency slot) comes back when its ack clock (``stream.ack_wait_s``)
 runs out, and runs once — in-progress signals keep a long turn's clock alive,
 so the broker never hands out a delivery whose turn is still running. A clean
 stop hands back at once everything it fetched and did not finish.
@@ -21,11 +21,11 @@ from tests.faults.fault_support import Outcome, Sender, Up, company_yaml, record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-#: The production ack clock (``delivery.ack_wait_s`` default): what a crash costs fetched mail.
+#: The production ack clock (``stream.ack_wait_s`` default): what a crash costs fetched mail.
 PRODUCTION_ACK_WAIT_S = 30.0
 #: The shrunk ack clock of the progress case: shorter than a turn, so a turn whose
 #: delivery kept no clock alive would be handed out again while it runs.
-SHORT_ACK_WAIT_S = 3.0
+SHORT_ACK_WAIT_S = 5.0
 #: How long the echo model thinks per turn in the in-flight cases.
 TURN_S = 2.0
 #: Slack over a bound for a loaded 2-core machine (start-up, polling, the event writer).
@@ -99,7 +99,7 @@ def test_a_turn_longer_than_the_ack_clock_runs_once_without_a_crash(tmp_path: Pa
     """In-progress signals keep a running turn's delivery from being handed out again."""
     turn_s = 2 * SHORT_ACK_WAIT_S
     company = company_yaml(providers=f"[{{kind: echo, delay_s: {turn_s}}}]", max_concurrent=1, coalesce_max_batch=20)
-    up = Up(tmp_path, company=company, env={"CREWLET_DELIVERY_ACK_WAIT_S": str(SHORT_ACK_WAIT_S)})
+    up = Up(tmp_path, company=company, env={"CREWLET_STREAM_ACK_WAIT_S": str(SHORT_ACK_WAIT_S)})
     try:
         up.start()
         sender = Sender(up)

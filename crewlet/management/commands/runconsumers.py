@@ -54,7 +54,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         holder = self.company(options)
         self.holder = holder
-        engine = Engine(settings, company=holder, timings=settings.delivery.timings())
+        engine = Engine(settings, company=holder, timings=settings.timings())
         for service in app_services(engine):
             engine.add(service)
         return engine

@@ -18,6 +18,8 @@ from crewlet.queue.jetstream.wire import (
     _NATS_ERRORS,
     _NS,
     ERR_MESSAGE_TOO_LARGE,
+    ERR_NO_SUITABLE_PEERS,
+    ERR_REPLICAS_NOT_SUPPORTED,
     ERR_STREAM_NAME_IN_USE,
     ERR_STREAM_NOT_FOUND,
     _acked_seq,
@@ -70,18 +72,48 @@ class StreamsPart(TransportBase):
                 await self._create_stream(spec, cfg)
             else:
                 current = info.get("config") or {}
+                cfg = self._keep_replicas(spec, cfg, current)
                 drift = {k: (current.get(k), v) for k, v in cfg.items() if k in _ALIGNED_KEYS and current.get(k) != v}
-                if drift:
-                    await self._update_stream(spec, cfg, drift)
+                if drift and await self._update_stream(spec, cfg, drift) and "num_replicas" in drift:
+                    logger.info(
+                        "jetstream_stream_replicas_raised",
+                        extra={"stream": spec.name, "replicas_was": current.get("num_replicas"), "replicas": cfg["num_replicas"]},
+                    )
             self._ready_streams.add(spec.name)
+
+    def _keep_replicas(self, spec: topics.StreamSpec, cfg: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+        """``cfg`` never asking an existing stream for fewer copies than it keeps.
+
+        Fewer replicas would drop copies somebody made on purpose (a stream
+        raised by another node's setting, or by an operator), and a node
+        with a smaller ``stream.replicas`` must not undo them; more are
+        raised to (and logged by the caller).
+        """
+        have = int(current.get("num_replicas") or 1)
+        if have <= cfg["num_replicas"]:
+            return cfg
+        logger.info(
+            "jetstream_stream_replicas_kept",
+            extra={"stream": spec.name, "replicas": have, "setting": cfg["num_replicas"]},
+        )
+        return {**cfg, "num_replicas": have}
 
     async def _create_stream(self, spec: topics.StreamSpec, cfg: dict[str, Any]) -> None:
         try:
             await self._api(f"STREAM.CREATE.{spec.name}", cfg, what=f"create stream {spec.name}")
         except _ApiError as e:
             if e.err_code == ERR_STREAM_NAME_IN_USE:  # another client created it meanwhile, differently
-                await self._update_stream(spec, cfg, {})
+                await self._ensure_existing(spec, cfg)
                 return
+            if e.err_code in (ERR_NO_SUITABLE_PEERS, ERR_REPLICAS_NOT_SUPPORTED) and cfg["num_replicas"] > 1:
+                logger.error(
+                    "jetstream_stream_replicas_unplaceable",
+                    extra={"stream": spec.name, "replicas": cfg["num_replicas"], "error": e.description},
+                )
+                raise Unavailable(
+                    f"stream.replicas={cfg['num_replicas']}: the broker cannot place stream {spec.name} on "
+                    f"{cfg['num_replicas']} servers ({e.description}); allowed: at most the cluster's members that are up"
+                ) from e
             logger.error(
                 "jetstream_stream_provision_failed",
                 extra={"stream": spec.name, "subjects": spec.subjects, "error": e.description},
@@ -98,7 +130,16 @@ class StreamsPart(TransportBase):
             },
         )
 
-    async def _update_stream(self, spec: topics.StreamSpec, cfg: dict[str, Any], drift: dict[str, Any]) -> None:
+    async def _ensure_existing(self, spec: topics.StreamSpec, cfg: dict[str, Any]) -> None:
+        """A stream another client created meanwhile: update it, keeping the replicas it has if more."""
+        try:
+            info = await self._api(f"STREAM.INFO.{spec.name}", None, what=f"stream info {spec.name}")
+        except _ApiError:
+            info = {}
+        await self._update_stream(spec, self._keep_replicas(spec, cfg, info.get("config") or {}), {})
+
+    async def _update_stream(self, spec: topics.StreamSpec, cfg: dict[str, Any], drift: dict[str, Any]) -> bool:
+        """Update the stream to ``cfg``; False (logged) when the broker keeps it as it was."""
         try:
             await self._api(f"STREAM.UPDATE.{spec.name}", cfg, what=f"update stream {spec.name}")
         except _ApiError as e:
@@ -107,8 +148,9 @@ class StreamsPart(TransportBase):
                 "jetstream_stream_config_kept",
                 extra={"stream": spec.name, "error": e.description, "drift": repr(drift)},
             )
-            return
+            return False
         logger.info("jetstream_stream_updated", extra={"stream": spec.name, "drift": repr(drift)})
+        return True
 
     def _stream_of(self, subject: str) -> topics.StreamSpec:
         spec = self._subject_streams.get(subject)

@@ -32,6 +32,9 @@ ERR_NO_MESSAGE_FOUND = 10037
 ERR_SEQUENCE_NOT_FOUND = 10043
 #: A message delete the broker refused; "no message found" when another delete took it first.
 ERR_MESSAGE_DELETE_FAILED = 10057
+#: A stream's replicas cannot be placed: too few cluster members up (or none: a lone server).
+ERR_NO_SUITABLE_PEERS = 10005
+ERR_REPLICAS_NOT_SUPPORTED = 10074
 
 
 def redact_url(url: str) -> str:

@@ -1,0 +1,154 @@
+"""A real JetStream cluster on loopback, its members configured exactly as clustered nodes configure theirs.
+
+Each member is an :class:`~crewlet.queue.broker.EmbeddedBroker` built from a
+:class:`~crewlet.conf.ClusterSettings` — the class and the configuration code
+``manage.py up`` uses for ``stream.cluster`` — running the venv's
+``nats-server`` with its own store directory, client port and route port on
+127.0.0.1. Nobody supervises a member here, so a killed one stays dead until
+the test restarts it.
+
+    async with LoopbackCluster(tmp_path) as cluster:   # 3 members, formed
+        url = cluster.url(0)                            # one member, with its credential
+        urls = cluster.urls()                           # every live member, comma-separated
+        await cluster.kill(2)                           # kill -9
+        await cluster.restart(2)                        # same ports, same store; back once formed
+
+For ``manage.py up`` processes that form a cluster themselves,
+:func:`cluster_settings` writes the ``stream`` mapping of node ``i`` of a
+cluster on the given route ports, and :func:`free_ports` picks the ports.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Optional, Sequence
+
+from crewlet.conf import ClusterSettings
+from crewlet.queue.broker import EmbeddedBroker
+
+#: The cluster's name in every test cluster.
+CLUSTER_NAME = "crewlet-test"
+#: A formed cluster is usually seconds away on loopback; this bounds a loaded CI machine.
+FORM_TIMEOUT_S = 60.0
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 right now (held together while chosen, so distinct)."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def node_name(i: int) -> str:
+    """The node id (and server name) of member ``i``: n1, n2, ..."""
+    return f"n{i + 1}"
+
+
+def cluster_settings(
+    i: int,
+    route_ports: Sequence[int],
+    *,
+    store_dir: Path,
+    replicas: int = 3,
+    name: str = CLUSTER_NAME,
+    form_timeout_s: float = FORM_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The ``stream`` settings mapping of member ``i`` of the loopback cluster on ``route_ports``."""
+    return {
+        "store_dir": str(store_dir),
+        "replicas": replicas,
+        "cluster": {
+            "name": name,
+            "host": "127.0.0.1",
+            "port": route_ports[i],
+            "peers": [f"127.0.0.1:{p}" for j, p in enumerate(route_ports) if j != i],
+            "form_timeout_s": form_timeout_s,
+        },
+    }
+
+
+class LoopbackCluster:
+    """``size`` clustered members on 127.0.0.1 under ``base_dir`` (``<base_dir>/n1``, ...)."""
+
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        size: int = 3,
+        route_ports: Optional[Sequence[int]] = None,
+        name: str = CLUSTER_NAME,
+        secret: Optional[str] = None,
+        form_timeout_s: float = FORM_TIMEOUT_S,
+    ) -> None:
+        self.base_dir = base_dir
+        self.route_ports = list(route_ports) if route_ports is not None else free_ports(size)
+        if len(self.route_ports) != size:
+            raise ValueError(f"route_ports={self.route_ports!r}: needs {size} ports")
+        #: The routes' shared secret (CREWLET_CLUSTER_SECRET of a node).
+        self.secret = secret or secrets.token_hex(16)
+        self.name = name
+        self.members: list[EmbeddedBroker] = []
+        for i in range(size):
+            stream = cluster_settings(i, self.route_ports, store_dir=self.store_dir(i), name=name, form_timeout_s=form_timeout_s)
+            self.members.append(
+                EmbeddedBroker(
+                    stream["store_dir"],
+                    server_name=node_name(i),
+                    cluster=ClusterSettings(**stream["cluster"]),
+                    cluster_secret=self.secret,
+                    supervise=False,
+                )
+            )
+
+    def store_dir(self, i: int) -> Path:
+        return self.base_dir / node_name(i)
+
+    def url(self, i: int) -> str:
+        """Member ``i``'s client URL with its own per-boot credential."""
+        return self.members[i].url
+
+    def urls(self) -> str:
+        """Every running member's client URL, comma-separated (what ``stream.url`` may hold)."""
+        return ",".join(m.url for m in self.members if m.running)
+
+    def running(self) -> list[int]:
+        return [i for i, m in enumerate(self.members) if m.running]
+
+    async def start(self) -> "LoopbackCluster":
+        """Start every member at once; returns when each has seen the cluster elect its meta leader."""
+        await asyncio.gather(*(m.start() for m in self.members))
+        return self
+
+    async def kill(self, i: int) -> None:
+        """``kill -9`` member ``i`` and wait until it is gone."""
+        await self.members[i].kill()
+
+    async def restart(self, i: int) -> None:
+        """Start member ``i`` again on its ports and store; returns once it sees a meta leader."""
+        await self.members[i].start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(m.stop() for m in self.members), return_exceptions=True)
+
+    async def __aenter__(self) -> "LoopbackCluster":
+        try:
+            return await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def __aexit__(
+        self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        await self.stop()
+
+
+__all__ = ["CLUSTER_NAME", "LoopbackCluster", "cluster_settings", "free_ports", "node_name"]
