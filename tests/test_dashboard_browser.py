@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from crewlet.events import categories
+from crewlet.events.registry import SYSTEM
 from crewlet.queue import Outcome, Timings, topics
 from crewlet.tracing import Trace
 from tests.browser_support import (
@@ -190,7 +190,7 @@ def test_a_category_chip_filters_the_event_log(page: Page, company: Company) -> 
     expect(page.locator("#chips a.chip.on")).to_have_text("system")
     rows = page.locator("#log li.ev")
     expect(rows.first).to_be_visible()
-    assert set(rows.evaluate_all("els => els.map(e => e.dataset.category)")) == {categories.SYSTEM}
+    assert set(rows.evaluate_all("els => els.map(e => e.dataset.category)")) == {SYSTEM}
     screenshot(page, "events-system")
 
     page.click("#chips a.chip[data-category=system]")  # a second click takes the chip off again

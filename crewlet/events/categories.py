@@ -25,20 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from crewlet.events import types as _types  # noqa: F401  (every type registered before the maps are read)
-from crewlet.events.registry import (
-    A2A,
-    CATEGORIES,
-    CATEGORY_OF,
-    DECISION,
-    LEARNING,
-    LIFECYCLE,
-    NOTIFICATION,
-    SYSTEM,
-    TASK,
-    WEBHOOK,
-    registration,
-    registrations,
-)
+from crewlet.events.registry import CATEGORIES, CATEGORY_OF, registration, registrations
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
@@ -126,16 +113,11 @@ def store_label(event: "Event") -> str:
 
 
 __all__ = [
-    "A2A",
     "AUXILIARY_SPEND",
     "CATEGORIES",
     "CATEGORY_OF",
-    "DECISION",
     "EXTENSIONS",
     "INBOUND_DELIVERY",
-    "LEARNING",
-    "LIFECYCLE",
-    "NOTIFICATION",
     "NOT_FED",
     "NOT_STORED",
     "SOCKET_EVENT_POSTED",
@@ -143,9 +125,6 @@ __all__ = [
     "SURFACE_FORGE",
     "SURFACE_SOCKET",
     "SURFACE_WEBHOOK",
-    "SYSTEM",
-    "TASK",
-    "WEBHOOK",
     "category_of",
     "delivery_label",
     "is_fed",
