@@ -110,3 +110,7 @@ class TransportBase(Transport):
                 what or suffix, int(err.get("code", 0) or 0), int(err.get("err_code", 0) or 0), str(err.get("description", ""))
             )
         return resp
+
+    async def _consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
+        """The broker's view of one consumer; :class:`_ApiError` (``no_consumer``) when there is none."""
+        return await self._api(f"CONSUMER.INFO.{stream}.{consumer}", None, what="consumer info")

@@ -17,12 +17,11 @@ from crewlet.queue.jetstream.pull import _FETCH_GRACE_S
 from crewlet.queue.jetstream.streams import StreamsPart
 from crewlet.queue.jetstream.wire import (
     _NATS_ERRORS,
-    _NS,
-    API_PREFIX,
-    ERR_CONSUMER_NOT_FOUND,
-    ERR_STREAM_NOT_FOUND,
     _ApiError,
     _status_of,
+    consumer_deleted,
+    next_subject,
+    pull_request,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,9 +102,9 @@ class _BroadcastStream:
         sub = self._sub
         self._seq += 1
         reply = f"{sub.subject[:-2]}.{self._seq}"
-        body = b'{"batch":%d,"expires":%d}' % (_BROADCAST_BATCH, int(_BROADCAST_EXPIRES_S * _NS))
+        body = pull_request(_BROADCAST_BATCH, _BROADCAST_EXPIRES_S)
         try:
-            await self._nc.publish(f"{API_PREFIX}.CONSUMER.MSG.NEXT.{self.spec.name}.{self.consumer}", body, reply=reply)
+            await self._nc.publish(next_subject(self.spec.name, self.consumer), body, reply=reply)
         except _NATS_ERRORS:
             await asyncio.sleep(0.2)
             return
@@ -128,7 +127,7 @@ class _BroadcastStream:
                 status, desc = _status_of(msg)
                 if status == "100":
                     continue
-                if status == "503" or (status == "409" and "deleted" in desc.lower()):
+                if status == "503" or consumer_deleted(status, desc):
                     await self._recreate()  # reaped, or a broker that lost it
                 return
             got += 1
@@ -152,10 +151,10 @@ class _BroadcastStream:
         try:
             if only_if_missing:
                 try:
-                    await self._t._api(f"CONSUMER.INFO.{self.spec.name}.{self.consumer}", None, what="consumer info")
+                    await self._t._consumer_info(self.spec.name, self.consumer)
                     return
                 except _ApiError as e:
-                    if e.err_code not in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+                    if not e.no_consumer:
                         return
             await self._t._ensure_stream(self.spec, force=True)
             await self.create_consumer()

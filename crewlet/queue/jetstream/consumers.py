@@ -33,7 +33,7 @@ class ConsumersPart(StreamsPart):
         await self._ensure_stream(spec)
         name = durable_name(topic, group)
         try:
-            info = await self._api(f"CONSUMER.INFO.{spec.name}.{name}", None, what="consumer info")
+            info = await self._consumer_info(spec.name, name)
         except _ApiError as e:
             if e.err_code == ERR_STREAM_NOT_FOUND:
                 await self._ensure_stream(spec, force=True)
@@ -99,7 +99,7 @@ class ConsumersPart(StreamsPart):
         try:
             resp = await self._api(f"CONSUMER.DELETE.{spec.name}.{name}", None, what=f"delete consumer {name}")
         except _ApiError as e:
-            if e.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+            if e.no_consumer:
                 return False
             raise
         deleted = bool(resp.get("success"))
@@ -171,9 +171,9 @@ class ConsumersPart(StreamsPart):
         """The broker's view of the durable (topic, group), or None when it does not exist."""
         spec = self._stream_of(topic)
         try:
-            return await self._api(f"CONSUMER.INFO.{spec.name}.{durable_name(topic, group)}", None, what="consumer info")
+            return await self._consumer_info(spec.name, durable_name(topic, group))
         except _ApiError as e:
-            if e.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+            if e.no_consumer:
                 return None
             raise
 

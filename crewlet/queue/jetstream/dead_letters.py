@@ -11,7 +11,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import DeadLetter, dead_letter_seq
 from crewlet.queue.errors import Gone, QueueError, Unavailable
 from crewlet.queue.jetstream.streams import StreamsPart
-from crewlet.queue.jetstream.wire import _NATS_ERRORS, _NS, API_PREFIX, _message_not_found, _stream_seq
+from crewlet.queue.jetstream.wire import _NATS_ERRORS, _NS, _message_not_found, _stream_seq, next_subject, pull_request
 from crewlet.queue.transport import dead_letter_from
 
 
@@ -45,11 +45,7 @@ class DeadLettersPart(StreamsPart):
         try:
             inbox = self._nc.new_inbox()
             sub = await self._nc.subscribe(inbox, pending_msgs_limit=0, pending_bytes_limit=0)
-            await self._nc.publish(
-                f"{API_PREFIX}.CONSUMER.MSG.NEXT.{spec.name}.{name}",
-                b'{"batch":%d,"no_wait":true}' % limit,
-                reply=inbox,
-            )
+            await self._nc.publish(next_subject(spec.name, name), pull_request(limit, no_wait=True), reply=inbox)
             while len(out) < limit:
                 msg = await keeping_cancel(sub.next_msg(timeout=self._api_timeout_s))
                 if not msg.reply:

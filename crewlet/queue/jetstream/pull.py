@@ -19,15 +19,7 @@ from nats.aio.msg import Msg
 from crewlet.aio import spawn_kept
 from crewlet.queue.errors import Gone, Unavailable
 from crewlet.queue.jetstream.message import JetStreamMessage
-from crewlet.queue.jetstream.wire import (
-    _NATS_ERRORS,
-    _NS,
-    API_PREFIX,
-    ERR_CONSUMER_NOT_FOUND,
-    ERR_STREAM_NOT_FOUND,
-    _ApiError,
-    _status_of,
-)
+from crewlet.queue.jetstream.wire import _NATS_ERRORS, _ApiError, _status_of, consumer_deleted, next_subject, pull_request
 
 if TYPE_CHECKING:
     from crewlet.queue.jetstream.base import TransportBase
@@ -76,7 +68,7 @@ class JetStreamPuller:
         self.consumer = consumer
         self.topic = topic
         self.group = group
-        self._next_subject = f"{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._next_subject = next_subject(stream, consumer)
         self._sub: Any = None
         self._prefix = ""
         self._gen = 0
@@ -104,7 +96,7 @@ class JetStreamPuller:
             status, desc = _status_of(msg)
             if status == "100":
                 return
-            if status == "409" and "deleted" in desc.lower():
+            if consumer_deleted(status, desc):
                 f.error = "gone"
             elif status == "503":
                 f.error = "no_responders"
@@ -142,11 +134,9 @@ class JetStreamPuller:
                 await self._open_sub()
             self._seq += 1
             reply = f"{self._prefix}.{self._seq}"
-            if wait >= _MIN_EXPIRES_S:
-                body = b'{"batch":%d,"expires":%d,"no_wait":true}' % (n, int(wait * _NS))
-            else:
-                body = b'{"batch":%d,"no_wait":true}' % n
+            if wait < _MIN_EXPIRES_S:
                 wait = 0.0
+            body = pull_request(n, wait, no_wait=True)
             f = _Fetch(reply, n, loop.create_future())
             self._active = f
             await self._nc.publish(self._next_subject, body, reply=reply)
@@ -182,9 +172,9 @@ class JetStreamPuller:
 
     async def _raise_gone_or_unavailable(self) -> None:
         try:
-            await self._t._api(f"CONSUMER.INFO.{self.stream}.{self.consumer}", None, what="consumer info")
+            await self._t._consumer_info(self.stream, self.consumer)
         except _ApiError as e:
-            if e.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND):
+            if e.no_consumer:
                 raise Gone(f"the durable {self.consumer} on {self.stream} does not exist") from e
             raise
         raise Unavailable(f"the durable {self.consumer} on {self.stream} did not answer a pull")

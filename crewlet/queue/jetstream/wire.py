@@ -94,6 +94,30 @@ def _status_of(msg: Msg) -> tuple[str, str]:
     return str(hdrs.get("Status", "") or ""), str(hdrs.get("Description", "") or "")
 
 
+def next_subject(stream: str, consumer: str) -> str:
+    """The subject a pull request for ``consumer`` on ``stream`` is published on."""
+    return f"{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+
+def pull_request(batch: int, expires_s: float = 0.0, *, no_wait: bool = False) -> bytes:
+    """A pull request's body: up to ``batch`` messages, held ``expires_s`` at most (0: no expiry).
+
+    ``no_wait`` has the broker end the request once it has delivered what is
+    available (with a ``404``) instead of waiting for a full batch.
+    """
+    body = b'{"batch":%d' % batch
+    if expires_s > 0:
+        body += b',"expires":%d' % int(expires_s * _NS)
+    if no_wait:
+        body += b',"no_wait":true'
+    return body + b"}"
+
+
+def consumer_deleted(status: str, description: str) -> bool:
+    """A pull request's status saying its consumer was deleted under it."""
+    return status == "409" and "deleted" in description.lower()
+
+
 class _ApiError(Unavailable):
     """An error answer of the JetStream API (internal: callers decide on ``err_code``)."""
 
@@ -102,6 +126,11 @@ class _ApiError(Unavailable):
         self.code = code
         self.err_code = err_code
         self.description = description
+
+    @property
+    def no_consumer(self) -> bool:
+        """The consumer the call named does not exist, or its stream does not."""
+        return self.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND)
 
 
 def _message_not_found(e: "nats.js.errors.APIError") -> bool:
