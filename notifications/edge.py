@@ -62,13 +62,13 @@ from notifications.parsers import (
     may_hold_unstorable,
     unstorable,
 )
+from notifications.service import NOTIFY_GROUP
 from notifications.sources import NAMES, VENDOR_HEADERS, Source, source_for
 from notifications.sources.base import InboundRequest
 from opentelemetry.trace import SpanKind
 
 log = logging.getLogger("crewlet.notifications.edge")
 
-INBOUND_GROUP = "notify"
 #: inbound_delivery ids derive from (source, delivery id): a retry is one row.
 DELIVERY_ID_NAMESPACE = uuid.UUID("9a7d1c2e-4f36-5b0a-8e21-7765626864c5")
 #: What a delivery to a verified surface whose secret variable is unset is told.
@@ -258,7 +258,7 @@ class Edge:
     async def _ensure_inbound(self) -> None:
         """The inbound stream keeps a publish only while its group exists: make sure it does, once."""
         if not self._inbound_ready:
-            await self.queue.ensure_subscription(topics.NOTIFICATIONS_INBOUND, INBOUND_GROUP)
+            await self.queue.ensure_subscription(topics.NOTIFICATIONS_INBOUND, NOTIFY_GROUP)
             self._inbound_ready = True
 
 
