@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Coroutine, TypeVar
+import logging
+from typing import Any, Awaitable, Coroutine, Iterable, Optional, Protocol, TypeVar
 
 _T = TypeVar("_T")
+
+
+class Closing(Protocol):
+    """Anything closed with ``await x.close()``."""
+
+    async def close(self) -> Any: ...
 
 
 async def keeping_cancel(awaitable: Awaitable[_T]) -> _T:
@@ -42,4 +49,20 @@ def spawn_kept(tasks: set[asyncio.Task[_T]], coro: Coroutine[Any, Any, _T]) -> a
     return task
 
 
-__all__ = ["keeping_cancel", "spawn_kept"]
+async def close_each(closables: Iterable[Closing], logger: Optional[logging.Logger] = None, event: str = "") -> None:
+    """Close every one of ``closables``, the rest too when one of them fails.
+
+    For an owner shutting down: a part that cannot close cleanly is gone all
+    the same, and must not keep the others open. A failure is logged at debug
+    under ``event`` (when a ``logger`` is given). Iterates over a copy, since
+    closing a part may take it out of the owner's collection.
+    """
+    for closable in list(closables):
+        try:
+            await closable.close()
+        except Exception:
+            if logger is not None:
+                logger.debug(event, exc_info=True)
+
+
+__all__ = ["Closing", "close_each", "keeping_cancel", "spawn_kept"]

@@ -87,14 +87,3 @@ def retention_periodic(
 
     return Periodic(RETENTION, interval_s, once, logger=log, pause=pause)
 
-
-async def retention_duty(
-    settings: EngineSettings,
-    interval_s: float = RETENTION_INTERVAL_S,
-    *,
-    now: Callable[[], datetime] = _utcnow,
-    sleep: Optional[Callable[[float], Awaitable[None]]] = None,
-    using: str = EVENTS_ALIAS,
-) -> None:
-    """Run :func:`retention_periodic` in the calling task until cancelled (``sleep`` waits between sweeps)."""
-    await retention_periodic(settings, interval_s, now=now, pause=sleep, using=using).run()

@@ -13,7 +13,7 @@ from django.db import connections
 from crewlet.conf import load_settings
 from eventstore import retention
 from eventstore.models import EventRow
-from eventstore.retention import delete_older_than, retention_duty
+from eventstore.retention import delete_older_than, retention_periodic
 from eventstore_support import US, make_event, store
 
 
@@ -80,7 +80,7 @@ async def test_the_duty_sweeps_at_start_and_then_every_interval_with_the_configu
             raise _Stop()
 
     with pytest.raises(_Stop):
-        await retention_duty(settings, interval_s=900.0, now=lambda: next(instants), sleep=sleep)
+        await retention_periodic(settings, interval_s=900.0, now=lambda: next(instants), pause=sleep).run()
     assert slept == [900.0, 900.0]
     assert seen == [["aging"], []]  # the first sweep at start, the second an interval later
     await sync_to_async(connections.close_all)()
@@ -104,7 +104,7 @@ async def test_a_failed_sweep_is_logged_and_the_duty_carries_on(monkeypatch: pyt
 
     with caplog.at_level(logging.ERROR, logger="crewlet.eventstore.retention"):
         with pytest.raises(asyncio.CancelledError):
-            await retention_duty(load_settings({}, env={}), now=lambda: NOW, sleep=sleep)
+            await retention_periodic(load_settings({}, env={}), now=lambda: NOW, pause=sleep).run()
     assert len(calls) == 2
     assert "eventstore_retention_failed" in caplog.text
 

@@ -15,6 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
+from crewlet.aio import close_each
 from crewlet.events import Event
 from crewlet.events.types import DEAD_LETTER_UNDECODABLE
 from crewlet.queue.contract import (
@@ -179,10 +180,7 @@ class _Attachment:
                 except Exception:
                     logger.warning("queue_hand_back_on_stop_failed", extra={"topic": topic, "group": group}, exc_info=True)
             self.client._attachments.discard(self)
-            try:
-                await self.puller.close()
-            except Exception:
-                logger.debug("queue_puller_close_failed", exc_info=True)
+            await close_each([self.puller], logger, "queue_puller_close_failed")
 
     async def _handle(self, msgs: list[RawMessage], fn: Any, arg: Any) -> Outcome:
         """Run the handler with ``msgs`` marked as being worked on (a stop leaves them to it)."""

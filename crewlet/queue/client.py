@@ -18,7 +18,7 @@ import time
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 from crewlet import events
-from crewlet.aio import keeping_cancel, spawn_kept
+from crewlet.aio import close_each, keeping_cancel, spawn_kept
 from crewlet.events import Event, Trace
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from crewlet.logfmt import short_reason
@@ -653,11 +653,7 @@ class QueueClient:
         if self._keepalive is not None:
             self._keepalive.cancel()
             await asyncio.gather(self._keepalive, return_exceptions=True)
-        for closable in list(self._closables):
-            try:
-                await closable.close()
-            except Exception:
-                logger.debug("queue_close_closable_failed", exc_info=True)
+        await close_each(self._closables, logger, "queue_close_closable_failed")
         self._pairs.clear()
         self._listeners.clear()
         await self._transport.close()

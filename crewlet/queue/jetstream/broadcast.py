@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 import nats.errors
 
-from crewlet.aio import keeping_cancel
+from crewlet.aio import close_each, keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable
 from crewlet.queue.errors import QueueError, Unavailable
@@ -226,11 +226,7 @@ class BroadcastPart(StreamsPart):
                 parts.append(part)
                 await part.start()
         except BaseException as e:
-            for part in parts:
-                try:
-                    await part.close()
-                except Exception:
-                    pass
+            await close_each(parts)
             if isinstance(e, _NATS_ERRORS):
                 raise Unavailable(f"cannot open a broadcast on {pattern!r}: {e!r}") from e
             raise

@@ -6,7 +6,7 @@ import logging
 
 import nats.errors
 
-from crewlet.aio import keeping_cancel
+from crewlet.aio import close_each, keeping_cancel
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, EventQueue, Timings
 from crewlet.queue.errors import InvalidArgument, Unavailable
 from crewlet.queue.jetstream.ask_serve import AskServePart
@@ -160,16 +160,8 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
     async def close(self) -> None:
         if self._closed:
             return
-        for puller in list(self._pullers):
-            try:
-                await puller.close()
-            except Exception:
-                logger.debug("jetstream_puller_close_failed", exc_info=True)
-        for closable in list(self._closables):
-            try:
-                await closable.close()
-            except Exception:
-                logger.debug("jetstream_close_failed", exc_info=True)
+        await close_each(self._pullers, logger, "jetstream_puller_close_failed")
+        await close_each(self._closables, logger, "jetstream_close_failed")
         self._closables.clear()
         self._closed = True
         if not self._nc.is_closed:
