@@ -144,7 +144,6 @@ def prune(*, older_than_s: float = LEDGER_KEEP_S, now: Optional[datetime] = None
     return deleted
 
 
-aworked = in_store(worked)
 ascreen = in_store(screen)
 arecord = in_store(record)
 aprune = in_store(prune)
@@ -159,7 +158,6 @@ __all__ = [
     "aprune",
     "arecord",
     "ascreen",
-    "aworked",
     "in_store",
     "prune",
     "record",
