@@ -15,9 +15,15 @@ share one path. In order:
    read with the depth-limited decoder). A surface whose secret variable is
    unset is refused (401, "not configured", naming the variable) unless the
    company says ``verify: false`` for it;
-3. content type — JSON only (``application/json`` or ``+json``), else 415;
-4. JSON — decoded with a nesting limit (``MAX_JSON_DEPTH``); a malformed
-   body, one nested deeper, or one that is not an object, is 400;
+3. content type — JSON (``application/json`` or ``+json``), or
+   ``application/x-www-form-urlencoded`` for a source that reads forms
+   (GitHub's ``payload=`` field, Slack's slash commands and interactivity);
+   anything else is 415 naming what the source accepts;
+4. body — decoded (``notifications.parsers.decode_body``, the router reads
+   it the same way) with a nesting limit (``MAX_JSON_DEPTH``); a malformed
+   body or form, one nested deeper, or one that is not an object, is 400;
+   so is one the source's ``validate`` refuses (a slash command with no
+   ``trigger_id``);
 5. storable — a NUL or a lone surrogate anywhere in the body (a key or a
    string, or a JSON document it carries as a string), the event name or the
    delivery id is 400 naming where: no store downstream can hold it;
@@ -31,7 +37,13 @@ share one path. In order:
    ``crewlet.events.inbound_delivery`` — and only then 202. The record's id
    derives from the provider's delivery id, so a vendor's retry is one row.
    The broker unreachable (either publish) is 503, so the vendor retries;
-   routing drops the retry of a delivery that did get through.
+   routing drops the retry of a delivery that did get through. A source
+   whose vendor expects more than 202 answers through its ``acknowledge``
+   (Slack: 200 with a slash command's ephemeral line, or empty for an
+   interaction, since Slack shows the person an error after 3 s).
+
+A source that is no company surface (the generic source) authenticates the
+request itself, against the coordination store, at step 2.
 
 Every refusal is JSON ``{"error": <reason>}`` with a reason a person can act on.
 """
@@ -56,10 +68,15 @@ from crewlet.tracing import TRACEPARENT_HEADER, parse_traceparent, start_span, t
 from crewlet.web import webhook_max_body_bytes
 from notifications.parsers import (
     MAX_JSON_DEPTH,
+    DeliveryMeta,
     JSONTooDeep,
+    MalformedForm,
+    UnsupportedMedia,
     body_digest_id,
-    load_json,
+    decode_body,
+    is_json_media,
     may_hold_unstorable,
+    media_type,
     unstorable,
 )
 from notifications.service import NOTIFY_GROUP
@@ -79,8 +96,10 @@ KEPT_HEADERS = ("user-agent", *VENDOR_HEADERS, TRACEPARENT_HEADER)
 
 @dataclass(frozen=True)
 class EdgeResponse:
+    """The answer: ``body`` as JSON, or an empty body when None (Slack's acknowledgement of an interaction)."""
+
     status: int
-    body: dict[str, Any]
+    body: Optional[dict[str, Any]]
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -90,8 +109,7 @@ def refuse(status: int, reason: str, **headers: str) -> EdgeResponse:
 
 
 def is_json_content_type(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    return is_json_media(media_type(content_type))
 
 
 def verify(source: Source, surface: Surface, req: InboundRequest, now: float, environ: Mapping[str, str]) -> Optional[tuple[int, str]]:
@@ -151,38 +169,50 @@ class Edge:
 
     async def _receive(self, req: InboundRequest) -> EdgeResponse:
         source = source_for(req.source)
-        surface = self.holder.current().surfaces.get(req.source)
-        if source is None or surface is None:
+        org = self.holder.current()
+        surface = org.surfaces.get(req.source) if source is not None and source.company_surface else None
+        if source is None or (source.company_surface and surface is None):
             return refuse(404, f"no webhook route for {req.source!r}; the sources are {', '.join(NAMES)}")
         limit = self.limit()
         if len(req.body) > limit:
             return refuse(413, f"the body is {len(req.body)} bytes, over the {limit}-byte limit")
-        refused = verify(source, surface, req, self.clock(), self.environ if self.environ is not None else os.environ)
+        refused = await self._authenticate(source, surface, req)
         if refused is not None:
             log.warning("webhook_refused", extra={"source": source.name, "status": refused[0], "reason": refused[1]})
             return refuse(*refused)
-        if not is_json_content_type(req.content_type):
-            return refuse(415, f"content type {req.content_type or '(none)'!r} is not accepted: send application/json")
         try:
-            payload = load_json(req.body)
+            payload = decode_body(req.body, req.content_type, source.form)
+        except UnsupportedMedia as exc:
+            return refuse(415, str(exc))
         except JSONTooDeep as exc:
             return refuse(400, f"{exc}: the limit is {MAX_JSON_DEPTH}")
+        except MalformedForm as exc:
+            return refuse(400, f"malformed form body: {exc}")
         except ValueError as exc:
             return refuse(400, f"malformed JSON: {exc}")
         if not isinstance(payload, dict):
             return refuse(400, f"the body must be a JSON object, not a {type(payload).__name__}")
-        problem = self._unstorable(req, source, payload)
+        meta = source.meta(req)
+        invalid = source.validate(payload, meta) if source.validate is not None else None
+        problem = invalid or self._unstorable(req, source, payload, meta)
         if problem is not None:
             log.warning("webhook_refused", extra={"source": source.name, "status": 400, "reason": problem})
-            return refuse(400, f"{problem}; nothing downstream can store it, so the delivery is refused")
+            return refuse(400, problem if invalid else f"{problem}; nothing downstream can store it, so the delivery is refused")
         handshake = source.handshake(payload)
         if handshake is not None:
             if handshake.refusal:
                 return refuse(400, handshake.refusal)
             return EdgeResponse(200, dict(handshake.answer))
-        return await self._accept(req, source, payload)
+        return await self._accept(req, source, payload, meta)
 
-    def _unstorable(self, req: InboundRequest, source: Source, payload: dict[str, Any]) -> Optional[str]:
+    async def _authenticate(self, source: Source, surface: Optional[Surface], req: InboundRequest) -> Optional[tuple[int, str]]:
+        """The company secret's check for a company surface; the source's own (a store-held token) otherwise."""
+        if source.authenticate is not None:
+            return await source.authenticate(req)
+        assert surface is not None
+        return verify(source, surface, req, self.clock(), self.environ if self.environ is not None else os.environ)
+
+    def _unstorable(self, req: InboundRequest, source: Source, payload: dict[str, Any], meta: DeliveryMeta) -> Optional[str]:
         """What in the delivery no store downstream can hold (NUL, a lone surrogate), or None.
 
         Checked once here, over everything the delivery carries onward: the
@@ -192,18 +222,18 @@ class Edge:
         """
         parser = source.parser
         problem = None
-        if may_hold_unstorable(req.body):
+        # A form body percent-encodes what JSON escapes: only its decoded fields tell.
+        if may_hold_unstorable(req.body) or not is_json_media(media_type(req.content_type)):
             problem = unstorable(payload)
             for where, document in parser.embedded(payload):
                 problem = problem or unstorable(document, where)
-        meta = source.meta(req)
         problem = problem or unstorable(
             {"event name": parser.event_name(payload, meta), "delivery id": parser.delivery_id(payload, meta)}
         )
         return problem or unstorable({k: req.header(k) for k in KEPT_HEADERS if req.header(k)}, "header")
 
-    async def _accept(self, req: InboundRequest, source: Source, payload: dict[str, Any]) -> EdgeResponse:
-        parser, meta = source.parser, source.meta(req)
+    async def _accept(self, req: InboundRequest, source: Source, payload: dict[str, Any], meta: DeliveryMeta) -> EdgeResponse:
+        parser = source.parser
         event_name = parser.event_name(payload, meta)
         delivery_id = parser.delivery_id(payload, meta) or body_digest_id(req.body)
         inbound_parent = parse_traceparent(req.header(TRACEPARENT_HEADER)) if req.header(TRACEPARENT_HEADER) else None
@@ -249,10 +279,14 @@ class Edge:
             "webhook_accepted",
             extra={"source": req.source, "event_name": event_name, "delivery_id": delivery_id, "trace_id": trace.trace_id, "bytes": len(req.body)},
         )
+        trace_header = {"X-Crewlet-Trace-Id": trace.trace_id}
+        ack = source.acknowledge(payload, self.holder.current()) if source.acknowledge is not None else None
+        if ack is not None:
+            return EdgeResponse(200, dict(ack.body) if ack.body is not None else None, trace_header)
         return EdgeResponse(
             202,
             {"accepted": True, "source": req.source, "event": event_name, "delivery_id": delivery_id, "trace_id": trace.trace_id},
-            {"X-Crewlet-Trace-Id": trace.trace_id},
+            trace_header,
         )
 
     async def _ensure_inbound(self) -> None:

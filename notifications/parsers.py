@@ -26,14 +26,18 @@ caused the event itself are routing's questions (``notifications.service``).
 Each vendor module's docstring gives its key rules (design: Inbox Batching &
 Coalescing; ../shared/fixtures/README.md).
 
-Every decode of a delivery goes through :func:`load_json` (a nesting limit),
-and :func:`unstorable` names what in a delivery no store downstream can hold.
+Every decode of a delivery goes through :func:`decode_body` — JSON through
+:func:`load_json` (a nesting limit); a form-encoded body (GitHub's default
+content type, Slack's slash commands and interactivity) through
+:func:`read_form` and its source's form reader — and :func:`unstorable` names
+what in a delivery no store downstream can hold.
 """
 from __future__ import annotations
 
 import hashlib
+import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence
 
 from crewlet import jsontext
 from crewlet.events.categories import SURFACE_WEBHOOK
@@ -45,9 +49,12 @@ WHY_DM = "dm"
 WHY_ASSIGNEE = "assignee"
 WHY_REVIEWER = "reviewer"
 WHY_FOLLOWER = "follower"
+#: Named by the route or the command that carried it (a slash command's seat,
+#: the generic source's ``/webhooks/generic/<seat>``, a click on the seat's own message).
+WHY_ADDRESSED = "addressed"
 #: Reasons that are a direct ask of the recipient (the delivery obligation):
 #: a follower's wake is a broadcast it may read and leave.
-DIRECT_REASONS = frozenset({WHY_MENTION, WHY_DM, WHY_ASSIGNEE, WHY_REVIEWER})
+DIRECT_REASONS = frozenset({WHY_MENTION, WHY_DM, WHY_ASSIGNEE, WHY_REVIEWER, WHY_ADDRESSED})
 
 # A chat parser's filtering reasons (debug-logged, never recorded).
 FILTER_SYSTEM_POST = "system post"
@@ -67,20 +74,27 @@ class DeliveryMeta:
 
     ``event_name``: GitHub's ``X-GitHub-Event``, Confluence's ``?event=``.
     ``delivery_id``: ``X-GitHub-Delivery`` / ``X-Atlassian-Webhook-Identifier``.
+    ``route``: the path it was posted to (the generic source's names the seat).
     """
 
     event_name: str = ""
     delivery_id: str = ""
     query: Mapping[str, str] = field(default_factory=dict)
+    route: str = ""
 
 
 @dataclass(frozen=True)
 class Recipient:
-    """One surface identity a delivery is addressed to; ``aliases`` are other spellings of the same person."""
+    """One surface identity a delivery is addressed to; ``aliases`` are other spellings of the same person.
+
+    ``by_handle``: ``identity`` is a seat handle (what a person types after a
+    slash command, or the generic source's route), not an identity on the surface.
+    """
 
     identity: str
     why: str
     aliases: tuple[str, ...] = ()
+    by_handle: bool = False
 
     @property
     def direct(self) -> bool:
@@ -195,6 +209,89 @@ def load_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return jsontext.load_json(raw, max_depth=max_depth)
 
 
+JSON_MEDIA = "application/json"
+FORM_MEDIA = "application/x-www-form-urlencoded"
+#: The form field GitHub's form content type and Slack's interactivity put the JSON in.
+FORM_PAYLOAD_FIELD = "payload"
+#: How many fields a form body may carry: Slack's slash command sends about fifteen.
+MAX_FORM_FIELDS = 200
+
+#: ``form(fields)``: the JSON object a form-encoded delivery carries, for its parser; :class:`MalformedForm` says why not.
+FormReader = Callable[[Sequence[tuple[str, str]]], dict[str, Any]]
+
+
+class BodyError(ValueError):
+    """A delivery's body cannot be read as what its content type says; the message is the reason."""
+
+
+class UnsupportedMedia(BodyError):
+    """The content type is none the source accepts; the message names what it does accept."""
+
+
+class MalformedForm(BodyError):
+    """A form-encoded body that is not one, or lacks the field its source reads."""
+
+
+def media_type(content_type: str) -> str:
+    """``application/json; charset=utf-8`` -> ``application/json``."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def is_json_media(media: str) -> bool:
+    return media == JSON_MEDIA or (media.startswith("application/") and media.endswith("+json"))
+
+
+def read_form(body: bytes) -> list[tuple[str, str]]:
+    """The (name, value) pairs of an ``application/x-www-form-urlencoded`` body, strictly.
+
+    Percent-escapes must decode to UTF-8 (an invalid sequence is refused,
+    never replaced: what the vendor signed is what is read), and every field
+    must be ``name=value``.
+    """
+    try:
+        text = body.decode("utf-8")
+        return urllib.parse.parse_qsl(
+            text, keep_blank_values=True, strict_parsing=True, encoding="utf-8", errors="strict", max_num_fields=MAX_FORM_FIELDS
+        )
+    except UnicodeDecodeError as exc:
+        raise MalformedForm(f"a form field is not UTF-8 ({exc.reason})") from None
+    except ValueError as exc:
+        raise MalformedForm(storable_text(str(exc), QUOTE_LIMIT)) from None
+
+
+def form_field(fields: Sequence[tuple[str, str]], name: str) -> str:
+    """The one value of field ``name``; :class:`MalformedForm` when it is missing or repeated."""
+    values = [value for key, value in fields if key == name]
+    if len(values) != 1:
+        raise MalformedForm(f"the form must carry exactly one {name}= field, not {len(values)}")
+    return values[0]
+
+
+def form_json(fields: Sequence[tuple[str, str]], name: str = FORM_PAYLOAD_FIELD) -> dict[str, Any]:
+    """The JSON object in form field ``name`` (GitHub's form content type, Slack's interactivity)."""
+    value = load_json(form_field(fields, name))
+    if not isinstance(value, dict):
+        raise MalformedForm(f"the {name}= field must hold a JSON object, not a {type(value).__name__}")
+    return value
+
+
+def decode_body(body: bytes, content_type: str, form: Optional[FormReader] = None) -> Any:
+    """A delivery's body as its parser reads it: JSON, or (when the source reads forms) a form's object.
+
+    Raises :class:`UnsupportedMedia` for any other content type,
+    :class:`MalformedForm` for a broken form, and :func:`load_json`'s errors
+    (:class:`JSONTooDeep`, ``ValueError``) for broken JSON. The edge and the
+    router both decode through here, so what the edge accepted the router reads.
+    """
+    media = media_type(content_type)
+    if is_json_media(media):
+        return load_json(body)
+    if media == FORM_MEDIA and form is not None:
+        return form(read_form(body))
+    accepted = JSON_MEDIA + (f" or {FORM_MEDIA}" if form is not None else "")
+    raise UnsupportedMedia(f"content type {content_type or '(none)'!r} is not accepted: send {accepted}")
+
+
 def _unstorable_problem(char: str) -> str:
     if char == "\x00":
         return "a NUL character (\\u0000), which the database cannot store"
@@ -295,7 +392,21 @@ class Parser:
 
 
 __all__ = [
+    "BodyError",
     "DIRECT_REASONS",
+    "FORM_MEDIA",
+    "FORM_PAYLOAD_FIELD",
+    "FormReader",
+    "JSON_MEDIA",
+    "MalformedForm",
+    "UnsupportedMedia",
+    "WHY_ADDRESSED",
+    "decode_body",
+    "form_field",
+    "form_json",
+    "is_json_media",
+    "media_type",
+    "read_form",
     "FILTER_DELETED_POST",
     "FILTER_EDIT",
     "FILTER_HANDSHAKE",

@@ -8,8 +8,9 @@ seats this node runs.
 
 For each delivery, under a span that is a child of the edge's:
 
-1. read it (with the edge's nesting limit) — not a ``raw_webhook``, or a
-   body that is not a JSON object: ``unreadable delivery payload``;
+1. read it as the edge did (its content type: JSON, or its source's form;
+   the edge's nesting limit) — not a ``raw_webhook``, or a body that is not
+   a JSON object: ``unreadable delivery payload``;
 2. find its parser — ``no parser for this source`` — and its surface in the
    company — ``this source was disconnected``;
 3. parse it — :class:`~notifications.parsers.ParseError` (anything a parser
@@ -75,17 +76,19 @@ from crewlet.queue.errors import QueueError
 from crewlet.tracing import child_span, trace_of
 from notifications import store
 from notifications.parsers import (
+    JSON_MEDIA,
     WHY_FOLLOWER,
     DeliveryMeta,
+    MalformedForm,
     ParseError,
     Parsed,
     Parser,
     Recipient,
-    load_json,
+    decode_body,
     storable_text,
 )
-from notifications.sources import parser_for, source_for
-from notifications.sources.base import default_filtered_event
+from notifications.sources import source_for
+from notifications.sources.base import default_filtered_event, seat_for, seat_of_recipient
 
 log = logging.getLogger("crewlet.notifications")
 
@@ -242,25 +245,28 @@ class NotifyRouter:
         if raw is None:
             await self._skip(result, SKIP_PAYLOAD_UNREADABLE, detail=f"a {event.type} event is not a webhook delivery")
             return
+        found = source_for(source)
         try:
-            payload = load_json(raw.raw_bytes())
+            # What the edge accepted decodes the same way here; a delivery published without a content type is JSON.
+            payload = decode_body(raw.raw_bytes(), raw.content_type or JSON_MEDIA, found.form if found is not None else None)
         except ValueError as exc:
-            await self._skip(result, SKIP_PAYLOAD_UNREADABLE, detail=f"not JSON: {exc}", event_name=raw.event_name, delivery_id=raw.delivery_id)
+            what = "a form" if isinstance(exc, MalformedForm) else "JSON"
+            await self._skip(result, SKIP_PAYLOAD_UNREADABLE, detail=f"not {what}: {exc}", event_name=raw.event_name, delivery_id=raw.delivery_id)
             return
         if not isinstance(payload, dict):
             await self._skip(
                 result, SKIP_PAYLOAD_UNREADABLE, detail=f"a JSON {type(payload).__name__}, not an object", delivery_id=raw.delivery_id
             )
             return
-        parser = parser_for(source)
-        if parser is None:
+        if found is None:
             await self._skip(result, SKIP_NO_PARSER, detail=f"source {source or '(none)'!r}", delivery_id=raw.delivery_id)
             return
+        parser = found.parser
         org = self.holder.current()
-        if source not in org.surfaces:
+        if found.company_surface and source not in org.surfaces:
             await self._skip(result, SKIP_SOURCE_DISCONNECTED, detail=f"the company has no {source} surface", delivery_id=raw.delivery_id)
             return
-        meta = DeliveryMeta(event_name=raw.event_name, delivery_id=raw.delivery_id)
+        meta = DeliveryMeta(event_name=raw.event_name, delivery_id=raw.delivery_id, route=raw.route)
         try:
             parsed = parser(payload, meta)
         except ParseError as exc:
@@ -292,7 +298,7 @@ class NotifyRouter:
         by_handle: dict[str, _Candidate] = {}
         unmatched: list[Recipient] = []
         for r in parsed.recipients:
-            seat = self._seat_of(org, parser, r.identity, r.aliases)
+            seat = seat_of_recipient(org, parser, r)
             if seat is None:
                 unmatched.append(r)
             elif seat.handle not in by_handle:
@@ -320,14 +326,7 @@ class NotifyRouter:
 
     @staticmethod
     def _seat_of(org: Organization, parser: Parser, identity: str, aliases: tuple[str, ...] = ()) -> Optional[Seat]:
-        wanted = {parser.normalize(i) for i in (identity, *aliases) if i}
-        if not wanted:
-            return None
-        for seat in org.seats:
-            ident = seat.identities.get(parser.source)
-            if ident and parser.normalize(ident) in wanted:
-                return seat
-        return None
+        return seat_for(org, parser, identity, aliases)
 
     async def _deliver(
         self, org: Organization, parsed: Parsed, event: Event, cand: _Candidate, sender_seat: Optional[Seat], result: RouteResult

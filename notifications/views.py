@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from notifications.edge import EdgeResponse, current_edge, refuse
@@ -19,19 +19,20 @@ from notifications.sources.base import InboundRequest
 log = logging.getLogger("crewlet.notifications.edge")
 
 
-def _respond(resp: EdgeResponse) -> JsonResponse:
-    out = JsonResponse(resp.body, status=resp.status)
+def _respond(resp: EdgeResponse) -> HttpResponse:
+    out = HttpResponse(status=resp.status) if resp.body is None else JsonResponse(resp.body, status=resp.status)
     for name, value in resp.headers.items():
         out[name] = value
     return out
 
 
-def _error(status: int, reason: str, **headers: str) -> JsonResponse:
+def _error(status: int, reason: str, **headers: str) -> HttpResponse:
     return _respond(refuse(status, reason, **headers))
 
 
 @csrf_exempt
-async def webhook(request: HttpRequest, source: str) -> JsonResponse:
+async def webhook(request: HttpRequest, source: str, **route: str) -> HttpResponse:
+    """One delivery to ``source``; what the route names beyond it (the generic source's seat) the edge reads from the path."""
     if request.method != "POST":
         return _error(405, f"{request.method} is not accepted: webhooks are POSTed", Allow="POST")
     edge = current_edge()

@@ -47,7 +47,7 @@ from notifications_support import (
 )
 from seats_support import Recorder, eventually, memory_queues
 from test_notifications_edge import ACCEPTED, edge_on, post, published
-from tests.up_support import UpProcess, http_json, up_env
+from tests.up_support import UpProcess, http_json, turn_completed, up_env
 
 pytestmark = pytest.mark.usefixtures("close_store_connections")
 
@@ -415,18 +415,8 @@ def _http(url: str, body: bytes = b"", headers: Optional[dict[str, str]] = None,
     return http_json(method, url, body if method == "POST" else None, headers, empty={})
 
 
-def _turn_completed(url: str, trace_id: str, timeout_s: float = 60.0) -> list[str]:
-    """The event types of ``trace_id`` once its turn completed (the API polled: the process is another one)."""
-    deadline = time.monotonic() + timeout_s
-    types: list[str] = []
-    while time.monotonic() < deadline:
-        status, body = _http(f"{url}api/events?trace_id={trace_id}", method="GET", headers={"Authorization": f"Bearer {UP_TOKEN}"})
-        assert status == 200, body
-        types = [row["type"] for row in body["events"]]
-        if "agent_turn_completed" in types:
-            return types
-        time.sleep(0.2)
-    raise AssertionError(f"no agent_turn_completed in trace {trace_id} within {timeout_s}s: {types}")
+def _turn_completed(url: str, trace_id: str) -> list[str]:
+    return turn_completed(url, trace_id, UP_TOKEN)
 
 
 @pytest.mark.integration

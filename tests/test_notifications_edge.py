@@ -264,10 +264,16 @@ async def test_malformed_json_is_400_with_a_reason() -> None:
         assert rec.seen == []
 
 
-async def test_a_wrong_content_type_is_415_with_a_reason() -> None:
+async def test_a_wrong_content_type_is_415_with_a_reason_naming_what_the_source_accepts() -> None:
     async with edge_on() as (_, _, rec):
-        resp = await post("/webhooks/github", b"payload=%7B%7D", content_type="application/x-www-form-urlencoded")
-        assert resp.status_code == 415 and "application/json" in resp.json()["error"]
+        resp = await post("/webhooks/jira", b"payload=%7B%7D", content_type="application/x-www-form-urlencoded")
+        assert resp.status_code == 415
+        assert resp.json()["error"] == "content type 'application/x-www-form-urlencoded' is not accepted: send application/json"
+        resp = await post("/webhooks/github", b"{}", content_type="text/plain")
+        assert resp.status_code == 415
+        assert resp.json()["error"] == (
+            "content type 'text/plain' is not accepted: send application/json or application/x-www-form-urlencoded"
+        )
         assert rec.seen == []
 
 

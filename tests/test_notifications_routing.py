@@ -33,10 +33,12 @@ from notifications_support import (
 )
 from seats_support import Recorder, eventually, memory_queues
 
-pytestmark = [
+#: What a test that routes needs: the coordination store, its connections closed after.
+STORE = [
     pytest.mark.django_db(transaction=True, databases=["default"]),
     pytest.mark.usefixtures("close_store_connections"),
 ]
+pytestmark = STORE
 
 AGENTS = ("ada", "linus")
 NOW = 1_800_000_000.0

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, Iterator, Mapping, Optional, TypeVar
 
 from tests.process_support import REPO_ROOT, ProcessOutput, descendants, is_running
+from waiting_support import wait_until
 
 #: What ``up`` prints once it serves, followed by its URL.
 READY_LINE = "Crewlet is up: "
@@ -183,4 +184,18 @@ def http_json(
     return status, json.loads(raw) if raw else empty
 
 
-__all__ = ["READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "serve", "up_env"]
+def turn_completed(url: str, trace_id: str, token: str, timeout_s: float = REQUEST_TIMEOUT_S) -> list[str]:
+    """The event types of ``trace_id`` once its turn completed, read from ``up``'s ``/api/events`` (``url`` ends in ``/``)."""
+
+    def types() -> list[str]:
+        status, body = http_json("GET", f"{url}api/events?trace_id={trace_id}", headers={"Authorization": f"Bearer {token}"}, empty={})
+        assert status == 200, body
+        found = [row["type"] for row in body["events"]]
+        return found if "agent_turn_completed" in found else []
+
+    return wait_until(types, timeout_s, f"agent_turn_completed in trace {trace_id}")
+
+
+__all__ = [
+    "READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "serve", "turn_completed", "up_env",
+]

@@ -1,8 +1,11 @@
 """What a webhook source is: the request the edge hands it, and the three things it answers.
 
 A source (one vendor, one module beside this one) says how a delivery
-proves it is authentic (``verify``), what its headers and query say that the
-body does not (``meta``), and what the body means (its
+proves it is authentic (``verify`` with the company's secret, or
+``authenticate`` against the coordination store), what its headers and query
+say that the body does not (``meta``), how a form-encoded body carries its
+JSON (``form``), what the vendor must be answered beyond ``202``
+(``acknowledge``), and what the body means (its
 :class:`~notifications.parsers.Parser`). The edge, the router and the urls
 read sources only through the registry in :mod:`notifications.sources`, so
 nothing outside a vendor's module branches on the vendor's name.
@@ -12,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Awaitable, Callable, Mapping, Optional
 
-from notifications.parsers import DeliveryMeta, Parser
+from crewlet.org import Organization, Seat
+from notifications.parsers import DeliveryMeta, FormReader, Parser, Recipient
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,28 @@ class Handshake:
     refusal: str = ""
 
 
+@dataclass(frozen=True)
+class Acknowledgement:
+    """What an accepted delivery is answered with when its vendor expects more than ``202``: ``200`` and ``body``.
+
+    ``body`` None is an empty body (Slack's acknowledgement of an interaction).
+    """
+
+    body: Optional[Mapping[str, Any]] = None
+
+
 #: ``verify(secret, request, now)``: None when the request is authentic, else why not.
 Verifier = Callable[[str, InboundRequest, float], Optional[str]]
 #: ``meta(request)``: the labels the headers and the query give a delivery.
 MetaReader = Callable[[InboundRequest], DeliveryMeta]
 #: ``handshake(payload)``: the endpoint check this payload is, or None for a real delivery.
 HandshakeReader = Callable[[Mapping[str, Any]], Optional[Handshake]]
+#: ``acknowledge(payload, org)``: the answer an accepted delivery gets, or None for ``202``.
+Acknowledger = Callable[[Mapping[str, Any], Organization], Optional[Acknowledgement]]
+#: ``authenticate(request)``: None when the request may pass, else (status, reason); for a source with no company secret.
+Authenticator = Callable[[InboundRequest], Awaitable[Optional[tuple[int, str]]]]
+#: ``validate(payload, meta)``: why a decoded body is refused (400), or None.
+Validator = Callable[[Mapping[str, Any], DeliveryMeta], Optional[str]]
 
 
 def query_meta(req: InboundRequest) -> DeliveryMeta:
@@ -63,6 +83,25 @@ def query_meta(req: InboundRequest) -> DeliveryMeta:
 def no_handshake(payload: Mapping[str, Any]) -> Optional[Handshake]:
     """A vendor that never checks the endpoint with a special delivery."""
     return None
+
+
+def seat_for(org: Organization, parser: Parser, identity: str, aliases: tuple[str, ...] = ()) -> Optional[Seat]:
+    """The seat whose identity on ``parser``'s surface is ``identity`` or one of ``aliases`` (compared as the surface compares)."""
+    wanted = {parser.normalize(i) for i in (identity, *aliases) if i}
+    if not wanted:
+        return None
+    for seat in org.seats:
+        ident = seat.identities.get(parser.source)
+        if ident and parser.normalize(ident) in wanted:
+            return seat
+    return None
+
+
+def seat_of_recipient(org: Organization, parser: Parser, recipient: Recipient) -> Optional[Seat]:
+    """The seat a recipient names: by handle when it was addressed by one, else by its surface identity."""
+    if recipient.by_handle:
+        return org.seat_by_handle(recipient.identity)
+    return seat_for(org, parser, recipient.identity, recipient.aliases)
 
 
 def hmac_sha256_hex(secret: str, message: bytes) -> str:
@@ -80,7 +119,12 @@ class Source:
 
     ``headers``: the vendor's delivery headers kept on the ``raw_webhook``
     (never a signature or a token). ``filtered_event``: the debug event a chat
-    vendor's own filtering is logged under.
+    vendor's own filtering is logged under. ``form``: how a form-encoded body
+    carries the delivery (None: JSON only). ``authenticate``: set for a
+    source that is no company surface (``company_surface`` False), whose
+    credential lives in the coordination store instead of a secret variable.
+    ``path``: what the route adds after ``/webhooks/<name>/`` (a Django path
+    pattern, e.g. ``<str:seat>``).
     """
 
     parser: Parser
@@ -89,6 +133,16 @@ class Source:
     headers: tuple[str, ...] = ()
     handshake: HandshakeReader = no_handshake
     filtered_event: str = ""
+    form: Optional[FormReader] = None
+    acknowledge: Optional[Acknowledger] = None
+    validate: Optional[Validator] = None
+    authenticate: Optional[Authenticator] = None
+    path: str = ""
+
+    @property
+    def company_surface(self) -> bool:
+        """A kind in the company file's ``surfaces:`` (verified with its secret), unless the source authenticates itself."""
+        return self.authenticate is None
 
     @property
     def name(self) -> str:
@@ -106,15 +160,21 @@ def default_filtered_event(name: str) -> str:
 
 
 __all__ = [
+    "Acknowledgement",
+    "Acknowledger",
+    "Authenticator",
     "Handshake",
     "HandshakeReader",
     "InboundRequest",
     "MetaReader",
     "Source",
+    "Validator",
     "Verifier",
     "default_filtered_event",
     "hmac_sha256_hex",
     "no_handshake",
     "query_meta",
     "same",
+    "seat_for",
+    "seat_of_recipient",
 ]

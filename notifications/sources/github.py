@@ -4,6 +4,11 @@ Verification: ``X-Hub-Signature-256: sha256=HMAC-SHA256(secret, body)``. The
 body does not name its event: ``X-GitHub-Event`` does, and
 ``X-GitHub-Delivery`` is the delivery id a retry repeats.
 
+Content types: ``application/json``, and GitHub's default
+``application/x-www-form-urlencoded`` (the same JSON in a ``payload=``
+field). GitHub signs the body it sends, so a form delivery's signature is
+checked over the raw form bytes, before anything of it is decoded.
+
 Keys: ``github:<repo full_name>#<number>`` for both the partition and the
 conversation. Logins compare without case.
 """
@@ -15,7 +20,7 @@ from typing import Any, Iterable, Mapping, Optional
 from crewlet.events.categories import SURFACE_FORGE
 from notifications.parsers import (
     FILTER_UNHANDLED, WHY_ASSIGNEE, WHY_MENTION, WHY_REVIEWER,
-    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, need,
+    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, form_json, need,
 )
 from notifications.sources.base import InboundRequest, Source, hmac_sha256_hex, same
 
@@ -151,6 +156,6 @@ def _uniq_ci(recipients: Iterable[Recipient]) -> tuple[Recipient, ...]:
     return tuple(out.values())
 
 
-SOURCE = Source(parser=GitHubParser(), verify=verify, meta=meta, headers=KEPT_HEADERS)
+SOURCE = Source(parser=GitHubParser(), verify=verify, meta=meta, headers=KEPT_HEADERS, form=form_json)
 
 __all__ = ["NAME", "SOURCE", "GitHubParser", "meta", "verify"]

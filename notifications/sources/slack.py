@@ -1,4 +1,4 @@
-"""Slack (Events API): ``v0`` request signing, the ``url_verification`` handshake, the message parser.
+"""Slack (Events API, slash commands, interactivity): ``v0`` request signing, the ``url_verification`` handshake, the parser.
 
 Verification: ``X-Slack-Signature`` is
 ``v0=HMAC-SHA256(secret, "v0:<X-Slack-Request-Timestamp>:<body>")``, and the
@@ -11,17 +11,39 @@ Keys: ``slack:<channel>:<thread root>``; a DM (``im``/``mpim``, or a ``D…``
 channel when ``channel_type`` is missing) top-level message:
 ``slack:<channel>``; a DM thread reply keeps ``slack:<channel>:<root>``. The
 conversation of a DM is ``slack:<channel>``, elsewhere the partition key.
+
+Slash commands and interactivity come to the same ``/webhooks/slack``,
+form-encoded and signed the same way. They are answered ``200`` at once
+(Slack shows the person an error after 3 s): a slash command with an
+ephemeral line saying which seat it went to, an interaction with an empty
+body. Their retry key is the ``trigger_id`` (a new one per invocation).
+
+* A slash command is addressed to the seat its text opens with — a Slack
+  mention (``/ask <@U0ADA> …``, when the command escapes users) or a handle
+  (``/ask @ada …``) — else to the seat the command is named after
+  (``/ada …``). The rest of the text is the ask. A DM's command joins the
+  DM's conversation (``slack:<channel>``); a channel's is a conversation of
+  its own (no keys: never coalesced, nobody follows it).
+* ``block_actions`` (a button, a menu) and ``message_action`` (a message
+  shortcut) on a message are addressed to that message's author — the seat
+  whose message carries the component — and belong to its thread. Any other
+  interaction (a modal's submission, a global shortcut) concerns no seat:
+  filtered as an unhandled event.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
+from crewlet.org import Organization
 from notifications.parsers import (
-    FILTER_DELETED_POST, FILTER_EDIT, FILTER_HANDSHAKE, FILTER_SYSTEM_POST, FILTER_UNHANDLED, WHY_DM, WHY_MENTION,
-    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, chat_keys, need, unique,
+    FILTER_DELETED_POST, FILTER_EDIT, FILTER_HANDSHAKE, FILTER_SYSTEM_POST, FILTER_UNHANDLED, FORM_PAYLOAD_FIELD,
+    WHY_ADDRESSED, WHY_DM, WHY_MENTION, DeliveryMeta, MalformedForm, Parsed, ParseError, Parser, Recipient, as_dict,
+    as_list, as_text, chat_keys, form_json, need, unique,
 )
-from notifications.sources.base import Handshake, InboundRequest, Source, hmac_sha256_hex, query_meta, same
+from notifications.sources.base import (
+    Acknowledgement, Handshake, InboundRequest, Source, hmac_sha256_hex, query_meta, same, seat_of_recipient,
+)
 
 NAME = "slack"
 SIGNATURE_HEADER = "x-slack-signature"
@@ -31,6 +53,19 @@ KEPT_HEADERS = ("x-slack-retry-num", "x-slack-retry-reason")
 #: The outer ``type`` of the endpoint check Slack sends when the URL is registered.
 URL_VERIFICATION = "url_verification"
 SLACK_TOLERANCE_S = 300.0
+#: The event name of a slash command (its form names the command, not an event).
+SLASH_COMMAND = "slash_command"
+#: The form fields a slash command cannot be routed without.
+SLASH_REQUIRED = ("command", "trigger_id", "user_id")
+#: The interaction types (``payload=``'s ``type``); each is acknowledged with an empty 200.
+INTERACTION_TYPES = frozenset(
+    {
+        "block_actions", "block_suggestion", "message_action", "shortcut", "view_submission", "view_closed",
+        "interactive_message", "dialog_submission", "dialog_cancellation", "dialog_suggestion", "workflow_step_edit",
+    }
+)
+#: The interactions that address a seat: a component or a shortcut on the seat's own message.
+_ROUTED_INTERACTIONS = frozenset({"block_actions", "message_action"})
 #: Slack's timestamp is Unix seconds as decimal digits; anything else (``NaN``,
 #: ``inf``, ``1e400``, a fraction) is refused, since a float NaN or infinity
 #: compares as "within the window" or defeats it.
@@ -67,7 +102,74 @@ def handshake(payload: Mapping[str, Any]) -> Optional[Handshake]:
     return Handshake(answer={"challenge": challenge})
 
 
+def is_slash_command(payload: Mapping[str, Any]) -> bool:
+    """A slash command's fields (form-decoded): a ``command`` and no ``type``."""
+    return "command" in payload and "type" not in payload
+
+
+def form(fields: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """A form delivery: an interaction's ``payload=`` JSON, or a slash command's fields as one object."""
+    names = {name for name, _ in fields}
+    if FORM_PAYLOAD_FIELD in names:
+        return form_json(fields)
+    if "command" not in names:
+        raise MalformedForm("a Slack form is a slash command (command=...) or an interaction (payload=...), and this is neither")
+    command: dict[str, Any] = {}
+    for name, value in fields:
+        if name in command:
+            raise MalformedForm(f"the field {name}= is repeated")
+        command[name] = value
+    return command
+
+
+def validate(payload: Mapping[str, Any], meta: DeliveryMeta) -> Optional[str]:
+    """A slash command missing what routing needs is refused at once, naming the field."""
+    if not is_slash_command(payload):
+        return None
+    missing = [name for name in SLASH_REQUIRED if not as_text(payload.get(name))]
+    return f"the slash command has no {', '.join(missing)}" if missing else None
+
+
+def acknowledge(payload: Mapping[str, Any], org: Organization) -> Optional[Acknowledgement]:
+    """A slash command: an ephemeral line naming the seat it went to (or why none); an interaction: an empty 200.
+
+    An Events API delivery returns None and is answered ``202`` like every
+    other source's. The line reads the same parse and the same seat lookup
+    routing does, on the company current now; routing records the skip.
+    """
+    if not is_slash_command(payload):
+        return Acknowledgement() if as_text(payload.get("type")) in INTERACTION_TYPES else None
+    command = as_text(payload.get("command"))
+    try:
+        recipient = PARSER(payload).recipients[0]
+    except (ParseError, IndexError):
+        return Acknowledgement({"response_type": "ephemeral", "text": f"{command} was received."})
+    seat = seat_of_recipient(org, PARSER, recipient)
+    if seat is None:
+        text = f"No seat is {recipient.identity}: name one first, as in `{command} @<seat> <what you need>`."
+    elif not seat.is_agent:
+        text = f"{seat.handle} is a person, not an agent seat: nothing was sent."
+    else:
+        text = f"Sent to {seat.handle}."
+    return Acknowledgement({"response_type": "ephemeral", "text": text})
+
+
 _SLACK_MENTION = re.compile(r"<@([UWB][A-Z0-9]+)(?:\|[^>]*)?>")
+#: A slash command's text opening with a Slack mention, or with ``@<seat handle>``.
+_LEADING_MENTION = re.compile(r"\s*<@([UWB][A-Z0-9]+)(?:\|[^>]*)?>")
+_LEADING_HANDLE = re.compile(r"\s*@([A-Za-z0-9][A-Za-z0-9_-]{0,62})(?![\w-])")
+
+
+def addressee(command: str, text: str) -> tuple[Recipient, str]:
+    """The seat a slash command addresses, and the ask that follows (see the module's docstring)."""
+    mention = _LEADING_MENTION.match(text)
+    if mention:
+        return Recipient(mention.group(1), WHY_MENTION), text[mention.end():].strip()
+    handle = _LEADING_HANDLE.match(text)
+    if handle:
+        return Recipient(handle.group(1).lower(), WHY_ADDRESSED, by_handle=True), text[handle.end():].strip()
+    return Recipient(command.lstrip("/").lower(), WHY_ADDRESSED, by_handle=True), text.strip()
+
 #: Message subtypes that are somebody saying something; every other subtype
 #: (joins, topic changes, pins, ...) is a system post.
 _SLACK_SPOKEN_SUBTYPES = frozenset({"", "thread_broadcast", "bot_message", "file_share", "me_message"})
@@ -78,11 +180,14 @@ class SlackParser(Parser):
     chat = True
 
     def event_name(self, payload: Mapping[str, Any], meta: DeliveryMeta = DeliveryMeta()) -> str:
+        if is_slash_command(payload):
+            return SLASH_COMMAND
         event = as_dict(payload.get("event"))
         return as_text(event.get("type")) or as_text(payload.get("type")) or meta.event_name
 
     def delivery_id(self, payload: Mapping[str, Any], meta: DeliveryMeta = DeliveryMeta()) -> str:
-        return as_text(payload.get("event_id")) or meta.delivery_id
+        """``event_id`` for an event; ``trigger_id`` (one per invocation) for a slash command or an interaction."""
+        return as_text(payload.get("event_id")) or as_text(payload.get("trigger_id")) or meta.delivery_id
 
     @staticmethod
     def is_dm(event: Mapping[str, Any]) -> bool:
@@ -96,6 +201,10 @@ class SlackParser(Parser):
         outer = as_text(payload.get("type"))
         name = self.event_name(payload, meta)
         delivery = self.delivery_id(payload, meta)
+        if is_slash_command(payload):
+            return self._slash_command(payload, delivery)
+        if outer in _ROUTED_INTERACTIONS:
+            return self._interaction(payload, outer, delivery)
         if outer == URL_VERIFICATION:
             return Parsed(self.source, name, delivery, chat=True, filtered=FILTER_HANDSHAKE)
         if outer and outer != "event_callback":
@@ -179,6 +288,53 @@ class SlackParser(Parser):
             filtered=filtered,
         )
 
+    def _slash_command(self, payload: Mapping[str, Any], delivery: str) -> Parsed:
+        command = need(payload.get("command"), "command")
+        trigger = need(payload.get("trigger_id"), "trigger_id")
+        user = need(payload.get("user_id"), "user_id")
+        channel = as_text(payload.get("channel_id"))
+        recipient, ask = addressee(command, as_text(payload.get("text")))
+        dm = channel.startswith("D") or as_text(payload.get("channel_name")) == "directmessage"
+        # A DM's command joins the DM's conversation; a channel's stands alone.
+        key = f"{NAME}:{channel}" if dm and channel else ""
+        where = "a direct message" if dm else (f"<#{channel}>" if channel else "Slack")
+        sender_name = as_text(payload.get("user_name")) or user
+        return Parsed(
+            self.source, SLASH_COMMAND, delivery, f"command:{trigger}", sender=user, sender_name=sender_name,
+            partition_key=key, conversation_identity=key, title=f"Slack {command} in {where}", body=ask,
+            recipients=(recipient,), chat=True, dm=dm,
+        )
+
+    def _interaction(self, payload: Mapping[str, Any], kind: str, delivery: str) -> Parsed:
+        """A click or a message shortcut on a message: addressed to that message's author, in its thread."""
+        message = as_dict(payload.get("message"))
+        if not message:
+            return Parsed(self.source, kind, delivery, chat=True, filtered=f"{FILTER_UNHANDLED} {kind} outside a message")
+        container = as_dict(payload.get("container"))
+        user = as_dict(payload.get("user"))
+        sender = need(user.get("id"), "user.id")
+        channel = as_text(as_dict(payload.get("channel")).get("id")) or need(container.get("channel_id"), "channel.id")
+        ts = as_text(message.get("ts")) or need(container.get("message_ts"), "message.ts")
+        root = as_text(message.get("thread_ts")) or ts
+        dm = channel.startswith("D")
+        partition, identity = chat_keys(NAME, channel, root, dm=dm, thread_reply=root != ts)
+        who = as_text(user.get("name")) or as_text(user.get("username")) or sender
+        if kind == "block_actions":
+            labels = [_action_label(as_dict(a)) for a in as_list(payload.get("actions"))]
+            did = f"chose {', '.join(label for label in labels if label) or 'an action'}"
+        else:
+            did = f"used the shortcut {as_text(payload.get('callback_id')) or '(unnamed)'}"
+        quoted = as_text(message.get("text"))
+        author, bot = as_text(message.get("user")), as_text(message.get("bot_id"))
+        recipients = [Recipient(author or bot, WHY_ADDRESSED, aliases=tuple(a for a in (bot,) if a and a != author))]
+        title = f"Slack {kind} in {'a direct message' if dm else f'<#{channel}>'}"
+        body = f"{who} {did} on your message" + (f":\n> {quoted}" if quoted else "")
+        return Parsed(
+            self.source, kind, delivery, f"action:{delivery}", sender=sender, sender_name=who, partition_key=partition,
+            conversation_identity=identity, title=title, body=body, recipients=unique(recipients), chat=True, dm=dm,
+            thread_reply=root != ts,
+        )
+
     @staticmethod
     def authorized_users(payload: Mapping[str, Any]) -> list[str]:
         """The installation's user the event is delivered for (``authorizations``; legacy ``authed_users``)."""
@@ -187,12 +343,43 @@ class SlackParser(Parser):
         return [u for u in dict.fromkeys(users) if u]
 
 
+def _action_label(action: Mapping[str, Any]) -> str:
+    """What a person picked: the button's text and value, or the menu option; else the action's id."""
+    text = as_text(as_dict(action.get("text")).get("text"))
+    option = as_dict(action.get("selected_option"))
+    picked = as_text(as_dict(option.get("text")).get("text")) or as_text(option.get("value"))
+    value = as_text(action.get("value"))
+    label = text or picked or as_text(action.get("action_id"))
+    return f"{label} ({value})" if value and value != label else label
+
+
+PARSER = SlackParser()
+
 SOURCE = Source(
-    parser=SlackParser(),
+    parser=PARSER,
     verify=verify,
     meta=meta,
     headers=KEPT_HEADERS,
     handshake=handshake,
+    form=form,
+    acknowledge=acknowledge,
+    validate=validate,
 )
 
-__all__ = ["NAME", "SLACK_TOLERANCE_S", "SOURCE", "SlackParser", "handshake", "meta", "verify"]
+__all__ = [
+    "INTERACTION_TYPES",
+    "NAME",
+    "PARSER",
+    "SLACK_TOLERANCE_S",
+    "SLASH_COMMAND",
+    "SOURCE",
+    "SlackParser",
+    "acknowledge",
+    "addressee",
+    "form",
+    "handshake",
+    "is_slash_command",
+    "meta",
+    "validate",
+    "verify",
+]

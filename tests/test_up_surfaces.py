@@ -1,0 +1,102 @@
+"""Form-encoded deliveries through a real ``manage.py up``: each is accepted, answered as its vendor expects, and runs a turn.
+
+One ``up`` serves the whole module (SQLite, the embedded broker, the echo
+model); each test reads the turn its delivery started from ``/api/events``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pytest
+
+from notifications.parsers import FORM_MEDIA
+from notifications_support import SECRETS, fixture_bytes, hex_hmac, hub256_headers, slack_headers
+from test_notifications_forms import block_actions, github_form, interaction, slash
+from tests.up_support import UpProcess, http_call, serve, turn_completed, up_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+#: The operator token the module reads /api/events with, and the two webhook secrets ``up`` is given.
+TOKEN, SLACK_SECRET, GITHUB_SECRET = (f"up-surfaces-{what}-0123456789abcdef" for what in ("operator-token", "slack", "github"))
+
+#: Slack and GitHub verified with their secrets; the three sources no test here sends to unverified, so up warns of no missing secret.
+COMPANY = """\
+org: acme
+providers: {llm: [{kind: echo}]}
+surfaces: {slack: {signing_secret_env: SLACK_SIGNING_SECRET}, github: {secret_env: GITHUB_WEBHOOK_SECRET},
+           jira: {verify: false}, confluence: {verify: false}, mattermost: {verify: false}}
+seats:
+  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA, github: octocat}}
+  - {handle: linus, kind: agent, role: reviewer, identities: {slack: U0LINUS, github: Codertocat}}
+  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
+"""
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    tmp = tmp_path_factory.mktemp("surfaces")
+    (tmp / "acme.yaml").write_text(COMPANY)
+    env = {k: v for k, v in up_env().items() if k not in {e for e, _ in SECRETS.values()}}
+    env.update(
+        CREWLET_OPERATOR_TOKEN=TOKEN, CREWLET_VAR_DIR=str(tmp / "data"),
+        SLACK_SIGNING_SECRET=SLACK_SECRET, GITHUB_WEBHOOK_SECRET=GITHUB_SECRET,
+    )
+    yield from serve(UpProcess(tmp, "--company", str(tmp / "acme.yaml"), node="surfaces1", env=env))
+
+
+def post(up: UpProcess, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    return http_call("POST", f"{up.url}{path}", body, headers)
+
+
+def turn_of(up: UpProcess, trace_id: str) -> list[str]:
+    return turn_completed(up.url + "/", trace_id, TOKEN)
+
+
+def test_up_takes_githubs_form_content_type_signed_over_the_raw_form_and_runs_the_reviewers_turn(up: UpProcess) -> None:
+    body = github_form(fixture_bytes("github", "pull_request-opened.json"))
+    headers = {
+        "Content-Type": FORM_MEDIA, "X-GitHub-Event": "pull_request", "X-GitHub-Delivery": "up-form-1",
+        **hub256_headers(body, GITHUB_SECRET),
+    }
+    status, _, raw = post(up, "/webhooks/github", body, headers)
+    answer = json.loads(raw)
+    assert status == 202 and answer["event"] == "pull_request", answer
+    types = turn_of(up, answer["trace_id"])
+    assert "external_notification" in types and "agent_turn_started" in types
+    # signed over the JSON instead of the form GitHub sends: refused
+    forged = {**headers, **hub256_headers(fixture_bytes("github", "pull_request-opened.json"), GITHUB_SECRET)}
+    assert post(up, "/webhooks/github", body, forged)[0] == 401
+
+
+def test_up_acknowledges_a_slash_command_at_once_then_runs_the_named_seats_turn(up: UpProcess) -> None:
+    body = slash("@ada summarise the failing build", trigger="up.slash.1")
+    status, headers, raw = post(up, "/webhooks/slack", body, {"Content-Type": FORM_MEDIA, **slack_headers(body, SLACK_SECRET)})
+    assert status == 200 and json.loads(raw) == {"response_type": "ephemeral", "text": "Sent to ada."}
+    types = turn_of(up, headers["X-Crewlet-Trace-Id"])
+    assert "external_notification" in types and "webhook:slash_command" in types
+    # the same command signed with another secret never reaches a seat
+    stamp = slack_headers(body, SLACK_SECRET)["X-Slack-Request-Timestamp"]
+    forged = {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": "v0=" + hex_hmac("wrong", f"v0:{stamp}:".encode() + body)}
+    assert post(up, "/webhooks/slack", body, {"Content-Type": FORM_MEDIA, **forged})[0] == 401
+
+
+def test_up_acknowledges_a_button_click_with_an_empty_200_and_runs_the_message_authors_turn(up: UpProcess) -> None:
+    body = interaction(block_actions(author="U0LINUS", trigger="up.click.1"))
+    status, headers, raw = post(up, "/webhooks/slack", body, {"Content-Type": FORM_MEDIA, **slack_headers(body, SLACK_SECRET)})
+    assert status == 200 and raw == b""
+    assert "agent_turn_started" in turn_of(up, headers["X-Crewlet-Trace-Id"])
+
+
+def test_up_refuses_a_form_to_a_source_that_takes_only_json_with_415_naming_what_it_takes(up: UpProcess) -> None:
+    status, _, raw = post(up, "/webhooks/jira", b"payload=%7B%7D", {"Content-Type": FORM_MEDIA})
+    assert status == 415
+    assert json.loads(raw)["error"] == f"content type '{FORM_MEDIA}' is not accepted: send application/json"
+
+
+def test_no_secret_of_the_module_is_in_ups_output(up: UpProcess) -> None:
+    """Last in the module: whatever the deliveries above did, nothing they were signed or authorized with was logged."""
+    text = up.output_so_far()
+    assert "event=webhook_accepted" in text
+    for secret in (TOKEN, SLACK_SECRET, GITHUB_SECRET):
+        assert secret not in text
