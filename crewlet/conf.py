@@ -369,12 +369,40 @@ class DeliverySettings(_Section):
 
 
 @dataclass(frozen=True)
+class ToolSettings(_Section):
+    """How this node runs its seats' MCP tool servers: call and start time limits, and restart spacing.
+
+    A tool that outlives ``call_timeout_s`` is a failed tool result the model
+    sees, not a turn that hangs; a server that has not answered its handshake
+    within ``start_timeout_s`` is reported unavailable and the seat's turn runs
+    without it; a server that died is started again after a backoff doubling
+    from ``restart_backoff_s`` (up to a minute, or that setting when larger).
+    """
+
+    SECTION = "tools"
+
+    call_timeout_s: float = setting(
+        60.0, env="CREWLET_TOOLS_CALL_TIMEOUT_S", bounds=(0.01, 3600),
+        doc="the longest one MCP tool call may take before it is a failed tool result",
+    )
+    start_timeout_s: float = setting(
+        30.0, env="CREWLET_TOOLS_START_TIMEOUT_S", bounds=(0.1, 600),
+        doc="the longest an MCP server may take to start and list its tools",
+    )
+    restart_backoff_s: float = setting(
+        1.0, env="CREWLET_TOOLS_RESTART_BACKOFF_S", bounds=(0, 3600),
+        doc="wait before restarting an MCP server that died or would not start; doubles per failed start, to a minute",
+    )
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Everything the engine is configured with."""
 
     stream: StreamSettings = field(default_factory=StreamSettings)
     node: NodeSettings = field(default_factory=NodeSettings)
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
     def timings(self) -> Timings:
         """The queue's :class:`Timings`: the redelivery spacing and the ack clock."""

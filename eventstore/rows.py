@@ -55,6 +55,7 @@ FAILURE_TYPES: frozenset[str] = frozenset(
         "sandbox_run_failed",
         "skill_telemetry_write_failed",
         "message_dead_lettered",
+        "tool_server_unavailable",
     }
 )
 

@@ -12,7 +12,8 @@ class SeatsConfig(AppConfig):
     name = "seats"
 
     def engine_services(self, engine: "Engine") -> list["Service"]:
-        """The seat runtime: mailboxes, inbox loops, scheduler, retirement sweep, pause reconcile."""
+        """Each seat's MCP tool sessions, and the seat runtime: mailboxes, inbox loops, scheduler, retirement sweep, pause reconcile."""
         from seats import runtime
+        from seats.tools import mcp
 
-        return runtime.services(engine)
+        return [*mcp.services(engine), *runtime.services(engine)]

@@ -94,6 +94,8 @@ DESIGN_MAP = {name: cat for cat, names in DESIGN.items() for name in names}
 # design name: an extension is an addition, never a rename.
 EXTENSIONS: dict[str, str] = {
     "message_dead_lettered": "system",
+    "tool_server_restarted": "system",
+    "tool_server_unavailable": "system",
 }
 BUILD_MAP = {**DESIGN_MAP, **EXTENSIONS}
 

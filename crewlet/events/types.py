@@ -1367,6 +1367,63 @@ class MessageDeadLettered(EventBody):
         return f"{what} dead-lettered from {where}{tries}" + _tail(self.reason, " — ")
 
 
+@dataclass
+class _ToolServerBody(EventBody):
+    """One seat's session with one MCP server: whose, which server, over what, and what went wrong."""
+
+    seat: str = ""
+    role: str = ""
+    agent_id: str = ""
+    server: str = ""
+    transport: str = ""  # stdio | http (crewlet.org.MCP_STDIO / MCP_HTTP)
+    error: str = ""
+    attempt: int = 0
+    retry_in_s: float = 0.0
+
+
+@register(
+    "tool_server_restarted",
+    category=SYSTEM,
+    extension=(
+        "a seat's MCP server died under it and was started again: without a row the only trace of a "
+        "crashing tool server is tool calls that failed while it was down"
+    ),
+)
+@dataclass
+class ToolServerRestarted(_ToolServerBody):
+    """A seat's session with an MCP server ended on its own (the process died, the connection dropped) and was opened again.
+
+    ``error`` is why the old session ended, ``attempt`` how many starts it
+    took since then and ``retry_in_s`` the backoff waited before the start
+    that succeeded. Published by the node holding the seat.
+    """
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)}'s tool server {_s(self.server) or '?'} restarted" + _tail(self.error)
+
+
+@register(
+    "tool_server_unavailable",
+    category=SYSTEM,
+    extension=(
+        "a seat's MCP server could not be started: the seat's turns run without its tools, and this row "
+        "says why once instead of a failure on every turn"
+    ),
+)
+@dataclass
+class ToolServerUnavailable(_ToolServerBody):
+    """A seat's MCP server could not be started (a missing program, a refused connection, a failed handshake).
+
+    Published once per outage, not per attempt: the seat's turns run without
+    the server's tools meanwhile, and starts are retried with backoff
+    (``retry_in_s``) until one succeeds, which a ``tool_server_restarted``
+    then reports.
+    """
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)}'s tool server {_s(self.server) or '?'} could not start" + _tail(self.error)
+
+
 # =============================================================================
 # webhook
 # =============================================================================

@@ -1,0 +1,122 @@
+"""A real MCP server the tool tests run, written with the ``mcp`` SDK: over stdio by default, ``--http PORT`` for streamable HTTP.
+
+Its tools are what the tests need of a server: ``write`` really writes a file,
+``fail`` reports a tool error, ``sleep`` outlives a call timeout, ``pid``
+names the process so a test can kill it, and ``read.file`` has a name the
+model vendors would refuse until it is sanitised. Over HTTP it refuses every
+request whose ``Authorization`` header is not ``--require-auth``'s value, so
+a session that starts proves the header went through.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional
+import contextlib
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+HERE = Path(__file__).resolve()
+
+
+def build() -> MCPServer:
+    server = MCPServer("testtools")
+
+    @server.tool()
+    def write(path: str, text: str) -> str:
+        """Write ``text`` to the file at ``path``."""
+        Path(path).write_text(text, encoding="utf-8")
+        return f"wrote {path}"
+
+    @server.tool()
+    def fail(reason: str) -> str:
+        """Always fails with ``reason``."""
+        raise ToolError(reason)
+
+    @server.tool()
+    async def sleep(seconds: float) -> str:
+        """Answers after ``seconds``."""
+        await asyncio.sleep(seconds)
+        return "awake"
+
+    @server.tool()
+    def pid() -> int:
+        """This server's process id."""
+        return os.getpid()
+
+    @server.tool(name="read.file")
+    def read_file(path: str) -> str:
+        """The text of the file at ``path``."""
+        return Path(path).read_text(encoding="utf-8")
+
+    return server
+
+
+def stdio_command() -> list[str]:
+    """The company file's ``command`` for this server over stdio."""
+    return [sys.executable, str(HERE)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def http_server(require_auth: str) -> Iterator[str]:
+    """This server over streamable HTTP in a child process; yields its URL once it accepts connections."""
+    from waiting_support import wait_until
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(HERE), "--http", str(port), "--require-auth", require_auth])
+    try:
+        def accepting() -> bool:
+            assert proc.poll() is None, "the MCP test server exited"
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+
+        wait_until(accepting, timeout_s=30, what="the MCP HTTP server accepting", ignoring=(OSError,))
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _serve_http(server: MCPServer, port: int, require_auth: Optional[str]) -> None:
+    import uvicorn
+    from starlette.responses import PlainTextResponse
+
+    app = server.streamable_http_app()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and require_auth is not None:
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization", b"").decode() != require_auth:
+                await PlainTextResponse("unauthorized", status_code=401)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", type=int)
+    parser.add_argument("--require-auth")
+    args = parser.parse_args()
+    server = build()
+    if args.http:
+        _serve_http(server, args.http, args.require_auth)
+    else:
+        server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

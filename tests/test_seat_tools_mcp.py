@@ -1,0 +1,218 @@
+"""Each seat's MCP tools: real servers over stdio and streamable HTTP, written with the ``mcp`` SDK, through :class:`McpToolbox`."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+import pytest
+import pytest_asyncio
+
+from crewlet.conf import ToolSettings
+from crewlet.events.emit import Emitter
+from crewlet.org import A2A_ASK_TOOL, CompanyHolder, parse_company
+from crewlet.queue.memory import MemoryBroker
+from mcp_support import http_server, stdio_command
+from seats.tools import ToolCall
+from seats.tools.mcp import TOOL_NAME_RULE, McpToolbox, exposed_name
+from seats_support import FAST, Recorder
+from waiting_support import eventually
+
+NOTES = [sys.executable, "-m", "seats.tools.examples.notes_server"]
+#: Shrunk so a restart is seen in tenths of a second; the start limit stays generous for a loaded machine.
+SETTINGS = ToolSettings(call_timeout_s=1.0, start_timeout_s=60.0, restart_backoff_s=0.05)
+
+
+def company(servers: dict[str, Any], tools: Optional[list[str]] = None) -> Any:
+    return parse_company(
+        {
+            "org": "acme",
+            "mcp_servers": servers,
+            "seats": [
+                {"handle": "ada", "kind": "agent", "role": "engineer", "tools": list(servers) if tools is None else tools},
+                {"handle": "linus", "kind": "agent", "role": "reviewer"},
+            ],
+        }
+    )
+
+
+@contextlib.asynccontextmanager
+async def toolbox(servers: dict[str, Any], **kw: Any) -> AsyncIterator[tuple[McpToolbox, Recorder]]:
+    """A toolbox over ``servers`` for seat ada, publishing its events to a recorded in-memory queue."""
+    broker = MemoryBroker(FAST)
+    queue = broker.client(node="n1")
+    recorder = Recorder().attach(queue)
+    emitter = Emitter(queue)
+    box = McpToolbox(CompanyHolder(company(servers, **kw)), settings=SETTINGS, emitter=emitter)
+    try:
+        yield box, recorder
+    finally:
+        await box.stop()
+        await emitter.close()
+        await queue.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def shared() -> AsyncIterator[McpToolbox]:
+    """One session with the test server for the tests that leave it as they found it (a server start is seconds)."""
+    async with toolbox({"tt": {"command": stdio_command()}}) as (box, _):
+        await box.specs("ada")
+        yield box
+
+
+def published(recorder: Recorder, etype: str) -> list[Any]:
+    return [event.data for _topic, event in recorder.seen if event.type == etype]
+
+
+def call(name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(id=f"call-{name}", name=name, arguments=arguments)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_stdio_servers_tools_are_listed_under_server_prefixed_names_within_the_vendors_rule(shared: McpToolbox, tmp_path: Path) -> None:
+    specs = {spec.name: spec for spec in await shared.specs("ada")}
+    assert set(specs) == {"tt__write", "tt__fail", "tt__sleep", "tt__pid", "tt__read_file"}
+    assert all(TOOL_NAME_RULE.match(name) for name in specs)
+    assert specs["tt__write"].input_schema["required"] == ["path", "text"]
+    assert "Write" in specs["tt__write"].description
+
+
+async def test_a_call_through_the_notes_server_really_writes_the_note(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    async with toolbox({"notes": {"command": NOTES, "env": {"NOTES_DIR": str(notes)}}}) as (box, _):
+        assert "notes__write_note" in {s.name for s in await box.specs("ada")}
+        result = await box.call("ada", call("notes__write_note", title="standup", text="shipped the tool loop"))
+        assert (notes / "standup.md").read_text() == "shipped the tool loop"
+        assert result.ok and result.error is None
+        assert (result.server, result.tool) == ("notes", "write_note")
+        assert result.bytes == len(result.content.encode()) and "standup.md" in result.content
+        read = await box.call("ada", call("notes__read_note", title="standup"))
+        assert read.ok and read.content == "shipped the tool loop"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_tool_that_fails_is_a_failed_result_carrying_the_tools_own_error(shared: McpToolbox, tmp_path: Path) -> None:
+    result = await shared.call("ada", call("tt__fail", reason="the disk is full"))
+    again = await shared.call("ada", call("tt__write", path=str(tmp_path / "after"), text="still up"))
+    assert not result.ok and (result.error or "").endswith("the disk is full") and result.tool == "fail"
+    assert again.ok and (tmp_path / "after").read_text() == "still up"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_call_past_the_timeout_is_a_failed_result_and_the_session_serves_the_next_call(shared: McpToolbox, tmp_path: Path) -> None:
+    slow = await shared.call("ada", call("tt__sleep", seconds=30))
+    fast = await shared.call("ada", call("tt__write", path=str(tmp_path / "next"), text="ok"))
+    assert not slow.ok and slow.error == "the tool did not answer within 1s"
+    assert fast.ok and (tmp_path / "next").read_text() == "ok"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_unknown_tool_or_arguments_the_tool_refuses_are_failed_results_not_exceptions(shared: McpToolbox) -> None:
+    unknown = await shared.call("ada", call("tt__nope"))
+    bad = await shared.call("ada", call("tt__write", path=1))
+    assert not unknown.ok and "no tool named tt__nope" in (unknown.error or "")
+    assert not bad.ok and bad.error
+
+
+async def test_a_server_killed_mid_life_is_restarted_with_an_event_and_the_next_call_works(tmp_path: Path) -> None:
+    async with toolbox({"tt": {"command": stdio_command()}}) as (box, recorder):
+        await box.specs("ada")
+        first = await box.call("ada", call("tt__pid"))
+        os.kill(int(first.content), signal.SIGKILL)
+
+        restarted = await eventually(lambda: published(recorder, "tool_server_restarted"), what="tool_server_restarted")
+        await eventually(lambda: box.running().get("ada") == ["tt"], what="the session up again")
+        second = await box.call("ada", call("tt__pid"))
+        write = await box.call("ada", call("tt__write", path=str(tmp_path / "again"), text="back"))
+    assert second.ok and second.content != first.content
+    assert write.ok and (tmp_path / "again").read_text() == "back"
+    (event,) = restarted
+    assert (event.seat, event.server, event.transport) == ("ada", "tt", "stdio")
+    assert event.error == "the server's output closed (it exited)" and event.retry_in_s == SETTINGS.restart_backoff_s
+    assert not published(recorder, "tool_server_unavailable")
+
+
+async def test_a_server_that_cannot_start_is_reported_once_and_the_seat_keeps_its_other_tools(tmp_path: Path) -> None:
+    servers = {"broken": {"command": [str(tmp_path / "no-such-program")]}, "tt": {"command": stdio_command()}}
+    async with toolbox(servers) as (box, recorder):
+        names = {s.name for s in await box.specs("ada")}
+        # Several restart attempts fail meanwhile; the outage is still one report.
+        await eventually(lambda: box._sessions["ada"]["broken"].settled.is_set())
+        for _ in range(3):
+            assert {s.name for s in await box.specs("ada")} == names
+        result = await box.call("ada", call("broken__anything"))
+        reports = published(recorder, "tool_server_unavailable")
+    assert names == {"tt__write", "tt__fail", "tt__sleep", "tt__pid", "tt__read_file"}
+    assert not result.ok and result.error == "tool server broken is not running; try again later"
+    (report,) = reports
+    assert (report.seat, report.server, report.transport) == ("ada", "broken", "stdio")
+    assert "no-such-program" in report.error
+
+
+async def test_a_streamable_http_server_is_reached_with_its_header_read_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRACKER_AUTH", "Bearer local-test-credential")
+    with http_server(require_auth="Bearer local-test-credential") as url:
+        servers = {"tracker": {"url": url, "headers_from": {"Authorization": "TRACKER_AUTH"}}}
+        async with toolbox(servers) as (box, recorder):
+            names = {s.name for s in await box.specs("ada")}
+            result = await box.call("ada", call("tracker__write", path=str(tmp_path / "http"), text="over http"))
+            failed = await box.call("ada", call("tracker__fail", reason="nope"))
+    assert "tracker__write" in names
+    assert result.ok and (tmp_path / "http").read_text() == "over http"
+    assert not failed.ok and (failed.error or "").endswith("nope")
+    assert not published(recorder, "tool_server_unavailable")
+
+
+async def test_a_streamable_http_server_that_refuses_the_credential_is_unavailable_and_the_event_never_shows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRACKER_AUTH", "Bearer wrong-credential-value")
+    with http_server(require_auth="Bearer right") as url:
+        servers = {"tracker": {"url": url, "headers_from": {"Authorization": "TRACKER_AUTH"}}}
+        async with toolbox(servers) as (box, recorder):
+            assert await box.specs("ada") == []
+            (report,) = await eventually(lambda: published(recorder, "tool_server_unavailable"))
+    assert report.transport == "http" and report.error
+    assert "wrong-credential-value" not in repr(report)
+
+
+async def test_releasing_a_seat_closes_its_sessions_and_stops_its_server_process() -> None:
+    async with toolbox({"tt": {"command": stdio_command()}}) as (box, _):
+        await box.specs("ada")
+        pid = int((await box.call("ada", call("tt__pid"))).content)
+        await box.release("ada")
+        assert box.running() == {}
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+        await eventually(gone, what="the server process gone")
+
+
+async def test_a_company_that_revokes_a_grant_closes_that_session_at_the_seats_next_turn() -> None:
+    servers = {"tt": {"command": stdio_command()}}
+    async with toolbox(servers) as (box, _):
+        assert await box.specs("ada")
+        box.holder.swap(company(servers, tools=[A2A_ASK_TOOL]))
+        assert await box.specs("ada") == []
+        assert box.running() == {}
+        assert await box.specs("linus") == []
+
+
+def test_exposed_names_are_sanitised_cut_to_64_and_kept_distinct() -> None:
+    assert exposed_name("notes", "write_note", set()) == "notes__write_note"
+    assert exposed_name("fs", "read.file/v2", set()) == "fs__read_file_v2"
+    long = exposed_name("srv", "x" * 100, set())
+    assert len(long) == 64 and TOOL_NAME_RULE.match(long)
+    taken = {long}
+    other = exposed_name("srv", "x" * 100 + "y", taken)
+    assert other != long and len(other) == 64 and other.endswith("_2")
