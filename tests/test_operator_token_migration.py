@@ -15,7 +15,7 @@ from crewlet.tokens import OperatorToken, VerifiedTokens
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 
 #: The migration state of a database migrated while the seats app owned the tokens.
-BEFORE_THE_MOVE = [("seats", "0002_delivery"), ("crewlet", "0001_initial")]
+BEFORE_THE_MOVE = [("seats", "0001_squashed_0002_delivery"), ("crewlet", "0001_initial")]
 TOKEN = "crw_a-token-minted-before-the-move-0123456789"
 
 

@@ -1,8 +1,8 @@
 """The operator token joins the core, in the state only: its table, ``seats_operator_token``, stays as it is.
 
-``seats`` 0001 created the table; ``seats`` 0003 drops the model from that
+``seats`` 0001 (since squashed with 0002) created the table; ``seats`` 0003 drops the model from that
 app's state after this adds it here, so a database migrated before keeps
-every token, and a fresh one gets the table from ``seats`` 0001 as before.
+every token, and a fresh one gets the table from ``seats`` 0001 (squashed) as before.
 The admin's permissions follow the model: its content type is relabelled.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("crewlet", "0001_initial"),
-        ("seats", "0002_delivery"),
+        ("seats", "0001_squashed_0002_delivery"),
         ("contenttypes", "0002_remove_content_type_name"),
     ]
 

@@ -7,7 +7,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("seats", "0002_delivery"),
+        ("seats", "0001_squashed_0002_delivery"),
         ("crewlet", "0002_operator_token"),
     ]
 
