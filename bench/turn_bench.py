@@ -1,0 +1,108 @@
+"""A tool call through a seat's MCP session, against a bare ``mcp`` client calling the same tool in the same run.
+
+    .venv/bin/python bench/turn_bench.py --calls 300
+
+Needs nothing but the venv: the tool is the offline example's notes server
+(``seats/tools/examples/notes_server.py``) over stdio, writing under a
+temporary directory, and every figure comes from the same run:
+
+1. baseline: a bare ``mcp.Client`` over ``StdioServerParameters`` calling
+   ``write_note`` ``--calls`` times, one after another.
+2. toolbox: the same calls through :class:`seats.tools.mcp.McpToolbox` (what a
+   turn calls) to its own session with the same server: the exposed-name
+   lookup, the call timeout, the result's text, clipping and bytes.
+
+The ratio toolbox / bare shows what the session manager adds per call. Server
+starts and ``WARMUP`` calls are not counted, and each side is measured
+``ROUNDS`` times, alternating, keeping its best.
+Nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+NOTES_COMMAND = [sys.executable, "-m", "seats.tools.examples.notes_server"]
+#: Calls made before each clock starts: the server's first calls build its validators, the client's its caches.
+WARMUP = 30
+#: Each side is measured this many times, alternating, and its best run is kept: a loaded machine's noise only slows.
+ROUNDS = 5
+
+
+def arguments(i: int) -> dict[str, Any]:
+    """One call's arguments: a distinct note each time, so every call really writes."""
+    return {"title": f"bench-{i % 50}", "text": f"note number {i}"}
+
+
+async def bare_rate(calls: int, notes_dir: str) -> float:
+    """Calls per second of a bare ``mcp`` client to the notes server."""
+    from mcp import Client, StdioServerParameters
+
+    params = StdioServerParameters(
+        command=NOTES_COMMAND[0], args=NOTES_COMMAND[1:], env={"NOTES_DIR": notes_dir}, cwd=ROOT
+    )
+    async with Client(params) as client:
+        await client.list_tools()
+        for i in range(WARMUP):
+            await client.call_tool("write_note", arguments(i))
+        started = time.perf_counter()
+        for i in range(calls):
+            result = await client.call_tool("write_note", arguments(i))
+            assert not result.is_error, result
+        return calls / (time.perf_counter() - started)
+
+
+async def toolbox_rate(calls: int, notes_dir: str) -> float:
+    """Calls per second of :class:`McpToolbox` for one seat granted the notes server."""
+    from crewlet.org import CompanyHolder, parse_company
+    from seats.tools import ToolCall
+    from seats.tools.mcp import McpToolbox
+
+    org = parse_company(
+        {
+            "org": "bench",
+            "mcp_servers": {"notes": {"command": NOTES_COMMAND, "env": {"NOTES_DIR": notes_dir}}},
+            "seats": [{"handle": "ada", "kind": "agent", "role": "engineer", "tools": ["notes"]}],
+        }
+    )
+    box = McpToolbox(CompanyHolder(org))
+    try:
+        await box.specs("ada")
+        for i in range(WARMUP):
+            await box.call("ada", ToolCall(id=f"w{i}", name="notes__write_note", arguments=arguments(i)))
+        started = time.perf_counter()
+        for i in range(calls):
+            result = await box.call("ada", ToolCall(id=f"c{i}", name="notes__write_note", arguments=arguments(i)))
+            assert result.ok, result
+        return calls / (time.perf_counter() - started)
+    finally:
+        await box.stop()
+
+
+async def main(calls: int) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
+    os.environ.setdefault("CREWLET_LOG_LEVEL", "WARNING")
+    with tempfile.TemporaryDirectory() as bare_dir, tempfile.TemporaryDirectory() as box_dir:
+        print(f"turn bench: {calls} notes__write_note calls over stdio, {os.cpu_count()} cores")
+        bare, ours = 0.0, 0.0
+        for _ in range(ROUNDS):
+            bare = max(bare, await bare_rate(calls, bare_dir))
+            ours = max(ours, await toolbox_rate(calls, box_dir))
+    print(f"{'bare mcp.Client call_tool':<40} {bare:>10.1f} calls/s  ({1e3 / bare:.2f} ms per call)")
+    print(f"{'McpToolbox.call (a seat session)':<40} {ours:>10.1f} calls/s  ({1e3 / ours:.2f} ms per call)")
+    print(f"{'ratio toolbox / bare':<40} {ours / bare:>10.3f}x  (each call costs {1e3 / ours - 1e3 / bare:.3f} ms more)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    asyncio.run(main(args.calls))
