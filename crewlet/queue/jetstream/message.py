@@ -8,7 +8,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from crewlet.queue.errors import Unavailable
-from crewlet.queue.jetstream.wire import _NATS_ERRORS, _num_delivered, ordered_flush
+from crewlet.queue.jetstream.wire import _NATS_ERRORS, _num_delivered
 
 
 async def _settle(verb: str, call: Awaitable[None]) -> bool:
@@ -52,15 +52,25 @@ class JetStreamMessage:
         await _settle("nak", self._msg.nak(delay=delay_s if delay_s and delay_s > 0 else None))
 
     async def nak_head(self) -> None:
-        """An immediate Nak, flushed: the next fetch cannot race it (ARCHITECTURE: broker facts)."""
-        if not await _settle("nak", self._msg.nak()):
+        """An immediate Nak the broker confirms: the next fetch cannot race it (ARCHITECTURE: broker facts).
+
+        A flush only proves the Nak reached the server; the consumer works its
+        acks off an internal queue afterwards, so a fetch sent right behind it
+        could still be handed the next message. Sent as a request, the Nak is
+        answered once the consumer has processed it (JetStream replies to any
+        acknowledgement that carries a reply subject).
+        """
+        msg = self._msg
+        if msg._ackd:
             return
+        msg._ackd = True
         if not self._nc.is_connected:
+            await _settle("nak", self._nc.publish(msg.reply, Msg.Ack.Nak))
             return  # buffered; it goes out on reconnect
         try:
-            await ordered_flush(self._nc, 5)
+            await self._nc.request(msg.reply, Msg.Ack.Nak, timeout=5)
         except _NATS_ERRORS as e:
-            raise Unavailable(f"flushing a hand-back failed: {e!r}") from e
+            raise Unavailable(f"handing back a message failed: {e!r}") from e
 
     async def term(self) -> None:
         await _settle("term", self._msg.term())
