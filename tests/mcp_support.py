@@ -69,20 +69,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_http(port: int, require_auth: str) -> "subprocess.Popen[bytes]":
+    """This server over streamable HTTP on ``port`` in a child process, returned once it accepts connections."""
+    from waiting_support import wait_until
+
+    proc = subprocess.Popen([sys.executable, str(HERE), "--http", str(port), "--require-auth", require_auth])
+
+    def accepting() -> bool:
+        assert proc.poll() is None, "the MCP test server exited"
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    try:
+        wait_until(accepting, timeout_s=30, what="the MCP HTTP server accepting", ignoring=(OSError,))
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 @contextlib.contextmanager
 def http_server(require_auth: str) -> Iterator[str]:
     """This server over streamable HTTP in a child process; yields its URL once it accepts connections."""
-    from waiting_support import wait_until
-
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(HERE), "--http", str(port), "--require-auth", require_auth])
+    proc = start_http(port, require_auth)
     try:
-        def accepting() -> bool:
-            assert proc.poll() is None, "the MCP test server exited"
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-
-        wait_until(accepting, timeout_s=30, what="the MCP HTTP server accepting", ignoring=(OSError,))
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()

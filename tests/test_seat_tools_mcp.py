@@ -15,7 +15,7 @@ from crewlet.conf import ToolSettings
 from crewlet.events.emit import Emitter
 from crewlet.org import A2A_ASK_TOOL, CompanyHolder, parse_company
 from crewlet.queue.memory import MemoryBroker
-from mcp_support import http_server, stdio_command
+from mcp_support import free_port, http_server, start_http, stdio_command
 from seats.tools import ToolCall
 from seats.tools.mcp import TOOL_NAME_RULE, McpToolbox, exposed_name
 from seats_support import FAST, Recorder
@@ -166,6 +166,35 @@ async def test_a_streamable_http_server_is_reached_with_its_header_read_from_the
     assert result.ok and (tmp_path / "http").read_text() == "over http"
     assert not failed.ok and (failed.error or "").endswith("nope")
     assert not published(recorder, "tool_server_unavailable")
+
+
+async def test_a_streamable_http_server_that_went_away_fails_the_call_and_its_session_is_reopened_when_it_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRACKER_AUTH", "Bearer local")
+    port = free_port()
+    servers = {"tracker": {"url": f"http://127.0.0.1:{port}/mcp", "headers_from": {"Authorization": "TRACKER_AUTH"}}}
+    first = start_http(port, "Bearer local")
+    try:
+        async with toolbox(servers) as (box, recorder):
+            await box.specs("ada")
+            before = await box.call("ada", call("tracker__pid"))
+            first.kill()
+            first.wait()
+            lost = await box.call("ada", call("tracker__pid"))
+            await eventually(lambda: published(recorder, "tool_server_unavailable"), what="the outage reported")
+            second = start_http(port, "Bearer local")
+            try:
+                restarted = await eventually(lambda: published(recorder, "tool_server_restarted"), timeout_s=30)
+                after = await box.call("ada", call("tracker__pid"))
+            finally:
+                second.kill()
+                second.wait()
+    finally:
+        first.kill()
+    assert before.ok and not lost.ok and lost.error
+    assert after.ok and after.content == str(second.pid) != before.content
+    assert restarted[0].transport == "http" and len(published(recorder, "tool_server_unavailable")) == 1
 
 
 async def test_a_streamable_http_server_that_refuses_the_credential_is_unavailable_and_the_event_never_shows_it(
