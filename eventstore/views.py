@@ -76,7 +76,22 @@ class ReadView(APIView):
     content_negotiation_class = AcceptOnlyNegotiation
 
 
-def _not_found(answer: dict[str, Any], what: str) -> Response:
+def _detail_schema(operation_id: str, summary: str, key: OpenApiParameter, serializer: Any) -> Any:
+    """A detail read's schema: one path key, its answer, and the 404 :func:`_found_or_404` gives a miss."""
+    return extend_schema(
+        operation_id=operation_id, summary=summary, parameters=[key],
+        responses={200: serializer, 404: s.DetailSerializer, **_ERRORS},
+    )
+
+
+def _found_or_404(answer: dict[str, Any], found: bool, what: str) -> Response:
+    """A detail read's answer, or a 404 naming ``what`` that keeps the answer's ``coverage`` and ``at``.
+
+    A miss is "not in the history this node covers, as of that instant", so
+    the 404 says which history it looked at.
+    """
+    if found:
+        return Response(answer)
     return Response(
         {"detail": f"no {what} in the history", "coverage": answer.get("coverage"), "at": answer.get("at")},
         status=status.HTTP_404_NOT_FOUND,
@@ -95,14 +110,10 @@ class EventsView(ReadView):
 
 
 class EventView(ReadView):
-    @extend_schema(operation_id="events_get",
-        summary="One event, whole",
-        parameters=[_key("event_id", "the event's id")], responses={200: s.EventDetailSerializer, 404: s.DetailSerializer, **_ERRORS})
+    @_detail_schema("events_get", "One event, whole", _key("event_id", "the event's id"), s.EventDetailSerializer)
     def get(self, request: Request, event_id: str) -> Response:
         answer = api.event_detail(request.query_params, event_id)
-        if answer.get("event") is None:
-            return _not_found(answer, "such event")
-        return Response(answer)
+        return _found_or_404(answer, answer.get("event") is not None, "such event")
 
 
 class EventSeriesView(ReadView):
@@ -123,14 +134,10 @@ class EventSeriesView(ReadView):
 
 
 class TraceView(ReadView):
-    @extend_schema(operation_id="traces_get",
-        summary="A trace as a tree of spans",
-        parameters=[_key("trace_id", "the trace's id")], responses={200: s.TraceSerializer, 404: s.DetailSerializer, **_ERRORS})
+    @_detail_schema("traces_get", "A trace as a tree of spans", _key("trace_id", "the trace's id"), s.TraceSerializer)
     def get(self, request: Request, trace_id: str) -> Response:
         answer = api.trace(request.query_params, trace_id)
-        if not answer.get("spans"):
-            return _not_found(answer, "such trace")
-        return Response(answer)
+        return _found_or_404(answer, bool(answer.get("spans")), "such trace")
 
 
 class TurnsView(ReadView):
@@ -145,14 +152,10 @@ class TurnsView(ReadView):
 
 
 class TurnView(ReadView):
-    @extend_schema(operation_id="turns_get",
-        summary="One turn, folded, with its events",
-        parameters=[_key("turn_id", "the turn's id")], responses={200: s.TurnDetailSerializer, 404: s.DetailSerializer, **_ERRORS})
+    @_detail_schema("turns_get", "One turn, folded, with its events", _key("turn_id", "the turn's id"), s.TurnDetailSerializer)
     def get(self, request: Request, turn_id: str) -> Response:
         answer = api.turn_detail(request.query_params, turn_id)
-        if answer.get("turn") is None:
-            return _not_found(answer, "such turn")
-        return Response(answer)
+        return _found_or_404(answer, answer.get("turn") is not None, "such turn")
 
 
 #: The schema route's own parameters: the schema's version and DRF's format override (json, yaml).
