@@ -745,6 +745,7 @@ async def connect_queue(
     queue first, then stops the broker.
     """
     kind = (stream_type or "embedded").strip().lower()
+    broker: Optional[EmbeddedBroker] = None
     if kind == "embedded":
         broker = EmbeddedBroker(
             store_dir or None,
@@ -753,32 +754,27 @@ async def connect_queue(
             cluster_secret=cluster_secret,
         )
         await broker.start()
-        try:
-            queue = await JetStreamQueue.connect(
-                broker.url,
-                node=node,
-                timings=timings,
-                event_retention_hours=event_retention_hours,
-                memory_storage=broker.memory_storage,
-                replicas=replicas,
-            )
-        except BaseException:
-            await broker.stop()
-            raise
-        return queue, broker
-    if kind == "nats":
+        url, memory_storage = broker.url, broker.memory_storage
+    elif kind == "nats":
         if not url:
             raise InvalidArgument("stream.type 'nats' needs stream.url")
+        memory_storage = False
+    else:
+        raise InvalidArgument(f"stream.type={stream_type!r}: must be 'embedded' or 'nats'")
+    try:
         queue = await JetStreamQueue.connect(
             url,
             node=node,
             timings=timings,
             event_retention_hours=event_retention_hours,
-            memory_storage=False,
+            memory_storage=memory_storage,
             replicas=replicas,
         )
-        return queue, None
-    raise InvalidArgument(f"stream.type={stream_type!r}: must be 'embedded' or 'nats'")
+    except BaseException:
+        if broker is not None:  # a broker this call started is not left running
+            await broker.stop()
+        raise
+    return queue, broker
 
 
 __all__ = [
