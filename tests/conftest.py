@@ -59,3 +59,39 @@ def fixtures_dir(shared_dir: Path) -> Path:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("postgres") and not on_postgres():
         skip_or_fail("needs PostgreSQL: run through bin/test (sets CREWLET_DATABASE=postgres)")
+
+
+#: Fixtures through which a test reaches the pass's databases (pytest-django's
+#: ``django_db_blocker`` is in every test's closure; it counts when a test asks for it).
+DATABASE_FIXTURES = frozenset({"db", "transactional_db"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database-tests-only", action="store_true",
+        help="run only the tests that use the pass's database (a django_db mark or a database fixture); "
+        ".ci/run's SQLite pass, after a full pass on PostgreSQL",
+    )
+
+
+def uses_the_database(item: pytest.Item) -> bool:
+    """Whether the test reaches the database this pass configured (PostgreSQL or SQLite).
+
+    The rest behave the same in either pass: they touch no database, or only
+    the SQLite files of the ``manage.py up`` process they start, which never
+    inherits the pass's ``CREWLET_DATABASE``.
+    """
+    if item.get_closest_marker("django_db") or DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    return "django_db_blocker" in (info.argnames if info is not None else ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--database-tests-only"):
+        return
+    kept = [item for item in items if uses_the_database(item)]
+    dropped = [item for item in items if not uses_the_database(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
