@@ -1,4 +1,11 @@
-"""The turn side of A2A: an answering turn's response is the answer; a turn asks at its own depth.
+"""The turn side of A2A: a turn asks with the ``a2a_ask`` built-in; an answering turn's response is the answer.
+
+:data:`A2A_ASK` is registered on ``seats.hooks.builtin_tools`` (from
+``A2AConfig.ready``): a seat granted ``a2a_ask`` in its ``tools`` is offered
+it, and a call opens the channel through :func:`ask_from_turn` — at the
+asking turn's depth, in its chain — and ends the turn (the answer wakes the
+asker in a turn of its own). Asking an unknown seat, a human seat or itself,
+or past the depth cap, is a tool error the model reads.
 
 :func:`answer_after_turn` is registered on ``seats.hooks.after_turn`` (from
 ``A2AConfig.ready``): when a completed turn was woken by an ``a2a_request``,
@@ -13,12 +20,15 @@ import logging
 from typing import Any, Sequence
 
 from crewlet.events import Event
-from crewlet.org import Seat
+from crewlet.org import A2A_ASK_TOOL, Seat
 from crewlet.queue.contract import EventQueue
 from crewlet.events import Trace
+from seats.hooks import BuiltinCall, BuiltinTool, BuiltinToolError
+from seats.tools.base import ToolSpec
 from seats.turns import Trigger, TurnResult
 
 from a2a import services
+from a2a.models import Channel
 
 log = logging.getLogger("crewlet.a2a.hooks")
 
@@ -48,7 +58,7 @@ async def answer_after_turn(queue: EventQueue, seat: Seat, trigger_events: Seque
             )
 
 
-async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_handle: str, brief: str, **options: Any) -> object:
+async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_handle: str, brief: str, **options: Any) -> Channel:
     """The seam an agent's ``a2a_ask`` tool calls: the ask carries the asking turn's place in the chain."""
     first = trigger.first
     trace = Trace.of(first)
@@ -67,4 +77,56 @@ async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_hand
     )
 
 
-__all__ = ["answer_after_turn", "ask_from_turn"]
+def _text_argument(call: BuiltinCall, name: str) -> str:
+    value = call.call.arguments.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise BuiltinToolError(f"{A2A_ASK_TOOL} needs {name!r} as a non-empty string")
+    return value.strip()
+
+
+async def a2a_ask(call: BuiltinCall) -> str:
+    """The built-in: open the channel to ``to`` with ``brief``; what the model reads back says the turn ends."""
+    to = _text_argument(call, "to")
+    brief = _text_argument(call, "brief")
+    target = call.org.resolve(to)
+    agents = ", ".join(s.handle for s in call.org.agent_seats() if s.handle != call.seat.handle) or "none"
+    if target is None:
+        raise BuiltinToolError(f"no seat {to!r} in {call.org.org}; the agents you can ask are: {agents}")
+    if target.handle == call.seat.handle:
+        raise BuiltinToolError(f"{call.seat.handle} cannot ask itself; the agents you can ask are: {agents}")
+    if not target.is_agent:
+        raise BuiltinToolError(
+            f"{target.handle} is a human seat and has no turn to answer in; reach people through your chat tools"
+        )
+    try:
+        row = await ask_from_turn(
+            call.queue, call.seat, call.trigger, target.handle, brief, request_id=f"{call.trigger.turn_id}/{call.call.id}"
+        )
+    except services.A2AError as exc:
+        raise BuiltinToolError(exc.reason) from None
+    return f"Asked {target.handle} on A2A channel {row.id}. This turn ends now; their answer will wake you."
+
+
+A2A_ASK = BuiltinTool(
+    spec=ToolSpec(
+        name=A2A_ASK_TOOL,
+        description=(
+            "Ask another agent of the company one question in private. Your turn ends after the call; "
+            "the agent's answer wakes you in a new turn."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "to": {"type": "string", "description": "the handle of the agent to ask"},
+                "brief": {"type": "string", "description": "the question, with everything the agent needs to answer it"},
+            },
+            "required": ["to", "brief"],
+            "additionalProperties": False,
+        },
+    ),
+    run=a2a_ask,
+    ends_turn=True,
+)
+
+
+__all__ = ["A2A_ASK", "a2a_ask", "answer_after_turn", "ask_from_turn"]

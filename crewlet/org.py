@@ -39,7 +39,12 @@ SURFACE_SECRET_KEYS = {
     "mattermost": "token_env",
 }
 SURFACES = tuple(SURFACE_SECRET_KEYS)
-PROVIDER_KINDS = ("echo", "openai")
+PROVIDER_KINDS = ("echo", "openai", "anthropic")
+#: A seat's ``max_rounds`` when the company names none, and the range it may name.
+DEFAULT_MAX_ROUNDS = 12
+MAX_ROUNDS_RANGE = (1, 100)
+#: An echo script step: one tool call, several at once, or the answer that ends the turn.
+ECHO_STEP_KEYS = ("tool", "arguments", "calls", "answer")
 COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
 COALESCE_MAX_BATCH_RANGE = (1, 100)
 MAX_CONCURRENT_RANGE = (1, 64)
@@ -154,6 +159,10 @@ class Seat:
     agent_id: str
     #: What the seat may call in a turn: MCP server names (``mcp_servers``) and built-ins (:data:`BUILTIN_TOOLS`).
     tools: tuple[str, ...] = ()
+    #: The most model calls one turn of this seat makes before it is stopped.
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    #: The most tokens (input + output, over all rounds) one turn may spend; 0 = no cap.
+    turn_token_budget: int = 0
 
     @property
     def is_agent(self) -> bool:
@@ -350,6 +359,66 @@ def _mcp_server(sname: str, body: Mapping[str, Any], source: Optional[str]) -> M
     return McpServer(name=sname, command=command, env=env, env_from=env_from, url=url, headers_from=headers_from)
 
 
+def _echo_options(options: dict[str, Any], name: str, source: Optional[str]) -> None:
+    """The demo model's keys: ``delay_s``, ``fail``, and a ``script`` of rounds (``repeat`` loops it, ``match`` confines it)."""
+    _known(options, f"{name}.", ("delay_s", "fail", "script", "repeat", "match"), source)
+    if "match" in options:
+        _string(options["match"], f"{name}.match", source)
+    if "delay_s" in options:
+        options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", 0.0, 3600.0, False, source)
+    for flag in ("fail", "repeat"):
+        if flag in options and not isinstance(options[flag], bool):
+            raise CompanyError(f"{name}.{flag}", options[flag], "must be true or false", source)
+    script = options.get("script", [])
+    if not isinstance(script, list):
+        raise CompanyError(f"{name}.script", script, "must be a list of steps ({tool, arguments}, {calls}, {answer})", source)
+    steps: list[dict[str, Any]] = []
+    for j, step in enumerate(script):
+        where = f"{name}.script[{j}]"
+        body = _mapping(step, where, source)
+        _known(body, f"{where}.", ECHO_STEP_KEYS, source)
+        if "answer" in body:
+            if len(body) != 1 or not isinstance(body["answer"], str):
+                raise CompanyError(where, dict(body), "an answer step is {answer: <text>} alone", source)
+            steps.append({"answer": body["answer"]})
+            continue
+        calls = body.get("calls", [body] if "tool" in body else None)
+        if not isinstance(calls, list) or not calls:
+            raise CompanyError(where, dict(body), "must name a tool, a list of calls, or an answer", source)
+        checked: list[dict[str, Any]] = []
+        for k, call in enumerate(calls):
+            cwhere = where if "tool" in body else f"{where}.calls[{k}]"
+            call = _mapping(call, cwhere, source)
+            _known(call, f"{cwhere}.", ("tool", "arguments"), source)
+            tool = _string(call.get("tool"), f"{cwhere}.tool", source)
+            arguments = _mapping(call.get("arguments"), f"{cwhere}.arguments", source)
+            checked.append({"tool": tool, "arguments": dict(arguments)})
+        steps.append({"calls": checked})
+    if script:
+        options["script"] = steps
+
+
+def _model_options(kind: str, options: dict[str, Any], name: str, source: Optional[str]) -> None:
+    """A vendor SDK's keys: the model, where it is served, the variable holding its key, and limits."""
+    _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens"), source)
+    if kind == "openai" or "base_url" in options:
+        base_url = _string(options.get("base_url"), f"{name}.base_url", source)
+        if _looks_secret(base_url):
+            _refuse_inline_secret(f"{name}.base_url", "carries a credential: name its variable in api_key_env", source)
+        if not re.match(r"^https?://", base_url):
+            raise CompanyError(f"{name}.base_url", base_url, "must be an http:// or https:// URL", source)
+    _string(options.get("model"), f"{name}.model", source)
+    if "api_key_env" in options:
+        env = options["api_key_env"]
+        if isinstance(env, str) and _looks_secret(env):
+            _refuse_inline_secret(f"{name}.api_key_env", "must name the environment variable holding the key, not the key", source)
+        _string(env, f"{name}.api_key_env", source, _ENV, "must be an environment variable name")
+    if "timeout_s" in options:
+        options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", 0.1, 3600.0, False, source)
+    if "max_tokens" in options:
+        options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
+
+
 def _mcp_servers(value: Any, source: Optional[str]) -> dict[str, McpServer]:
     servers: dict[str, McpServer] = {}
     for sname, body in _mapping(value, "mcp_servers", source).items():
@@ -415,24 +484,18 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
         if kind not in PROVIDER_KINDS:
             raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(PROVIDER_KINDS)}", source)
         options = {k: v for k, v in entry.items() if k != "kind"}
+        for key in options:
+            if is_secret_name(str(key)):
+                _refuse_inline_secret(
+                    f"{name}.{key}",
+                    "a secret is never written in the company file: name the environment variable "
+                    "that holds it in api_key_env",
+                    source,
+                )
         if kind == "echo":
-            _known(options, f"{name}.", ("delay_s", "fail"), source)
-            if "delay_s" in options:
-                options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", 0.0, 3600.0, False, source)
-            if "fail" in options and not isinstance(options["fail"], bool):
-                raise CompanyError(f"{name}.fail", options["fail"], "must be true or false", source)
+            _echo_options(options, name, source)
         else:
-            _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens"), source)
-            base_url = _string(options.get("base_url"), f"{name}.base_url", source)
-            if not re.match(r"^https?://", base_url):
-                raise CompanyError(f"{name}.base_url", base_url, "must be an http:// or https:// URL", source)
-            _string(options.get("model"), f"{name}.model", source)
-            if "api_key_env" in options:
-                _string(options["api_key_env"], f"{name}.api_key_env", source, _ENV, "must be an environment variable name")
-            if "timeout_s" in options:
-                options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", 0.1, 3600.0, False, source)
-            if "max_tokens" in options:
-                options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
+            _model_options(kind, options, name, source)
         providers.append(Provider(kind=kind, options=options))
 
     node_body = _mapping(data.get("node"), "node", source)
@@ -480,7 +543,12 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
     for i, entry in enumerate(seats_raw):
         name = f"seats[{i}]"
         entry = _mapping(entry, name, source)
-        _known(entry, f"{name}.", ("handle", "kind", "role", "display_name", "identities", "tools"), source)
+        _known(
+            entry,
+            f"{name}.",
+            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget"),
+            source,
+        )
         handle = _string(
             entry.get("handle"), f"{name}.handle", source, _HANDLE, "must be 1-63 lowercase letters, digits, '_' or '-'"
         )
@@ -510,6 +578,12 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
                 identities=identities,
                 agent_id=agent_id_for(org, handle),
                 tools=_seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source),
+                max_rounds=_number(
+                    entry.get("max_rounds", DEFAULT_MAX_ROUNDS), f"{name}.max_rounds", *MAX_ROUNDS_RANGE, True, source
+                ),
+                turn_token_budget=_number(
+                    entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
+                ),
             )
         )
     for surface in SURFACES:

@@ -559,6 +559,7 @@ class InboxLoop:
                 self._isolate([*(d.event.id for d in partition.deliveries), *identities])
             covered = [trigger_event] if trigger_event.id in identities else list(fresh)
             trigger = self._trigger([trigger_event], key, first_delivery)
+            trigger.before_tools = self._recorder(seat, trigger.turn_id, covered, identities)
             turn_ids.append(trigger.turn_id)
             return await self._turn(seat, trigger)
 
@@ -574,6 +575,7 @@ class InboxLoop:
                     return self._nak_isolated(partition, fresh)
             else:
                 trigger = self._trigger(fresh, key, first_delivery)
+                trigger.before_tools = self._recorder(seat, trigger.turn_id, covered, identities)
                 turn_ids.append(trigger.turn_id)
                 if len(fresh) > 1:
                     await self._emit(
@@ -615,6 +617,21 @@ class InboxLoop:
             # The turn happened; redoing it would be the duplicate the ledger exists to prevent.
             self._failure("seat_ledger_record_failed", exc, first_delivery, turn_id=turn_id, fault=store_fault(exc))
         return Outcome.ACK
+
+    @staticmethod
+    def _recorder(
+        seat: Seat, turn_id: str, covered: Sequence[Event], identities: dict[str, str]
+    ) -> Callable[[], Awaitable[None]]:
+        """The ledger write a turn makes before its first tool call: from then on it has acted, and is not rerun.
+
+        The write after the turn (``ignore_conflicts``) then keeps this row.
+        """
+        pairs = [(identities[ev.id], ev.id) for ev in covered if ev.id in identities]
+
+        async def record() -> None:
+            await arecord(seat.handle, turn_id, pairs)
+
+        return record
 
     @staticmethod
     def _trigger(evs: list[Event], key: str, first_delivery: bool = True) -> Trigger:

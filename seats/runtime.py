@@ -38,6 +38,7 @@ from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import Ownership, SeatOwnership
 from seats.scheduler import TICK_S, Scheduler, aprune_firings
+from seats.tools.base import Toolbox
 from seats.turns import TurnRunner
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,13 +88,14 @@ class SeatRuntime:
         merge: Optional[Merge] = None,
         node_max_concurrent: Optional[int] = None,
         emitter: Optional[Emitter] = None,
+        toolbox: Optional[Toolbox] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.node_id = node_id or queue.node
         #: The telemetry emitter is closed at stop only when this runtime made it (an engine's is the engine's).
         self._owns_emitter = runner is None and emitter is None
-        self.runner = runner or TurnRunner(queue, holder, emitter=emitter)
+        self.runner = runner or TurnRunner(queue, holder, emitter=emitter, toolbox=toolbox)
         self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
         self.absent_after_s = absent_after_s
         self.sweep_every_s = sweep_every_s

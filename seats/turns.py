@@ -1,44 +1,57 @@
-"""The turn runner seam: ``TurnRunner.run(seat, trigger) -> TurnResult``, and its model providers.
+"""The turn runner seam: ``TurnRunner.run(seat, trigger) -> TurnResult``: the tool loop.
 
-A turn here is one phase of one round per provider attempt: it publishes
-``agent_turn_started``, ``agent_phase_started`` / ``agent_phase_completed``
-(the prompts, the response, tokens and ``rounds[]``) and
-``agent_turn_completed``, every one tagged with the seat, the turn id and the
-conversation identity. Providers come from the company's ``providers.llm``,
-read per turn from the holder (never a snapshot), and are tried in order: each
+A turn is a loop of rounds in one phase. Each round calls the model with the
+seat's system prompt, the trigger (the digest, for a coalesced drain), the
+conversation so far and the tools the seat is granted — its MCP tools, listed
+by the :class:`~seats.tools.base.Toolbox`, and the built-ins it names
+(:mod:`seats.hooks`) — then runs every tool call the model asked for and
+feeds the results back. A tool that fails or times out is a result the model
+reads, never a crashed turn. The loop ends on the model's ``end``; on
+``refusal`` or ``max_tokens`` (the turn completes with what was said, the
+phase's ``error_kind`` saying why); after a built-in that ends the turn
+(``a2a_ask``); or, stopped, on the seat's ``max_rounds`` or its
+``turn_token_budget`` (``agent_turn_stopped``, the trigger counted as worked).
+
+Every provider call is one entry of ``agent_phase_completed.rounds[]``: its
+timing, tokens, ``stop_reason`` and each tool call it led to (server, tool,
+duration, ok/error, result bytes; the round's ``tool_count`` and
+``tool_bytes``). The arguments are kept once, on the phase's ``tool_calls``
+beside the prompts — the phase's own durable record — never in the rounds.
+``prompt.size`` measures the opening prompt and the tool array.
+
+Providers come from the company's ``providers.llm``, read per turn from the
+holder (never a snapshot), and are tried in order on every round: each
 hand-off publishes ``provider_fallback`` (``to_provider_key`` empty on the last
 member) and an exhausted chain ``llm_unavailable``. A failed turn is the
 caller's to NAK.
 
-Two providers: ``echo`` — a deterministic demo model that answers with what it
-received, ``delay_s`` to simulate a long turn, ``fail`` to simulate an outage —
-and ``openai``, any OpenAI-compatible chat-completions endpoint (llama.cpp,
-vLLM, Ollama, the hosted API) spoken with the standard library in a worker
-thread, so the engine takes no HTTP client dependency for one POST.
+A redelivered trigger never runs a second turn, and that includes a turn
+whose rounds already called tools and then died with its process: before the
+first tool call of a turn runs, ``Trigger.before_tools`` (the inbox's
+completion-ledger write) records the trigger as worked by this turn. A
+ledger that cannot be written fails the turn before anything acted.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence, TypedDict
+from typing import Any, Awaitable, Callable, Optional, Sequence, TypedDict
 
 from crewlet.events import Event
 from crewlet.events.emit import Emitter
 from crewlet.logfmt import short_reason
 from crewlet.events.types import (
+    ERROR_KIND_BUDGET_EXHAUSTED,
     AgentPhaseCompleted,
     AgentPhaseStarted,
     AgentTurnCompleted,
     AgentTurnStarted,
     AgentTurnStopped,
     LLMUnavailable,
+    PromptSize,
     ProviderFallback,
     STOP_END,
     STOP_MAX_TOKENS,
@@ -49,7 +62,32 @@ from crewlet.events.types import (
 from crewlet.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
 from crewlet.queue.contract import EventQueue
 from crewlet.tracing import trace_of
+from seats.hooks import BuiltinCall, BuiltinToolError, builtin_tools
 from seats.ledger import storable
+from seats.providers import (
+    ERR_AUTH,
+    ERR_BAD_REQUEST,
+    ERR_BAD_RESPONSE,
+    ERR_RATE_LIMITED,
+    ERR_SERVER,
+    ERR_TIMEOUT,
+    ERR_UNAVAILABLE,
+    ERR_UNREACHABLE,
+    ROLE_ASSISTANT,
+    ROLE_TOOL,
+    ROLE_USER,
+    AnthropicProvider,
+    Completion,
+    EchoProvider,
+    Message,
+    ModelProvider,
+    ModelRequest,
+    OpenAIProvider,
+    ProviderError,
+    approx_tokens,
+    build_provider,
+)
+from seats.tools.base import ToolCall, ToolResult, ToolSpec, Toolbox
 
 log = logging.getLogger("crewlet.seats.turns")
 
@@ -58,193 +96,16 @@ OUTCOME_COMPLETED = "completed"
 OUTCOME_FAILED = "failed"
 OUTCOME_STOPPED = "stopped"
 
-# error_kind values a provider failure is filed under (a provider kind, per the design).
-ERR_UNREACHABLE = "unreachable"
-ERR_TIMEOUT = "timeout"
-ERR_RATE_LIMITED = "rate_limited"
-ERR_AUTH = "auth"
-ERR_SERVER = "server_error"
-ERR_BAD_REQUEST = "bad_request"
-ERR_BAD_RESPONSE = "bad_response"
-ERR_UNAVAILABLE = "unavailable"
 ERR_LLM_UNAVAILABLE = "llm_unavailable"
 ERR_NO_PROVIDER = "no_provider"
 #: The turn itself raised (a bug, or content nothing downstream could handle): not a provider kind.
 ERR_CRASHED = "crashed"
-class ProviderError(Exception):
-    """One provider call that failed; ``kind`` is what the fallback event files it under."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What one provider call answered."""
-
-    text: str
-    input_tokens: int = 0
-    output_tokens: int = 0
-    stop_reason: str = STOP_END
-    model: str = ""
-
-
-class ModelProvider(Protocol):
-    """One member of the fallback chain."""
-
-    key: str
-
-    async def complete(self, system: str, user: str) -> Completion: ...
-
-
-def _approx_tokens(text: str) -> int:
-    return len(text.split())
-
-
-class EchoProvider:
-    """The demo model: answers with exactly what it received; deterministic, free, offline.
-
-    ``delay_s`` makes a turn take that long (a long turn without a model);
-    ``fail`` makes every call fail, to exercise the fallback chain.
-    """
-
-    def __init__(self, *, delay_s: float = 0.0, fail: bool = False, key: str = "echo") -> None:
-        self.key = key
-        self.delay_s = float(delay_s)
-        self.fail = bool(fail)
-
-    async def complete(self, system: str, user: str) -> Completion:
-        if self.delay_s > 0:
-            await asyncio.sleep(self.delay_s)  # the simulated model's own think time, not a test wait
-        if self.fail:
-            raise ProviderError(ERR_UNAVAILABLE, "echo provider configured to fail")
-        return Completion(
-            text=user,
-            input_tokens=_approx_tokens(system) + _approx_tokens(user),
-            output_tokens=_approx_tokens(user),
-            stop_reason=STOP_END,
-            model="echo",
-        )
-
-
-_FINISH_TO_STOP = {
-    "stop": STOP_END,
-    "length": STOP_MAX_TOKENS,
-    "tool_calls": STOP_TOOL_USE,
-    "function_call": STOP_TOOL_USE,
-    "content_filter": STOP_REFUSAL,
-}
-
-
-class OpenAIProvider:
-    """An OpenAI-compatible ``POST {base_url}/chat/completions``.
-
-    ``base_url`` includes the API version path, as every OpenAI-compatible
-    server documents it (``http://127.0.0.1:8080/v1``). The key is read from
-    ``api_key_env`` at call time, so rotating it needs no restart; a named
-    variable that is unset is an ``auth`` failure and the chain moves on.
-    """
-
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        model: str,
-        api_key_env: str = "",
-        timeout_s: float = 60.0,
-        max_tokens: Optional[int] = None,
-        key: str = "",
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.api_key_env = api_key_env
-        self.timeout_s = float(timeout_s)
-        self.max_tokens = max_tokens
-        self.key = key or f"openai:{model}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/chat/completions"
-
-    def _request(self, system: str, user: str) -> urllib.request.Request:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        }
-        if self.max_tokens:
-            body["max_tokens"] = int(self.max_tokens)
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.api_key_env:
-            secret = os.environ.get(self.api_key_env, "")
-            if not secret:
-                raise ProviderError(ERR_AUTH, f"environment variable {self.api_key_env} is not set")
-            headers["Authorization"] = f"Bearer {secret}"
-        return urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST")
-
-    def _call(self, request: urllib.request.Request) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:  # noqa: S310 - configured URL
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read(500).decode("utf-8", "replace") if exc.fp is not None else ""
-            status = exc.code
-            if status == 429:
-                kind = ERR_RATE_LIMITED
-            elif status in (401, 403):
-                kind = ERR_AUTH
-            elif status >= 500:
-                kind = ERR_SERVER
-            else:
-                kind = ERR_BAD_REQUEST
-            raise ProviderError(kind, f"HTTP {status} from {self.url}: {detail}".strip()) from None
-        except (TimeoutError, OSError) as exc:  # URLError is an OSError; socket.timeout is TimeoutError
-            reason = getattr(exc, "reason", exc)
-            kind = ERR_TIMEOUT if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError) else ERR_UNREACHABLE
-            raise ProviderError(kind, f"{self.url}: {reason}") from None
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise ProviderError(ERR_BAD_RESPONSE, f"{self.url} answered something that is not JSON") from None
-        if not isinstance(data, dict):
-            raise ProviderError(ERR_BAD_RESPONSE, f"{self.url} answered a JSON {type(data).__name__}, not an object")
-        return data
-
-    async def complete(self, system: str, user: str) -> Completion:
-        request = self._request(system, user)
-        data = await asyncio.to_thread(self._call, request)
-        try:
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise ProviderError(ERR_BAD_RESPONSE, f"{self.url} answered no choices[0].message") from None
-        usage = data.get("usage")
-        if not isinstance(usage, dict):
-            usage = {}
-        return Completion(
-            text=str(text),
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-            stop_reason=_FINISH_TO_STOP.get(str(choice.get("finish_reason") or "stop"), STOP_END),
-            model=str(data.get("model") or self.model),
-        )
-
-
-def build_provider(config: ProviderConfig) -> ModelProvider:
-    """One company ``providers.llm`` entry as a callable provider."""
-    opts = dict(config.options)
-    if config.kind == "echo":
-        return EchoProvider(delay_s=float(opts.get("delay_s", 0.0)), fail=bool(opts.get("fail", False)), key=config.key)
-    if config.kind == "openai":
-        return OpenAIProvider(
-            base_url=str(opts["base_url"]),
-            model=str(opts["model"]),
-            api_key_env=str(opts.get("api_key_env", "") or ""),
-            timeout_s=float(opts.get("timeout_s", 60.0)),
-            max_tokens=opts.get("max_tokens"),
-            key=config.key,
-        )
-    raise ValueError(f"providers.llm kind={config.kind!r}: no provider of that kind in this build")
+#: The completion ledger could not record the trigger before the turn's first tool call ran.
+ERR_LEDGER = "ledger_unavailable"
+#: The seat's ``max_rounds`` ended the turn (an ``agent_turn_stopped`` reason and the phase's ``error_kind``).
+STOP_MAX_ROUNDS = "max_rounds"
+#: Who ``agent_turn_stopped`` names when the engine, not a person, ended a turn.
+STOPPED_BY_ENGINE = "engine"
 
 
 # -- the trigger and the result -----------------------------------------------
@@ -266,6 +127,9 @@ class Trigger:
 
     ``first_delivery`` says every event is on its first delivery: a failure
     then logs its traceback, and the same failure on a redelivery logs one line.
+    ``before_tools`` is awaited once, before the turn's first tool call runs:
+    the inbox records the triggers in the completion ledger there, so a turn
+    that has begun to act is never run again for them.
     """
 
     events: list[Event]
@@ -273,6 +137,7 @@ class Trigger:
     partition_key: str = ""
     conversation_key: str = ""
     first_delivery: bool = True
+    before_tools: Optional[Callable[[], Awaitable[None]]] = None
 
     @property
     def first(self) -> Event:
@@ -311,15 +176,52 @@ class TurnResult:
     error: str = ""
     error_kind: str = ""
     duration_ms: int = 0
+    #: Every tool call the turn made, in order, as the phase records it (arguments included).
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    #: Why the loop ended: a STOP_REASONS value, or STOP_MAX_ROUNDS / budget_exhausted on a stopped turn.
+    stop_reason: str = ""
 
     @property
     def ok(self) -> bool:
         return self.outcome == OUTCOME_COMPLETED
 
 
-def system_prompt(org: Organization, seat: Seat) -> str:
+def system_prompt(org: Organization, seat: Seat, tools: Sequence[ToolSpec] = ()) -> str:
     role = f", the {seat.role}" if seat.role else ""
-    return f"You are {seat.display_name}{role} at {org.org}. Answer the message below."
+    text = f"You are {seat.display_name}{role} at {org.org}. Answer the message below."
+    if tools:
+        text += " Use your tools to act; your final answer ends the turn."
+    return text
+
+
+class NoTools:
+    """The toolbox of a node that runs no MCP servers: no seat has an MCP tool."""
+
+    async def specs(self, handle: str) -> list[ToolSpec]:
+        return []
+
+    async def call(self, handle: str, call: ToolCall) -> ToolResult:
+        return ToolResult(ok=False, content="", bytes=0, server="", tool=call.name, duration_s=0.0, error=f"no tool {call.name!r}")
+
+
+def _refused(call: ToolCall, why: str, *, server: str = "") -> ToolResult:
+    return ToolResult(ok=False, content="", bytes=0, server=server, tool=call.name, duration_s=0.0, error=why)
+
+
+@dataclass
+class _Loop:
+    """One turn's running state: the conversation, the tools offered, and what each round did."""
+
+    seat: Seat
+    trigger: Trigger
+    org: Organization
+    system: str
+    user: str
+    tools: list[ToolSpec]
+    messages: list[Message] = field(default_factory=list)
+    providers: dict[str, ModelProvider] = field(default_factory=dict)
+    acted: bool = False
+    ended_by_tool: bool = False
 
 
 class TurnRunner:
@@ -327,7 +229,8 @@ class TurnRunner:
 
     ``provider_factory`` builds a provider from a company entry (tests swap
     it); the chain is read from the holder at the start of every turn, so an
-    applied company's providers serve the very next turn.
+    applied company's providers serve the very next turn. ``toolbox`` reaches
+    the seats' MCP tools (none unless the engine gives it one).
     """
 
     def __init__(
@@ -337,12 +240,14 @@ class TurnRunner:
         *,
         provider_factory: Callable[[ProviderConfig], ModelProvider] = build_provider,
         emitter: Optional[Emitter] = None,
+        toolbox: Optional[Toolbox] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.provider_factory = provider_factory
         #: The seat runtime's telemetry publisher, shared by its inbox loops.
         self.emitter = emitter or Emitter(queue)
+        self.toolbox: Toolbox = toolbox or NoTools()
 
     async def _emit(self, body: Any, extras: Optional[dict[str, Any]] = None) -> None:
         """Telemetry never fails a turn: a publish that fails is logged (and retried while the broker is away)."""
@@ -357,6 +262,16 @@ class TurnRunner:
             "conversation_key": trigger.conversation_key,
         }
 
+    async def _granted(self, seat: Seat) -> list[ToolSpec]:
+        """The seat's MCP tools, then the built-ins it names; a toolbox that fails to list offers none."""
+        try:
+            specs = list(await self.toolbox.specs(seat.handle))
+        except Exception as exc:
+            log.warning("seat_tools_unlisted", extra={"seat": seat.handle, "error": short_reason(exc)})
+            specs = []
+        specs.extend(builtin_tools[name].spec for name in seat.tools if name in builtin_tools)
+        return specs
+
     async def run(self, seat: Seat, trigger: Trigger) -> TurnResult:
         org = self.holder.current()
         tags = self._tags(seat, trigger)
@@ -365,16 +280,107 @@ class TurnRunner:
             AgentTurnStarted(**tags, trigger_type=trigger.first.type, trigger_event_id=trigger.first.id)
         )
         await self._emit(AgentPhaseStarted(**tags, phase=PHASE_RESPOND, iteration=1))
-        system, user = system_prompt(org, seat), trigger.prompt()
-        chain: Sequence[ProviderConfig] = org.providers
+        tools = await self._granted(seat)
+        user = trigger.prompt()
+        loop = _Loop(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools), user=user, tools=tools)
+        loop.messages.append(Message(role=ROLE_USER, text=user))
+        await self._emit(self._prompt_size(tags, loop))
         result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED)
+        try:
+            await self._rounds(loop, result, tags)
+        finally:
+            for provider in loop.providers.values():
+                try:
+                    await provider.aclose()
+                except Exception as exc:  # closing a client never fails the turn it served
+                    log.debug("provider_close_failed", extra={"provider": provider.key, "error": short_reason(exc)})
+        result.duration_ms = int((time.monotonic() - started) * 1000)
+        await self._finish(loop, result, tags)
+        return result
+
+    @staticmethod
+    def _prompt_size(tags: _TurnTags, loop: _Loop) -> PromptSize:
+        tool_bytes = len(
+            json.dumps(
+                [{"name": t.name, "description": t.description, "input_schema": t.input_schema} for t in loop.tools]
+            ).encode("utf-8")
+        ) if loop.tools else 0
+        return PromptSize(
+            **tags,
+            phase=PHASE_RESPOND,
+            system_bytes=len(loop.system.encode("utf-8")),
+            user_bytes=len(loop.user.encode("utf-8")),
+            tool_bytes=tool_bytes,
+            tool_count=len(loop.tools),
+            approx_tokens=approx_tokens(loop.system) + approx_tokens(loop.user) + tool_bytes // 4,
+        )
+
+    async def _rounds(self, loop: _Loop, result: TurnResult, tags: _TurnTags) -> None:
+        """Call, act, feed back — until the model ends, a limit stops it, or the chain is exhausted."""
+        seat = loop.seat
+        chain: Sequence[ProviderConfig] = loop.org.providers
         if not chain:
             result.error_kind, result.error = ERR_NO_PROVIDER, "the company configures no model provider"
+            return
+        number = 0
+        while True:
+            if number >= seat.max_rounds:
+                result.outcome, result.stop_reason = OUTCOME_STOPPED, STOP_MAX_ROUNDS
+                result.error_kind = STOP_MAX_ROUNDS
+                result.error = f"no answer after {seat.max_rounds} rounds (the seat's max_rounds)"
+                return
+            budget = seat.turn_token_budget
+            if budget and result.input_tokens + result.output_tokens >= budget:
+                result.outcome, result.stop_reason = OUTCOME_STOPPED, ERROR_KIND_BUDGET_EXHAUSTED
+                result.error_kind = ERROR_KIND_BUDGET_EXHAUSTED
+                result.error = (
+                    f"{result.input_tokens + result.output_tokens} tokens spent; "
+                    f"the seat's turn_token_budget is {budget}"
+                )
+                return
+            number += 1
+            answer = await self._call_chain(loop, result, tags, number)
+            if answer is None:
+                return
+            result.input_tokens += answer.input_tokens
+            result.output_tokens += answer.output_tokens
+            result.response = answer.text
+            result.stop_reason = answer.stop_reason
+            round_record = result.rounds[-1]
+            if answer.stop_reason in (STOP_REFUSAL, STOP_MAX_TOKENS) or not answer.calls:
+                result.outcome = OUTCOME_COMPLETED
+                result.error = result.error_kind = ""
+                if answer.stop_reason in (STOP_REFUSAL, STOP_MAX_TOKENS):
+                    result.error_kind = answer.stop_reason
+                return
+            if not loop.acted and loop.trigger.before_tools is not None:
+                try:
+                    await loop.trigger.before_tools()
+                except Exception as exc:
+                    result.error_kind, result.error = ERR_LEDGER, short_reason(exc, 1000)
+                    log.warning("seat_turn_unrecorded", extra={"seat": seat.handle, "turn_id": loop.trigger.turn_id, "error": result.error})
+                    return
+            loop.acted = True
+            results = [(call.id, await self._act(loop, call, answer)) for call in answer.calls]
+            self._record_calls(result, round_record, number, answer.calls, results)
+            loop.messages.append(Message(role=ROLE_ASSISTANT, text=answer.text, calls=answer.calls))
+            loop.messages.append(Message(role=ROLE_TOOL, results=tuple(results)))
+            if loop.ended_by_tool:
+                result.outcome = OUTCOME_COMPLETED
+                result.error = result.error_kind = ""
+                return
+
+    async def _call_chain(self, loop: _Loop, result: TurnResult, tags: _TurnTags, number: int) -> Optional[Completion]:
+        """One round: the chain in order, each failure a hand-off; None (and ``llm_unavailable``) when all failed."""
+        chain: Sequence[ProviderConfig] = loop.org.providers
+        request = ModelRequest(system=loop.system, messages=list(loop.messages), tools=loop.tools, seat=loop.seat.handle)
         for i, config in enumerate(chain):
             call_started = time.monotonic()
             try:
-                provider = self.provider_factory(config)
-                answer = await provider.complete(system, user)
+                provider = loop.providers.get(config.key)
+                if provider is None:
+                    provider = loop.providers[config.key] = self.provider_factory(config)
+                answer = await provider.complete(request)
             except ProviderError as exc:
                 kind, message = exc.kind, str(exc)
             except (ValueError, TypeError) as exc:  # a provider that cannot even be built is a hand-off too
@@ -382,32 +388,33 @@ class TurnRunner:
             except Exception as exc:  # a provider's own bug still hands off; its traceback once per message
                 log.warning(
                     "provider_call_crashed",
-                    extra={"seat": seat.handle, "provider": config.key, "error": short_reason(exc)},
-                    exc_info=trigger.first_delivery,
+                    extra={"seat": loop.seat.handle, "provider": config.key, "error": short_reason(exc)},
+                    exc_info=loop.trigger.first_delivery,
                 )
-                if not trigger.first_delivery:
-                    log.debug("provider_call_crashed_traceback", extra={"seat": seat.handle}, exc_info=True)
+                if not loop.trigger.first_delivery:
+                    log.debug("provider_call_crashed_traceback", extra={"seat": loop.seat.handle}, exc_info=True)
                 kind, message = ERR_UNAVAILABLE, short_reason(exc, 1000)
             else:
-                result.rounds.append(
-                    {
-                        "provider_key": config.key,
-                        "model": answer.model,
-                        "duration_ms": int((time.monotonic() - call_started) * 1000),
-                        "input_tokens": answer.input_tokens,
-                        "output_tokens": answer.output_tokens,
-                        "stop_reason": answer.stop_reason,
-                    }
-                )
-                result.outcome = OUTCOME_COMPLETED
-                result.response = answer.text
+                entry: dict[str, Any] = {
+                    "round": number,
+                    "provider_key": config.key,
+                    "model": answer.model,
+                    "duration_ms": int((time.monotonic() - call_started) * 1000),
+                    "input_tokens": answer.input_tokens,
+                    "output_tokens": answer.output_tokens,
+                    "stop_reason": answer.stop_reason,
+                    "tool_count": 0,
+                    "tool_bytes": 0,
+                    "tool_calls": [],
+                }
+                if answer.refusal is not None:
+                    entry["refusal"] = answer.refusal
+                result.rounds.append(entry)
                 result.provider_key = config.key
-                result.input_tokens += answer.input_tokens
-                result.output_tokens += answer.output_tokens
-                result.error = result.error_kind = ""
-                break
+                return answer
             result.rounds.append(
                 {
+                    "round": number,
                     "provider_key": config.key,
                     "duration_ms": int((time.monotonic() - call_started) * 1000),
                     "error_kind": kind,
@@ -417,7 +424,7 @@ class TurnRunner:
             to_key = chain[i + 1].key if i + 1 < len(chain) else ""
             log.warning(
                 "provider_fallback",
-                extra={"seat": seat.handle, "turn_id": trigger.turn_id, "from": config.key, "to": to_key, "kind": kind},
+                extra={"seat": loop.seat.handle, "turn_id": loop.trigger.turn_id, "from": config.key, "to": to_key, "kind": kind},
             )
             await self._emit(
                 ProviderFallback(
@@ -430,40 +437,109 @@ class TurnRunner:
                     error=message[:1000],
                 )
             )
-        if not result.ok and chain:
-            await self._emit(
-                LLMUnavailable(
-                    **tags, phase=PHASE_RESPOND, providers=[c.key for c in chain], error=result.error[:1000]
-                )
+        await self._emit(
+            LLMUnavailable(**tags, phase=PHASE_RESPOND, providers=[c.key for c in chain], error=result.error[:1000])
+        )
+        result.error_kind = ERR_LLM_UNAVAILABLE
+        result.outcome = OUTCOME_FAILED
+        return None
+
+    async def _act(self, loop: _Loop, call: ToolCall, answer: Completion) -> ToolResult:
+        """Run one call: a built-in here, an MCP tool through the toolbox; every failure is a result."""
+        offered = {t.name for t in loop.tools}
+        if call.id in answer.invalid:
+            return _refused(call, answer.invalid[call.id])
+        if call.name not in offered:
+            return _refused(call, f"no tool named {call.name!r} was offered; the tools are: {', '.join(sorted(offered)) or 'none'}")
+        builtin = builtin_tools.get(call.name) if call.name in loop.seat.tools else None
+        started = time.monotonic()
+        if builtin is None:
+            try:
+                return await self.toolbox.call(loop.seat.handle, call)
+            except Exception as exc:  # the toolbox promises results; one that raised is still only a failed call
+                log.warning("seat_tool_call_raised", extra={"seat": loop.seat.handle, "tool": call.name, "error": short_reason(exc)})
+                return _refused(call, short_reason(exc, 1000))
+        try:
+            content = await builtin.run(BuiltinCall(queue=self.queue, org=loop.org, seat=loop.seat, trigger=loop.trigger, call=call))
+        except BuiltinToolError as exc:
+            return ToolResult(
+                ok=False, content="", bytes=0, server="", tool=call.name, duration_s=time.monotonic() - started, error=str(exc)
             )
-            result.error_kind = ERR_LLM_UNAVAILABLE
-        result.duration_ms = int((time.monotonic() - started) * 1000)
+        loop.ended_by_tool = loop.ended_by_tool or builtin.ends_turn
+        return ToolResult(
+            ok=True,
+            content=content,
+            bytes=len(content.encode("utf-8")),
+            server="",
+            tool=call.name,
+            duration_s=time.monotonic() - started,
+        )
+
+    @staticmethod
+    def _record_calls(
+        result: TurnResult,
+        round_record: dict[str, Any],
+        number: int,
+        calls: Sequence[ToolCall],
+        results: Sequence[tuple[str, ToolResult]],
+    ) -> None:
+        """Each call into its round (no arguments) and into the phase's ``tool_calls`` (with them)."""
+        for call, (_, res) in zip(calls, results):
+            seen = {
+                "id": call.id,
+                "name": call.name,
+                "server": res.server,
+                "tool": res.tool,
+                "duration_ms": int(res.duration_s * 1000),
+                "ok": res.ok,
+                "error": (res.error or "")[:1000],
+                "bytes": res.bytes,
+            }
+            round_record["tool_calls"].append(seen)
+            round_record["tool_count"] += 1
+            round_record["tool_bytes"] += res.bytes
+            result.tool_calls.append({**seen, "round": number, "arguments": call.arguments})
+
+    async def _finish(self, loop: _Loop, result: TurnResult, tags: _TurnTags) -> None:
+        seat = loop.seat
+        stopped = result.outcome == OUTCOME_STOPPED
+        failed = result.outcome == OUTCOME_FAILED
+        refusal = next((r["refusal"] for r in reversed(result.rounds) if "refusal" in r), None)
         await self._emit(
             AgentPhaseCompleted(
                 **tags,
                 phase=PHASE_RESPOND,
                 iteration=1,
-                system_prompt=system,
-                user_prompt=user,
+                system_prompt=loop.system,
+                user_prompt=loop.user,
                 response=result.response,
+                tool_calls=result.tool_calls,
                 rounds=result.rounds,
                 input_tokens=result.input_tokens,
                 output_tokens=result.output_tokens,
                 duration_ms=result.duration_ms,
-                failed=not result.ok,
+                failed=failed,
                 error_kind=result.error_kind,
                 error=result.error[:1000],
+                refusal=refusal if result.error_kind == STOP_REFUSAL else None,
             )
         )
+        if stopped:
+            await self._emit(
+                AgentTurnStopped(**tags, stopped_by=STOPPED_BY_ENGINE, reason=f"{result.stop_reason}: {result.error}"[:1000])
+            )
         await self._emit(
             AgentTurnCompleted(
                 **tags,
                 input_tokens=result.input_tokens,
                 output_tokens=result.output_tokens,
+                tools=list(dict.fromkeys(c["name"] for c in result.tool_calls)),
+                tool_calls=len(result.tool_calls),
                 iterations=1,
                 duration_ms=result.duration_ms,
-                failed=not result.ok,
-                error=result.error[:1000],
+                failed=failed,
+                stopped=stopped,
+                error=result.error[:1000] if failed else "",
             ),
             extras={"outcome": result.outcome},
         )
@@ -471,13 +547,15 @@ class TurnRunner:
             "agent_turn_finished",
             extra={
                 "seat": seat.handle,
-                "turn_id": trigger.turn_id,
+                "turn_id": loop.trigger.turn_id,
                 "outcome": result.outcome,
                 "provider": result.provider_key,
+                "rounds": len({r["round"] for r in result.rounds}),
+                "tool_calls": len(result.tool_calls),
+                "stop_reason": result.stop_reason,
                 "duration_ms": result.duration_ms,
             },
         )
-        return result
 
     async def stopped(self, seat: Seat, trigger: Trigger, *, by: str, by_seat: str = "", reason: str = "") -> TurnResult:
         """A person's pause with ``stop_running`` ended this turn: say so, and close it as stopped."""
@@ -489,17 +567,31 @@ class TurnRunner:
 
 
 __all__ = [
+    "AnthropicProvider",
     "Completion",
     "EchoProvider",
     "ModelProvider",
+    "NoTools",
     "OpenAIProvider",
     "ProviderError",
     "Trigger",
     "TurnResult",
     "TurnRunner",
     "build_provider",
+    "system_prompt",
+    "ERR_AUTH",
+    "ERR_BAD_REQUEST",
+    "ERR_BAD_RESPONSE",
     "ERR_CRASHED",
+    "ERR_LEDGER",
+    "ERR_RATE_LIMITED",
+    "ERR_SERVER",
+    "ERR_TIMEOUT",
+    "ERR_UNAVAILABLE",
+    "ERR_UNREACHABLE",
     "OUTCOME_COMPLETED",
     "OUTCOME_FAILED",
     "OUTCOME_STOPPED",
+    "STOPPED_BY_ENGINE",
+    "STOP_MAX_ROUNDS",
 ]

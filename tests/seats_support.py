@@ -163,27 +163,106 @@ def holder(org: Optional[Organization] = None) -> CompanyHolder:
     return CompanyHolder(org or company())
 
 
-# -- a local OpenAI-compatible endpoint ---------------------------------------------
+# -- a local model endpoint: OpenAI's chat completions and Anthropic's messages ---------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted model answer: text, tool calls ``(name, arguments)``, and how it stopped.
+
+    ``stop`` is the vendor-neutral reason (``end``, ``tool_use``, ``refusal``,
+    ``max_tokens``); by default ``tool_use`` when there are calls, else ``end``.
+    """
+
+    text: str = ""
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    stop: str = ""
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stop or ("tool_use" if self.calls else "end")
+
+
+_OPENAI_FINISH = {"end": "stop", "tool_use": "tool_calls", "refusal": "content_filter", "max_tokens": "length"}
+_ANTHROPIC_STOP = {"end": "end_turn", "tool_use": "tool_use", "refusal": "refusal", "max_tokens": "max_tokens"}
 
 
 @dataclass
 class FakeModelServer:
-    """``POST /v1/chat/completions`` on loopback: answers, or fails with ``status``."""
+    """A model on loopback, both vendors' routes: answers, or fails with ``status``.
+
+    ``POST /v1/chat/completions`` answers in OpenAI's shape, ``POST
+    /v1/messages`` in Anthropic's. With ``replies`` the n-th request gets the
+    n-th reply (the last one again once they run out: a model that never
+    stops); without, every request gets ``reply`` as its text.
+    """
 
     status: int = 200
     reply: str = "hello from the model"
+    replies: list[Reply] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
 
     @property
     def base_url(self) -> str:
+        """The OpenAI SDK's ``base_url`` (with ``/v1``)."""
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The Anthropic SDK's ``base_url`` (it adds ``/v1/messages`` itself)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def next_reply(self) -> Reply:
+        if not self.replies:
+            return Reply(text=self.reply)
+        return self.replies[min(len(self.requests) - 1, len(self.replies) - 1)]
+
+    def openai_answer(self, model: str) -> dict[str, Any]:
+        n = len(self.requests)
+        answer = self.next_reply()
+        message: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
+        if answer.calls:
+            message["tool_calls"] = [
+                {"id": f"call_{n}_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                for i, (name, args) in enumerate(answer.calls)
+            ]
+        return {
+            "id": f"cmpl-{n}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": _OPENAI_FINISH[answer.stop_reason]}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
+        }
+
+    def anthropic_answer(self, model: str) -> dict[str, Any]:
+        n = len(self.requests)
+        answer = self.next_reply()
+        content: list[dict[str, Any]] = [{"type": "text", "text": answer.text}] if answer.text else []
+        content += [
+            {"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args}
+            for i, (name, args) in enumerate(answer.calls)
+        ]
+        return {
+            "id": f"msg_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": _ANTHROPIC_STOP[answer.stop_reason],
+            "stop_sequence": None,
+            "usage": {"input_tokens": 11, "output_tokens": 5},
+        }
 
 
 @contextlib.contextmanager
-def model_server(status: int = 200, reply: str = "hello from the model") -> Iterator[FakeModelServer]:
-    state = FakeModelServer(status=status, reply=reply)
+def model_server(
+    status: int = 200, reply: str = "hello from the model", replies: Sequence[Reply] = ()
+) -> Iterator[FakeModelServer]:
+    state = FakeModelServer(status=status, reply=reply, replies=list(replies))
+    routes = {"/v1/chat/completions": state.openai_answer, "/v1/messages": state.anthropic_answer}
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
@@ -191,20 +270,13 @@ def model_server(status: int = 200, reply: str = "hello from the model") -> Iter
             body = json.loads(self.rfile.read(length) or b"{}")
             state.requests.append(body)
             state.headers.append({k.lower(): v for k, v in self.headers.items()})
-            if self.path != "/v1/chat/completions":
+            route = routes.get(self.path)
+            if route is None:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
             elif state.status != 200:
                 self._send(state.status, {"error": {"message": "the model is overloaded"}})
             else:
-                self._send(
-                    200,
-                    {
-                        "id": "cmpl-1",
-                        "model": body.get("model", ""),
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": state.reply}, "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
-                    },
-                )
+                self._send(200, route(str(body.get("model", ""))))
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()

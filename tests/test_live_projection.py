@@ -133,7 +133,9 @@ async def test_a_turn_moves_a_seat_from_idle_to_running_and_back_to_idle_with_it
     assert seat["counters"]["turns_completed"] == 1
     assert watched.live.counters()["turns_completed"] == 1
     types = [row["type"] for row in watched.live.snapshot()["feed"]]
-    assert types[:4] == ["agent_turn_completed", "agent_phase_completed", "agent_phase_started", "agent_turn_started"]
+    assert types[:5] == [
+        "agent_turn_completed", "agent_phase_completed", "prompt.size", "agent_phase_started", "agent_turn_started"
+    ]
     assert "agent_spawned" not in types  # live-only: it moves the seat, it is never a row
 
 

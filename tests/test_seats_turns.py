@@ -12,6 +12,7 @@ from crewlet.events.types import TaskAssigned
 from crewlet.org import CompanyHolder
 from crewlet.queue.contract import MAX_DELIVERIES
 from crewlet.tracing import Trace
+from seats.providers import Completion, Message, ModelProvider, ModelRequest
 from seats.runtime import SeatRuntime
 from seats.turns import (
     EchoProvider,
@@ -30,6 +31,14 @@ def openai(base_url: str, **extra: Any) -> dict[str, Any]:
     return {"kind": "openai", "base_url": base_url, "model": "local-7b", **extra}
 
 
+async def ask(provider: ModelProvider, system: str, user: str) -> Completion:
+    """One round with nothing but the trigger; the provider's client closed after."""
+    try:
+        return await provider.complete(ModelRequest(system=system, messages=[Message(role="user", text=user)]))
+    finally:
+        await provider.aclose()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,7 +52,7 @@ async def test_the_openai_provider_posts_a_chat_completion_and_reads_the_answer_
     monkeypatch.setenv("TEST_LLM_KEY", "sk-local")
     with model_server(reply="the build is green") as server:
         provider = OpenAIProvider(base_url=server.base_url, model="local-7b", api_key_env="TEST_LLM_KEY", max_tokens=64)
-        answer = await provider.complete("you are ada", "is the build green?")
+        answer = await ask(provider, "you are ada", "is the build green?")
     assert (answer.text, answer.input_tokens, answer.output_tokens, answer.stop_reason) == (
         "the build is green",
         11,
@@ -63,25 +72,25 @@ async def test_the_openai_provider_posts_a_chat_completion_and_reads_the_answer_
 async def test_an_http_failure_is_filed_under_its_kind(status: int, kind: str) -> None:
     with model_server(status=status) as server:
         with pytest.raises(ProviderError) as failed:
-            await OpenAIProvider(base_url=server.base_url, model="m").complete("s", "u")
+            await ask(OpenAIProvider(base_url=server.base_url, model="m"), "s", "u")
     assert failed.value.kind == kind
 
 
 async def test_an_endpoint_nobody_listens_on_is_unreachable_and_an_unset_key_is_an_auth_failure(monkeypatch: Any) -> None:
     with pytest.raises(ProviderError) as unreachable:
-        await OpenAIProvider(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", timeout_s=2).complete("s", "u")
+        await ask(OpenAIProvider(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", timeout_s=2), "s", "u")
     assert unreachable.value.kind == "unreachable"
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     with pytest.raises(ProviderError) as unset:
-        await OpenAIProvider(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="NO_SUCH_KEY_VAR").complete("s", "u")
+        await ask(OpenAIProvider(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="NO_SUCH_KEY_VAR"), "s", "u")
     assert unset.value.kind == "auth"
 
 
 async def test_the_echo_model_answers_with_what_it_received_and_can_be_told_to_fail() -> None:
-    answer = await EchoProvider().complete("system", "hello there")
+    answer = await ask(EchoProvider(), "system", "hello there")
     assert answer.text == "hello there" and answer.output_tokens == 2
     with pytest.raises(ProviderError):
-        await EchoProvider(fail=True).complete("system", "hello")
+        await ask(EchoProvider(fail=True), "system", "hello")
     org = company(providers=[{"kind": "echo", "delay_s": 0.5}, openai("http://127.0.0.1:1/v1")])
     built = [build_provider(p) for p in org.providers]
     assert isinstance(built[0], EchoProvider) and built[0].delay_s == 0.5
@@ -112,6 +121,7 @@ async def test_a_failing_endpoint_hands_off_to_the_next_provider_and_the_turn_su
         assert rec.types() == [
             "agent_turn_started",
             "agent_phase_started",
+            "prompt.size",
             "provider_fallback",
             "agent_phase_completed",
             "agent_turn_completed",
