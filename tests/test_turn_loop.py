@@ -183,7 +183,7 @@ def test_a_secret_written_inline_is_refused_at_load_naming_the_field_and_never_t
     assert "sk-ant-very-secret" not in str(refused.value)
     with pytest.raises(CompanyError, match=r"seats\[0\]\.max_rounds=0: must be between 1 and 100"):
         org_with(echo(), max_rounds=0)
-    with pytest.raises(CompanyError, match=r"seats\[0\]\.tools\[0\]='shell': must be one of a2a_ask"):
+    with pytest.raises(CompanyError, match=r"seats\[0\]\.tools\[0\]='shell': must be an mcp_servers name or a built-in tool"):
         org_with(echo(), tools=["shell"])
 
 
