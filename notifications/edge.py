@@ -72,7 +72,6 @@ from notifications.parsers import (
     JSONTooDeep,
     MalformedForm,
     UnsupportedMedia,
-    body_digest_id,
     decode_body,
     is_json_media,
     may_hold_unstorable,
@@ -208,7 +207,7 @@ class Edge:
     async def _authenticate(self, source: Source, surface: Optional[Surface], req: InboundRequest) -> Optional[tuple[int, str]]:
         """The company secret's check for a company surface; the source's own (a store-held token) otherwise."""
         if source.authenticate is not None:
-            return await source.authenticate(req)
+            return await source.authenticate(req, self.holder.current())
         assert surface is not None
         return verify(source, surface, req, self.clock(), self.environ if self.environ is not None else os.environ)
 
@@ -235,7 +234,7 @@ class Edge:
     async def _accept(self, req: InboundRequest, source: Source, payload: dict[str, Any], meta: DeliveryMeta) -> EdgeResponse:
         parser = source.parser
         event_name = parser.event_name(payload, meta)
-        delivery_id = parser.delivery_id(payload, meta) or body_digest_id(req.body)
+        delivery_id = parser.delivery_id(payload, meta) or source.anonymous_id(req.body)
         inbound_parent = parse_traceparent(req.header(TRACEPARENT_HEADER)) if req.header(TRACEPARENT_HEADER) else None
         headers = {k: req.header(k) for k in KEPT_HEADERS if req.header(k)}
         with start_span(

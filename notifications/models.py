@@ -13,13 +13,16 @@ wins a delivery is usually not the one that saw the last one:
   apps in one workspace — never wakes a seat twice). Each row remembers the
   inbound event that claimed it, so a broker REDELIVERY of that same event
   (the routing node died half way) is routed again rather than lost.
+* :class:`SourceToken` — the generic source's per-seat credential
+  (``POST /webhooks/generic/<seat>``), stored only as its hash, so any node
+  of the fleet can check a token minted on another.
 """
 from __future__ import annotations
 
 from django.db import models
 from django.utils import timezone
 
-__all__ = ["RateCounter", "SeenDelivery", "ThreadFollow"]
+__all__ = ["RateCounter", "SeenDelivery", "SourceToken", "ThreadFollow"]
 
 
 class ThreadFollow(models.Model):
@@ -72,3 +75,22 @@ class SeenDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} (by {self.event_id})"
+
+
+class SourceToken(models.Model):
+    """The generic source's token for seat ``seat``: one per seat, kept as its SHA-256 (shown once, when minted).
+
+    It opens ``/webhooks/generic/<seat>`` and nothing else: not another
+    seat's route, not the operator API.
+    """
+
+    seat = models.CharField(max_length=63, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "notifications_source_token"
+
+    def __str__(self) -> str:
+        return f"source token for {self.seat}"

@@ -1,14 +1,22 @@
-"""Webhook routes, mounted at ``/webhooks/`` by ``crewlet.urls``: one per registered source (:mod:`notifications.sources`)."""
+"""Webhook routes, mounted at ``/webhooks/`` by ``crewlet.urls``: one per registered source (:mod:`notifications.sources`).
+
+A source whose route names more (the generic source's ``<seat>``) gets its
+``path`` after its name.
+"""
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import URLPattern, path
 
-from notifications.sources import NAMES
+from notifications.sources import REGISTRY
 from notifications.views import webhook
 
 app_name = "notifications"
 
-# Both spellings, so a provider registered with a trailing slash is not a 404.
-urlpatterns = [path(f"{source}", webhook, {"source": source}, name=source) for source in NAMES] + [
-    path(f"{source}/", webhook, {"source": source}) for source in NAMES
-]
+
+def _routes(name: str, suffix: str) -> list[URLPattern]:
+    route = f"{name}/{suffix}" if suffix else name
+    # Both spellings, so a provider registered with a trailing slash is not a 404.
+    return [path(route, webhook, {"source": name}, name=name), path(f"{route}/", webhook, {"source": name})]
+
+
+urlpatterns = [pattern for name, source in REGISTRY.items() for pattern in _routes(name, source.path)]

@@ -28,7 +28,8 @@ VENDOR_NEUTRAL = ("edge.py", "parsers.py", "service.py", "runtime.py", "urls.py"
 
 
 def test_the_registry_covers_exactly_the_company_files_surface_kinds_each_under_its_parsers_name() -> None:
-    assert sorted(REGISTRY) == sorted(SURFACES)
+    assert sorted(name for name, source in REGISTRY.items() if source.company_surface) == sorted(SURFACES)
+    assert [name for name, source in REGISTRY.items() if not source.company_surface] == ["generic"]
     for name, source in REGISTRY.items():
         assert source.name == source.parser.source == name
 
@@ -46,11 +47,17 @@ def test_a_vendor_registered_without_a_surface_kind_or_a_kind_without_a_vendor_o
 def test_the_webhook_routes_are_exactly_the_registered_sources_with_and_without_a_trailing_slash() -> None:
     named = sorted(p.name for p in urlpatterns if p.name)
     assert named == sorted(REGISTRY)
-    for name in REGISTRY:
+    for name, source in REGISTRY.items():
+        if source.path:
+            continue
         assert resolve(f"/webhooks/{name}").kwargs == {"source": name}
         assert resolve(f"/webhooks/{name}/").kwargs == {"source": name}
-    with pytest.raises(Resolver404):
-        resolve("/webhooks/gitlab")
+    # the generic source's route names its seat
+    assert resolve("/webhooks/generic/ada").kwargs == {"source": "generic", "seat": "ada"}
+    assert resolve("/webhooks/generic/ada/").kwargs == {"source": "generic", "seat": "ada"}
+    for unrouted in ("/webhooks/gitlab", "/webhooks/generic", "/webhooks/generic/ada/more"):
+        with pytest.raises(Resolver404):
+            resolve(unrouted)
 
 
 def test_no_vendor_neutral_module_names_a_vendor_it_would_have_to_branch_on() -> None:

@@ -1,4 +1,4 @@
-"""Form-encoded deliveries through a real ``manage.py up``: each is accepted, answered as its vendor expects, and runs a turn.
+"""Form-encoded deliveries and the generic source through a real ``manage.py up``: accepted, answered as expected, a turn.
 
 One ``up`` serves the whole module (SQLite, the embedded broker, the echo
 model); each test reads the turn its delivery started from ``/api/events``.
@@ -13,7 +13,7 @@ import pytest
 from notifications.parsers import FORM_MEDIA
 from notifications_support import SECRETS, fixture_bytes, hex_hmac, hub256_headers, slack_headers
 from test_notifications_forms import block_actions, github_form, interaction, slash
-from tests.up_support import UpProcess, http_call, serve, turn_completed, up_env
+from tests.up_support import UpProcess, http_call, http_json, serve, turn_completed, up_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -94,9 +94,56 @@ def test_up_refuses_a_form_to_a_source_that_takes_only_json_with_415_naming_what
     assert json.loads(raw)["error"] == f"content type '{FORM_MEDIA}' is not accepted: send application/json"
 
 
+#: The source tokens the module minted, for the last test's look at the output.
+MINTED: list[str] = []
+
+
+def generic(up: UpProcess, seat: str, token: str, body: dict[str, str], key: str = "") -> tuple[int, dict[str, str], dict[str, str]]:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}", **({"Idempotency-Key": key} if key else {})}
+    status, answer_headers, raw = post(up, f"/webhooks/generic/{seat}", json.dumps(body).encode(), headers)
+    return status, answer_headers, json.loads(raw)
+
+
+def test_up_wakes_a_seat_from_the_generic_source_with_a_token_minted_by_the_command_and_a_replay_is_no_second_turn(
+    up: UpProcess,
+) -> None:
+    out = up.manage("source_token", "ada")
+    token = out.strip()
+    MINTED.append(token)
+    assert out == token + "\n" and token.startswith("crws_")  # the token alone, on its own line
+
+    status, _, answer = generic(up, "ada", token, {"text": "the nightly build failed", "sender": "ci"}, key="up-gen-1")
+    assert status == 202 and answer["delivery_id"] == "ada:up-gen-1", answer
+    types = turn_of(up, answer["trace_id"])
+    assert "webhook:message" in types and "external_notification" in types
+
+    # the job retries with the same key: accepted, and routed as the duplicate it is
+    status, _, replay = generic(up, "ada", token, {"text": "the nightly build failed", "sender": "ci"}, key="up-gen-1")
+    assert status == 202 and replay["delivery_id"] == "ada:up-gen-1"
+    up.wait_for("event=notification_duplicate_delivery source=generic delivery_id=ada:up-gen-1")
+    status, replayed = http_json(
+        "GET", f"{up.url}/api/events?trace_id={replay['trace_id']}", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    # its inbound_delivery is the first one's row (same id), and it woke nobody
+    assert status == 200 and replayed["events"] == []
+    assert turn_of(up, answer["trace_id"]).count("external_notification") == 1
+
+
+def test_up_refuses_a_generic_post_on_another_seat_with_403_and_a_bad_or_revoked_token_with_401(up: UpProcess) -> None:
+    token = up.manage("source_token", "linus").strip()
+    MINTED.append(token)
+    status, _, answer = generic(up, "ada", token, {"text": "hi"})
+    assert status == 403 and "another seat's route, not ada's" in answer["error"]
+    assert generic(up, "linus", "crws_made-up", {"text": "hi"})[0] == 401
+    assert generic(up, "linus", token, {"text": "hi"})[0] == 202
+    assert up.manage("source_token", "linus", "--revoke").strip() == "revoked the source token of seat linus"
+    status, _, answer = generic(up, "linus", token, {"text": "hi"})
+    assert status == 401 and answer["error"] == "the bearer token is no source token: unknown, or revoked"
+
+
 def test_no_secret_of_the_module_is_in_ups_output(up: UpProcess) -> None:
     """Last in the module: whatever the deliveries above did, nothing they were signed or authorized with was logged."""
     text = up.output_so_far()
-    assert "event=webhook_accepted" in text
-    for secret in (TOKEN, SLACK_SECRET, GITHUB_SECRET):
+    assert "event=webhook_accepted" in text and MINTED
+    for secret in (TOKEN, SLACK_SECRET, GITHUB_SECRET, *MINTED):
         assert secret not in text

@@ -15,8 +15,10 @@ below lists those sources, and drives:
 
 The company file's surface kinds are ``crewlet.org.SURFACES``: the core
 validates a company without importing an app. The registry refuses to load
-unless it covers exactly those kinds, so a vendor cannot be routable and
-unconfigurable, or configurable and unroutable.
+unless its company surfaces are exactly those kinds, so a vendor cannot be
+routable and unconfigurable, or configurable and unroutable. The one source
+that is no company surface, ``generic`` (``POST /webhooks/generic/<seat>``,
+a per-seat token from ``manage.py source_token``), authenticates itself.
 
 Adding a vendor: write ``notifications/sources/<vendor>.py`` with its
 ``verify``, ``meta``, parser and ``SOURCE``; add ``<vendor>.SOURCE`` to
@@ -30,7 +32,7 @@ from typing import Iterable, Mapping, Optional
 
 from crewlet.org import SURFACES
 from notifications.parsers import Parser
-from notifications.sources import confluence, github, jira, mattermost, slack
+from notifications.sources import confluence, generic, github, jira, mattermost, slack
 from notifications.sources.base import InboundRequest, Source
 
 
@@ -39,14 +41,14 @@ class SourceRegistryError(RuntimeError):
 
 
 def registry_of(sources: Iterable[Source], surface_kinds: Iterable[str]) -> Mapping[str, Source]:
-    """The sources by name, refusing a duplicate name or any difference from ``surface_kinds``."""
+    """The sources by name, refusing a duplicate name or any difference between the company surfaces and ``surface_kinds``."""
     by_name: dict[str, Source] = {}
     for source in sources:
         if source.name in by_name:
             raise SourceRegistryError(f"the source {source.name!r} is registered twice")
         by_name[source.name] = source
     kinds = tuple(surface_kinds)
-    unconfigurable = [name for name in by_name if name not in kinds]
+    unconfigurable = [name for name, source in by_name.items() if source.company_surface and name not in kinds]
     unroutable = [kind for kind in kinds if kind not in by_name]
     if unconfigurable or unroutable:
         raise SourceRegistryError(
@@ -57,7 +59,7 @@ def registry_of(sources: Iterable[Source], surface_kinds: Iterable[str]) -> Mapp
 
 
 REGISTRY: Mapping[str, Source] = registry_of(
-    (slack.SOURCE, github.SOURCE, jira.SOURCE, confluence.SOURCE, mattermost.SOURCE),
+    (slack.SOURCE, github.SOURCE, jira.SOURCE, confluence.SOURCE, mattermost.SOURCE, generic.SOURCE),
     SURFACES,
 )
 #: The registered names, in registry order: the routes and the 404's list.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Optional
 
 from crewlet.org import Organization, Seat
-from notifications.parsers import DeliveryMeta, FormReader, Parser, Recipient
+from notifications.parsers import DeliveryMeta, FormReader, Parser, Recipient, body_digest_id
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,10 @@ MetaReader = Callable[[InboundRequest], DeliveryMeta]
 HandshakeReader = Callable[[Mapping[str, Any]], Optional[Handshake]]
 #: ``acknowledge(payload, org)``: the answer an accepted delivery gets, or None for ``202``.
 Acknowledger = Callable[[Mapping[str, Any], Organization], Optional[Acknowledgement]]
-#: ``authenticate(request)``: None when the request may pass, else (status, reason); for a source with no company secret.
-Authenticator = Callable[[InboundRequest], Awaitable[Optional[tuple[int, str]]]]
+#: ``authenticate(request, org)``: None when the request may pass, else (status, reason); for a source with no company secret.
+Authenticator = Callable[[InboundRequest, Organization], Awaitable[Optional[tuple[int, str]]]]
+#: ``anonymous_id(body)``: the delivery id of a delivery that names none.
+AnonymousId = Callable[[bytes], str]
 #: ``validate(payload, meta)``: why a decoded body is refused (400), or None.
 Validator = Callable[[Mapping[str, Any], DeliveryMeta], Optional[str]]
 
@@ -124,7 +126,9 @@ class Source:
     source that is no company surface (``company_surface`` False), whose
     credential lives in the coordination store instead of a secret variable.
     ``path``: what the route adds after ``/webhooks/<name>/`` (a Django path
-    pattern, e.g. ``<str:seat>``).
+    pattern, e.g. ``<str:seat>``). ``anonymous_id``: the id of a delivery
+    that names none — a digest of its bytes, since a vendor's retry repeats
+    them; a source whose callers send the same bytes on purpose mints a fresh one.
     """
 
     parser: Parser
@@ -138,6 +142,7 @@ class Source:
     validate: Optional[Validator] = None
     authenticate: Optional[Authenticator] = None
     path: str = ""
+    anonymous_id: AnonymousId = body_digest_id
 
     @property
     def company_surface(self) -> bool:
@@ -162,6 +167,7 @@ def default_filtered_event(name: str) -> str:
 __all__ = [
     "Acknowledgement",
     "Acknowledger",
+    "AnonymousId",
     "Authenticator",
     "Handshake",
     "HandshakeReader",
