@@ -45,17 +45,25 @@ def _aware(value: object) -> object:
     return value
 
 
-class OperatorToken(models.Model):
-    """One named operator credential, stored only as its hash.
+class HashedToken(models.Model):
+    """A credential stored only as its hash (:func:`hash_token`): the operator's, and the apps' own kinds.
 
     The token itself is shown once, when it is minted; ``last_used_at`` says
     whether a token is still in use before somebody revokes it.
     """
 
-    name = models.CharField(max_length=100, unique=True)
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class OperatorToken(HashedToken):
+    """One named operator credential (see :class:`HashedToken`)."""
+
+    name = models.CharField(max_length=100, unique=True)
 
     class Meta:
         db_table = "seats_operator_token"

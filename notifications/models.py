@@ -22,6 +22,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from crewlet.tokens import HashedToken
+
 __all__ = ["RateCounter", "SeenDelivery", "SourceToken", "ThreadFollow"]
 
 
@@ -77,17 +79,14 @@ class SeenDelivery(models.Model):
         return f"{self.key} (by {self.event_id})"
 
 
-class SourceToken(models.Model):
-    """The generic source's token for seat ``seat``: one per seat, kept as its SHA-256 (shown once, when minted).
+class SourceToken(HashedToken):
+    """The generic source's token for seat ``seat``, one per seat (a :class:`~crewlet.tokens.HashedToken`).
 
     It opens ``/webhooks/generic/<seat>`` and nothing else: not another
     seat's route, not the operator API.
     """
 
     seat = models.CharField(max_length=63, unique=True)
-    token_hash = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "notifications_source_token"
