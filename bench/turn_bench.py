@@ -12,7 +12,16 @@ temporary directory, and every figure comes from the same run:
    turn calls) to its own session with the same server: the exposed-name
    lookup, the call timeout, the result's text, clipping and bytes.
 
-The ratio toolbox / bare shows what the session manager adds per call. Server
+3. turn loop: one turn of :class:`seats.turns.TurnRunner` whose scripted echo
+   model asks for one ``notes__write_note`` call per round, ``--rounds``
+   rounds, then answers — the same tool through the same kind of session —
+   timed per round; and the same turn against a toolbox that answers at once,
+   so the loop's own cost (building each round's request from the growing
+   conversation, the model call, recording the round, the events it
+   publishes on the in-memory queue) is shown apart from the tool's.
+
+The ratio toolbox / bare shows what the session manager adds per call; a
+round minus a bare call is what the turn loop adds around the tool. Server
 starts and ``WARMUP`` calls are not counted, and each side is measured
 ``ROUNDS`` times, alternating, keeping its best.
 Nothing here asserts a time.
@@ -87,7 +96,64 @@ async def toolbox_rate(calls: int, notes_dir: str) -> float:
         await box.stop()
 
 
-async def main(calls: int) -> None:
+class _Instant:
+    """A toolbox whose one tool answers at once: the loop's cost with no tool behind it."""
+
+    async def specs(self, handle: str) -> list[Any]:
+        from seats.tools import ToolSpec
+
+        return [ToolSpec(name="notes__write_note", description="", input_schema={"type": "object"})]
+
+    async def call(self, handle: str, call: Any) -> Any:
+        from seats.tools import ToolResult
+
+        return ToolResult(ok=True, content="ok", bytes=2, server="notes", tool="write_note", duration_s=0.0)
+
+
+async def loop_round_s(rounds: int, notes_dir: str, *, instant: bool = False) -> float:
+    """Seconds per round of one turn whose scripted model makes one notes call a round, ``rounds`` rounds."""
+    import django
+
+    django.setup()
+    from crewlet import events
+    from crewlet.events.types import ExternalNotification
+    from crewlet.org import CompanyHolder, parse_company
+    from crewlet.queue.memory import MemoryBroker
+    from crewlet.tracing import Trace
+    from seats.tools.mcp import McpToolbox
+    from seats.turns import Trigger, TurnRunner
+
+    step = {"tool": "notes__write_note", "arguments": {"title": "bench", "text": "{trigger}"}}
+    org = parse_company(
+        {
+            "org": "bench",
+            "providers": {"llm": [{"kind": "echo", "script": [step] * rounds + [{"answer": "done"}]}]},
+            "mcp_servers": {"notes": {"command": NOTES_COMMAND, "env": {"NOTES_DIR": notes_dir}}},
+            "seats": [{"handle": "ada", "kind": "agent", "role": "engineer", "tools": ["notes"], "max_rounds": 100}],
+        }
+    )
+    holder = CompanyHolder(org)
+    box: Any = _Instant() if instant else McpToolbox(holder)
+    queue = MemoryBroker().client(node="bench")
+    runner = TurnRunner(queue, holder, toolbox=box)
+    seat = org.seat_by_handle("ada")
+    assert seat is not None
+    wake = events.new(ExternalNotification(seat="ada", sender="sam", body="note this"), Trace.root(), extras={"body": "note this"})
+    try:
+        await runner.run(seat, Trigger(events=[wake]))  # opens the session and warms both sides
+        started = time.perf_counter()
+        result = await runner.run(seat, Trigger(events=[wake]))
+        elapsed = time.perf_counter() - started
+        assert result.ok and len(result.tool_calls) == rounds, result
+        return elapsed / (rounds + 1)  # the answering round is a round too
+    finally:
+        if not instant:
+            await box.stop()
+        await runner.emitter.close()
+        await queue.close()
+
+
+async def main(calls: int, rounds: int = 50) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
     os.environ.setdefault("CREWLET_LOG_LEVEL", "WARNING")
     with tempfile.TemporaryDirectory() as bare_dir, tempfile.TemporaryDirectory() as box_dir:
@@ -99,10 +165,17 @@ async def main(calls: int) -> None:
     print(f"{'bare mcp.Client call_tool':<40} {bare:>10.1f} calls/s  ({1e3 / bare:.2f} ms per call)")
     print(f"{'McpToolbox.call (a seat session)':<40} {ours:>10.1f} calls/s  ({1e3 / ours:.2f} ms per call)")
     print(f"{'ratio toolbox / bare':<40} {ours / bare:>10.3f}x  (each call costs {1e3 / ours - 1e3 / bare:.3f} ms more)")
+    with tempfile.TemporaryDirectory() as loop_dir:
+        per_round = min([await loop_round_s(rounds, loop_dir) for _ in range(ROUNDS)])
+        bare_loop = min([await loop_round_s(rounds, loop_dir, instant=True) for _ in range(ROUNDS)])
+    print(f"{f'turn loop, {rounds} rounds + answer':<40} {per_round * 1e3:>10.2f} ms per round (one notes call each)")
+    print(f"{'turn loop, instant tool':<40} {bare_loop * 1e3:>10.2f} ms per round (the loop alone)")
+    print(f"{'a round minus a bare mcp call':<40} {(per_round - 1 / bare) * 1e3:>10.2f} ms the loop adds around the tool")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=50, help="rounds of the measured turn (tool calls before its answer)")
     args = parser.parse_args()
-    asyncio.run(main(args.calls))
+    asyncio.run(main(args.calls, args.rounds))
