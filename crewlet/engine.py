@@ -360,6 +360,8 @@ class Engine:
         self._drain_task: Optional[asyncio.Task[bool]] = None
         self._skip_drain = False
         self._failed = False
+        #: Why the queue could not be connected at start, when it could not (what a command tells its user).
+        self.start_error: Optional[BaseException] = None
         self.queue: Optional[EventQueue] = None
         self.broker: Optional[Broker] = None
         self.emitter: Optional[Emitter] = None
@@ -527,8 +529,9 @@ class Engine:
                     cluster=stream.cluster if stream.cluster.enabled else None,
                     cluster_secret=cluster_secret() if stream.cluster.enabled else "",
                 )
-            except Exception:
+            except Exception as exc:
                 # connect_queue stops a broker it started before failing; nothing to tear down here.
+                self.start_error = exc
                 log.exception("engine_start_failed", extra={"node": node, "stream_type": stream.type})
                 return 1
             self.emitter = Emitter(self.queue)

@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, Union
 from urllib.parse import quote
 
 from crewlet.queue.contract import EventQueue, Timings
-from crewlet.queue.errors import InvalidArgument, QueueError
+from crewlet.queue.errors import InvalidArgument, QueueError, Unavailable
 from crewlet.queue.jetstream import MAX_MESSAGE_BYTES, JetStreamQueue
 
 logger = logging.getLogger(__name__)
@@ -401,6 +401,8 @@ class EmbeddedBroker:
             f"    password: {_q(self._cluster_secret)}",
             "  }",
             f"  routes: [{', '.join(routes)}]",
+            # Clients are this member's own engine only: no other member's client port is gossiped to them.
+            "  no_advertise: true",
             "}",
         ]
 
@@ -769,10 +771,18 @@ async def connect_queue(
             event_retention_hours=event_retention_hours,
             memory_storage=memory_storage,
             replicas=replicas,
+            # A majority elects the meta leader; copies need their members: the rest may still be starting.
+            placement_wait_s=cluster.form_timeout_s if broker is not None and cluster is not None else 0.0,
         )
-    except BaseException:
+    except BaseException as e:
         if broker is not None:  # a broker this call started is not left running
             await broker.stop()
+            if cluster is not None and isinstance(e, Unavailable):
+                unreached = await unreachable_peers(cluster.peer_addresses())
+                raise ClusterFormTimeout(
+                    f"{e}; could not reach peer{'s' if len(unreached) != 1 else ''} {', '.join(unreached) or '(none)'}",
+                    unreached,
+                ) from e
         raise
     return queue, broker
 

@@ -90,6 +90,9 @@ class Command(BaseCommand):
 
     def run(self, engine: Engine) -> None:
         status = engine.run()
+        if engine.start_error is not None:
+            reason = str(engine.start_error).splitlines()[0] if str(engine.start_error) else repr(engine.start_error)
+            raise CommandError(f"the engine could not start: {reason}", returncode=status or 1)
         if status != 0:
             raise CommandError("the engine stopped after an error (see the log above)", returncode=status)
 

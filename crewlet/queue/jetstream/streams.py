@@ -28,6 +28,10 @@ from crewlet.queue.jetstream.wire import (
 
 logger = logging.getLogger(__name__)
 
+#: While a cluster has too few members up to place a stream's copies: how often it is asked again, and said so.
+PLACEMENT_ASK_EVERY_S = 0.5
+PLACEMENT_PROGRESS_EVERY_S = 3.0
+
 #: Stream settings provisioning keeps aligned with the topology (others are the broker's defaults).
 _ALIGNED_KEYS = frozenset(
     {"subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msg_size", "num_replicas", "discard"}
@@ -99,26 +103,42 @@ class StreamsPart(TransportBase):
         return {**cfg, "num_replicas": have}
 
     async def _create_stream(self, spec: topics.StreamSpec, cfg: dict[str, Any]) -> None:
-        try:
-            await self._api(f"STREAM.CREATE.{spec.name}", cfg, what=f"create stream {spec.name}")
-        except _ApiError as e:
-            if e.err_code == ERR_STREAM_NAME_IN_USE:  # another client created it meanwhile, differently
-                await self._ensure_existing(spec, cfg)
-                return
-            if e.err_code in (ERR_NO_SUITABLE_PEERS, ERR_REPLICAS_NOT_SUPPORTED) and cfg["num_replicas"] > 1:
-                logger.error(
-                    "jetstream_stream_replicas_unplaceable",
-                    extra={"stream": spec.name, "replicas": cfg["num_replicas"], "error": e.description},
-                )
-                raise Unavailable(
-                    f"stream.replicas={cfg['num_replicas']}: the broker cannot place stream {spec.name} on "
-                    f"{cfg['num_replicas']} servers ({e.description}); allowed: at most the cluster's members that are up"
-                ) from e
-            logger.error(
-                "jetstream_stream_provision_failed",
-                extra={"stream": spec.name, "subjects": spec.subjects, "error": e.description},
-            )
-            raise Unavailable(f"cannot provision stream {spec.name}: {e.description}") from e
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        next_progress = started + PLACEMENT_PROGRESS_EVERY_S
+        while True:
+            try:
+                await self._api(f"STREAM.CREATE.{spec.name}", cfg, what=f"create stream {spec.name}")
+                break
+            except _ApiError as e:
+                if e.err_code == ERR_STREAM_NAME_IN_USE:  # another client created it meanwhile, differently
+                    await self._ensure_existing(spec, cfg)
+                    return
+                unplaceable = e.err_code in (ERR_NO_SUITABLE_PEERS, ERR_REPLICAS_NOT_SUPPORTED) and cfg["num_replicas"] > 1
+                if not unplaceable:
+                    logger.error(
+                        "jetstream_stream_provision_failed",
+                        extra={"stream": spec.name, "subjects": spec.subjects, "error": e.description},
+                    )
+                    raise Unavailable(f"cannot provision stream {spec.name}: {e.description}") from e
+                now = loop.time()
+                if now - started >= self.placement_wait_s:
+                    logger.error(
+                        "jetstream_stream_replicas_unplaceable",
+                        extra={"stream": spec.name, "replicas": cfg["num_replicas"], "error": e.description},
+                    )
+                    raise Unavailable(
+                        f"stream.replicas={cfg['num_replicas']}: the broker cannot place stream {spec.name} on "
+                        f"{cfg['num_replicas']} servers ({e.description}); allowed: at most the cluster's members that are up"
+                    ) from e
+                if now >= next_progress:
+                    next_progress = now + PLACEMENT_PROGRESS_EVERY_S
+                    logger.info(
+                        "jetstream_stream_placement_waiting",
+                        extra={"stream": spec.name, "replicas": cfg["num_replicas"], "waited_s": round(now - started, 1)},
+                    )
+                # The cluster announces a member's arrival only on its system account: ask again shortly.
+                await asyncio.sleep(PLACEMENT_ASK_EVERY_S)
         logger.info(
             "jetstream_stream_created",
             extra={

@@ -43,11 +43,14 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
         connect_timeout_s: float = 5.0,
         reconnect_wait_s: float = 0.25,
         api_timeout_s: float = 5.0,
+        placement_wait_s: float = 0.0,
     ) -> "JetStreamTransport":
         """Dial ``url`` (credentials may ride in it), provision the engine's streams.
 
         The first dial fails fast (``Unavailable``); once connected the client
-        reconnects forever, ``reconnect_wait_s`` apart.
+        reconnects forever, ``reconnect_wait_s`` apart. ``placement_wait_s``:
+        how long provisioning waits for a cluster to have the members
+        ``replicas`` copies need (0: refuse at once).
         """
         if not isinstance(url, str) or not url.strip():
             raise InvalidArgument("url: a nats:// URL is required")
@@ -61,6 +64,7 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
             replicas=replicas,
             api_timeout_s=api_timeout_s,
             url=url,
+            placement_wait_s=placement_wait_s,
         )
         try:
             await keeping_cancel(asyncio.wait_for(
@@ -192,6 +196,7 @@ class JetStreamQueue:
         *,
         replicas: int = 1,
         connect_timeout_s: float = 5.0,
+        placement_wait_s: float = 0.0,
     ) -> EventQueue:
         """Dial ``url``, provision the streams, and return the shared client over JetStream."""
         from crewlet.queue.client import QueueClient
@@ -204,5 +209,6 @@ class JetStreamQueue:
             memory_storage=memory_storage,
             replicas=replicas,
             connect_timeout_s=connect_timeout_s,
+            placement_wait_s=placement_wait_s,
         )
         return QueueClient(transport, node=node, timings=timings)
