@@ -53,3 +53,8 @@ async def webhook(request: HttpRequest, source: str, **route: str) -> HttpRespon
     query = {key: request.GET.get(key, "") for key in request.GET}
     resp = await edge.receive(InboundRequest(source=source, body=body, headers=headers, query=query, route=request.path))
     return _respond(resp)
+
+
+async def incomplete(request: HttpRequest, source: str, pattern: str) -> HttpResponse:
+    """A source whose route names more (the generic source's seat), posted to without it: 404 saying what is missing."""
+    return _error(404, f"{request.path} names no {pattern.strip('<>').split(':')[-1]}: POST to /webhooks/{source}/{pattern}")

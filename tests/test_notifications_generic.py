@@ -8,7 +8,12 @@ from typing import Any, Optional
 import pytest
 from asgiref.sync import sync_to_async
 
+from django.db import OperationalError
+
 from notifications import actions
+from notifications.edge import InboundRequest
+from notifications.sources import generic
+from notifications_support import company
 from notifications.models import SourceToken
 from notifications.parsers import WHY_ADDRESSED
 from test_notifications_edge import post
@@ -186,3 +191,12 @@ async def test_the_token_is_never_in_a_log_line(caplog) -> None:
 def test_a_seat_handle_that_is_no_handle_is_refused_at_mint() -> None:
     with pytest.raises(actions.SourceTokenError, match="is not a seat handle"):
         actions.mint_source_token("Ada Lovelace")
+
+
+async def test_a_coordination_store_that_cannot_answer_is_503_so_the_caller_retries(monkeypatch) -> None:
+    async def unreachable(token: str, seat: str) -> actions.TokenVerdict:
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(generic, "acheck_source_token", unreachable)
+    req = InboundRequest(source="generic", body=b"{}", headers={"authorization": "Bearer crws_x"}, route="/webhooks/generic/ada")
+    assert await generic.authenticate(req, company()) == (503, "the coordination store is unavailable, retry later (OperationalError)")

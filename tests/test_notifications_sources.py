@@ -55,9 +55,17 @@ def test_the_webhook_routes_are_exactly_the_registered_sources_with_and_without_
     # the generic source's route names its seat
     assert resolve("/webhooks/generic/ada").kwargs == {"source": "generic", "seat": "ada"}
     assert resolve("/webhooks/generic/ada/").kwargs == {"source": "generic", "seat": "ada"}
-    for unrouted in ("/webhooks/gitlab", "/webhooks/generic", "/webhooks/generic/ada/more"):
+    for unrouted in ("/webhooks/gitlab", "/webhooks/generic/ada/more"):
         with pytest.raises(Resolver404):
             resolve(unrouted)
+
+
+async def test_the_generic_route_without_a_seat_is_404_saying_the_seat_is_missing() -> None:
+    async with edge_on():
+        for spelling in ("/webhooks/generic", "/webhooks/generic/"):
+            resp = await post(spelling, b'{"text": "hi"}')
+            assert resp.status_code == 404
+            assert resp.json() == {"error": f"{spelling} names no seat: POST to /webhooks/generic/<str:seat>"}
 
 
 def test_no_vendor_neutral_module_names_a_vendor_it_would_have_to_branch_on() -> None:
