@@ -36,6 +36,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol, TypeV
 from crewlet.aio import keeping_cancel
 from crewlet.conf import ClusterSettings, EngineSettings, cluster_secret, redact_url
 from crewlet.events.emit import Emitter
+from crewlet.metrics import EngineMetrics
 from crewlet.queue.contract import EventQueue, Timings
 
 log = logging.getLogger("crewlet.engine")
@@ -365,6 +366,8 @@ class Engine:
         self.queue: Optional[EventQueue] = None
         self.broker: Optional[Broker] = None
         self.emitter: Optional[Emitter] = None
+        #: This engine's Prometheus registry and the queue observer that fills it (``GET /metrics``).
+        self.metrics = EngineMetrics(self)
 
     # -- registry ---------------------------------------------------------
 
@@ -437,6 +440,22 @@ class Engine:
     def lookup(self, name: str) -> Any:
         """What the running service ``name`` made, or None (a service that is optional to the asker)."""
         return self._provided.get(name)
+
+    def duties(self) -> dict[str, bool]:
+        """Every running service by name, with whether it is alive (``/readyz``, ``crewlet_engine_service_up``).
+
+        A service that runs a task says so through ``alive``; one that runs
+        several (the seat runtime) through ``healthy()``; one with neither is
+        alive while it runs.
+        """
+        found: dict[str, bool] = {}
+        for service, thing in list(self._running):
+            healthy = getattr(thing, "healthy", None)
+            if callable(healthy):
+                found[service.name] = bool(healthy())
+            else:
+                found[service.name] = bool(getattr(thing, "alive", True))
+        return found
 
     @property
     def loop(self) -> Optional[asyncio.AbstractEventLoop]:
@@ -534,6 +553,7 @@ class Engine:
                 self.start_error = exc
                 log.exception("engine_start_failed", extra={"node": node, "stream_type": stream.type})
                 return 1
+            self.queue.add_observer(self.metrics)
             self.emitter = Emitter(self.queue)
             log.info(
                 "engine_started",

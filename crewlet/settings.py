@@ -150,6 +150,10 @@ LOGIN_FAILURE_LIMIT = int(_number("CREWLET_LOGIN_FAILURES", 5, 1, 1000))
 LOGIN_FAILURE_WINDOW_S = _number("CREWLET_LOGIN_WINDOW_S", 60.0, 1.0, 86400.0)
 #: /healthz waits this long for the broker to answer a round trip before calling it unresponsive.
 HEALTH_BROKER_TIMEOUT_S = _number("CREWLET_HEALTH_BROKER_TIMEOUT_S", 1.5, 0.05, 30.0)
+#: /readyz gives each store this long to answer a query before calling it unreachable.
+HEALTH_STORE_TIMEOUT_S = _number("CREWLET_HEALTH_STORE_TIMEOUT_S", 2.0, 0.05, 30.0)
+#: A bearer token that may read GET /metrics and nothing else (an operator token may too); "" = none.
+METRICS_TOKEN = os.environ.get("CREWLET_METRICS_TOKEN", "").strip()
 
 LOGIN_URL = "dash-login"
 LOGIN_REDIRECT_URL = "dash-overview"
@@ -162,7 +166,7 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("CREWLET_HSTS_INCLUDE_SUBDOMAINS")
 SECURE_HSTS_PRELOAD = _flag("CREWLET_HSTS_PRELOAD")
 SECURE_SSL_REDIRECT = _flag("CREWLET_SSL_REDIRECT")
 #: Load balancers probe /healthz over plain http: never redirected.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^livez$", r"^readyz$"]
 if _flag("CREWLET_BEHIND_TLS_PROXY"):
     # Only behind a proxy that sets this header itself (and strips a client's): then a request is https when it says so.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -1,4 +1,4 @@
-"""URL routes: /healthz, the admin, each app's routes (the /api/ reads, OpenAPI at /api/schema/; the webhooks);
+"""URL routes: /healthz, /livez, /readyz, /metrics, the admin, each app's routes (the /api/ reads, OpenAPI at /api/schema/; the webhooks);
 and the dashboard's pages and ``/operator/act`` at the root (``eventstore.dashboard_urls``).
 
 The project's top: it mounts each app's URL module by name and imports none.
@@ -8,13 +8,17 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from crewlet.health import healthz
+from crewlet.health import healthz, livez, readyz
+from crewlet.scrape import metrics
 
 #: Where the webhook routes are mounted (the web server gives their bodies the webhook limit).
 WEBHOOKS_PREFIX = "webhooks/"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("livez", livez, name="livez"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/seats/", include("seats.urls")),
     path("api/a2a/", include("a2a.urls")),

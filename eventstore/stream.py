@@ -264,6 +264,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
     _send_lock: Optional[asyncio.Lock] = None
     _live: Optional[projection.LiveProjection] = None
     _recheck: Optional[asyncio.Task[None]] = None
+    #: The engine whose ``crewlet_ws_stream_clients`` counts this socket while it is open.
+    _counted: Any = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -304,6 +306,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
             self._ready = True
             await self._send_frame(frame)
         log.info("ws_stream_connected", extra={"who": who, "client": self._client()})
+        self._counted = runtime.current_engine()
+        if self._counted is not None:
+            self._counted.metrics.ws_clients.inc()
         self._recheck = asyncio.create_task(self._recheck_credential(recheck_interval_s()))
 
     async def _still_authorised(self) -> tuple[bool, str]:
@@ -359,6 +364,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
             recheck.cancel()
         stream, self._stream = self._stream, None
         self._ready = False
+        counted, self._counted = self._counted, None
+        if counted is not None:
+            counted.metrics.ws_clients.dec()
         if stream is None:
             return
         try:

@@ -34,6 +34,7 @@ import asyncio
 import collections
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
 
 from django.db import connections
@@ -203,6 +204,17 @@ class EventWriter:
     def backlog(self) -> int:
         """Rows published and not yet written (the store was away when they came)."""
         return len(self._backlog)
+
+    def lag_s(self, now: datetime) -> float:
+        """How old the oldest row still owed is, by its event's time (0 when nothing is owed): the writer's lag."""
+        if not self._backlog:
+            return 0.0
+        ts = self._backlog[0][1][_TS]
+        if not isinstance(ts, datetime):
+            return 0.0
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=timezone.utc)
+        return max((now - ts).total_seconds(), 0.0)
 
     async def __call__(self, topic: str, event: Event) -> None:
         row = row_for(topic, event)

@@ -8,10 +8,13 @@ means this process has no broker connection: 503, so the vendor retries.
 from __future__ import annotations
 
 import logging
+import time
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+
+from crewlet import runtime
 
 from notifications.edge import EdgeResponse, current_edge, refuse
 from notifications.sources.base import InboundRequest
@@ -32,7 +35,19 @@ def _error(status: int, reason: str, **headers: str) -> HttpResponse:
 
 @csrf_exempt
 async def webhook(request: HttpRequest, source: str, **route: str) -> HttpResponse:
-    """One delivery to ``source``; what the route names beyond it (the generic source's seat) the edge reads from the path."""
+    """One delivery to ``source``, answered, and counted in the engine's metrics by source and status with its latency.
+
+    What the route names beyond the source (the generic source's seat) the edge reads from the path.
+    """
+    started = time.perf_counter()
+    response = await _webhook(request, source)
+    running = runtime.current_engine()
+    if running is not None:
+        running.metrics.webhook(source, response.status_code, time.perf_counter() - started)
+    return response
+
+
+async def _webhook(request: HttpRequest, source: str) -> HttpResponse:
     if request.method != "POST":
         return _error(405, f"{request.method} is not accepted: webhooks are POSTed", Allow="POST")
     edge = current_edge()

@@ -264,7 +264,7 @@ class _Attachment:
         mine = [msg for msg in msgs if self._forget(msg)]
         if outcome is Outcome.ACK:
             for msg in mine:
-                await client._ack(msg)
+                await client._ack(self.pair, msg)
         elif outcome is Outcome.NAK:
             for msg in mine:
                 await client._nak(self.pair, msg)

@@ -35,7 +35,14 @@ from crewlet.queue.contract import (
     MAX_DELIVERIES,
     Outcome,
     Partition,
+    PUBLISHED_FAILED,
+    PUBLISHED_OK,
+    SETTLED_ACK,
+    SETTLED_DEAD_LETTER,
+    SETTLED_DEFER,
+    SETTLED_NAK,
     PublishListener,
+    QueueObserver,
     StreamHandler,
     SubscriptionRef,
     Timings,
@@ -155,6 +162,7 @@ class QueueClient:
         self._node = node or ""
         self._timings = timings
         self._listeners: list[PublishListener] = []
+        self._observers: list[QueueObserver] = []
         self._pairs: dict[tuple[str, str], _Pair] = {}
         self._paused = False
         self._closed = False
@@ -216,7 +224,12 @@ class QueueClient:
     async def publish(self, topic: str, event: Event) -> None:
         self._live()
         _, data = self.encode(topic, event)
-        await self._transport.publish(topic, data)
+        try:
+            await self._transport.publish(topic, data)
+        except Exception:
+            self._observe_publish(topic, event, PUBLISHED_FAILED)
+            raise
+        self._observe_publish(topic, event, PUBLISHED_OK)
         if self._listeners:
             stamped = Event.from_json(data)
             for fn in list(self._listeners):
@@ -228,6 +241,30 @@ class QueueClient:
     def add_publish_listener(self, fn: PublishListener) -> None:
         self._live()
         self._listeners.append(fn)
+
+    def add_observer(self, observer: QueueObserver) -> None:
+        self._live()
+        self._observers.append(observer)
+
+    def _observe_publish(self, topic: str, event: Event, outcome: str) -> None:
+        for observer in self._observers:
+            try:
+                observer.published(topic, event, outcome)
+            except Exception:  # counting must not be able to fail a publish
+                logger.exception("queue_observer_failed", extra={"topic": topic})
+
+    def _observe_settled(self, topic: str, outcome: str, reason: str = "") -> None:
+        for observer in self._observers:
+            try:
+                observer.settled(topic, outcome, reason)
+            except Exception:  # counting must not be able to fail a settlement
+                logger.exception("queue_observer_failed", extra={"topic": topic})
+
+    def held_count(self, topic: str, group: str) -> int:
+        pair = self._pairs.get((topic, group))
+        if pair is None:
+            return 0
+        return sum(len(att.held) for att in self._attachments if att.pair is pair)
 
     # -- durable subscriptions -----------------------------------------------
 
@@ -493,24 +530,31 @@ class QueueClient:
             )
             return None
 
-    async def _ack(self, msg: RawMessage) -> None:
+    async def _ack(self, pair: _Pair, msg: RawMessage) -> None:
         try:
             await msg.ack()
         except QueueError:
             logger.warning("queue_ack_failed", exc_info=True)
+            return
+        self._observe_settled(pair.topic, SETTLED_ACK)
 
     async def _nak(self, pair: _Pair, msg: RawMessage) -> None:
         """A failure: behind the waiting mail after the backoff, or the dead letter."""
         await self._redeliver_or_bury(
-            pair, msg, lambda: msg.nak(self._timings.backoff_s(msg.delivered)), "queue_nak_failed"
+            pair, msg, lambda: msg.nak(self._timings.backoff_s(msg.delivered)), "queue_nak_failed", SETTLED_NAK
         )
 
     async def _hand_back(self, pair: _Pair, msg: RawMessage) -> None:
         """A hand-back: at the head at once; it spent a delivery like any other."""
-        await self._redeliver_or_bury(pair, msg, msg.nak_head, "queue_hand_back_failed")
+        await self._redeliver_or_bury(pair, msg, msg.nak_head, "queue_hand_back_failed", SETTLED_DEFER)
 
     async def _redeliver_or_bury(
-        self, pair: _Pair, msg: RawMessage, redeliver: Callable[[], Awaitable[None]], failed_event: str
+        self,
+        pair: _Pair,
+        msg: RawMessage,
+        redeliver: Callable[[], Awaitable[None]],
+        failed_event: str,
+        outcome: str,
     ) -> None:
         """A delivery that did not end in an ack: the dead letter once none remain, else ``redeliver``.
 
@@ -524,6 +568,8 @@ class QueueClient:
             await redeliver()
         except QueueError:
             logger.warning(failed_event, exc_info=True)
+            return
+        self._observe_settled(pair.topic, outcome)
 
     async def _bury(self, pair: _Pair, msg: RawMessage, *, reason: str) -> None:
         """Copy to CREWLET_DLQ, then terminate; if the copy fails, keep the message.
@@ -551,6 +597,7 @@ class QueueClient:
             await msg.term()
         except QueueError:
             logger.warning("queue_term_failed", exc_info=True)
+        self._observe_settled(pair.topic, SETTLED_DEAD_LETTER, reason)
         await self._record_burial(pair, msg, reason=reason, ref=str(seq) if seq else "")
 
     async def _record_burial(self, pair: _Pair, msg: RawMessage, *, reason: str, ref: str) -> None:
@@ -656,4 +703,5 @@ class QueueClient:
         await close_each(self._closables, logger, "queue_close_closable_failed")
         self._pairs.clear()
         self._listeners.clear()
+        self._observers.clear()
         await self._transport.close()

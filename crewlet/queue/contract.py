@@ -238,6 +238,41 @@ Handler = Callable[[Delivery], Awaitable[Optional[Outcome]]]
 BatchHandler = Callable[[Partition], Awaitable[Optional[Outcome]]]
 StreamHandler = Callable[[str, Event], Awaitable[None]]
 PublishListener = Callable[[str, Event], Awaitable[None]]
+
+#: How a fetched message was settled, as a :class:`QueueObserver` hears it.
+SETTLED_ACK = "ack"
+#: Redelivered behind waiting mail after the backoff (a handler's NAK or failure).
+SETTLED_NAK = "nak"
+#: Handed back at the head (a handler's DEFER, or mail a stop, hold or quiesce gave back).
+SETTLED_DEFER = "defer"
+#: Copied to CREWLET_DLQ and terminated.
+SETTLED_DEAD_LETTER = "dead_letter"
+SETTLED_OUTCOMES = (SETTLED_ACK, SETTLED_NAK, SETTLED_DEFER, SETTLED_DEAD_LETTER)
+#: How a publish ended, as a :class:`QueueObserver` hears it.
+PUBLISHED_OK = "ok"
+PUBLISHED_FAILED = "failed"
+
+
+@runtime_checkable
+class QueueObserver(Protocol):
+    """Told, synchronously and cheaply, of every publish and every settlement the client decides.
+
+    The seam a process's metrics are counted at: the client is the one place
+    that decides every ack, nak, deferral and dead letter, so an observer
+    sees them all without any caller counting. It must not block or raise
+    (a raise is logged and ignored).
+    """
+
+    def published(self, topic: str, event: Event, outcome: str) -> None:
+        """``event`` was published on ``topic`` (``outcome`` :data:`PUBLISHED_OK`) or the publish raised."""
+
+    def settled(self, topic: str, outcome: str, reason: str) -> None:
+        """A message fetched from ``topic`` was settled as ``outcome`` (one of :data:`SETTLED_OUTCOMES`).
+
+        ``reason`` is the dead letter's reason phrase, "" for the others.
+        """
+
+
 AnswerFn = Callable[[bytes], Awaitable[bytes]]
 
 
@@ -314,6 +349,12 @@ class EventQueue(Protocol):
 
     def add_publish_listener(self, fn: PublishListener) -> None:
         """``fn(topic, stamped_event)`` is awaited after every acknowledged publish; its errors are logged."""
+
+    def add_observer(self, observer: QueueObserver) -> None:
+        """``observer`` hears of every publish and every settlement from now on (see :class:`QueueObserver`)."""
+
+    def held_count(self, topic: str, group: str) -> int:
+        """Messages of (topic, group) this client has fetched and not yet settled or handed back."""
 
     async def ensure_subscription(self, topic: str, group: str) -> bool:
         """Create the durable subscription detached at DeliverAll. True when it created it."""
@@ -423,6 +464,14 @@ __all__: Sequence[str] = (
     "SubscriptionRef",
     "Subscription",
     "EventQueue",
+    "QueueObserver",
+    "SETTLED_ACK",
+    "SETTLED_NAK",
+    "SETTLED_DEFER",
+    "SETTLED_DEAD_LETTER",
+    "SETTLED_OUTCOMES",
+    "PUBLISHED_OK",
+    "PUBLISHED_FAILED",
     "Closable",
     "remaining_after",
     "unique_partition_key",
