@@ -6,6 +6,14 @@ session/auth middleware (so a signed-in staff session is ``scope["user"]``)
 to the routes of :mod:`eventstore.stream`. No channel layer: each tab opens
 its own broadcast consumer on the engine's queue. ``manage.py up`` serves
 :func:`with_static_files` of it, so the admin has its CSS and JS.
+
+Every HTTP request runs inside an OpenTelemetry server span made by the
+OpenTelemetry ASGI instrumentation (the semantic conventions' ``http.*``
+attributes, named ``{method} {route}`` after the Django route it resolves to,
+joining an inbound W3C ``traceparent``). The one ``traceparent`` rule of this
+code base applies there too: a header that :func:`crewlet.events.trace.traceparent_from_headers`
+refuses (malformed, or sent twice) is dropped before the instrumentation sees
+it, so the request starts a fresh trace rather than joining a bogus one.
 """
 from __future__ import annotations
 
@@ -13,6 +21,8 @@ import os
 from typing import Any
 
 from django.core.asgi import get_asgi_application
+
+from crewlet.events.trace import TRACEPARENT_HEADER, traceparent_from_headers
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
 
@@ -24,9 +34,57 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from eventstore.stream import websocket_urlpatterns  # noqa: E402
 
+_TRACE_HEADERS = (TRACEPARENT_HEADER.encode(), b"tracestate")
+
+
+class StrictTraceparent:
+    """ASGI: drop a ``traceparent`` (and its ``tracestate``) that the W3C-strict parser refuses."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = scope.get("headers") or []
+        sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k.lower() == _TRACE_HEADERS[0]]
+        if sent and traceparent_from_headers(sent) is None:
+            scope = dict(scope, headers=[(k, v) for k, v in headers if k.lower() not in _TRACE_HEADERS])
+        await self.app(scope, receive, send)
+
+
+def _span_details(scope: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """``{method} {route}`` and ``http.route`` for a path Django routes; the method alone for any other."""
+    from django.urls import Resolver404, resolve
+    from opentelemetry.util.http import sanitize_method
+
+    method = sanitize_method(str(scope.get("method", "")).strip())
+    method = "HTTP" if method == "_OTHER" else method
+    try:
+        match = resolve(str(scope.get("path", "")))
+    except Resolver404:
+        return method, {}
+    route = "/" + str(match.route)
+    return f"{method} {route}", {"http.route": route}
+
+
+def traced(app: Any) -> Any:
+    """``app`` with a server span per HTTP request (the OpenTelemetry ASGI instrumentation)."""
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    from crewlet.tracing import configure_tracing
+
+    return StrictTraceparent(
+        OpenTelemetryMiddleware(
+            app,
+            tracer_provider=configure_tracing(),
+            default_span_details=_span_details,
+            exclude_spans=["receive", "send"],
+        )
+    )
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_application,
+        "http": traced(django_application),
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

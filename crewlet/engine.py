@@ -23,7 +23,8 @@ what no handler is working on), runs the stop hooks (the seat runtime's
 concurrency gate turns away what waits at it), stops the front services (the
 web server), waits for handlers in flight, stops the other services in the
 reverse of their start order, closes the emitter and the queue (handing back
-the mail of any handler that outlived the drain) and stops the broker.
+the mail of any handler that outlived the drain), stops the broker and
+exports the spans still batched.
 """
 from __future__ import annotations
 
@@ -649,6 +650,16 @@ class Engine:
         except Exception:
             log.exception("engine_queue_close_failed")
         await self._stop_broker()
+        await self._flush_spans()
+
+    async def _flush_spans(self) -> None:
+        """Export the spans still batched, so a clean stop's last requests and turns reach the collector."""
+        from crewlet.tracing import flush_spans
+
+        try:
+            await asyncio.to_thread(flush_spans)
+        except Exception:
+            log.exception("engine_span_flush_failed")
 
     async def _stop_services(self, *, front: bool) -> None:
         """Stop the running services of one kind, the last started first; a stop that raises is logged."""

@@ -15,6 +15,10 @@ field values, traceback) the values of credential query parameters
 (``?secret=``, ``token``, ``signature``, …), credential headers
 (``Authorization``, ``Cookie``, ``X-…-Signature``, ``X-…-Token``), bearer
 tokens, session/CSRF cookies and the password of a URL.
+
+A record emitted inside an OpenTelemetry span carries that span's ``trace_id``
+and ``span_id`` (:class:`TraceContext`, a filter on every handler, read where
+the record is emitted), so a log line leads to its trace and back.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ import logging
 import re
 from datetime import datetime, timezone
 from typing import Any
+
+from opentelemetry import trace as otel_trace
 
 from crewlet.jsontext import storable_text
 
@@ -140,6 +146,31 @@ class RedactSecrets(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         redact_record(record)
+        return True
+
+
+#: The fields a record emitted inside a span carries (W3C hex, as the envelope and /traces/ spell them).
+TRACE_ID_FIELD = "trace_id"
+SPAN_ID_FIELD = "span_id"
+
+
+class TraceContext(logging.Filter):
+    """A handler filter: a record emitted inside a valid span gets its ``trace_id`` and ``span_id``.
+
+    A record that names a trace itself (``extra={"trace_id": ...}``) keeps its
+    own; the span id is added beside it only when the trace is the span's.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = otel_trace.get_current_span().get_span_context()
+        if not context.is_valid:
+            return True
+        trace_id = format(context.trace_id, "032x")
+        own = getattr(record, TRACE_ID_FIELD, None)
+        if own is None:
+            setattr(record, TRACE_ID_FIELD, trace_id)
+        if getattr(record, TRACE_ID_FIELD, None) == trace_id and getattr(record, SPAN_ID_FIELD, None) is None:
+            setattr(record, SPAN_ID_FIELD, format(context.span_id, "016x"))
         return True
 
 

@@ -268,7 +268,10 @@ STATIC_ROOT = VAR_DIR / "static"
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "crewlet.logfmt.RedactSecrets"}},
+    "filters": {
+        "trace": {"()": "crewlet.logfmt.TraceContext"},
+        "redact": {"()": "crewlet.logfmt.RedactSecrets"},
+    },
     "formatters": {
         "kv": {"()": "crewlet.logfmt.KeyValueFormatter"},
         "json": {"()": "crewlet.logfmt.JsonFormatter"},
@@ -277,7 +280,7 @@ LOGGING: dict[str, Any] = {
         "stderr": {
             "class": "logging.StreamHandler",
             "formatter": "json" if os.environ.get("CREWLET_LOG_FORMAT", "kv") == "json" else "kv",
-            "filters": ["redact"],
+            "filters": ["trace", "redact"],
         },
     },
     "root": {"handlers": ["stderr"], "level": os.environ.get("CREWLET_LOG_LEVEL", "INFO").upper()},

@@ -24,11 +24,20 @@ The value type (``Trace``) and the ``traceparent`` codec live in
 build and decode events without this module; they are re-exported here for
 the callers that also open spans.
 
-OpenTelemetry's SDK is wired in by ``configure_tracing()``; OTLP export is on
-only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces-specific
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set, so a laptop exports nothing
-and needs no collector. The exporter is the HTTP/protobuf one (no grpc), and it
+OpenTelemetry's SDK is wired in by ``configure_tracing()`` as the SDK documents
+it, reading the standard variables and overriding none: the resource is the
+SDK's own (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``; ``crewlet`` is
+only the fallback service name when neither names one), the sampler is
+``OTEL_TRACES_SAMPLER``'s, the batch processor reads ``OTEL_BSP_*``. OTLP export
+is on only when the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the
+traces-specific ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set and
+``OTEL_TRACES_EXPORTER`` does not say ``none``, so a laptop exports nothing and
+needs no collector. The exporter is the HTTP/protobuf one (no grpc), and it
 reads the rest of the standard ``OTEL_EXPORTER_OTLP_*`` variables itself.
+:func:`flush_spans` exports what is batched (the engine calls it as it stops).
+
+:func:`messaging_attributes` are the semantic conventions' attributes of a
+span that publishes to or processes from the broker.
 """
 from __future__ import annotations
 
@@ -65,7 +74,28 @@ if TYPE_CHECKING:  # pragma: no cover - hints only
 log = logging.getLogger("crewlet.tracing")
 
 OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+#: The standard variable naming the traces exporter; "none" turns export off.
+TRACES_EXPORTER_VAR = "OTEL_TRACES_EXPORTER"
+#: The service name when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES gives one.
+DEFAULT_SERVICE_NAME = "crewlet"
+#: How long a stop waits for the batched spans to reach the collector.
+FLUSH_TIMEOUT_S = 5.0
 _TRACER_NAME = "crewlet"
+_SERVICE_NAME = "service.name"
+#: What the SDK names a service nobody named (``unknown_service`` or ``unknown_service:<executable>``).
+_UNKNOWN_SERVICE = "unknown_service"
+
+# Messaging semantic conventions (the OpenTelemetry names, spelled once here).
+MESSAGING_SYSTEM = "messaging.system"
+MESSAGING_DESTINATION_NAME = "messaging.destination.name"
+MESSAGING_OPERATION_TYPE = "messaging.operation.type"
+MESSAGING_OPERATION_NAME = "messaging.operation.name"
+MESSAGING_CONSUMER_GROUP_NAME = "messaging.consumer.group.name"
+MESSAGING_MESSAGE_ID = "messaging.message.id"
+MESSAGING_SYSTEM_NATS = "nats"
+#: ``messaging.operation.type`` of a span that publishes, and of one that processes a delivered message.
+OPERATION_SEND = "send"
+OPERATION_PROCESS = "process"
 
 
 # --- OpenTelemetry wiring -------------------------------------------------
@@ -77,18 +107,35 @@ _exporters: "weakref.WeakKeyDictionary[TracerProvider, Any]" = weakref.WeakKeyDi
 
 
 def otlp_endpoint_configured(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether the standard OTLP endpoint variable asks for export (off by default)."""
+    """Whether the standard OTLP endpoint variable asks for export (off by default) and OTEL_TRACES_EXPORTER allows it."""
     env = os.environ if environ is None else environ
+    exporters = {part.strip().lower() for part in (env.get(TRACES_EXPORTER_VAR) or "").split(",") if part.strip()}
+    if exporters and "otlp" not in exporters:
+        return False
     return any((env.get(name) or "").strip() for name in OTLP_ENDPOINT_VARS)
 
 
-def build_provider(service_name: str = "crewlet") -> TracerProvider:
+def service_resource(service_name: str = DEFAULT_SERVICE_NAME) -> Resource:
+    """The SDK's resource from the standard variables, named ``service_name`` only when they name no service.
+
+    ``Resource.create`` reads ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``
+    (the latter winning); attributes passed to it would override both, so the
+    fallback name is merged in only when the SDK found none.
+    """
+    resource = Resource.create()
+    named = str(resource.attributes.get(_SERVICE_NAME, ""))
+    if named and not named.startswith(_UNKNOWN_SERVICE):
+        return resource
+    return resource.merge(Resource({_SERVICE_NAME: service_name}))
+
+
+def build_provider(service_name: str = DEFAULT_SERVICE_NAME) -> TracerProvider:
     """A fresh SDK provider for this process, exporting over OTLP only when asked to.
 
     Separate from ``configure_tracing`` so the decision can be checked without
     touching the process-wide provider, which OpenTelemetry lets be set once.
     """
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=service_resource(service_name))
     exporter = None
     if otlp_endpoint_configured():
         try:
@@ -125,7 +172,7 @@ def span_exporters(provider: Any) -> list[Any]:
     return [p.span_exporter for p in processors if getattr(p, "span_exporter", None) is not None]
 
 
-def configure_tracing(service_name: str = "crewlet") -> TracerProvider:
+def configure_tracing(service_name: str = DEFAULT_SERVICE_NAME) -> TracerProvider:
     """Install the SDK provider once per process and return the one in force.
 
     Idempotent: a provider already set (by an earlier call or by a host that
@@ -142,6 +189,40 @@ def configure_tracing(service_name: str = "crewlet") -> TracerProvider:
         if isinstance(installed, TracerProvider):
             return installed
         return provider  # pragma: no cover - only if a non-SDK provider was set first
+
+
+def flush_spans(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+    """Export every span batched so far (blocking, at most ``timeout_s``); True when all went.
+
+    A clean stop calls it so the last requests' and turns' spans reach the
+    collector rather than dying in the batch queue with the process.
+    """
+    provider = otel_trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        return True
+    done = provider.force_flush(int(max(timeout_s, 0.0) * 1000))
+    if not done:
+        log.warning("tracing_flush_incomplete", extra={"timeout_s": timeout_s})
+    return bool(done)
+
+
+def messaging_attributes(operation: str, destination: str, *, group: str = "", message_id: str = "") -> dict[str, str]:
+    """The messaging semantic conventions' attributes of a span that sends to or processes from ``destination``.
+
+    ``operation`` is :data:`OPERATION_SEND` or :data:`OPERATION_PROCESS`;
+    ``group`` the consumer group (a durable subscription's name) of a process span.
+    """
+    attributes = {
+        MESSAGING_SYSTEM: MESSAGING_SYSTEM_NATS,
+        MESSAGING_DESTINATION_NAME: destination,
+        MESSAGING_OPERATION_TYPE: operation,
+        MESSAGING_OPERATION_NAME: "publish" if operation == OPERATION_SEND else OPERATION_PROCESS,
+    }
+    if group:
+        attributes[MESSAGING_CONSUMER_GROUP_NAME] = group
+    if message_id:
+        attributes[MESSAGING_MESSAGE_ID] = message_id
+    return attributes
 
 
 def tracer() -> otel_trace.Tracer:
@@ -299,6 +380,7 @@ def child_span(
 
 
 __all__ = [
+    "DEFAULT_SERVICE_NAME",
     "FLAG_RANDOM",
     "FLAG_SAMPLED",
     "OTLP_ENDPOINT_VARS",
@@ -306,16 +388,21 @@ __all__ = [
     "TRACEPARENT_VERSION",
     "Trace",
     "TraceParent",
+    "OPERATION_PROCESS",
+    "OPERATION_SEND",
     "build_provider",
     "child_span",
     "configure_tracing",
+    "flush_spans",
     "format_traceparent",
     "is_span_id",
     "is_trace_id",
+    "messaging_attributes",
     "otlp_endpoint_configured",
     "otlp_exporter",
     "parse_traceparent",
     "restore",
+    "service_resource",
     "span_exporters",
     "start_span",
     "trace_of",

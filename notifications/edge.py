@@ -64,7 +64,7 @@ from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Surface
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import TRACEPARENT_HEADER, parse_traceparent, start_span, trace_of
+from crewlet.tracing import OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, parse_traceparent, start_span, trace_of
 from crewlet.web import webhook_max_body_bytes
 from notifications.parsers import (
     MAX_JSON_DEPTH,
@@ -240,8 +240,13 @@ class Edge:
         with start_span(
             "webhook.receive",
             parent=inbound_parent,
-            kind=SpanKind.SERVER,
-            attributes={"crewlet.source": req.source, "crewlet.delivery_id": delivery_id, "crewlet.event_name": event_name},
+            kind=SpanKind.PRODUCER,  # the request's server span is the HTTP instrumentation's
+            attributes={
+                "crewlet.source": req.source,
+                "crewlet.delivery_id": delivery_id,
+                "crewlet.event_name": event_name,
+                **messaging_attributes(OPERATION_SEND, topics.NOTIFICATIONS_INBOUND),
+            },
         ):
             trace = trace_of()
             # The raw_webhook (what routing reads) and the inbound_delivery (the record) name the delivery alike.

@@ -73,7 +73,7 @@ from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import Delivery, EventQueue, Outcome, Subscription
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import child_span, trace_of
+from crewlet.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
 from notifications import store
 from notifications.parsers import (
     JSON_MEDIA,
@@ -236,7 +236,9 @@ class NotifyRouter:
         raw = event.data if isinstance(event.data, RawWebhook) else None
         source = (raw.provider if raw is not None else "") or event.source or ""
         result = RouteResult(source=source)
-        with child_span(event, "notify.route", attributes={"crewlet.source": source, "crewlet.delivery_event": event.id}):
+        attributes = {"crewlet.source": source, "crewlet.delivery_event": event.id}
+        attributes.update(messaging_attributes(OPERATION_PROCESS, topics.NOTIFICATIONS_INBOUND, group=self.group, message_id=event.id))
+        with child_span(event, "notify.route", attributes=attributes):
             await self._route(event, raw, source, result)
         self.routed += 1
         return result

@@ -77,7 +77,7 @@ from crewlet.queue.contract import (
     unique_partition_key,
 )
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import child_span, trace_of
+from crewlet.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
 from django.db import DatabaseError
 from seats.hooks import run_after_turn
 from seats.ledger import (
@@ -564,7 +564,9 @@ class InboxLoop:
             return await self._turn(seat, trigger)
 
         self.stats.turns += 1
-        with child_span(fresh[0], "seat.turn", attributes={"crewlet.seat": seat.handle, "crewlet.partition": key}):
+        attributes = {"crewlet.seat": seat.handle, "crewlet.partition": key}
+        attributes.update(messaging_attributes(OPERATION_PROCESS, self.topic, group=self.group, message_id=fresh[0].id))
+        with child_span(fresh[0], "seat.turn", attributes=attributes):
             if self.merge is not None and len(fresh) > 1:
                 try:
                     result = await self.merge(self.queue, seat.handle, fresh, run_one, role=seat.role, agent_id=seat.agent_id)

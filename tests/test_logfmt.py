@@ -25,3 +25,31 @@ def test_key_value_formatter_renders_extra_fields() -> None:
 def test_json_formatter_renders_extra_fields() -> None:
     data = json.loads(JsonFormatter().format(_record(node="n1", services=2)))
     assert data["event"] == "engine_started" and data["node"] == "n1" and data["services"] == 2
+
+
+def test_a_record_emitted_inside_a_span_carries_its_trace_and_span_id_in_both_formats_redaction_kept() -> None:
+    from crewlet.logfmt import RedactSecrets, TraceContext
+    from crewlet.tracing import start_span
+
+    outside = _record()
+    assert TraceContext().filter(outside) and not hasattr(outside, "trace_id")
+    with start_span("logged") as span:
+        context = span.get_span_context()
+        trace_id, span_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
+        records = [_record(api_token="s3cret-value-123"), _record(api_token="s3cret-value-123")]
+        for record in records:
+            assert TraceContext().filter(record) and RedactSecrets().filter(record)
+    line = KeyValueFormatter().format(records[0])
+    assert f"trace_id={trace_id} span_id={span_id}" in line and "s3cret" not in line
+    data = json.loads(JsonFormatter().format(records[1]))
+    assert (data["trace_id"], data["span_id"], data["api_token"]) == (trace_id, span_id, "[redacted]")
+
+
+def test_a_record_naming_another_trace_keeps_it_and_gets_no_span_id_of_the_current_one() -> None:
+    from crewlet.logfmt import TraceContext
+    from crewlet.tracing import start_span
+
+    with start_span("logged"):
+        record = _record(trace_id="0af7651916cd43dd8448eb211c80319c")
+        TraceContext().filter(record)
+    assert record.trace_id == "0af7651916cd43dd8448eb211c80319c" and not hasattr(record, "span_id")

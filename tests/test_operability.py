@@ -1,8 +1,10 @@
 """What an operator's own tools meet at a real ``manage.py up``: ``/metrics``, ``/livez``, ``/readyz`` and OTLP traces.
 
 One ``up`` serves the whole module (its broker, its stores), exporting its
-spans to an OTLP/HTTP receiver this module runs; the frozen-broker test
-thaws the broker before it ends, and runs last.
+spans to an OTLP/HTTP receiver this module runs. Its batch processor is told
+to wait ten minutes between exports, so the spans reach the receiver only
+through the flush of a clean stop: the tracing test, last, stops ``up``. The
+frozen-broker test thaws the broker before it ends.
 """
 from __future__ import annotations
 
@@ -109,11 +111,12 @@ def up(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator
         CREWLET_OPERATOR_TOKEN=TOKEN,
         CREWLET_METRICS_TOKEN=SCRAPE_TOKEN,
         CREWLET_HEALTH_BROKER_TIMEOUT_S="0.5",
-        CREWLET_LOG_LEVEL="DEBUG",
         OTEL_SERVICE_NAME=SERVICE_NAME,
         OTEL_RESOURCE_ATTRIBUTES="deployment.environment=operability-test",
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
-        OTEL_BSP_SCHEDULE_DELAY="100",
+        OTEL_BSP_SCHEDULE_DELAY="600000",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4096",
+        OTEL_BSP_MAX_QUEUE_SIZE="16384",
     )
     yield from serve(UpProcess(tmp, node=NODE, env=env))
 
@@ -192,9 +195,11 @@ def test_a_webhook_moves_the_webhook_publish_delivery_and_turn_metrics_and_every
     def moved() -> Optional[dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
         now = scrape(up)
         turns = value(now, "crewlet_turns_completed_total") > value(before, "crewlet_turns_completed_total")
-        return now if turns else None
+        ack = ("crewlet_queue_deliveries_total", (("outcome", "ack"), ("stream", "CREWLET_AGENT")))
+        acked = now.get(ack, 0.0) > before.get(ack, 0.0)  # the trigger is acked once the turn is recorded
+        return now if turns and acked else None
 
-    after = wait_until(moved, WAIT_S, "a turn counted after the webhook")
+    after = wait_until(moved, WAIT_S, "a turn counted, and its trigger acked, after the webhook")
     delta = lambda name, **labels: value(after, name, **labels) - value(before, name, **labels)  # noqa: E731
     assert delta("crewlet_webhook_deliveries_total", source="slack", status="202") == 1
     assert delta("crewlet_webhook_accept_seconds_count", source="slack") == 1
@@ -257,3 +262,53 @@ def test_a_frozen_broker_makes_readyz_503_naming_the_broker_while_livez_stays_20
     finally:
         os.kill(broker[0], signal.SIGCONT)
     wait_until(lambda: _json(up, "/readyz")[0] == 200, WAIT_S, "/readyz back to 200 after SIGCONT")
+
+
+# -- OpenTelemetry, through the standard variables (last: it stops ``up``) -----------------------------
+
+
+@pytest.mark.timeout(180)
+def test_a_webhooks_spans_reach_the_collector_under_otel_service_name_with_its_trace_id_when_up_stops(
+    up: UpProcess, receiver: Receiver
+) -> None:
+    trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    answer = _post_webhook(up, "trace me", {"traceparent": f"00-{trace_id}-{parent_id}-01"})
+    assert answer["trace_id"] == trace_id
+    # The turn's own log line, written inside its span, names the trace.
+    up.wait_for(f"trace_id={trace_id}", timeout_s=WAIT_S)
+    wait_until(
+        lambda: any("event=agent_turn_finished" in line and f"trace_id={trace_id}" in line for line in up.output_so_far().splitlines()),
+        WAIT_S,
+        "the webhook's turn finished, logged under its trace",
+    )
+    assert receiver.of_trace(trace_id) == []  # batched, not yet exported: the stop's flush sends them
+    assert up.terminate() == 0
+
+    spans = receiver.of_trace(trace_id)
+    by_name = {span["name"]: span for span in spans}
+    assert {"POST /webhooks/slack", "webhook.receive", "notify.route", "seat.turn"} <= set(by_name), sorted(by_name)
+    for span in spans:
+        assert span["resource"]["service.name"] == SERVICE_NAME
+        assert span["resource"]["deployment.environment"] == "operability-test"
+        assert span["path"] == "/v1/traces"
+    server = by_name["POST /webhooks/slack"]
+    assert server["kind"] == 2  # SPAN_KIND_SERVER
+    assert server["attributes"]["http.route"] == "/webhooks/slack"
+    status = server["attributes"].get("http.response.status_code", server["attributes"].get("http.status_code"))
+    assert status == 202
+    sent = by_name["webhook.receive"]
+    assert sent["kind"] == 4  # SPAN_KIND_PRODUCER
+    assert sent["attributes"]["messaging.system"] == "nats"
+    assert sent["attributes"]["messaging.destination.name"] == "crewlet.notifications.inbound"
+    assert sent["attributes"]["messaging.operation.type"] == "send"
+    turn = by_name["seat.turn"]
+    assert turn["kind"] == 5  # SPAN_KIND_CONSUMER
+    assert turn["attributes"]["messaging.destination.name"] == "crewlet.agent.ada.inbox"
+    assert turn["attributes"]["messaging.operation.type"] == "process"
+    assert turn["attributes"]["messaging.consumer.group.name"]
+
+    # The log lines written inside those spans name them.
+    span_ids = {span["span_id"] for span in spans}
+    inside = [line for line in up.output().splitlines() if f"trace_id={trace_id}" in line and " span_id=" in line]
+    assert inside, "no log line carries the webhook's trace and span"
+    assert {line.split(" span_id=", 1)[1].split()[0] for line in inside} <= span_ids | {parent_id}

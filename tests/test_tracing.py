@@ -293,3 +293,44 @@ def test_a_blank_endpoint_does_not_switch_export_on(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "  ")
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     assert not tracing.otlp_endpoint_configured()
+
+
+# -- the standard OTEL_* variables, never overridden ------------------------------------------
+
+
+def test_otel_service_name_names_the_service_over_the_fallback(monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "billing-crewlet")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=ignored,deployment.environment=staging")
+    attributes = tracing.service_resource().attributes
+    assert attributes["service.name"] == "billing-crewlet"
+    assert attributes["deployment.environment"] == "staging"
+
+
+def test_otel_resource_attributes_may_name_the_service_and_crewlet_is_only_the_fallback(monkeypatch):
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes")
+    assert tracing.service_resource().attributes["service.name"] == "from-attributes"
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
+    assert tracing.service_resource().attributes["service.name"] == "crewlet"
+
+
+def test_otel_traces_exporter_none_turns_export_off_even_with_an_endpoint(monkeypatch):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_EXPORTER": "none"}
+    assert not tracing.otlp_endpoint_configured(env)
+    assert tracing.otlp_endpoint_configured({**env, "OTEL_TRACES_EXPORTER": "otlp"})
+
+
+def test_messaging_attributes_follow_the_semantic_conventions():
+    from opentelemetry.semconv._incubating.attributes import messaging_attributes as semconv
+
+    sent = tracing.messaging_attributes(tracing.OPERATION_SEND, "crewlet.notifications.inbound")
+    assert sent == {
+        semconv.MESSAGING_SYSTEM: "nats",
+        semconv.MESSAGING_DESTINATION_NAME: "crewlet.notifications.inbound",
+        semconv.MESSAGING_OPERATION_TYPE: "send",
+        semconv.MESSAGING_OPERATION_NAME: "publish",
+    }
+    processed = tracing.messaging_attributes(tracing.OPERATION_PROCESS, "crewlet.agent.ada.inbox", group="ada", message_id="e1")
+    assert processed[semconv.MESSAGING_OPERATION_TYPE] == "process"
+    assert processed[semconv.MESSAGING_CONSUMER_GROUP_NAME] == "ada"
+    assert processed["messaging.message.id"] == "e1"
