@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
@@ -17,7 +18,7 @@ import pytest_asyncio
 
 from crewlet.conf import ClusterSettings
 from crewlet.queue import topics
-from crewlet.queue.broker import ClusterFormTimeout, EmbeddedBroker
+from crewlet.queue.broker import ClusterFormTimeout, EmbeddedBroker, connect_queue
 from crewlet.queue.errors import Unavailable
 from crewlet.queue.jetstream import JetStreamTransport
 from crewlet.queue.jetstream.message import JetStreamMessage
@@ -38,7 +39,8 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loo
 
 @asynccontextmanager
 async def transport(cluster: LoopbackCluster, *, replicas: int, url: Optional[str] = None) -> AsyncIterator[JetStreamTransport]:
-    t = await JetStreamTransport.connect(url or cluster.urls(), node="tester", replicas=replicas, reconnect_wait_s=0.05)
+    # A short API deadline: a publish during a leader election is retried after 1 s rather than 5.
+    t = await JetStreamTransport.connect(url or cluster.urls(), node="tester", replicas=replicas, reconnect_wait_s=0.05, api_timeout_s=1.0)
     try:
         yield t
     finally:
@@ -142,9 +144,11 @@ async def test_an_r3_stream_keeps_accepting_and_delivering_with_one_member_kille
         leader = (await stream_info(cluster, AGENT_STREAM))["cluster"]["leader"]
         victim = next(i for i in range(3) if node_name(i) == leader)  # the stream's leader: the hardest one to lose
         await cluster.kill(victim)
+        killed = time.monotonic()
         try:
             for i in range(3):
                 await publish_eventually(t, topic, f"after-{i}".encode())
+            print(f"\nR3 stream, its leader killed: publishes taken again {time.monotonic() - killed:.1f}s later (the raft election)")
             got = await drain(t, topic, group, 6)
             assert sorted(got) == sorted([f"before-{i}".encode() for i in range(3)] + [f"after-{i}".encode() for i in range(3)])
         finally:
@@ -199,6 +203,16 @@ async def test_a_client_given_every_member_s_url_carries_on_through_another_when
             assert t._nc.connected_url is not None and t._nc.connected_url.port != connected.port
         finally:
             await cluster.restart(victim)
+
+
+async def test_an_external_cluster_is_dialled_through_every_url_listed_and_provisioned_at_the_setting(cluster: LoopbackCluster) -> None:
+    queue, broker = await connect_queue(stream_type="nats", url=cluster.urls(), store_dir=None, node="ext", replicas=3)
+    try:
+        assert broker is None
+        info = await stream_info(cluster, AGENT_STREAM)
+        assert info["config"]["num_replicas"] == 3 and replica_count(info) == 3
+    finally:
+        await queue.close()
 
 
 async def test_a_lone_server_asked_for_three_replicas_refuses_naming_the_setting(tmp_path: Path) -> None:
