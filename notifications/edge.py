@@ -54,7 +54,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from crewlet import events
@@ -128,26 +128,26 @@ def verify(source: Source, surface: Surface, req: InboundRequest, now: float, en
 # -- the edge ---------------------------------------------------------------------
 
 
+@dataclass(eq=False, repr=False)
 class Edge:
-    """Accepts webhook deliveries into the broker on behalf of one node."""
+    """Accepts webhook deliveries into the broker on behalf of one node.
 
-    def __init__(
-        self,
-        queue: EventQueue,
-        holder: CompanyHolder,
-        *,
-        clock: Callable[[], float] = time.time,
-        environ: Optional[Mapping[str, str]] = None,
-        max_body: Optional[int] = None,
-    ) -> None:
-        self.queue = queue
-        self.holder = holder
-        self.clock = clock
-        self.environ = environ
-        self.max_body = max_body
-        self._inbound_ready = False
+    ``loop`` is the event loop it was made on (None outside one): a request
+    arriving on another thread's loop is run there, where the queue lives.
+    """
+
+    queue: EventQueue
+    holder: CompanyHolder
+    _: KW_ONLY
+    clock: Callable[[], float] = time.time
+    environ: Optional[Mapping[str, str]] = None
+    max_body: Optional[int] = None
+    loop: Optional[asyncio.AbstractEventLoop] = field(init=False, default=None)
+    _inbound_ready: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
         try:
-            self.loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+            self.loop = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = None
 
