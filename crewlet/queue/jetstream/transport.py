@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TypedDict, Unpack
 
 import nats.errors
 
@@ -18,6 +19,23 @@ from crewlet.queue.jetstream.wire import redact_url
 from crewlet.queue.natsclient import LatePongClient
 
 logger = logging.getLogger(__name__)
+
+
+class ConnectOptions(TypedDict, total=False):
+    """What :meth:`JetStreamTransport.connect` takes beside the url (its defaults apply to what is left out).
+
+    :meth:`JetStreamQueue.connect` takes the same, so the two never drift apart.
+    """
+
+    node: str
+    timings: Timings
+    event_retention_hours: float
+    memory_storage: bool
+    replicas: int
+    connect_timeout_s: float
+    reconnect_wait_s: float
+    api_timeout_s: float
+    placement_wait_s: float
 
 
 class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServePart):
@@ -181,34 +199,24 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
         logger.info("jetstream_closed", extra={"url": self._url})
 
 
+#: The node a :class:`JetStreamQueue` names when its caller names none.
+DEFAULT_NODE = "n1"
+
+
 class JetStreamQueue:
     """The JetStream-backed :class:`~crewlet.queue.contract.EventQueue`."""
 
     name = "jetstream"
 
     @staticmethod
-    async def connect(
-        url: str,
-        node: str = "n1",
-        timings: Timings = Timings(),
-        event_retention_hours: float = 720.0,
-        memory_storage: bool = False,
-        *,
-        replicas: int = 1,
-        connect_timeout_s: float = 5.0,
-        placement_wait_s: float = 0.0,
-    ) -> EventQueue:
-        """Dial ``url``, provision the streams, and return the shared client over JetStream."""
+    async def connect(url: str, **options: Unpack[ConnectOptions]) -> EventQueue:
+        """Dial ``url``, provision the streams, and return the shared client over JetStream.
+
+        ``options`` are the transport's (:class:`ConnectOptions`); the node is
+        ``n1`` when none is named, and the client keeps the transport's timings.
+        """
         from crewlet.queue.client import QueueClient
 
-        transport = await JetStreamTransport.connect(
-            url,
-            node=node,
-            timings=timings,
-            event_retention_hours=event_retention_hours,
-            memory_storage=memory_storage,
-            replicas=replicas,
-            connect_timeout_s=connect_timeout_s,
-            placement_wait_s=placement_wait_s,
-        )
-        return QueueClient(transport, node=node, timings=timings)
+        options.setdefault("node", DEFAULT_NODE)
+        transport = await JetStreamTransport.connect(url, **options)
+        return QueueClient(transport, node=options["node"], timings=transport.timings)
