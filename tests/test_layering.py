@@ -144,19 +144,19 @@ def test_the_check_reads_imports_wherever_they_sit(source: str, module: str, exp
 
 
 @pytest.mark.parametrize(
-    "arrow",
+    ("where", "target"),
     [
-        ("seats.inbox:3", "seats", "eventstore"),
-        ("seats.runtime:9", "seats", "notifications"),
-        ("notifications.service:5", "notifications", "seats"),
-        ("eventstore.projection:7", "eventstore", "a2a"),
-        ("crewlet.dashboard:4", "crewlet", "seats"),
-        ("crewlet.health:8", "crewlet", "eventstore"),
+        ("seats.inbox:3", "eventstore"),
+        ("seats.runtime:9", "notifications"),
+        ("notifications.service:5", "seats"),
+        ("eventstore.projection:7", "a2a"),
+        ("crewlet.dashboard:4", "seats"),
+        ("crewlet.health:8", "eventstore"),
     ],
 )
-def test_an_arrow_the_graph_does_not_allow_is_reported_with_its_line(arrow: tuple[str, str, str]) -> None:
-    [reported] = offences([arrow])
-    assert reported.startswith(f"{arrow[0]} imports {arrow[2]}: ")
+def test_an_arrow_the_graph_does_not_allow_is_reported_with_its_line(where: str, target: str) -> None:
+    [reported] = offences([(where, where.split(".")[0], target)])  # the importing package heads its module path
+    assert reported.startswith(f"{where} imports {target}: ")
 
 
 def test_the_arrows_the_graph_allows_are_not_reported() -> None:
