@@ -1,0 +1,82 @@
+"""The tool loop through a real `manage.py up`: a Slack mention wakes ada, whose scripted model asks linus with a2a_ask.
+
+Offline: the echo model's script is the model, ``a2a_ask`` the tool. What is
+asserted is read back the way an operator reads it, through ``/api/events``.
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser_support import slack_message
+from tests.up_support import UpProcess, up_env
+from waiting_support import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+TOKEN = "turn-loop-up-operator-token-0123456789abcdef"
+COMPANY = """\
+org: acme
+providers:
+  llm:
+    - kind: echo
+      match: "ask linus"
+      script:
+        - {tool: a2a_ask, arguments: {to: linus, brief: "is the deploy green?"}}
+surfaces:
+  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
+seats:
+  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [a2a_ask], max_rounds: 4}
+  - {handle: linus, kind: agent, role: reviewer, identities: {slack: U0LINUS}}
+  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
+"""
+
+
+def api(up: UpProcess, path: str) -> Any:
+    request = urllib.request.Request(up.url + path, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def events_of(up: UpProcess, etype: str, **filters: str) -> list[dict[str, Any]]:
+    """Every stored event of ``etype`` (newest first), each as published (its wire form)."""
+    query = "&".join([f"type={etype}", *(f"{k}={v}" for k, v in filters.items())])
+    rows = api(up, f"/api/events?{query}")["events"]
+    return [api(up, f"/api/events/{row['id']}")["event"]["wire"] for row in rows]
+
+
+def test_a_slack_mention_runs_adas_tool_loop_and_linus_answer_wakes_her_with_the_channel_closed(tmp_path: Path) -> None:
+    company = tmp_path / "company.yaml"
+    company.write_text(COMPANY)
+    env = up_env(CREWLET_VAR_DIR=str(tmp_path / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
+    with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as up:
+        body = slack_message(f"Ev{uuid.uuid4().hex[:10]}", "please ask linus about the deploy")
+        request = urllib.request.Request(
+            up.url + "/webhooks/slack", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 202, response.read()
+
+        wait_until(lambda: len(events_of(up, "agent_phase_completed", seat="ada")) == 2, 60, "ada asked, then was woken")
+        closed = events_of(up, "a2a_channel_closed")
+        woken, asking = events_of(up, "agent_phase_completed", seat="ada")
+        [answering] = events_of(up, "agent_phase_completed", seat="linus")
+        assert up.terminate() == 0, up.output()
+
+    rounds = asking["rounds"]
+    assert [r["stop_reason"] for r in rounds] == ["tool_use"]  # the turn ends after a2a_ask
+    [ask] = rounds[0]["tool_calls"]
+    assert (ask["name"], ask["ok"]) == ("a2a_ask", True)
+    assert asking["tool_calls"][0]["arguments"] == {"to": "linus", "brief": "is the deploy green?"}
+    assert answering["user_prompt"] == "ada: is the deploy green?"
+    assert woken["user_prompt"] == f"linus: {answering['response']}"
+    [channel] = closed
+    cid = channel["channel_id"]
+    assert (channel["closed_by"], channel["turn_id"], channel["work_key"]) == (
+        "linus", answering["turn_id"], f"a2a:{cid}"
+    )
