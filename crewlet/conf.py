@@ -396,6 +396,18 @@ class ToolSettings(_Section):
 
 
 @dataclass(frozen=True)
+class HistorySettings(_Section):
+    """How long a history read waits for the fleet's other nodes before naming the ones that did not answer."""
+
+    SECTION = "history"
+
+    fleet_read_budget_s: float = setting(
+        2.0, env="CREWLET_FLEET_READ_BUDGET_S", bounds=(0.05, 60),
+        doc="how long a history read waits for every live node's answer",
+    )
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Everything the engine is configured with."""
 
@@ -403,6 +415,7 @@ class EngineSettings:
     node: NodeSettings = field(default_factory=NodeSettings)
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
     tools: ToolSettings = field(default_factory=ToolSettings)
+    history: HistorySettings = field(default_factory=HistorySettings)
 
     def timings(self) -> Timings:
         """The queue's :class:`Timings`: the redelivery spacing and the ack clock."""

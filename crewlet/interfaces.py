@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
 EVENT_STORE = "eventstore_writer"
 #: The live projection of the company (:class:`eventstore.projection.LiveProjection`).
 LIVE_PROJECTION = "eventstore_projection"
+#: The fleet's history reads: this node's answers served, and every node asked (:mod:`eventstore.fanout`).
+FLEET_READS = "eventstore_fleet_reads"
 #: This node's seat runtime: its inbox loops, holds and pauses (:class:`SeatLoops`).
 SEAT_RUNTIME = "seat_runtime"
 #: The notifications duties, whose ``edge`` publishes what ``POST /webhooks/<source>`` receives.
@@ -75,6 +77,7 @@ def seat_loops(engine: Any) -> Optional[SeatLoops]:
 __all__ = [
     "CONFIG_POLLER",
     "EVENT_STORE",
+    "FLEET_READS",
     "LIVE_PROJECTION",
     "NOTIFY",
     "PauseRow",

@@ -19,6 +19,7 @@ case of asking the engine's queue.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import logging
 from typing import TYPE_CHECKING, Awaitable, Callable, Optional, TypeVar
@@ -163,29 +164,15 @@ def on_engine(make: Callable[[EventQueue], Awaitable[_T]], timeout_s: float = EN
     return call_on_loop(lambda: make(queue), running.loop, timeout_s)
 
 
-# -- a thread waiting on the engine's loop ---------------------------------------------------
+def start_on_loop(
+    make: Callable[[], Awaitable[_T]], loop: Optional[asyncio.AbstractEventLoop]
+) -> "concurrent.futures.Future[_T]":
+    """Start ``make()`` as a task on ``loop`` and return its future at once (:func:`call_on_loop` waits on it).
 
-def call_on_loop(
-    make: Callable[[], Awaitable[_T]], loop: Optional[asyncio.AbstractEventLoop], timeout_s: float
-) -> _T:
-    """Run ``make()`` as a task on ``loop`` and wait at most ``timeout_s`` for its result.
-
-    The task runs in a fresh :mod:`contextvars` context, as the engine's own
-    tasks do, never in a copy of the calling thread's. A copy would carry
-    asgiref's per-request thread marker: the coroutine's store calls
-    (``sync_to_async(thread_sensitive=True)``) would then be queued on the very
-    request thread that is blocked here waiting for them, and the wait could
-    only end by timing out — after the work had been half done. In a fresh
-    context they run on the engine's store thread. A copy would also carry the
-    request thread's database connections into that thread. The caller's
-    OpenTelemetry context (its current span) is carried across explicitly, so
-    events the coroutine publishes still hang off the caller's trace.
-
-    Refuses (:class:`EngineAway`) rather than waiting where waiting cannot
-    end: on a thread that runs an event loop (await the coroutine instead), and
-    on the store thread itself (the coroutine's store calls would queue behind
-    this wait). On a timeout the task is cancelled and :class:`EngineAway`
-    raised; what the coroutine had already committed stays committed.
+    For a thread with work of its own to do meanwhile (a history read reads
+    this node's store while the loop asks the others). The same refusals and
+    the same fresh context as :func:`call_on_loop`; the caller waits on the
+    future with a timeout and cancels it when that runs out.
     """
     if loop is None or loop.is_closed():
         raise EngineAway(NO_ENGINE)
@@ -213,6 +200,34 @@ def call_on_loop(
     except RuntimeError as exc:  # the loop closed since the check above
         coro.close()
         raise EngineAway(NO_ENGINE) from exc
+    return future
+
+
+# -- a thread waiting on the engine's loop ---------------------------------------------------
+
+def call_on_loop(
+    make: Callable[[], Awaitable[_T]], loop: Optional[asyncio.AbstractEventLoop], timeout_s: float
+) -> _T:
+    """Run ``make()`` as a task on ``loop`` and wait at most ``timeout_s`` for its result.
+
+    The task runs in a fresh :mod:`contextvars` context, as the engine's own
+    tasks do, never in a copy of the calling thread's. A copy would carry
+    asgiref's per-request thread marker: the coroutine's store calls
+    (``sync_to_async(thread_sensitive=True)``) would then be queued on the very
+    request thread that is blocked here waiting for them, and the wait could
+    only end by timing out — after the work had been half done. In a fresh
+    context they run on the engine's store thread. A copy would also carry the
+    request thread's database connections into that thread. The caller's
+    OpenTelemetry context (its current span) is carried across explicitly, so
+    events the coroutine publishes still hang off the caller's trace.
+
+    Refuses (:class:`EngineAway`) rather than waiting where waiting cannot
+    end: on a thread that runs an event loop (await the coroutine instead), and
+    on the store thread itself (the coroutine's store calls would queue behind
+    this wait). On a timeout the task is cancelled and :class:`EngineAway`
+    raised; what the coroutine had already committed stays committed.
+    """
+    future = start_on_loop(make, loop)
     try:
         return future.result(timeout=timeout_s)
     except TimeoutError as exc:
@@ -239,4 +254,5 @@ __all__ = [
     "get_queue",
     "is_connected",
     "on_engine",
+    "start_on_loop",
 ]

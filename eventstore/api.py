@@ -3,7 +3,10 @@
 The HTTP layer is the asker: it reads the clock once per request (the
 question's ``at``), turns the query string into a :class:`~eventstore.questions.Question`
 — refusing a bad or unknown parameter with 400, the parameter and the reason
-— and asks this node (the fleet issue scatters the same question instead).
+— and asks the fleet (:mod:`eventstore.fanout`: this node's store read here,
+every other live node asked over the broker, the parts merged, the coverage
+saying who answered). A process without an engine cannot ask the fleet and
+answers 503 saying so, never one store's rows as if they were the company's.
 Nothing here touches SQL; the answers are :mod:`eventstore.questions`'.
 """
 from __future__ import annotations
@@ -21,6 +24,7 @@ from rest_framework import exceptions, status
 from crewlet.bodies import ERROR_BAD_PARAMETER, bad_request_body
 from crewlet.conf import SettingsError, load_settings
 from crewlet.events import CATEGORIES, parse_timestamp
+from eventstore import fanout
 from eventstore import questions as qs
 from eventstore.questions import Filters, NodeScope, Question
 
@@ -83,15 +87,28 @@ def node_scope() -> NodeScope:
     return _scope_from_settings()
 
 
-def ask(question: Question) -> dict[str, Any]:
-    """Ask this node; a refusal comes back named in the coverage rather than as an error."""
-    scope = node_scope()
+class FleetUnavailable(exceptions.APIException):
+    """503: this process cannot ask the fleet (no engine runs here); ``detail`` says why."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "fleet_unavailable"
+
+
+def fleet() -> fanout.FleetReads:
+    """The fleet this process asks: its engine's; :class:`FleetUnavailable` where no engine runs."""
     try:
-        return qs.answer(question, scope)
+        return fanout.reader()
+    except fanout.FleetAway as exc:
+        raise FleetUnavailable(str(exc)) from None
+
+
+def ask(question: Question) -> dict[str, Any]:
+    """Ask every live node; a node that did not answer comes back named in the coverage rather than as an error."""
+    reader = fleet()
+    try:
+        return reader.ask(question)
     except qs.BadQuestion as exc:
         raise BadParameter("query", str(exc)) from None
-    except qs.QuestionRefused as exc:
-        return qs.refusal(question, scope, exc)
 
 
 # -- query parameters ----------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Deque, Optional
 
 from crewlet.events import Event, format_timestamp, is_fed, is_stored
 from crewlet.events import types
-from crewlet.interfaces import LIVE_PROJECTION, SeatLoops, seat_loops
+from crewlet.interfaces import FLEET_READS, LIVE_PROJECTION, SeatLoops, seat_loops
 from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.runtime import NO_ENGINE
 from crewlet.queue import topics
@@ -72,6 +72,7 @@ from eventstore.rows import is_failed, row_for
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
     from crewlet.queue.contract import Closable, EventQueue
+    from eventstore.fanout import FleetReads
 
 log = logging.getLogger("crewlet.eventstore.projection")
 
@@ -478,13 +479,20 @@ class LiveProjection:
 
     # -- the seed -------------------------------------------------------------------------------
 
-    async def seed(self, scope: Optional[qs.NodeScope] = None, *, at: Optional[datetime] = None) -> bool:
-        """Fill the feed, each seat's last turn and state, and the counters from this node's store.
+    async def seed(
+        self, scope: Optional[qs.NodeScope] = None, *, at: Optional[datetime] = None, fleet: Optional["FleetReads"] = None
+    ) -> bool:
+        """Fill the feed, each seat's last turn and state, and the counters from the store — the fleet's, given ``fleet``.
 
-        Live events that arrive meanwhile wait and are applied after, in
-        order; a seat a live event already moved keeps what the stream said.
-        True when the store answered; a store that cannot is logged, and the
-        projection goes on live-only rather than failing the engine.
+        With ``fleet`` (the engine's) the seed is one fleet read: every live
+        node's feed, each seat's newest turn folded from every node's half,
+        and every node's counters summed, so a restarted node's screens show
+        the company rather than the part of it this node published. Without
+        it, this node's store alone (``scope``). Live events that arrive
+        meanwhile wait and are applied after, in order; a seat a live event
+        already moved keeps what the stream said. True when the store
+        answered; a store that cannot is logged, and the projection goes on
+        live-only rather than failing the engine.
         """
         from asgiref.sync import sync_to_async
         from django.db import DatabaseError
@@ -496,7 +504,10 @@ class LiveProjection:
         org = self.company()
         seats = self.seats()
         try:
-            data = await sync_to_async(_read_seed, thread_sensitive=True)(org, scope, instant, seats)
+            if fleet is not None:
+                data = await _fleet_seed(fleet, org, instant, seats, self._feed.maxlen or FEED_SIZE)
+            else:
+                data = await sync_to_async(_read_seed, thread_sensitive=True)(org, scope, instant, seats)
         except (DatabaseError, qs.QuestionRefused):
             log.exception("projection_seed_failed")
             self._drain()
@@ -595,11 +606,8 @@ def _read_seed(org: Organization, scope: Optional[qs.NodeScope], at: datetime, s
             turn = _latest_turn(handle, scope, at)
             if turn is not None:
                 turns[handle] = turn
-        pauses = {
-            handle: {"paused": row.paused, "reason": row.reason, "paused_by": row.paused_by}
-            for handle, row in (seats.pause_rows(handles) if seats is not None else {}).items()
-        }
-        counters, per_seat = _count_rows(scope, at - COUNTER_WINDOW, at)
+        pauses = _pauses(handles, seats)
+        counters, per_seat = count_rows(scope, at - COUNTER_WINDOW, at)
         for handle, turn in turns.items():
             turn.counters = per_seat.get(handle, turn.counters)
         return SeedData(feed=feed["events"], turns=turns, pauses=pauses, counters=counters)
@@ -612,8 +620,11 @@ def _latest_turn(handle: str, scope: qs.NodeScope, at: datetime) -> Optional[See
     if not page:
         return None
     turn = qs.answer(qs.Question(kind=qs.TURN, at=at, key=page[0]["turn_id"]), scope)["turn"]
-    if turn is None:
-        return None
+    return _seed_turn(turn) if turn is not None else None
+
+
+def _seed_turn(turn: dict[str, Any]) -> SeedTurn:
+    """A seat's newest turn (folded, with its events) as the seed holds it."""
     rows = turn["events"]
     outcome = turn["outcome"]
     # The row that says how it ended (or that it began), newest first.
@@ -639,7 +650,31 @@ def _latest_turn(handle: str, scope: qs.NodeScope, at: datetime) -> Optional[See
     )
 
 
-def _count_rows(scope: qs.NodeScope, since: datetime, at: datetime) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+def _pauses(handles: list[str], seats: Optional[SeatLoops]) -> dict[str, dict[str, Any]]:
+    return {
+        handle: {"paused": row.paused, "reason": row.reason, "paused_by": row.paused_by}
+        for handle, row in (seats.pause_rows(handles) if seats is not None else {}).items()
+    }
+
+
+async def _fleet_seed(fleet: "FleetReads", org: Organization, at: datetime, seats: Optional[SeatLoops], feed_size: int) -> SeedData:
+    """The seed as one fleet read (``eventstore.fanout.seed_plan``), the pauses from the coordination store."""
+    from asgiref.sync import sync_to_async
+
+    from eventstore.fanout import seed_plan
+
+    handles = [s.handle for s in org.agent_seats()]
+    window_us = COUNTER_WINDOW // timedelta(microseconds=1)
+    answer = await fleet.arun(seed_plan(at, handles, feed_size=feed_size, window_us=window_us), at, "seed")
+    turns = {handle: _seed_turn(turn) for handle, turn in answer["turns"].items()}
+    for handle, turn in turns.items():
+        turn.counters = {**turn.counters, **answer["per_seat"].get(handle, {})}
+    counters = {name: int(answer["counters"].get(name, 0)) for name in COUNTER_KEYS}
+    pauses = await sync_to_async(_pauses, thread_sensitive=True)(handles, seats)
+    return SeedData(feed=answer["feed"], turns=turns, pauses=pauses, counters=counters)
+
+
+def count_rows(scope: qs.NodeScope, since: datetime, at: datetime) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """The counters over ``[since, at]`` from the store: every row, completed and failed turns, spend."""
     from django.db import connections
 
@@ -738,7 +773,7 @@ class ProjectionService:
         with projection._lock:
             projection._pending = []  # what the stream delivers while the seed reads waits for it
         self._stream = await subscribe(self.engine.queue, projection)
-        await projection.seed()
+        await projection.seed(fleet=self.engine.lookup(FLEET_READS))
 
     async def stop(self) -> None:
         stream, self._stream = self._stream, None

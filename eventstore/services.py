@@ -1,14 +1,16 @@
 """The store's services on a running engine, contributed by ``EventStoreConfig.engine_services``.
 
 The writer (the queue's publish listener: every event this node publishes
-becomes a row), the hourly retention sweep, and the live projection.
+becomes a row), the hourly retention sweep, the fleet reads (this node's store
+served to every asker, every live node asked for each history read) and the
+live projection, seeded through the fleet reads.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.engine import Service
-from crewlet.interfaces import EVENT_STORE, LIVE_PROJECTION
+from crewlet.interfaces import EVENT_STORE, FLEET_READS, LIVE_PROJECTION
 from eventstore.retention import RETENTION, retention_periodic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,13 +37,15 @@ class WriterService:
 
 
 def services(engine: "Engine") -> list[Service]:
-    """The writer, the retention duty (after the writer) and the projection of ``engine.company``."""
+    """The writer, the retention duty and the fleet reads (after the writer), and the projection of ``engine.company``."""
+    from eventstore.fanout import for_engine
     from eventstore.projection import ProjectionService
 
     return [
         Service(EVENT_STORE, WriterService),
         Service(RETENTION, lambda e: retention_periodic(e.settings), after=(EVENT_STORE,)),
-        Service(LIVE_PROJECTION, lambda e: ProjectionService(e), after=(EVENT_STORE,)),
+        Service(FLEET_READS, for_engine, after=(EVENT_STORE,)),
+        Service(LIVE_PROJECTION, lambda e: ProjectionService(e), after=(EVENT_STORE, FLEET_READS)),
     ]
 
 

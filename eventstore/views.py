@@ -19,7 +19,7 @@ from eventstore import questions as qs
 from eventstore import serializers as s
 from crewlet.renderers import AcceptOnlyNegotiation, OrjsonRenderer
 
-_ERRORS = {400: s.BadParameterSerializer, 401: s.DetailSerializer}
+_ERRORS = {400: s.BadParameterSerializer, 401: s.DetailSerializer, 503: s.DetailSerializer}
 
 
 def _p(name: str, description: str, schema: dict[str, Any]) -> OpenApiParameter:

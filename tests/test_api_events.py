@@ -248,12 +248,14 @@ def test_a_question_of_another_protocol_version_is_refused() -> None:
 
 
 def test_a_refusing_node_is_named_in_the_coverage_of_the_http_answer(api_client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = qs.answer
+    from eventstore.fanout import service
+
+    real = service.node_part
 
     def old_build(question: Question, node: NodeScope) -> dict[str, Any]:
         return real(replace(question, version=0), node)
 
-    monkeypatch.setattr(qs, "answer", old_build)
+    monkeypatch.setattr(service, "node_part", old_build)
     body = page(api_client)
     assert body["coverage"]["complete"] is False
     assert body["coverage"]["nodes"][0]["error"].startswith("protocol version")

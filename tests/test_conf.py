@@ -72,7 +72,15 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "tools.call_timeout_s": "CREWLET_TOOLS_CALL_TIMEOUT_S",
         "tools.start_timeout_s": "CREWLET_TOOLS_START_TIMEOUT_S",
         "tools.restart_backoff_s": "CREWLET_TOOLS_RESTART_BACKOFF_S",
+        "history.fleet_read_budget_s": "CREWLET_FLEET_READ_BUDGET_S",
     }
+
+
+def test_the_fleet_read_budget_is_two_seconds_and_a_value_outside_its_range_is_refused_naming_it() -> None:
+    assert load().history.fleet_read_budget_s == 2.0
+    assert load(env={"CREWLET_FLEET_READ_BUDGET_S": "0.3"}).history.fleet_read_budget_s == 0.3
+    with pytest.raises(SettingsError, match=r"^history\.fleet_read_budget_s=0: must be between 0\.05 and 60 \(from CREWLET_FLEET_READ_BUDGET_S\)$"):
+        load(env={"CREWLET_FLEET_READ_BUDGET_S": "0"})
 
 
 def test_the_queue_timings_are_the_delivery_spacing_and_the_stream_s_ack_clock() -> None:

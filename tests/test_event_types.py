@@ -96,6 +96,7 @@ EXTENSIONS: dict[str, str] = {
     "message_dead_lettered": "system",
     "tool_server_restarted": "system",
     "tool_server_unavailable": "system",
+    "history_partial": "system",
 }
 BUILD_MAP = {**DESIGN_MAP, **EXTENSIONS}
 
@@ -104,6 +105,8 @@ BUILD_MAP = {**DESIGN_MAP, **EXTENSIONS}
 DESIGN_NOT_STORED = {
     "agent_spawned", "agent_terminated", "agent_turn_progress", "budget_meters",
     "raw_webhook", "a2a_request", "a2a_message", "sandbox_answer_given",
+    # An extension: a history read's partial answer is a live record, never a row (a look would grow the log).
+    "history_partial",
 }
 
 

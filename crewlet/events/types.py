@@ -1229,6 +1229,34 @@ class BudgetMeters(EventBody):
         return f"{self.actor(event)} reported {_plural(len(self.windows), 'budget window')}"
 
 
+@register(
+    "history_partial",
+    category=SYSTEM,
+    stored=False,
+    extension=(
+        "the design's history_partial alarm counts the history reads that came back without every node; "
+        "this is the record each such read publishes, naming who did not answer and why"
+    ),
+)
+@dataclass
+class HistoryPartial(EventBody):
+    """Not stored: a history read that came back without every live node (an extension to the design's list).
+
+    Live-only because a read of the event log that wrote a row would grow the
+    log every time somebody looked at it; the alarm and a live tab read it
+    from the stream. ``missing`` is ``[{"id", "error"}]`` for each node that
+    did not answer, ``asked`` how many live nodes the read asked.
+    """
+
+    question: str = ""
+    asked: int = 0
+    missing: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        names = ", ".join(_s(m.get("id")) for m in self.missing if isinstance(m, dict)) or "a node"
+        return f"a {_s(self.question) or 'history'} read came back without {names}"
+
+
 @register("turn.guard_breach", category=SYSTEM)
 @dataclass
 class TurnGuardBreach(_TurnBody):

@@ -21,6 +21,8 @@ EVENTS_ALL = "crewlet.events.>"
 AGENT_ALL = "crewlet.agent.>"
 DLQ_PREFIX = "dlq"
 DLQ_ALL = "dlq.>"
+#: The fleet's history reads: every engine serves it from its own store (core request/reply, no stream).
+HISTORY_READS = "crewlet.history.read"
 
 _TOKEN_BAD = re.compile(r"[\s.*>]")
 

@@ -19,12 +19,14 @@ from eventstore.questions.model import (
     EVENT_SERIES,
     EVENTS,
     KINDS,
+    LAST_TURNS,
     MAX_BARS,
     MAX_DETAIL_ROWS,
     MAX_LIMIT,
     PROTOCOL_VERSION,
     TRACE,
     TURN,
+    TURN_ROWS,
     TURNS,
     BadQuestion,
     MissingInstant,
@@ -35,7 +37,7 @@ from eventstore.questions.model import (
 )
 from eventstore.questions.sql import TABLE, Where, fetch, us_sql
 from eventstore.questions.timefmt import from_us, to_us
-from eventstore.questions.turns import answer_turn, answer_turns
+from eventstore.questions.turns import answer_last_turns, answer_turn, answer_turn_rows, answer_turns
 
 
 def coverage(node_id: str, *, answered: bool = True, error: str = "") -> dict[str, Any]:
@@ -63,7 +65,10 @@ def check(question: Question) -> datetime:
 def answer(question: Question, scope: NodeScope) -> dict[str, Any]:
     """This node's answer to ``question``; raises QuestionRefused rather than guessing."""
     at = check(question)
-    body = _ANSWERERS[question.kind](question, at, scope)
+    answerer = _ANSWERERS.get(question.kind)
+    if answerer is None:
+        raise BadQuestion(f"question kind {question.kind!r} is asked of the fleet, not of one node's answer")
+    body = answerer(question, at, scope)
     body["coverage"] = coverage(scope.node_id)
     body["at"] = format_timestamp(at)
     return body
@@ -247,10 +252,22 @@ def _loops(spans: dict[str, dict[str, Any]], start: str) -> bool:
     return False
 
 
-def answer_trace(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+def trace_rows(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    """This node's rows of the trace, oldest first, flat: the asker hangs every node's rows in one tree."""
     fetched, truncated = _detail_rows(scope, "trace_id", question.key, at)
-    rows = [list_row(values) for values in fetched]
-    return {"trace_id": question.key, "total": len(rows), "truncated": truncated, "spans": span_tree(rows)}
+    return {"rows": [list_row(values) for values in fetched], "truncated": truncated}
+
+
+def trace_answer(trace_id: str, rows: list[dict[str, Any]], truncated: bool) -> dict[str, Any]:
+    """The trace from its rows in (timestamp, id) order, cut at MAX_DETAIL_ROWS (oldest kept)."""
+    if len(rows) > MAX_DETAIL_ROWS:
+        rows, truncated = rows[:MAX_DETAIL_ROWS], True
+    return {"trace_id": trace_id, "total": len(rows), "truncated": truncated, "spans": span_tree(rows)}
+
+
+def answer_trace(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    part = trace_rows(question, at, scope)
+    return trace_answer(question.key, part["rows"], part["truncated"])
 
 
 _ANSWERERS: dict[str, Callable[[Question, datetime, NodeScope], dict[str, Any]]] = {
@@ -260,4 +277,6 @@ _ANSWERERS: dict[str, Callable[[Question, datetime, NodeScope], dict[str, Any]]]
     TRACE: answer_trace,
     TURNS: answer_turns,
     TURN: answer_turn,
+    TURN_ROWS: answer_turn_rows,
+    LAST_TURNS: answer_last_turns,
 }

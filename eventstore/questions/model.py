@@ -22,7 +22,12 @@ EVENT_SERIES = "event_series"
 TRACE = "trace"
 TURNS = "turns"
 TURN = "turn"
-KINDS: tuple[str, ...] = (EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN)
+#: The fleet's own questions (eventstore.fanout): exactly these turns' rows from every node's
+#: share; each listed seat's newest turn; the live projection's counters over a window.
+TURN_ROWS = "turn_rows"
+LAST_TURNS = "last_turns"
+COUNTS = "counts"
+KINDS: tuple[str, ...] = (EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN, TURN_ROWS, LAST_TURNS, COUNTS)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -101,8 +106,11 @@ class Question:
 
     ``at`` is the asker's instant (aware, microseconds), read once per
     question. ``key`` names the event, trace or turn for the kinds that read
-    one. ``window_us``/``bucket_us`` shape a series. ``cursor`` is the opaque
-    position a previous page returned.
+    one; ``keys`` the turns (``turn_rows``) or seats (``last_turns``) a fleet
+    question is about, and ``detail`` asks ``turn_rows`` for every row rather
+    than the fold's. ``window_us``/``bucket_us`` shape a series (``window_us``
+    alone the window ``counts`` sums). ``cursor`` is the opaque position a
+    previous page returned.
     """
 
     kind: str
@@ -114,6 +122,8 @@ class Question:
     key: str = ""
     window_us: int = 0
     bucket_us: int = 0
+    keys: tuple[str, ...] = ()
+    detail: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The question on the wire (the fleet scatter sends exactly this)."""
@@ -127,6 +137,8 @@ class Question:
             "key": self.key,
             "window_us": self.window_us,
             "bucket_us": self.bucket_us,
+            "keys": list(self.keys),
+            "detail": self.detail,
         }
 
     @classmethod
@@ -142,6 +154,8 @@ class Question:
             key=str(raw.get("key") or ""),
             window_us=int(raw.get("window_us") or 0),
             bucket_us=int(raw.get("bucket_us") or 0),
+            keys=tuple(str(k) for k in raw.get("keys") or ()),
+            detail=bool(raw.get("detail")),
         )
 
 

@@ -17,7 +17,7 @@ from eventstore.questions.cursor import decode_cursor, encode_cursor
 from eventstore.questions.listing import LIST_COLUMNS, list_row, list_sql
 from eventstore.questions.model import MAX_DETAIL_ROWS, MAX_LIMIT, Filters, NodeScope, Question
 from eventstore.questions.sql import TABLE, Where, fetch, us_sql
-from eventstore.questions.timefmt import format_us, from_us
+from eventstore.questions.timefmt import format_us, from_us, to_us
 
 # The rows a turn is folded from.
 TURN_STARTED = "agent_turn_started"
@@ -154,15 +154,24 @@ def _fold_rows(scope: NodeScope, turn_ids: Sequence[str], at: datetime) -> dict[
     return grouped
 
 
-def answer_turns(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
-    """A page of turns, newest first by (earliest listed start, turn id), each folded whole."""
-    limit = max(1, min(int(question.limit), MAX_LIMIT))
-    f = question.filters
+def _started_where(scope: NodeScope, f: Filters, at: datetime) -> Where:
+    """The starts a turns page lists a turn by: in the history, passing the page's filters."""
     q = Where(connections[scope.using])
     q.add("type = %s", TURN_STARTED)
     q.add("turn_id > ''")
     q.history(at, scope)
     q.filters(Filters(seat=f.seat, node=f.node, trace_id=f.trace_id, conversation_key=f.conversation_key, since=f.since, until=f.until))
+    return q
+
+
+def turn_page(question: Question, at: datetime, scope: NodeScope) -> tuple[list[tuple[str, int]], bool]:
+    """This node's page of turns: (turn id, earliest listed start in microseconds), newest first; and whether more follow.
+
+    A turn is listed where this node's share says it starts (its earliest
+    start passing the filters), within one microsecond by its id.
+    """
+    limit = max(1, min(int(question.limit), MAX_LIMIT))
+    q = _started_where(scope, question.filters, at)
     having = ""
     params = list(q.params)
     if question.cursor:
@@ -174,26 +183,52 @@ def answer_turns(question: Question, at: datetime, scope: NodeScope) -> dict[str
         f" GROUP BY turn_id{having} ORDER BY MIN(ts) DESC, turn_id DESC LIMIT %s"
     )
     page = fetch(scope, sql, [*params, limit + 1])
-    listed = [(turn_id, int(started)) for turn_id, started in page[:limit]]
-    grouped = _fold_rows(scope, [t for t, _ in listed], at)
+    return [(turn_id, int(started)) for turn_id, started in page[:limit]], len(page) > limit
+
+
+def listed_starts(scope: NodeScope, turn_ids: Sequence[str], f: Filters, at: datetime) -> dict[str, int]:
+    """Where this node's share lists each of ``turn_ids`` (its earliest start passing ``f``), in microseconds."""
+    if not turn_ids:
+        return {}
+    q = _started_where(scope, f, at)
+    q.add(f"turn_id IN ({', '.join(['%s'] * len(turn_ids))})", *turn_ids)
+    sql = f"SELECT turn_id, {us_sql(q.connection.vendor, 'MIN(ts)')} FROM {TABLE} WHERE {q.where} GROUP BY turn_id"
+    return {turn_id: int(started) for turn_id, started in fetch(scope, sql, q.params)}
+
+
+def fold_listed(listed: Sequence[tuple[str, int]], grouped: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The page's turns, each folded from its rows and placed where the page lists it."""
     turns = []
     for turn_id, started in listed:
         folded = fold_turn(turn_id, grouped.get(turn_id, []))
         # Paged where this page lists it: the earliest start that passed the filters.
         folded["listed_at"] = format_us(started)
         turns.append(folded)
+    return turns
+
+
+def answer_turns(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    """A page of turns, newest first by (earliest listed start, turn id), each folded whole."""
+    listed, more = turn_page(question, at, scope)
+    grouped = _fold_rows(scope, [t for t, _ in listed], at)
     next_cursor = None
-    if len(page) > limit:
+    if more:
         turn_id, started = listed[-1]
         next_cursor = encode_cursor("t", started, turn_id)
-    return {"turns": turns, "next_cursor": next_cursor}
+    return {"turns": fold_listed(listed, grouped), "next_cursor": next_cursor}
 
 
-def answer_turn(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+def detail_rows(scope: NodeScope, turn_id: str, at: datetime) -> tuple[list[dict[str, Any]], bool]:
+    """Every row of one turn, oldest first, cut at MAX_DETAIL_ROWS: listing rows carrying what the fold reads.
+
+    Each is the listing row plus ``ts_us``, ``input_tokens``, ``output_tokens``
+    and ``body`` (the parsed event, for starts and completions only) — JSON
+    as it stands, so a node sends it to the asker unchanged.
+    """
     params: list[Any] = []
     body = _body_case(params)
     q = Where(connections[scope.using])
-    q.add("turn_id = %s", question.key)
+    q.add("turn_id = %s", turn_id)
     q.add("turn_id > ''")
     q.history(at, scope)
     sql = (
@@ -201,27 +236,83 @@ def answer_turn(question: Question, at: datetime, scope: NodeScope) -> dict[str,
         f" WHERE {q.where} ORDER BY ts, id LIMIT %s"
     )
     fetched = fetch(scope, sql, [*params, *q.params, MAX_DETAIL_ROWS + 1])
-    truncated = len(fetched) > MAX_DETAIL_ROWS
-    fetched = fetched[:MAX_DETAIL_ROWS]
-    if not fetched:
-        return {"turn": None}
-    events, fold = [], []
     width = len(LIST_COLUMNS)
-    for values in fetched:
+    rows = []
+    for values in fetched[:MAX_DETAIL_ROWS]:
         row = list_row(values[:width])
-        events.append(row)
-        if row["type"] in FOLD_TYPES:
-            tin, tout, raw = values[width:]
-            fold.append(
-                {
-                    **row,
-                    "timestamp": from_us(values[1]),
-                    "input_tokens": int(tin or 0),
-                    "output_tokens": int(tout or 0),
-                    "body": json.loads(raw) if raw else None,
-                }
-            )
-    turn = fold_turn(question.key, fold)
+        tin, tout, raw = values[width:]
+        row["ts_us"] = int(values[1])
+        row["input_tokens"] = int(tin or 0)
+        row["output_tokens"] = int(tout or 0)
+        row["body"] = json.loads(raw) if raw else None
+        rows.append(row)
+    return rows, len(fetched) > MAX_DETAIL_ROWS
+
+
+#: What :func:`detail_rows` adds to a listing row; the turn's ``events`` leave them out.
+DETAIL_EXTRAS: tuple[str, ...] = ("ts_us", "input_tokens", "output_tokens", "body")
+
+
+def fold_detail(turn_id: str, rows: Sequence[dict[str, Any]], truncated: bool) -> Optional[dict[str, Any]]:
+    """One turn with its events, folded from :func:`detail_rows` rows in (timestamp, id) order; None without rows."""
+    if not rows:
+        return None
+    events, fold = [], []
+    for row in rows:
+        listing = {k: v for k, v in row.items() if k not in DETAIL_EXTRAS}
+        events.append(listing)
+        if listing["type"] in FOLD_TYPES:
+            fold.append({**listing, **{k: row[k] for k in DETAIL_EXTRAS}, "timestamp": from_us(row["ts_us"])})
+    turn = fold_turn(turn_id, fold)
     turn["events"] = events
     turn["truncated"] = truncated
-    return {"turn": turn}
+    return turn
+
+
+def answer_turn(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    rows, truncated = detail_rows(scope, question.key, at)
+    return {"turn": fold_detail(question.key, rows, truncated)}
+
+
+def fold_wire(row: dict[str, Any]) -> dict[str, Any]:
+    """A fold row as it travels: the timestamp as microseconds (:func:`fold_unwire` reverses it)."""
+    return {**row, "timestamp": to_us(row["timestamp"])}
+
+
+def fold_unwire(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "timestamp": from_us(int(row["timestamp"]))}
+
+
+def answer_turn_rows(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    """This node's share of exactly ``question.keys``: where it lists each, and its rows of each.
+
+    ``detail``: every row (:func:`detail_rows`, for one turn's page and the
+    seed); else the fold's rows only (a page of turns). The listing position is
+    this node's earliest start of the turn passing the page's filters, so the
+    asker places a turn whose halves sit on two nodes at the earlier one.
+    """
+    keys = list(dict.fromkeys(question.keys))
+    listed = listed_starts(scope, keys, question.filters, at)
+    turns: dict[str, dict[str, Any]] = {}
+    if question.detail:
+        for turn_id in keys:
+            rows, truncated = detail_rows(scope, turn_id, at)
+            if rows:
+                turns[turn_id] = {"rows": rows, "truncated": truncated}
+    else:
+        for turn_id, rows in _fold_rows(scope, keys, at).items():
+            if rows:
+                turns[turn_id] = {"rows": [fold_wire(r) for r in rows], "truncated": False}
+    for turn_id, entry in turns.items():
+        entry["listed_us"] = listed.get(turn_id)
+    return {"turns": turns}
+
+
+def answer_last_turns(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    """Each seat of ``question.keys``: this node's newest listed turn of it, as ``[turn id, start us]``."""
+    seats: dict[str, list[Any]] = {}
+    for handle in question.keys:
+        page, _ = turn_page(Question(kind=question.kind, at=at, filters=Filters(seat=handle), limit=1), at, scope)
+        if page:
+            seats[handle] = list(page[0])
+    return {"seats": seats}

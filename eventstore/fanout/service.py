@@ -1,0 +1,476 @@
+"""The fleet read: this node's answers served to every asker, and every live node asked for each history read.
+
+Design (Reading the fleet's history). Each node's store holds only what that
+node published, so a history read is answered by every live node at query
+time. The question travels, not the data: the asker reads its own store
+directly and scatters the same question over the broker's ephemeral
+request/reply (``ask`` on :data:`~crewlet.queue.topics.HISTORY_READS`: no
+stream, no stored record); every engine ``serve``s that subject from its own
+store. The roster is the fleet's live node leases.
+
+Every answer carries ``coverage`` — ``{nodes: [{id, answered, error}], complete}``
+over every live node and this one — and ``complete`` is true only when every
+one answered inside the budget (``history.fleet_read_budget_s``). A node that
+did not is named with the reason (:mod:`.wire`'s phrases): it timed out,
+speaks another protocol version (its rows are never mixed in), sent a reply
+that cannot be read, or its own read failed. A read that came back without
+every node is logged and published as ``history_partial`` (live only).
+
+A request thread (a DRF view) asks with :meth:`FleetReads.ask`: the scatter
+starts on the engine's loop while the thread reads its own store, and the
+thread then waits for the gather. A coroutine (the projection's seed) asks
+with :meth:`FleetReads.arun`. Serving runs each node's read on this
+service's own threads, so an asker never waits behind the engine's store
+thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from datetime import timedelta
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Optional
+
+from django.db import DatabaseError, connections
+
+from crewlet import runtime
+from crewlet.events import format_timestamp
+from crewlet.events.types import HistoryPartial
+from crewlet.interfaces import FLEET_READS
+from crewlet.queue import topics
+from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, EventQueue
+from crewlet.queue.errors import QueueError
+from crewlet.tracing import trace_of
+from eventstore import questions as qs
+from eventstore.fanout import wire
+from eventstore.fanout.merge import Parts, Plan, plan_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.engine import Engine
+
+log = logging.getLogger("crewlet.eventstore.fanout")
+
+#: The live node ids (this node's own lease among them, or not yet).
+Roster = Callable[[], Iterable[str]]
+#: Publishes a partial read's record (the engine's emitter).
+Report = Callable[[HistoryPartial], Coroutine[Any, Any, Any]]
+
+#: How many of this node's reads for other askers run at once.
+READ_WORKERS = 4
+#: How much longer than the budget a request thread waits for the loop's gather, which itself stops at the budget.
+GATHER_GRACE_S = 1.0
+#: Why a process without an engine answers no history read.
+NO_FLEET_HERE = (
+    "no engine runs in this process, so it cannot ask the fleet: each node's store holds only what that node "
+    "published, and one store's rows alone would read like a quiet company (ask a node that runs manage.py up "
+    "or runconsumers)"
+)
+
+
+class FleetAway(RuntimeError):
+    """No fleet can be asked from this process (a web-only process): the read is refused, never answered from one store."""
+
+    def __init__(self, reason: str = NO_FLEET_HERE) -> None:
+        super().__init__(reason)
+
+
+def live_roster() -> list[str]:
+    """The fleet's live node leases, by id."""
+    from crewlet.fleet.roster import live_nodes
+
+    return [node.id for node in live_nodes()]
+
+
+# -- one node's part ------------------------------------------------------------------------------
+
+
+def _turns_part(question: qs.Question, at: Any, scope: qs.NodeScope) -> dict[str, Any]:
+    listed, more = qs.turn_page(question, at, scope)
+    return {"turns": [list(entry) for entry in listed], "more": more}
+
+
+def _counts_part(question: qs.Question, at: Any, scope: qs.NodeScope) -> dict[str, Any]:
+    from eventstore.projection import count_rows
+
+    counters, per_seat = count_rows(scope, at - timedelta(microseconds=question.window_us), at)
+    return {"counters": counters, "per_seat": per_seat}
+
+
+#: What a node answers each question the fleet scatters with: JSON-ready, merged by :mod:`.merge`.
+NODE_PARTS: dict[str, Callable[[qs.Question, Any, qs.NodeScope], dict[str, Any]]] = {
+    qs.EVENTS: qs.answer_events,
+    qs.EVENT: qs.answer_event,
+    qs.EVENT_SERIES: qs.answer_series,
+    qs.TRACE: qs.trace_rows,
+    qs.TURNS: _turns_part,
+    qs.TURN_ROWS: qs.answer_turn_rows,
+    qs.LAST_TURNS: qs.answer_last_turns,
+    qs.COUNTS: _counts_part,
+}
+
+
+def node_part(question: qs.Question, scope: qs.NodeScope) -> dict[str, Any]:
+    """This node's part of ``question``; QuestionRefused rather than a guess (no instant, another version)."""
+    at = qs.check(question)
+    part = NODE_PARTS.get(question.kind)
+    if part is None:
+        raise qs.BadQuestion(f"question kind {question.kind!r} is not one the fleet scatters")
+    return part(question, at, scope)
+
+
+# -- the coverage of one read -------------------------------------------------------------------
+
+
+@dataclass
+class Coverage:
+    """Who answered every round of one read: node id -> "" (answered) or the first reason it did not."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+
+    def note(self, node: str, error: str) -> None:
+        if not self.nodes.get(node):
+            self.nodes[node] = error
+
+    @property
+    def complete(self) -> bool:
+        return not any(self.nodes.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        nodes = [{"id": node, "answered": not error, "error": error} for node, error in sorted(self.nodes.items())]
+        return {"nodes": nodes, "complete": self.complete}
+
+    def missing(self) -> list[dict[str, str]]:
+        return [{"id": node, "error": error} for node, error in sorted(self.nodes.items()) if error]
+
+
+@dataclass
+class Gathered:
+    """What the loop's scatter brought back within the budget: replies by node, or why the broker could not be asked."""
+
+    replies: dict[str, wire.Reply] = field(default_factory=dict)
+    failure: str = ""
+
+
+#: The shapes a part must have before it is merged: a reply that lacks them is unreadable, never half-merged.
+_SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
+    qs.EVENTS: {"events": list},
+    qs.EVENT: {"event": (dict, type(None))},
+    qs.EVENT_SERIES: {"bars": list},
+    qs.TRACE: {"rows": list, "truncated": bool},
+    qs.TURNS: {"turns": list, "more": bool},
+    qs.TURN_ROWS: {"turns": dict},
+    qs.LAST_TURNS: {"seats": dict},
+    qs.COUNTS: {"counters": dict, "per_seat": dict},
+}
+
+
+def _readable(kind: str, answer: Optional[dict[str, Any]]) -> bool:
+    if answer is None:
+        return False
+    return all(isinstance(answer.get(key), kinds) for key, kinds in _SHAPES.get(kind, {}).items())
+
+
+class FleetReads:
+    """One node's side of the fleet read: serving its store, and asking every live node.
+
+    ``scope`` is this node (its id, retention and store). ``queue`` is its
+    broker connection and ``loop`` the loop that owns it; without a queue only
+    this node is read, and any other live node is named as not asked.
+    ``roster`` lists the live nodes (the node leases). ``version`` is the
+    protocol this node speaks: it answers only questions in it, and merges
+    only replies in it.
+    """
+
+    def __init__(
+        self,
+        scope: qs.NodeScope,
+        *,
+        roster: Roster,
+        queue: Optional[EventQueue] = None,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+        budget_s: float = 2.0,
+        version: int = qs.PROTOCOL_VERSION,
+        max_reply_bytes: int = MAX_PAYLOAD_BYTES,
+        report: Optional[Report] = None,
+        workers: int = READ_WORKERS,
+    ) -> None:
+        self.scope = scope
+        self.node = scope.node_id
+        self.roster = roster
+        self.queue = queue
+        self.loop = loop
+        self.budget_s = float(budget_s)
+        self.version = int(version)
+        self.max_reply_bytes = int(max_reply_bytes)
+        self.report = report
+        self._workers = max(1, int(workers))
+        self._executor = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix=f"fleet-read-{self.node}")
+        self._server: Optional[Closable] = None
+        self._reports: set[asyncio.Task[Any]] = set()
+        #: History reads asked from here, and how many came back without every node (the history_partial alarm's ratio).
+        self.reads = 0
+        self.partial = 0
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve this node's answers (once the queue is connected)."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        if self.queue is not None:
+            self._server = await self.queue.serve(topics.HISTORY_READS, self.serve)
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.close()
+        for task in list(self._reports):
+            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self._close_threads)
+
+    def _close_threads(self) -> None:
+        """Every read thread closes its database connections, then the pool ends."""
+        barrier = threading.Barrier(self._workers, timeout=10)
+
+        def close() -> None:
+            try:
+                barrier.wait()  # one job per thread: each waits until every thread holds one
+            except threading.BrokenBarrierError:
+                pass
+            connections.close_all()
+
+        for _ in range(self._workers):
+            self._executor.submit(close)
+        self._executor.shutdown(wait=True)
+
+    async def serve(self, raw: bytes) -> bytes:
+        """Answer one asker from this node's store; every refusal is a reply naming it, never silence."""
+        try:
+            request = wire.decode_request(raw)
+        except wire.UnreadableRequest as exc:
+            return wire.encode_reply(self.version, self.node, error=wire.reason("refused", f"unreadable question: {exc}"))
+        if request.asker == self.node:
+            return wire.encode_reply(self.version, self.node, own=True)
+        if request.version != self.version:
+            return wire.encode_reply(
+                self.version, self.node,
+                error=wire.reason(wire.OTHER_VERSION, f"asked in {request.version!r}; this node speaks {self.version}"),
+            )
+        try:
+            question = request.question()
+        except wire.UnreadableRequest as exc:
+            return wire.encode_reply(self.version, self.node, error=wire.reason("refused", f"unreadable question: {exc}"))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._answer_for, question)
+
+    def _answer_for(self, question: qs.Question) -> bytes:
+        """This node's reply to another node's question (on a read thread), cut to the transport's limit."""
+        answer, error = self._part(question)
+        if answer is None:
+            return wire.encode_reply(self.version, self.node, error=error)
+        try:
+            return wire.fit(question.kind, self.version, self.node, answer, self.max_reply_bytes)
+        except wire.ReplyTooLarge as exc:
+            return wire.encode_reply(self.version, self.node, error=wire.reason(wire.READ_FAILED, str(exc)))
+
+    def _part(self, question: qs.Question, *, own: bool = False) -> tuple[Optional[dict[str, Any]], str]:
+        """(this node's part, "") or (None, why not): a refusal names its reason, a store failure reads as one.
+
+        ``own``: the asker's own read, where a question that cannot be asked
+        at all (a bad field) is the caller's 400 rather than a node's refusal.
+        """
+        try:
+            return node_part(question, self.scope), ""
+        except qs.QuestionRefused as exc:
+            if own and isinstance(exc, qs.BadQuestion):
+                raise
+            return None, wire.reason(exc.reason, str(exc))
+        except DatabaseError as exc:
+            log.warning("fleet_read_failed", extra={"node": self.node, "question": question.kind, "error": repr(exc)})
+            return None, wire.reason(wire.READ_FAILED, type(exc).__name__)
+
+    # -- asking ------------------------------------------------------------------------------------
+
+    def _others(self) -> list[str]:
+        return sorted({str(node) for node in self.roster()} - {self.node})
+
+    async def _gather(self, request: bytes, others: list[str]) -> Gathered:
+        """Scatter ``request`` and gather the replies of ``others`` until each answered or the budget ran out."""
+        assert self.queue is not None
+        # This node's own server answers too (at once, reading nothing): count it, so it never stands in for another.
+        want = len(others) + (1 if self._server is not None else 0)
+        try:
+            raws = await self.queue.ask(topics.HISTORY_READS, request, want, self.budget_s)
+        except QueueError as exc:
+            return Gathered(failure=wire.reason(wire.TIMED_OUT, f"the broker could not be asked ({type(exc).__name__})"))
+        gathered = Gathered()
+        wanted = set(others)
+        for raw in raws:
+            reply = wire.decode_reply(raw)
+            if reply is None:
+                log.warning("fleet_read_unreadable_reply", extra={"bytes": len(raw)})
+                continue
+            if reply.node in wanted and not reply.own:
+                gathered.replies[reply.node] = reply
+        return gathered
+
+    def _collect(self, question: qs.Question, own: tuple[Optional[dict[str, Any]], str], others: list[str], gathered: Gathered, coverage: Coverage) -> Parts:
+        parts: Parts = []
+        answer, error = own
+        coverage.note(self.node, error)
+        if answer is not None:
+            parts.append((self.node, answer))
+        for node in others:
+            reply = gathered.replies.get(node)
+            if reply is None:
+                why = gathered.failure or (
+                    wire.reason(wire.TIMED_OUT, f"no answer within {self.budget_s:g}s")
+                    if self.queue is not None
+                    else wire.reason(wire.NOT_ASKED, "this process has no broker connection")
+                )
+                coverage.note(node, why)
+            elif reply.version != self.version:
+                coverage.note(node, wire.reason(wire.OTHER_VERSION, f"speaks {reply.version!r}; this node speaks {self.version}"))
+            elif reply.error:
+                coverage.note(node, reply.error)
+            elif not _readable(question.kind, reply.answer):
+                coverage.note(node, wire.reason(wire.UNREADABLE, f"not the shape of a {question.kind} answer"))
+            else:
+                assert reply.answer is not None
+                coverage.note(node, "")
+                parts.append((node, reply.answer))
+        return parts
+
+    def _own(self, question: qs.Question) -> tuple[Optional[dict[str, Any]], str]:
+        """This node's own part, read where the asker runs."""
+        return self._part(question, own=True)
+
+    def _round(self, question: qs.Question, others: list[str], coverage: Coverage) -> Parts:
+        """One scatter from a request thread: the loop gathers while this thread reads its own store."""
+        future: Optional[concurrent.futures.Future[Gathered]] = None
+        if others and self.queue is not None:
+            request = wire.encode_request(question, self.node)
+            try:
+                future = runtime.start_on_loop(lambda: self._gather(request, others), self.loop)
+            except runtime.EngineAway as exc:
+                return self._collect(question, self._own(question), others, Gathered(failure=wire.reason(wire.NOT_ASKED, str(exc))), coverage)
+        own = self._own(question)
+        gathered = Gathered()
+        if future is not None:
+            try:
+                gathered = future.result(timeout=self.budget_s + GATHER_GRACE_S)
+            except concurrent.futures.TimeoutError:
+                future.cancel()
+        return self._collect(question, own, others, gathered, coverage)
+
+    async def _around(self, question: qs.Question, others: list[str], coverage: Coverage) -> Parts:
+        """One scatter from a coroutine: the gather and this node's own read (on a read thread) side by side."""
+        loop = asyncio.get_running_loop()
+        own_read = loop.run_in_executor(self._executor, self._own, question)
+        gathered = Gathered()
+        if others and self.queue is not None:
+            gathered = await self._gather(wire.encode_request(question, self.node), others)
+        return self._collect(question, await own_read, others, gathered, coverage)
+
+    def run(self, plan: Plan, at: Any, label: str) -> dict[str, Any]:
+        """Drive ``plan`` from a request thread; the merged answer with its coverage and instant."""
+        others = self._others()
+        coverage = Coverage({self.node: ""})
+        try:
+            question = next(plan)
+            while True:
+                question = plan.send(self._round(question, others, coverage))
+        except StopIteration as done:
+            merged: dict[str, Any] = done.value
+        return self._finish(merged, at, coverage, others, label)
+
+    async def arun(self, plan: Plan, at: Any, label: str) -> dict[str, Any]:
+        """Drive ``plan`` from a coroutine on this node's loop."""
+        loop = asyncio.get_running_loop()
+        others = await loop.run_in_executor(self._executor, self._others)
+        coverage = Coverage({self.node: ""})
+        try:
+            question = next(plan)
+            while True:
+                question = plan.send(await self._around(question, others, coverage))
+        except StopIteration as done:
+            merged: dict[str, Any] = done.value
+        return self._finish(merged, at, coverage, others, label)
+
+    def ask(self, question: qs.Question) -> dict[str, Any]:
+        """The fleet's answer to one API question (from a request thread)."""
+        qs.check(question)
+        return self.run(plan_for(question), question.at, question.kind)
+
+    async def aask(self, question: qs.Question) -> dict[str, Any]:
+        qs.check(question)
+        return await self.arun(plan_for(question), question.at, question.kind)
+
+    def _finish(self, merged: dict[str, Any], at: Any, coverage: Coverage, others: list[str], label: str) -> dict[str, Any]:
+        for node in others:
+            coverage.nodes.setdefault(node, "")
+        merged["coverage"] = coverage.as_dict()
+        merged["at"] = format_timestamp(at)
+        self.reads += 1
+        if not coverage.complete:
+            self.partial += 1
+            self._partial(label, len(others) + 1, coverage)
+        return merged
+
+    def _partial(self, question: str, asked: int, coverage: Coverage) -> None:
+        """Log and publish that a read came back without every node (live only: a look must not grow the log)."""
+        missing = coverage.missing()
+        log.warning("history_partial", extra={"node": self.node, "question": question, "asked": asked, "missing": missing})
+        if self.report is None or self.loop is None or self.loop.is_closed():
+            return
+        body = HistoryPartial(question=question, asked=asked, missing=missing)
+        report = self.report
+        try:
+            running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            task = self.loop.create_task(report(body))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+        else:
+            try:
+                runtime.start_on_loop(lambda: report(body), self.loop)
+            except runtime.EngineAway:
+                pass
+
+
+# -- on the engine --------------------------------------------------------------------------------
+
+
+def for_engine(engine: "Engine", *, roster: Optional[Roster] = None) -> FleetReads:
+    """The engine's fleet reads: its node, its retention, its queue and loop, the budget its settings give."""
+    settings = engine.settings
+
+    async def report(body: HistoryPartial) -> Any:
+        emitter = engine.emitter
+        if emitter is not None:
+            await emitter.emit(body, trace_of(), log_event="history_partial_publish_failed")
+
+    return FleetReads(
+        qs.NodeScope(node_id=settings.node.id, retention_hours=settings.stream.event_retention_hours),
+        roster=roster or live_roster,
+        queue=engine.queue,
+        loop=engine.loop,
+        budget_s=settings.history.fleet_read_budget_s,
+        report=report,
+    )
+
+
+def reader() -> FleetReads:
+    """The running engine's fleet reads; :class:`FleetAway` in a process without one (a web-only process)."""
+    running = runtime.current_engine()
+    found: Optional[FleetReads] = running.lookup(FLEET_READS) if running is not None else None
+    if found is None:
+        raise FleetAway()
+    return found
+
+
+__all__ = ["FleetAway", "FleetReads", "NODE_PARTS", "NO_FLEET_HERE", "for_engine", "live_roster", "node_part", "reader"]
