@@ -45,9 +45,9 @@ def make_event(
     return event
 
 
-def store(*events: Event, topic: Optional[str] = None) -> list[Event]:
-    """Write rows exactly as the publish listener derives them, on the test's own connection."""
-    connection = connections["events"]
+def store(*events: Event, topic: Optional[str] = None, using: str = "events") -> list[Event]:
+    """Write rows exactly as the publish listener derives them, on the test's own connection (to ``using``'s store)."""
+    connection = connections[using]
     sql = insert_sql()
     with connection.cursor() as cursor:
         for event in events:

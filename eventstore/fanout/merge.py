@@ -156,13 +156,13 @@ def turns_plan(question: Question) -> Plan:
     for _, page in pages:
         if page["more"] and page["turns"]:
             turn_id, started = page["turns"][-1]
-            stop = (int(started), turn_id)
-            cut = stop if cut is None or stop > cut else cut
+            last = (int(started), turn_id)
+            cut = last if cut is None or last > cut else cut
     candidates = [
         turn_id for _, page in pages for turn_id, started in page["turns"] if cut is None or (int(started), turn_id) >= cut
     ]
     if not candidates:
-        return {"turns": [], "next_cursor": None}
+        return {"turns": [], "next_cursor": qs.encode_cursor("t", cut[0], cut[1]) if cut is not None else None}
     parts = yield Question(
         kind=qs.TURN_ROWS, at=question.at, version=question.version, filters=question.filters, keys=tuple(dict.fromkeys(candidates))
     )
@@ -173,10 +173,10 @@ def turns_plan(question: Question) -> Plan:
     )
     taken = placed[:limit]
     grouped = {turn_id: [qs.fold_unwire(r) for r in shares[turn_id][0]] for _, turn_id in taken}
-    next_cursor = None
-    if taken and (len(placed) > limit or cut is not None):
-        started, turn_id = taken[-1]
-        next_cursor = qs.encode_cursor("t", started, turn_id)
+    # The next page starts below the last turn listed here, or below the cut when every turn at or above it is
+    # listed (a page can come back short, even empty: a turn it could have listed starts below the cut on another node).
+    below: Optional[tuple[int, str]] = taken[-1] if len(placed) > limit else cut
+    next_cursor = qs.encode_cursor("t", below[0], below[1]) if below is not None else None
     return {"turns": qs.fold_listed([(t, s) for s, t in taken], grouped), "next_cursor": next_cursor}
 
 

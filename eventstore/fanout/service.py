@@ -199,8 +199,7 @@ class FleetReads:
         self.scope = scope
         self.node = scope.node_id
         self.roster = roster
-        self.queue = queue
-        self.loop = loop
+        self.queue, self.loop = queue, loop
         self.budget_s = float(budget_s)
         self.version = int(version)
         self.max_reply_bytes = int(max_reply_bytes)
@@ -253,6 +252,9 @@ class FleetReads:
             return wire.encode_reply(self.version, self.node, error=wire.reason("refused", f"unreadable question: {exc}"))
         if request.asker == self.node:
             return wire.encode_reply(self.version, self.node, own=True)
+        if not request.asks(self.node):
+            # Silence, by the serve contract's one way to give none: a reply would stand in for an asked node's.
+            raise wire.NotAsked(f"{request.asker} did not ask {self.node} (its roster does not list this node)")
         if request.version != self.version:
             return wire.encode_reply(
                 self.version, self.node,
@@ -351,7 +353,7 @@ class FleetReads:
         """One scatter from a request thread: the loop gathers while this thread reads its own store."""
         future: Optional[concurrent.futures.Future[Gathered]] = None
         if others and self.queue is not None:
-            request = wire.encode_request(question, self.node)
+            request = wire.encode_request(question, self.node, others)
             try:
                 future = runtime.start_on_loop(lambda: self._gather(request, others), self.loop)
             except runtime.EngineAway as exc:
@@ -371,7 +373,7 @@ class FleetReads:
         own_read = loop.run_in_executor(self._executor, self._own, question)
         gathered = Gathered()
         if others and self.queue is not None:
-            gathered = await self._gather(wire.encode_request(question, self.node), others)
+            gathered = await self._gather(wire.encode_request(question, self.node, others), others)
         return self._collect(question, await own_read, others, gathered, coverage)
 
     def run(self, plan: Plan, at: Any, label: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import orjson
 
@@ -29,6 +29,9 @@ K_ASKER = "asker"
 K_QUESTION = "question"
 K_PARAMS = "params"
 K_AT = "at"
+#: The nodes the asker is asking: a node serving the subject that is not among them stays silent, so it never
+#: takes the place of one that is (a gather stops at as many answers as it asked for).
+K_TO = "to"
 K_NODE = "node"
 K_ANSWER = "answer"
 K_ERROR = "error"
@@ -36,31 +39,32 @@ K_ERROR = "error"
 K_OWN = "own"
 
 # -- what coverage names, for a node that did not answer (each followed by ": " and the particulars) --
-TIMED_OUT = "timed out"
-OTHER_VERSION = "protocol version"
-UNREADABLE = "unreadable reply"
-READ_FAILED = "read failed"
-NOT_ASKED = "not asked"
-#: A node refusing the question itself (no instant, a bad field) names the refusal's own reason.
-REASONS: tuple[str, ...] = (TIMED_OUT, OTHER_VERSION, UNREADABLE, READ_FAILED, NOT_ASKED)
+# A node refusing the question itself (no instant, a bad field) names the refusal's own reason instead.
+REASONS: tuple[str, ...] = ("timed out", "protocol version", "unreadable reply", "read failed", "not asked")
+TIMED_OUT, OTHER_VERSION, UNREADABLE, READ_FAILED, NOT_ASKED = REASONS
 
 
 class UnreadableRequest(ValueError):
     """A request that is not a question this build can read."""
 
 
+class NotAsked(LookupError):
+    """This node serves the subject but is not among the nodes the asker asked: it stays silent."""
+
+
 def reason(kind: str, detail: str) -> str:
     return f"{kind}: {detail}"
 
 
-def encode_request(question: Question, asker: str) -> bytes:
+def encode_request(question: Question, asker: str, to: Optional[list[str]] = None) -> bytes:
     params = question.to_dict()
     for key in ("kind", "at", "version"):
         params.pop(key, None)
     at = qs.to_us(question.at) if question.at is not None else None
-    return orjson.dumps(
-        {K_VERSION: question.version, K_ASKER: asker, K_QUESTION: question.kind, K_PARAMS: params, K_AT: at}
-    )
+    body = {K_VERSION: question.version, K_ASKER: asker, K_QUESTION: question.kind, K_PARAMS: params, K_AT: at}
+    if to is not None:
+        body[K_TO] = to
+    return orjson.dumps(body)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,11 @@ class Request:
     version: Any
     asker: str
     raw: dict[str, Any]
+
+    def asks(self, node: str) -> bool:
+        """Whether ``node`` is one of the nodes asked (a request naming none asks every node)."""
+        to = self.raw.get(K_TO)
+        return not isinstance(to, list) or node in to
 
     def question(self) -> Question:
         """The question; one that carries no instant keeps ``at`` None (the node refuses it, it never guesses)."""
@@ -95,6 +104,16 @@ def decode_request(raw: bytes) -> Request:
     return Request(version=data.get(K_VERSION), asker=asker if isinstance(asker, str) else "", raw=data)
 
 
+class Reply(NamedTuple):
+    """A node's reply as the asker reads it: an answer, or the error that stands for one, or its own server's nod."""
+
+    node: str
+    version: Any
+    answer: Optional[dict[str, Any]]
+    error: str
+    own: bool
+
+
 def encode_reply(version: int, node: str, *, answer: Optional[dict[str, Any]] = None, error: str = "", own: bool = False) -> bytes:
     body: dict[str, Any] = {K_VERSION: version, K_NODE: node}
     if own:
@@ -106,13 +125,6 @@ def encode_reply(version: int, node: str, *, answer: Optional[dict[str, Any]] = 
     return orjson.dumps(body)
 
 
-@dataclass(frozen=True)
-class Reply:
-    node: str
-    version: Any
-    answer: Optional[dict[str, Any]]
-    error: str
-    own: bool
 
 
 def decode_reply(raw: bytes) -> Optional[Reply]:
@@ -208,6 +220,7 @@ def fit(kind: str, version: int, node: str, answer: dict[str, Any], limit: int) 
 
 __all__ = [
     "NOT_ASKED",
+    "NotAsked",
     "OTHER_VERSION",
     "READ_FAILED",
     "REASONS",
