@@ -9,6 +9,7 @@ staff may look — the same people a staff session lets through ``/api/``.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, Optional
 
@@ -47,8 +48,16 @@ def _is_staff(user: Any) -> bool:
 
 
 def staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Anyone else is sent to sign in (and back here afterwards)."""
-    return user_passes_test(_is_staff, login_url=LOGIN_URL)(view)
+    """Anyone else is sent to sign in (and back here afterwards); a page that cannot ask the fleet says why, with 503."""
+
+    @functools.wraps(view)
+    def asking_the_fleet(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except store_api.FleetUnavailable as exc:
+            return render(request, "dashboard/error.html", {"title": "History", "reason": str(exc.detail)}, status=503)
+
+    return user_passes_test(_is_staff, login_url=LOGIN_URL)(asking_the_fleet)
 
 
 class LoginView(auth_views.LoginView):
@@ -150,7 +159,7 @@ def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
     except store_api.BadParameter as exc:
         return render(request, "dashboard/error.html", {"title": "Trace", "reason": f"{exc.param}: {exc.reason}"}, status=400)
     if not answer.get("spans"):
-        raise Http404(f"no trace {trace_id} in this node's history")
+        raise Http404(f"no trace {trace_id} in the fleet's history")
     return render(request, "dashboard/trace.html", {"page": "trace", "trace": answer})
 
 

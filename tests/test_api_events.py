@@ -389,3 +389,14 @@ def test_an_api_page_renders_through_orjson_with_the_same_values(api_client: Any
     response = get(api_client, "/api/events")
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     assert json.loads(response.content) == json.loads(JSONRenderer().render(response.data))
+
+
+@pytest.mark.parametrize("path", ["/api/events", "/api/events/series", "/api/events/ev-1", "/api/traces/t-1", "/api/turns", "/api/turns/t-1"])
+def test_a_process_without_an_engine_refuses_every_history_read_with_503_rather_than_answer_from_its_own_store(
+    api_client: Any, path: str
+) -> None:
+    from eventstore.fanout import NO_FLEET_HERE
+
+    store(make_event("org_started", AT - US, event_id="only-this-store"))
+    response = api_client.get(path)
+    assert response.status_code == 503 and response.json() == {"detail": NO_FLEET_HERE}

@@ -188,3 +188,11 @@ def test_with_an_engine_the_overview_lists_the_engines_company_live(
 def test_the_dead_letter_page_says_why_it_cannot_read_the_stream_without_an_engine(staff: Client, no_live: None) -> None:
     html = staff.get("/dead-letters/").content.decode()
     assert f"Could not read the dead-letter stream: {NO_ENGINE}" in html
+
+
+@pytest.mark.parametrize("path", ["/", "/events/", "/traces/t-1/", "/seats/ada/"])
+def test_without_an_engine_a_page_that_reads_history_says_with_503_that_it_cannot_ask_the_fleet(
+    staff: Client, no_live: None, path: str
+) -> None:
+    response = staff.get(path)
+    assert response.status_code == 503 and "so it cannot ask the fleet" in response.content.decode()
