@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve()
 
 
 def build() -> MCPServer:
-    server = MCPServer("testtools")
+    server = MCPServer("testtools", log_level="WARNING")
 
     @server.tool()
     def write(path: str, text: str) -> str:

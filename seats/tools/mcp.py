@@ -58,6 +58,7 @@ from crewlet.conf import ToolSettings
 from crewlet.engine import Service
 from crewlet.events.emit import Emitter
 from crewlet.events.types import ToolServerRestarted, ToolServerUnavailable
+from crewlet.interfaces import EVENT_STORE
 from crewlet.logfmt import redact_text, short_reason
 from crewlet.org import CompanyHolder, McpServer, Seat
 from crewlet.tracing import trace_of
@@ -492,12 +493,17 @@ class McpToolbox:
 
 
 def services(engine: "Engine") -> list[Service]:
-    """The :data:`SEAT_TOOLS` service: this node's :class:`McpToolbox`, closed after the seat runtime that uses it."""
+    """The :data:`SEAT_TOOLS` service: this node's :class:`McpToolbox`.
+
+    After the event store's writer, so what it publishes is stored; the seat
+    runtime starts after it (and so stops before it), so no turn holds a
+    session that is being closed.
+    """
 
     def make(engine: "Engine") -> McpToolbox:
         return McpToolbox(engine.company, settings=engine.settings.tools, emitter=engine.emitter)
 
-    return [Service(SEAT_TOOLS, make)]
+    return [Service(SEAT_TOOLS, make, after=(EVENT_STORE,))]
 
 
 __all__ = [

@@ -45,7 +45,8 @@ def note_path(title: str) -> Path:
 
 def build() -> MCPServer:
     """The notes server with its three tools."""
-    server = MCPServer("notes", instructions="Write, read and list short notes kept as files.")
+    # WARNING: its stderr is the engine's log stream, which wants no line per call.
+    server = MCPServer("notes", instructions="Write, read and list short notes kept as files.", log_level="WARNING")
 
     @server.tool()
     def write_note(title: str, text: str) -> str:
