@@ -38,7 +38,7 @@ from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import Ownership, SeatOwnership
 from seats.scheduler import TICK_S, Scheduler, aprune_firings
-from seats.tools.base import Toolbox
+from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.turns import TurnRunner
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -269,6 +269,8 @@ class SeatRuntime:
         loop = self.loops.pop(handle, None)
         if loop is not None:
             await loop.stop()
+        if isinstance(self.runner.toolbox, SeatSessions):
+            await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
         await self.ownership.release(handle)
         seat = self.holder.current().seat_by_handle(handle)
         await self._emit(
@@ -340,8 +342,9 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
     """The seat runtime of ``engine.company`` as the :data:`~crewlet.interfaces.SEAT_RUNTIME` service.
 
     It starts once the event store's writer is attached (so what it
-    publishes is stored) and publishes telemetry through the engine's
-    emitter. In production a multi-wake partition is merged by the
+    publishes is stored) and the seats' toolbox runs (:data:`SEAT_TOOLS`,
+    which its turns call and which stops after it), and publishes telemetry
+    through the engine's emitter. In production a multi-wake partition is merged by the
     digest (``seats.coalescer.dispatch``) into ONE trigger.
     """
     if "merge" not in options:
@@ -352,13 +355,14 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
     def make(engine: "Engine") -> SeatRuntime:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
+        options.setdefault("toolbox", engine.lookup(SEAT_TOOLS))
         runtime = SeatRuntime(
             engine.queue, engine.company, node_id=engine.settings.node.id, emitter=engine.emitter, **options
         )
         engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
         return runtime
 
-    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE,))]
+    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS))]
 
 
 def install(engine: "Engine", **options: Any) -> None:

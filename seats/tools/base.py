@@ -10,7 +10,10 @@ model and to the event store without either altering it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, runtime_checkable
+
+#: The engine service that hands out this node's toolbox (:class:`seats.tools.mcp.McpToolbox`).
+SEAT_TOOLS = "seat_tools"
 
 
 @dataclass(frozen=True)
@@ -73,4 +76,13 @@ class Toolbox(Protocol):
 
     async def call(self, handle: str, call: ToolCall) -> ToolResult:
         """Run ``call`` for the seat; never raises for a tool failure (``ok=False``, ``error=...``), so a failing tool is something the model sees, not a crashed turn."""
+        ...
+
+
+@runtime_checkable
+class SeatSessions(Protocol):
+    """A toolbox that holds something per seat (MCP sessions, child processes) to let go of when the seat leaves the node."""
+
+    async def release(self, handle: str) -> None:
+        """The seat is no longer run here: close what is held for it."""
         ...

@@ -62,7 +62,7 @@ from crewlet.interfaces import EVENT_STORE
 from crewlet.logfmt import redact_text, short_reason
 from crewlet.org import CompanyHolder, McpServer, Seat
 from crewlet.tracing import trace_of
-from seats.tools.base import ToolCall, ToolResult, ToolSpec
+from seats.tools.base import SEAT_TOOLS, ToolCall, ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
@@ -70,8 +70,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("crewlet.seats.tools")
 
-#: The engine service that hands out this node's :class:`McpToolbox`.
-SEAT_TOOLS = "seat_tools"
 #: Between a server's name and its tool's in the name the model sees.
 NAME_SEPARATOR = "__"
 #: The vendors' tool-name rule (OpenAI and Anthropic both): what every exposed name matches.
