@@ -15,6 +15,7 @@ from crewlet.tracing import Trace
 from seats.providers import Completion, Message, ModelProvider, ModelRequest
 from seats.runtime import SeatRuntime
 from seats.turns import (
+    AnthropicProvider,
     EchoProvider,
     OpenAIProvider,
     ProviderError,
@@ -68,12 +69,18 @@ async def test_the_openai_provider_posts_a_chat_completion_and_reads_the_answer_
     assert server.headers[0]["authorization"] == "Bearer sk-local"
 
 
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
 @pytest.mark.parametrize(("status", "kind"), [(500, "server_error"), (429, "rate_limited"), (401, "auth"), (400, "bad_request")])
-async def test_an_http_failure_is_filed_under_its_kind(status: int, kind: str) -> None:
+async def test_an_http_failure_is_filed_under_its_kind_by_either_sdk(vendor: str, status: int, kind: str) -> None:
     with model_server(status=status) as server:
+        provider = (
+            OpenAIProvider(base_url=server.base_url, model="m")
+            if vendor == "openai"
+            else AnthropicProvider(base_url=server.root_url, model="m")
+        )
         with pytest.raises(ProviderError) as failed:
-            await ask(OpenAIProvider(base_url=server.base_url, model="m"), "s", "u")
-    assert failed.value.kind == kind
+            await ask(provider, "s", "u")
+    assert failed.value.kind == kind and f"HTTP {status}" in str(failed.value)
 
 
 async def test_an_endpoint_nobody_listens_on_is_unreachable_and_an_unset_key_is_an_auth_failure(monkeypatch: Any) -> None:
