@@ -8,10 +8,11 @@ from typing import Any, Awaitable, Coroutine, Iterable, Optional, Protocol, Type
 _T = TypeVar("_T")
 
 
-class Closing(Protocol):
-    """Anything closed with ``await x.close()``."""
+class Closable(Protocol):
+    """Anything closed with ``await x.close()`` (a subscription, a feed, a server)."""
 
-    async def close(self) -> Any: ...
+    async def close(self) -> None:
+        """Stop; idempotent."""
 
 
 async def keeping_cancel(awaitable: Awaitable[_T]) -> _T:
@@ -49,7 +50,7 @@ def spawn_kept(tasks: set[asyncio.Task[_T]], coro: Coroutine[Any, Any, _T]) -> a
     return task
 
 
-async def close_each(closables: Iterable[Closing], logger: Optional[logging.Logger] = None, event: str = "") -> None:
+async def close_each(closables: Iterable[Closable], logger: Optional[logging.Logger] = None, event: str = "") -> None:
     """Close every one of ``closables``, the rest too when one of them fails.
 
     For an owner shutting down: a part that cannot close cleanly is gone all
@@ -65,4 +66,4 @@ async def close_each(closables: Iterable[Closing], logger: Optional[logging.Logg
                 logger.debug(event, exc_info=True)
 
 
-__all__ = ["Closing", "close_each", "keeping_cancel", "spawn_kept"]
+__all__ = ["Closable", "close_each", "keeping_cancel", "spawn_kept"]

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional, Protocol, Sequence, runtime_checkable
 
+from crewlet.aio import Closable
 from crewlet.events import Event
 
 #: Deliveries a message gets before it is dead-lettered. Sized for handoffs as
@@ -277,11 +278,6 @@ AnswerFn = Callable[[bytes], Awaitable[bytes]]
 
 
 @runtime_checkable
-class Closable(Protocol):
-    async def close(self) -> None:
-        """Stop; idempotent."""
-
-
 @runtime_checkable
 class Subscription(Protocol):
     """This client's attachment to one durable (topic, group).
