@@ -222,6 +222,8 @@ class _Loop:
     providers: dict[str, ModelProvider] = field(default_factory=dict)
     acted: bool = False
     ended_by_tool: bool = False
+    #: The phase's start on the monotonic clock: each round's ``started_ms`` is measured from it.
+    started: float = field(default_factory=time.monotonic)
 
 
 class TurnRunner:
@@ -399,6 +401,7 @@ class TurnRunner:
                     "round": number,
                     "provider_key": config.key,
                     "model": answer.model,
+                    "started_ms": int((call_started - loop.started) * 1000),
                     "duration_ms": int((time.monotonic() - call_started) * 1000),
                     "input_tokens": answer.input_tokens,
                     "output_tokens": answer.output_tokens,
@@ -416,6 +419,7 @@ class TurnRunner:
                 {
                     "round": number,
                     "provider_key": config.key,
+                    "started_ms": int((call_started - loop.started) * 1000),
                     "duration_ms": int((time.monotonic() - call_started) * 1000),
                     "error_kind": kind,
                 }

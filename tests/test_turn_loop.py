@@ -71,6 +71,7 @@ async def test_a_vendor_model_calls_a_tool_then_answers_and_the_phase_records_a_
     [phase] = rec.of("agent_phase_completed")
     first, second = phase.data.rounds
     assert (first["round"], first["stop_reason"], second["round"], second["stop_reason"]) == (1, "tool_use", 2, "end")
+    assert 0 <= first["started_ms"] <= second["started_ms"] and first["duration_ms"] >= 0
     assert (first["tool_count"], first["tool_bytes"], second["tool_count"]) == (1, len("saved note 1"), 0)
     [made] = first["tool_calls"]
     assert (made["server"], made["tool"], made["ok"], made["bytes"]) == ("notes", "write", True, len("saved note 1"))
