@@ -450,12 +450,12 @@ class Engine:
         alive while it runs.
         """
         found: dict[str, bool] = {}
-        for service, thing in list(self._running):
+        for name, thing in list(self._provided.items()):
             healthy = getattr(thing, "healthy", None)
             if callable(healthy):
-                found[service.name] = bool(healthy())
+                found[name] = bool(healthy())
             else:
-                found[service.name] = bool(getattr(thing, "alive", True))
+                found[name] = bool(getattr(thing, "alive", True))
         return found
 
     @property
