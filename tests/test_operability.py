@@ -225,6 +225,16 @@ def test_a_webhook_moves_the_webhook_publish_delivery_and_turn_metrics_and_every
             assert len(label) <= 40, (name, labels)
 
 
+def test_an_open_ws_stream_socket_is_counted_while_it_is_open(up: UpProcess) -> None:
+    from websockets.sync.client import connect
+
+    ws_url = up.url.replace("http://", "ws://") + "/ws/stream"
+    with connect(ws_url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, open_timeout=30) as socket:
+        assert json.loads(socket.recv(timeout=30))["kind"] == "snapshot"
+        assert value(scrape(up), "crewlet_ws_stream_clients") == 1
+    wait_until(lambda: value(scrape(up), "crewlet_ws_stream_clients") == 0, WAIT_S, "the closed socket uncounted")
+
+
 # -- /livez and /readyz -----------------------------------------------------------------------------
 
 
