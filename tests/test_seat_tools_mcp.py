@@ -17,6 +17,7 @@ from crewlet.org import A2A_ASK_TOOL, CompanyHolder, parse_company
 from crewlet.queue.memory import MemoryBroker
 from mcp_support import free_port, http_server, start_http, stdio_command
 from seats.tools import ToolCall
+from seats.runtime import SeatRuntime
 from seats.tools.mcp import TOOL_NAME_RULE, McpToolbox, exposed_name
 from seats_support import FAST, Recorder
 from waiting_support import eventually
@@ -210,21 +211,46 @@ async def test_a_streamable_http_server_that_refuses_the_credential_is_unavailab
     assert "wrong-credential-value" not in repr(report)
 
 
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped counts: it runs nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
 async def test_releasing_a_seat_closes_its_sessions_and_stops_its_server_process() -> None:
     async with toolbox({"tt": {"command": stdio_command()}}) as (box, _):
         await box.specs("ada")
         pid = int((await box.call("ada", call("tt__pid"))).content)
         await box.release("ada")
         assert box.running() == {}
+        await eventually(lambda: gone(pid), what="the server process gone")
 
-        def gone() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
-        await eventually(gone, what="the server process gone")
+@pytest.mark.django_db(transaction=True, databases=["default", "events"])
+async def test_a_seat_the_runtime_lets_go_has_its_tool_sessions_closed_and_its_server_stopped() -> None:
+    servers = {"tt": {"command": stdio_command()}}
+    holder = CompanyHolder(company(servers))
+    queue = MemoryBroker(FAST).client(node="n1")
+    box = McpToolbox(holder, settings=SETTINGS)
+    runtime = SeatRuntime(queue, holder, toolbox=box, run_scheduler=False)
+    await runtime.start()
+    try:
+        assert runtime.runner.toolbox is box
+        await box.specs("ada")  # what ada's first turn on this node does
+        pid = int((await box.call("ada", call("tt__pid"))).content)
+        without_ada = parse_company(
+            {"org": "acme", "mcp_servers": servers, "seats": [{"handle": "linus", "kind": "agent", "role": "reviewer"}]}
+        )
+        await runtime.apply(without_ada)
+        assert "ada" not in runtime.loops and box.running() == {}
+        await eventually(lambda: gone(pid), what="ada's tool server stopped with her seat")
+    finally:
+        await runtime.stop()
+        await box.stop()
+        await queue.close()
 
 
 async def test_a_company_that_revokes_a_grant_closes_that_session_at_the_seats_next_turn() -> None:
