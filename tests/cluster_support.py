@@ -14,21 +14,33 @@ the test restarts it.
         await cluster.restart(2)                        # same ports, same store; back once formed
 
 For ``manage.py up`` processes that form a cluster themselves,
-:func:`cluster_settings` writes the ``stream`` mapping of node ``i`` of a
-cluster on the given route ports, and :func:`free_ports` picks the ports.
+:func:`cluster_settings` is the ``stream`` mapping of node ``i`` of a cluster on
+the given route ports (:func:`free_ports` picks them), :func:`up_node_env` the
+environment of such a node (its settings file written), and
+:func:`start_together` / :func:`stop_together` start and stop the processes at
+once (each one's start waits for a majority of the brokers, so one at a time
+would never get past the first)::
+
+    ports = free_ports(3)
+    nodes = [UpProcess(base / node_name(i), node=node_name(i), env=up_node_env(base, i, ports, secret)) for i in range(3)]
+    start_together(nodes)
 """
 from __future__ import annotations
 
 import asyncio
 import secrets
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional, Sequence
 
-from crewlet.conf import ClusterSettings
+import yaml
+
+from crewlet.conf import CLUSTER_SECRET_ENV, ClusterSettings
 from crewlet.queue.broker import EmbeddedBroker
+from tests.up_support import UpProcess, up_env
 
 #: The cluster's name in every test cluster.
 CLUSTER_NAME = "crewlet-test"
@@ -73,6 +85,38 @@ def cluster_settings(
             "form_timeout_s": form_timeout_s,
         },
     }
+
+
+def up_node_env(
+    base: Path, i: int, route_ports: Sequence[int], secret: str, *, settings: Optional[dict[str, Any]] = None, **extra: str
+) -> dict[str, str]:
+    """The environment of ``manage.py up`` as node ``i`` of the cluster on ``route_ports``, at home in ``base/n<i+1>``.
+
+    Writes its settings file (:func:`cluster_settings`, merged over ``settings``:
+    other sections, or stream keys); sets ``CREWLET_CLUSTER_SECRET`` and its own
+    ``CREWLET_VAR_DIR``; ``extra`` are further variables (a PostgreSQL store's, say).
+    """
+    home = base / node_name(i)
+    home.mkdir(parents=True, exist_ok=True)
+    mapping = dict(settings or {})
+    mapping["stream"] = {**cluster_settings(i, route_ports, store_dir=home / "stream"), **mapping.get("stream", {})}
+    path = home / "settings.yaml"
+    path.write_text(yaml.safe_dump(mapping))
+    env = {"CREWLET_SETTINGS_FILE": str(path), CLUSTER_SECRET_ENV: secret, "CREWLET_VAR_DIR": str(home / "data"), **extra}
+    return up_env(**env)
+
+
+def start_together(nodes: Sequence[UpProcess]) -> None:
+    """Start every ``up`` at once and wait for each one's ready line (the first failure raises)."""
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        for started in [pool.submit(n.start) for n in nodes]:
+            started.result()
+
+
+def stop_together(nodes: Sequence[UpProcess]) -> list[str]:
+    """Stop every ``up`` at once (SIGTERM, then what is left killed); their outputs."""
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        return list(pool.map(UpProcess.stop, nodes))
 
 
 class LoopbackCluster:
@@ -151,4 +195,13 @@ class LoopbackCluster:
         await self.stop()
 
 
-__all__ = ["CLUSTER_NAME", "LoopbackCluster", "cluster_settings", "free_ports", "node_name"]
+__all__ = [
+    "CLUSTER_NAME",
+    "LoopbackCluster",
+    "cluster_settings",
+    "free_ports",
+    "node_name",
+    "start_together",
+    "stop_together",
+    "up_node_env",
+]

@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-import yaml
 
 from tests.browser_support import slack_message
-from tests.cluster_support import cluster_settings, free_ports, node_name
+from tests.cluster_support import free_ports, node_name, start_together, stop_together, up_node_env
 from tests.up_support import UpProcess, http_call, http_json, up_env
 from waiting_support import wait_until
 
@@ -28,14 +26,7 @@ SECRET = secrets.token_hex(16)
 
 
 def node_env(base: Path, i: int, route_ports: list[int], **extra: str) -> dict[str, str]:
-    """The environment of node ``i``: its settings file (the cluster on ``route_ports``), the secret, its data dir."""
-    home = base / node_name(i)
-    home.mkdir(parents=True, exist_ok=True)
-    settings = home / "settings.yaml"
-    settings.write_text(yaml.safe_dump({"stream": cluster_settings(i, route_ports, store_dir=home / "stream")}))
-    return up_env(
-        CREWLET_SETTINGS_FILE=str(settings), CREWLET_CLUSTER_SECRET=SECRET, CREWLET_VAR_DIR=str(home / "data"), **extra
-    )
+    return up_node_env(base, i, route_ports, SECRET, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +35,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[UpProcess]]
     ports = free_ports(3)
     nodes = [UpProcess(base / node_name(i), node=node_name(i), env=node_env(base, i, ports)) for i in range(3)]
     try:
-        # Together: each one's start waits for a majority of the brokers.
-        with ThreadPoolExecutor(3) as pool:
-            for started in [pool.submit(n.start) for n in nodes]:
-                started.result()
+        start_together(nodes)
         yield nodes
     finally:
-        with ThreadPoolExecutor(3) as pool:
-            list(pool.map(UpProcess.stop, nodes))
+        stop_together(nodes)
 
 
 def post_slack(node: UpProcess, text: str) -> int:
@@ -69,13 +56,19 @@ def test_three_up_processes_form_one_cluster_each_serving_and_none_logs_the_secr
         assert SECRET not in node.output_so_far()
 
 
-def test_with_one_up_killed_the_other_two_keep_accepting_webhooks(fleet: list[UpProcess]) -> None:
-    fleet[2].kill()
+def test_with_one_up_killed_the_other_two_keep_accepting_and_it_rejoins_when_started_again_on_its_data(fleet: list[UpProcess]) -> None:
+    killed = fleet[2]
+    killed.kill()
     for node in fleet[:2]:
         # A stream whose leader was on the dead node elects another within seconds; until then a publish is a 503.
         wait_until(lambda: post_slack(node, "still here") == 202, 30, f"{node.node} accepting a webhook")
         status, health = http_json("GET", node.url + "/healthz")
         assert (status, health["broker"]) == (200, "connected")
+    killed.start()  # the same data dir and broker store
+    assert "event=embedded_broker_cluster_formed" in killed.output_so_far()
+    status, health = http_json("GET", killed.url + "/healthz")
+    assert (status, health["broker"], health["node"]) == (200, "connected", "n3")
+    assert post_slack(killed, "back") == 202
 
 
 def refused(tmp_path: Path, env: dict[str, str]) -> str:
