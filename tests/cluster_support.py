@@ -28,6 +28,7 @@ would never get past the first)::
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -176,8 +177,39 @@ class LoopbackCluster:
         await self.members[i].kill()
 
     async def restart(self, i: int) -> None:
-        """Start member ``i`` again on its ports and store; returns once it sees a meta leader."""
+        """Start member ``i`` again on its ports and store; returns once every stream is whole again (:meth:`settled`)."""
         await self.members[i].start()
+        await self.settled()
+
+    async def settled(self, timeout_s: float = FORM_TIMEOUT_S) -> None:
+        """Wait until every stream has a leader and each of its replicas is current and online.
+
+        What a test needs after a member came back: a stream still catching
+        up (or electing a leader) answers its API calls late or not at all.
+        """
+        import nats
+
+        from waiting_support import eventually
+
+        url = self.url(self.running()[0])
+
+        async def whole() -> bool:
+            nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=1, connect_timeout=2)
+            try:
+                names = json.loads((await nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=2)).data).get("streams") or []
+                for name in names:
+                    info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=2)).data)
+                    cluster = info.get("cluster") or {}
+                    replicas = cluster.get("replicas") or []
+                    if not cluster.get("leader") or not all(r.get("current") and not r.get("offline") for r in replicas):
+                        return False
+                return True
+            except (nats.errors.Error, asyncio.TimeoutError, ValueError):
+                return False
+            finally:
+                await nc.close()
+
+        await eventually(whole, timeout_s=timeout_s, what="every stream led, each replica current", interval_s=0.2)
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.stop() for m in self.members), return_exceptions=True)
