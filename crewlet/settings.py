@@ -291,5 +291,7 @@ LOGGING: dict[str, Any] = {
         "django.server": {"filters": ["redact"], "propagate": True},
         "asyncio": {"level": "WARNING", "propagate": True},
         "nats": {"level": "WARNING", "propagate": True},
+        # The model and MCP SDKs' HTTP client logs every request at INFO; a turn logs its own rounds.
+        "httpx2": {"level": "WARNING", "propagate": True},
     },
 }
