@@ -35,7 +35,11 @@ def _drop(name: str) -> None:
 
 @contextlib.contextmanager
 def node_databases(nodes: Sequence[str] = NODES, *, tables: bool = True) -> Iterator[dict[str, str]]:
-    """A database per node beside the events test database: {node: database name}; each with the store's table when ``tables``."""
+    """A database per node beside the events test database, reached as :func:`alias_of` the node: {node: database name}.
+
+    Each gets the store's table when ``tables``; without, it is left empty for
+    a ``manage.py up`` to migrate as its own events database.
+    """
     base = dict(connections["events"].settings_dict)
     names = {node: f"{base['NAME']}_{node}" for node in nodes}
     try:
@@ -43,8 +47,8 @@ def node_databases(nodes: Sequence[str] = NODES, *, tables: bool = True) -> Iter
             _drop(name)
             with connections["events"].cursor() as cursor:
                 cursor.execute(f'CREATE DATABASE "{name}"')
+            register(node, name)
             if tables:
-                register(node, name)
                 with connections[alias_of(node)].schema_editor() as editor:
                     editor.create_model(EventRow)
         yield names
