@@ -66,18 +66,37 @@ def _span_details(scope: dict[str, Any]) -> tuple[str, dict[str, str]]:
     return f"{method} {route}", {"http.route": route}
 
 
+#: Header names (regular expressions) whose values a span never carries, whatever the capture variables ask.
+CREDENTIAL_HEADERS = (".*authorization.*", ".*cookie.*", ".*signature.*", ".*token.*", ".*secret.*")
+
+
 def traced(app: Any) -> Any:
-    """``app`` with a server span per HTTP request (the OpenTelemetry ASGI instrumentation)."""
+    """``app`` with a server span per HTTP request (the OpenTelemetry ASGI instrumentation).
+
+    The instrumentation's own variables apply: ``OTEL_PYTHON_ASGI_EXCLUDED_URLS``
+    (or ``OTEL_PYTHON_EXCLUDED_URLS``) leaves paths untraced, and
+    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST``/``_RESPONSE``
+    capture headers — with a credential header's value always replaced, as the
+    logs replace it.
+    """
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+    from opentelemetry.util.http import (
+        OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS,
+        get_custom_headers,
+        get_excluded_urls,
+    )
 
     from crewlet.tracing import configure_tracing
 
+    sanitized = [*get_custom_headers(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS), *CREDENTIAL_HEADERS]
     return StrictTraceparent(
         OpenTelemetryMiddleware(
             app,
+            excluded_urls=get_excluded_urls("ASGI"),
             tracer_provider=configure_tracing(),
             default_span_details=_span_details,
             exclude_spans=["receive", "send"],
+            http_capture_headers_sanitize_fields=sanitized,
         )
     )
 

@@ -154,6 +154,8 @@ HEALTH_BROKER_TIMEOUT_S = _number("CREWLET_HEALTH_BROKER_TIMEOUT_S", 1.5, 0.05, 
 HEALTH_STORE_TIMEOUT_S = _number("CREWLET_HEALTH_STORE_TIMEOUT_S", 2.0, 0.05, 30.0)
 #: A bearer token that may read GET /metrics and nothing else (an operator token may too); "" = none.
 METRICS_TOKEN = os.environ.get("CREWLET_METRICS_TOKEN", "").strip()
+if METRICS_TOKEN and (len(METRICS_TOKEN) < 16 or not METRICS_TOKEN.isascii() or any(c.isspace() for c in METRICS_TOKEN)):
+    raise ImproperlyConfigured("CREWLET_METRICS_TOKEN must be at least 16 ASCII characters with no spaces")
 
 LOGIN_URL = "dash-login"
 LOGIN_REDIRECT_URL = "dash-overview"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +22,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.process_support import REPO_ROOT
 from tests.up_support import UpProcess, http_call, serve, up_env
 from waiting_support import wait_until
 
@@ -84,6 +87,10 @@ class Receiver:
         with self._lock:
             self.spans.extend(found)
 
+    def of_service(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [span for span in self.spans if span["resource"].get("service.name") == name]
+
     def of_trace(self, trace_id: str) -> list[dict[str, Any]]:
         with self._lock:
             return [span for span in self.spans if span["trace_id"] == trace_id]
@@ -91,6 +98,8 @@ class Receiver:
 
 def _value(value: Any) -> Any:
     kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(item) for item in value.array_value.values]
     return getattr(value, kind) if kind else None
 
 
@@ -114,6 +123,8 @@ def up(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator
         OTEL_SERVICE_NAME=SERVICE_NAME,
         OTEL_RESOURCE_ATTRIBUTES="deployment.environment=operability-test",
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_PYTHON_ASGI_EXCLUDED_URLS="livez",
+        OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST="authorization,content-type",
         OTEL_BSP_SCHEDULE_DELAY="600000",
         OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4096",
         OTEL_BSP_MAX_QUEUE_SIZE="16384",
@@ -235,6 +246,16 @@ def test_an_open_ws_stream_socket_is_counted_while_it_is_open(up: UpProcess) -> 
     wait_until(lambda: value(scrape(up), "crewlet_ws_stream_clients") == 0, WAIT_S, "the closed socket uncounted")
 
 
+def test_a_short_scrape_token_stops_start_up_naming_the_variable(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "manage.py"), "check"],
+        cwd=tmp_path, env=up_env(CREWLET_VAR_DIR=str(tmp_path), CREWLET_METRICS_TOKEN="short"),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert "CREWLET_METRICS_TOKEN must be at least 16 ASCII characters with no spaces" in result.stderr
+
+
 # -- /livez and /readyz -----------------------------------------------------------------------------
 
 
@@ -316,6 +337,16 @@ def test_a_webhooks_spans_reach_the_collector_under_otel_service_name_with_its_t
     assert turn["attributes"]["messaging.destination.name"] == "crewlet.agent.ada.inbox"
     assert turn["attributes"]["messaging.operation.type"] == "process"
     assert turn["attributes"]["messaging.consumer.group.name"]
+
+    # The instrumentation's own variables apply, and a captured credential header is never exported.
+    everything = receiver.of_service(SERVICE_NAME)
+    names = {span["name"] for span in everything}
+    assert "GET /readyz" in names and "GET /livez" not in names, sorted(names)
+    captured = [span["attributes"]["http.request.header.authorization"] for span in everything
+                if "http.request.header.authorization" in span["attributes"]]
+    assert captured, "no span captured the Authorization header"
+    assert TOKEN not in repr(everything) and SCRAPE_TOKEN not in repr(everything)
+    assert by_name["POST /webhooks/slack"]["attributes"]["http.request.header.content_type"] == ["application/json"]
 
     # The log lines written inside those spans name them.
     span_ids = {span["span_id"] for span in spans}
