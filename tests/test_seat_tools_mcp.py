@@ -18,7 +18,7 @@ from crewlet.queue.memory import MemoryBroker
 from mcp_support import free_port, http_server, start_http, stdio_command
 from seats.tools import ToolCall
 from seats.runtime import SeatRuntime
-from seats.tools.mcp import TOOL_NAME_RULE, McpToolbox, exposed_name
+from seats.tools.mcp import TOOL_NAME_RULE, McpToolbox, exposed_name, unset_variables
 from seats_support import FAST, Recorder
 from waiting_support import eventually
 
@@ -261,6 +261,22 @@ async def test_a_company_that_revokes_a_grant_closes_that_session_at_the_seats_n
         assert await box.specs("ada") == []
         assert box.running() == {}
         assert await box.specs("linus") == []
+
+
+def test_the_variables_a_server_is_given_by_name_and_the_node_lacks_are_named_never_valued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SET_TOKEN", "xoxb-value")
+    monkeypatch.delenv("MISSING_TOKEN", raising=False)
+    monkeypatch.delenv("MISSING_AUTH", raising=False)
+    org = company(
+        {
+            "chat": {"command": ["chat-mcp"], "env_from": ["SET_TOKEN", "MISSING_TOKEN"]},
+            "tracker": {"url": "http://127.0.0.1:1/mcp", "headers_from": {"Authorization": "MISSING_AUTH"}},
+        }
+    )
+    assert unset_variables(org.mcp_servers["chat"]) == ["MISSING_TOKEN"]
+    assert unset_variables(org.mcp_servers["tracker"]) == ["MISSING_AUTH"]
 
 
 def test_exposed_names_are_sanitised_cut_to_64_and_kept_distinct() -> None:

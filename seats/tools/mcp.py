@@ -202,6 +202,12 @@ def _headers_of(server: McpServer) -> dict[str, str]:
     return {header: os.environ[var] for header, var in server.headers_from.items() if var in os.environ}
 
 
+def unset_variables(server: McpServer) -> list[str]:
+    """The variables ``env_from`` and ``headers_from`` name that this node's environment does not set (names, never values)."""
+    named = [*server.env_from, *server.headers_from.values()]
+    return sorted({name for name in named if name not in os.environ})
+
+
 @asynccontextmanager
 async def open_transport(server: McpServer, ended: asyncio.Event) -> AsyncIterator["TransportStreams"]:
     """The SDK transport to ``server`` (stdio child or streamable HTTP), its read side watched for its end."""
@@ -299,6 +305,12 @@ class _Session:
         """Open the session, publish its tools, hold it until it ends on its own; raise when it cannot start."""
         self._ended = asyncio.Event()
         self._end_reason = ""
+        unset = unset_variables(self.server)
+        if unset and attempt == 1:
+            log.warning(
+                "tool_server_variable_unset",
+                extra={"seat": self.seat.handle, "server": self.server.name, "variables": unset},
+            )
         deadline = anyio.current_time() + self.box.settings.start_timeout_s
         with anyio.CancelScope(deadline=deadline) as scope:
             async with Client(open_transport(self.server, self._ended)) as client:
@@ -515,4 +527,5 @@ __all__ = [
     "open_transport",
     "result_text",
     "services",
+    "unset_variables",
 ]
