@@ -17,7 +17,8 @@ class CrewletConfig(AppConfig):
         from crewlet import schema  # noqa: F401  (registers the OpenAPI descriptions of the API's credentials)
 
     def engine_services(self, engine: "Engine") -> list["Service"]:
-        """Every node's config-revision poller (applies the active revision when it changes)."""
+        """This node's fleet membership (its leases) and its config-revision poller."""
         from crewlet import revisions
+        from crewlet.fleet import member
 
-        return revisions.services(engine)
+        return [*member.services(engine), *revisions.services(engine)]

@@ -408,6 +408,24 @@ class HistorySettings(_Section):
 
 
 @dataclass(frozen=True)
+class FleetSettings(_Section):
+    """How long a node's leases (its presence, its seats, its duties) outlive its last renewal.
+
+    A node renews at a third of the TTL, so two missed renewals are survived;
+    a node killed outright loses its seats to the others within one TTL plus
+    one placement sweep. Shorter moves seats sooner after a crash and costs
+    more coordination-store writes.
+    """
+
+    SECTION = "fleet"
+
+    lease_ttl_s: float = setting(
+        15.0, env="CREWLET_FLEET_LEASE_TTL_S", bounds=(5, 300),
+        doc="how long a lease lasts past its last renewal; renewed every third of it",
+    )
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Everything the engine is configured with."""
 
@@ -416,6 +434,7 @@ class EngineSettings:
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
     tools: ToolSettings = field(default_factory=ToolSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+    fleet: FleetSettings = field(default_factory=FleetSettings)
 
     def timings(self) -> Timings:
         """The queue's :class:`Timings`: the redelivery spacing and the ack clock."""

@@ -29,6 +29,8 @@ SEAT_RUNTIME = "seat_runtime"
 NOTIFY = "notify"
 #: The config poller (applies the active company revision to :data:`SEAT_RUNTIME`).
 CONFIG_POLLER = "config_poller"
+#: This node's fleet membership: presence, seat and duty leases (:class:`crewlet.fleet.member.FleetMember`).
+FLEET = "fleet"
 #: The web server (``manage.py up`` only); it starts after every other service.
 WEB = "web"
 
@@ -77,6 +79,7 @@ def seat_loops(engine: Any) -> Optional[SeatLoops]:
 __all__ = [
     "CONFIG_POLLER",
     "EVENT_STORE",
+    "FLEET",
     "FLEET_READS",
     "LIVE_PROJECTION",
     "NOTIFY",

@@ -21,6 +21,7 @@ from typing import Any, Mapping, NoReturn, Optional, TypedDict
 
 import yaml
 
+from crewlet.conf import NODE_ID_PATTERN
 from crewlet.logfmt import REDACTED, is_secret_name, redact_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -65,6 +66,8 @@ _SECRET_VALUE = re.compile(r"^(?:xox[a-z]-|xapp-|ghp_|gho_|ghs_|ghu_|github_pat_
 _HANDLE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 #: What a seat handle looks like (a whole-string match), for whoever validates one from outside.
 HANDLE_PATTERN: str = _HANDLE.pattern
+#: What a pinned node id or a node label may be (the node id's own rule).
+NODE_ID_RULE = "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
 _ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
@@ -150,6 +153,28 @@ class SeatLabels(TypedDict):
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where an agent seat may run: pinned to one node, and/or on a node carrying every one of ``labels``.
+
+    The empty placement (the default) lets any live node run the seat.
+    """
+
+    node: str = ""
+    labels: tuple[str, ...] = ()
+
+    def allows(self, node: str, labels: "tuple[str, ...] | frozenset[str]") -> bool:
+        """Whether a node with id ``node`` and ``labels`` may run the seat."""
+        if self.node and node != self.node:
+            return False
+        return set(self.labels) <= set(labels)
+
+    def describe(self) -> str:
+        """The placement in the company file's words (for a message about a seat nobody can take)."""
+        parts = ([f"node {self.node}"] if self.node else []) + ([f"labels {', '.join(self.labels)}"] if self.labels else [])
+        return " and ".join(parts) or "any node"
+
+
+@dataclass(frozen=True)
 class Seat:
     handle: str
     kind: str
@@ -163,6 +188,8 @@ class Seat:
     max_rounds: int = DEFAULT_MAX_ROUNDS
     #: The most tokens (input + output, over all rounds) one turn may spend; 0 = no cap.
     turn_token_budget: int = 0
+    #: Which nodes of a fleet may run the seat (``seats[].placement``).
+    placement: Placement = field(default_factory=Placement)
 
     @property
     def is_agent(self) -> bool:
@@ -432,6 +459,30 @@ def _mcp_servers(value: Any, source: Optional[str]) -> dict[str, McpServer]:
     return servers
 
 
+def _placement(value: Any, name: str, kind: str, source: Optional[str]) -> Placement:
+    """``seats[].placement``: ``{node: n1}`` pins, ``{labels: [gpu]}`` needs every label; only an agent has one."""
+    if value is None:
+        return Placement()
+    body = _mapping(value, name, source)
+    _known(body, f"{name}.", ("node", "labels"), source)
+    if body and kind != "agent":
+        raise CompanyError(name, dict(body), "applies only to an agent seat (a person runs on no node)", source)
+    node = ""
+    if body.get("node") is not None:
+        node = _string(body["node"], f"{name}.node", source, NODE_ID_PATTERN, NODE_ID_RULE)
+    raw = body.get("labels")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise CompanyError(f"{name}.labels", raw, "must be a list of node labels", source)
+    labels: list[str] = []
+    for i, label in enumerate(raw):
+        label = _string(label, f"{name}.labels[{i}]", source, NODE_ID_PATTERN, NODE_ID_RULE)
+        if label not in labels:
+            labels.append(label)
+    return Placement(node=node, labels=tuple(labels))
+
+
 def _seat_tools(value: Any, name: str, servers: Mapping[str, McpServer], source: Optional[str]) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -546,7 +597,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
         _known(
             entry,
             f"{name}.",
-            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget"),
+            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement"),
             source,
         )
         handle = _string(
@@ -584,6 +635,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
                 turn_token_budget=_number(
                     entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
                 ),
+                placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
             )
         )
     for surface in SURFACES:

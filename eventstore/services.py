@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.engine import Service
-from crewlet.interfaces import EVENT_STORE, FLEET_READS, LIVE_PROJECTION
+from crewlet.interfaces import EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION
 from eventstore.retention import RETENTION, retention_periodic
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +42,8 @@ def services(engine: "Engine") -> list[Service]:
     from eventstore.projection import ProjectionService
 
     return [
-        Service(EVENT_STORE, WriterService),
+        # After the fleet membership: a node refused for sharing another's store writes nothing into it.
+        Service(EVENT_STORE, WriterService, after=(FLEET,)),
         Service(RETENTION, lambda e: retention_periodic(e.settings), after=(EVENT_STORE,)),
         Service(FLEET_READS, for_engine, after=(EVENT_STORE,)),
         Service(LIVE_PROJECTION, lambda e: ProjectionService(e), after=(EVENT_STORE, FLEET_READS)),

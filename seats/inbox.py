@@ -325,11 +325,24 @@ class InboxLoop:
         self._paused = True
         self._pause_version = max(self._pause_version, version)
         await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
-        if stop_running and self.turn_running:
-            assert self._turn_task is not None
-            self._stop_request = (by, by_seat, reason)
-            self._turn_task.cancel()
-            log.info("seat_turn_stop_requested", extra={"seat": self.handle, "by": by})
+        if stop_running:
+            self.stop_turn(by=by, by_seat=by_seat, reason=reason)
+
+    def stop_turn(self, *, by: str = "", by_seat: str = "", reason: str = "") -> bool:
+        """End the running turn (published as stopped, with ``reason``); False when none runs."""
+        if not self.turn_running:
+            return False
+        assert self._turn_task is not None
+        self._stop_request = (by, by_seat, reason)
+        self._turn_task.cancel()
+        log.info("seat_turn_stop_requested", extra={"seat": self.handle, "by": by, "reason": reason})
+        return True
+
+    async def turn_finished(self) -> None:
+        """Return once no turn of this loop runs (at once when none does)."""
+        task = self._turn_task
+        if task is not None and not task.done():
+            await asyncio.wait({task})
 
     async def resume(self, *, version: int = -1) -> None:
         self._paused = False

@@ -1,18 +1,40 @@
-"""Which seats this node runs: one component, so the fleet issue can put leases behind it.
+"""Which seats this node runs: the seat leases of the fleet, behind one seam.
 
 Membership of a seat's consumer group IS ownership — the node that attaches is
 the node that gets the seat's work — so every place that attaches or keeps an
-inbox loop running asks this object first. Today a node claims every agent seat
-of the company; a fleet replaces :class:`SeatOwnership` with a lease-backed one
-(same four verbs) and nothing else changes: a loop whose seat is no longer
-owned defers what it was handed and stops.
+inbox loop running asks this object first. :class:`LeasedOwnership` (what an
+engine runs) answers from this node's seat leases in the coordination store
+and plans its fair share under the seats' placement
+(:mod:`crewlet.fleet.placement`); :class:`SeatOwnership` is the solo claimer a
+test builds a runtime with. A loop whose seat is no longer owned defers what
+it was handed (head of the queue) and is detached.
 """
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
+
+from crewlet.db import in_store
+from crewlet.fleet import leases, placement
+from crewlet.fleet.leases import SEAT
+from crewlet.fleet.placement import Unplaceable
+from crewlet.fleet.roster import live_nodes
+from crewlet.org import Organization
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.fleet.member import FleetMember
 
 log = logging.getLogger("crewlet.seats.ownership")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One placement sweep's work for this node: seats to take, seats to give up, seats nobody can run."""
+
+    take: tuple[str, ...] = ()
+    give: tuple[str, ...] = ()
+    unplaceable: tuple[Unplaceable, ...] = ()
 
 
 @runtime_checkable
@@ -30,6 +52,9 @@ class Ownership(Protocol):
 
     async def release(self, handle: str) -> None:
         """Give ``handle`` up; idempotent."""
+
+    async def plan(self, org: Organization, held: frozenset[str]) -> Plan:
+        """What this node should take and give up now, ``held`` being the seats it runs."""
 
 
 class SeatOwnership:
@@ -68,5 +93,51 @@ class SeatOwnership:
             self._claimed.discard(handle)
             log.info("seat_released", extra={"seat": handle, "node": self.node_id})
 
+    async def plan(self, org: Organization, held: frozenset[str]) -> Plan:
+        """Alone, every agent seat is this node's (``claim`` narrows it to the claimable ones)."""
+        return Plan(take=tuple(s.handle for s in org.agent_seats() if s.handle not in held))
 
-__all__ = ["Ownership", "SeatOwnership"]
+
+class LeasedOwnership:
+    """Seat ownership as this node's seat leases (:class:`~crewlet.fleet.member.FleetMember`).
+
+    ``owns`` is the member's own deadline for the seat, so a node whose
+    renewals stopped getting through stops doing a seat's work before its
+    lease lets another node start it.
+    """
+
+    def __init__(self, member: "FleetMember", *, moves_per_sweep: int = placement.MOVES_PER_SWEEP) -> None:
+        self.member = member
+        self.node_id = member.node_id
+        self.moves_per_sweep = moves_per_sweep
+
+    def claimed(self) -> frozenset[str]:
+        return self.member.seats()
+
+    def owns(self, handle: str) -> bool:
+        return self.member.holds_seat(handle)
+
+    async def claim(self, handle: str) -> bool:
+        return await self.member.acquire_seat(handle)
+
+    async def release(self, handle: str) -> None:
+        await self.member.release_seat(handle)
+
+    async def plan(self, org: Organization, held: frozenset[str]) -> Plan:
+        """This node's fair share under placement, from the live roster and the live seat leases."""
+        placements = {seat.handle: seat.placement for seat in org.agent_seats()}
+        nodes, holders = await in_store(_read_fleet)(list(placements))
+        live = {node.id for node in nodes}
+        holding = {seat: node for seat, node in holders.items() if node in live}
+        assignment = placement.assign(placements, nodes, holding)
+        allowed = placement.allowed_on(self.node_id, self.member.labels, placements)
+        moves = placement.moves(self.node_id, assignment, holding, held, allowed, limit=self.moves_per_sweep)
+        return Plan(take=moves.take, give=moves.give, unplaceable=assignment.unplaceable)
+
+
+def _read_fleet(handles: list[str]) -> tuple[list, dict[str, str]]:
+    """The live roster and the live leases of ``handles`` (blocking)."""
+    return live_nodes(), leases.holders(SEAT, names=handles)
+
+
+__all__ = ["LeasedOwnership", "Ownership", "Plan", "SeatOwnership"]

@@ -20,13 +20,14 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from crewlet.engine import Periodic, Service
 from crewlet.events import Event
 from crewlet.events.emit import Emitter
-from crewlet.events.types import AgentSpawned, AgentTerminated
-from crewlet.interfaces import EVENT_STORE, SEAT_RUNTIME, PauseRow
+from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
+from crewlet.fleet.placement import Unplaceable
+from crewlet.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow
 from crewlet.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
@@ -36,7 +37,7 @@ from seats import actions
 from seats.inbox import STORE_RETRY_S, ConcurrencyGate, InboxLoop, Merge, batch_options
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
-from seats.ownership import Ownership, SeatOwnership
+from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
 from seats.scheduler import TICK_S, Scheduler, aprune_firings
 from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.turns import TurnRunner
@@ -49,6 +50,27 @@ log = logging.getLogger("crewlet.seats.runtime")
 #: Production defaults of the runtime's own duties.
 SWEEP_EVERY_S = 3600.0
 PAUSE_POLL_S = 2.0
+#: How often a node without a fleet membership looks at its seats again (a fleet's runs at its lease renewal).
+PLACEMENT_EVERY_S = 5.0
+
+#: Once-per-fleet duties of the seat runtime (duty-lease names).
+DUTY_SCHEDULER = "scheduler"
+DUTY_RETIREMENT = "seat_retirement"
+DUTY_PLACEMENT_REPORT = "seat_placement_report"
+
+#: Why a seat's loop was detached (the ``reason`` of ``agent_terminated``).
+DETACH_LEASE_LOST = "lease lost"
+DETACH_REBALANCED = "rebalanced"
+DETACH_STOPPING = "node stopping"
+DETACH_REMOVED = "seat removed"
+
+#: Asked before a once-per-fleet duty runs: whether this node runs it now.
+HoldDuty = Callable[[str], Awaitable[bool]]
+
+
+async def _always(_name: str) -> bool:
+    """Alone, a node runs every duty."""
+    return True
 
 
 async def _apply_pause(
@@ -89,6 +111,8 @@ class SeatRuntime:
         node_max_concurrent: Optional[int] = None,
         emitter: Optional[Emitter] = None,
         toolbox: Optional[Toolbox] = None,
+        hold_duty: Optional[HoldDuty] = None,
+        placement_every_s: float = PLACEMENT_EVERY_S,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -97,6 +121,10 @@ class SeatRuntime:
         self._owns_emitter = runner is None and emitter is None
         self.runner = runner or TurnRunner(queue, holder, emitter=emitter, toolbox=toolbox)
         self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
+        self.hold_duty: HoldDuty = hold_duty or _always
+        self.placement_every_s = placement_every_s
+        self._placement = Periodic("seat_placement", placement_every_s, self.rebalance, logger=log, first_after_s=placement_every_s)
+        self._unplaceable: tuple[Unplaceable, ...] = ()
         self.absent_after_s = absent_after_s
         self.sweep_every_s = sweep_every_s
         self.pause_poll_s = pause_poll_s
@@ -140,8 +168,9 @@ class SeatRuntime:
             self._started = True
         await self._subscribe_nudges()
         if self.run_scheduler:
-            self._duties.append(self.scheduler.periodic())
+            self._duties.append(self._scheduler_under_duty())
         self._duties.append(Periodic("seat_sweep", self.sweep_every_s, self.sweep, logger=log))
+        self._duties.append(self._placement)
         self._duties.append(Periodic("seat_pauses", self.pause_poll_s, self.reconcile_pauses, logger=log))
         for duty in self._duties:
             await duty.start()
@@ -166,7 +195,9 @@ class SeatRuntime:
         self._nudges.clear()
         async with self._guard():
             for handle in list(self.loops):
-                await self._detach(handle, "node stopping")
+                loop = self.loops[handle]
+                loop.stop_turn(reason=DETACH_STOPPING)  # the drain is over: what still runs is cut, then handed over
+                await self._detach(handle, DETACH_STOPPING)
         if self._owns_emitter:
             await self.runner.emitter.close()
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
@@ -214,7 +245,7 @@ class SeatRuntime:
                 loop.options.max_batch = org.coalesce_max_batch
             agents = {s.handle for s in org.agent_seats()}
             for handle in [h for h in self.loops if h not in agents]:
-                await self._detach(handle, "seat removed")
+                await self._detach(handle, DETACH_REMOVED)
             await self._rebalance(org)
             for loop in self.loops.values():
                 await loop.provider_changed(org)
@@ -230,14 +261,61 @@ class SeatRuntime:
         )
 
     async def rebalance(self) -> None:
-        """Claim every agent seat not yet run here (what a fleet's placement sweep will drive)."""
+        """The placement sweep: detach lost seats, give a few away, take this node's share, report the rest."""
         async with self._guard():
             await self._rebalance(self.holder.current())
 
+    def seats_lost(self) -> None:
+        """Some seats' leases are gone: run the placement sweep now, which detaches their loops."""
+        self._placement.wake()
+
     async def _rebalance(self, org: Organization) -> None:
-        for seat in org.agent_seats():
-            if seat.handle not in self.loops:
-                await self._attach(seat.handle, org)
+        for handle in [h for h in self.loops if not self.ownership.owns(h)]:
+            loop = self.loops.get(handle)
+            if loop is not None:
+                loop.stop_turn(reason=DETACH_LEASE_LOST)  # another node may run the seat already
+            await self._detach(handle, DETACH_LEASE_LOST, wait_turn=False)
+        plan: Plan = await self.ownership.plan(org, frozenset(self.loops))
+        for handle in plan.give:
+            loop = self.loops.get(handle)
+            if loop is not None and loop.turn_running:
+                continue  # a seat is handed over between turns, never from under one
+            await self._detach(handle, DETACH_REBALANCED)
+        for handle in plan.take:
+            if handle not in self.loops:
+                await self._attach(handle, org)
+        await self._report_unplaceable(plan.unplaceable)
+
+    async def _report_unplaceable(self, unplaceable: tuple[Unplaceable, ...]) -> None:
+        """Say once per change which seats no live node may run (by the one node holding the report's duty)."""
+        if unplaceable == self._unplaceable or not await self.hold_duty(DUTY_PLACEMENT_REPORT):
+            return
+        self._unplaceable = unplaceable
+        if not unplaceable:
+            return
+        log.warning(
+            "seats_unplaceable",
+            extra={"seats": [u.seat for u in unplaceable], "reasons": sorted({u.reason for u in unplaceable})},
+        )
+        await self._emit(
+            SeatsUnplaceable(
+                seats=[{"seat": u.seat, "reason": u.reason, "placement": u.detail} for u in unplaceable],
+                count=len(unplaceable),
+            )
+        )
+
+    def _scheduler_under_duty(self) -> Periodic:
+        """The scheduler's ticks, each run only while this node holds the scheduler's duty lease."""
+        ticking = self.scheduler.periodic()
+        fire = ticking.duty
+
+        async def under_duty() -> Any:
+            if await self.hold_duty(DUTY_SCHEDULER):
+                return await fire()
+            return None
+
+        ticking.duty = under_duty
+        return ticking
 
     async def _attach(self, handle: str, org: Organization) -> None:
         if not await self.ownership.claim(handle):
@@ -265,10 +343,13 @@ class SeatRuntime:
             AgentSpawned(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason="claimed")
         )
 
-    async def _detach(self, handle: str, reason: str) -> None:
+    async def _detach(self, handle: str, reason: str, *, wait_turn: bool = True) -> None:
+        """Stop fetching, let a running turn finish under the lease (unless it is lost), then give the lease back."""
         loop = self.loops.pop(handle, None)
         if loop is not None:
             await loop.stop()
+            if wait_turn:
+                await loop.turn_finished()
         if isinstance(self.runner.toolbox, SeatSessions):
             await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
         await self.ownership.release(handle)
@@ -320,7 +401,9 @@ class SeatRuntime:
     # -- the maintenance duty ----------------------------------------------------------------
 
     async def sweep(self) -> SweepReport:
-        """Retire mailboxes absent past ``absent_after_s`` and prune the ledger."""
+        """Retire mailboxes absent past ``absent_after_s`` and prune the ledger: once per fleet, under its duty lease."""
+        if not await self.hold_duty(DUTY_RETIREMENT):
+            return SweepReport()
         async with self._guard():
             report = await retire_absent(
                 self.queue, self.holder.current(), absent_after_s=self.absent_after_s, now=self.now()
@@ -356,13 +439,24 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
         options.setdefault("toolbox", engine.lookup(SEAT_TOOLS))
+        member = engine.lookup(FLEET)
+        if member is not None and "ownership" not in options:
+            options.update(
+                ownership=LeasedOwnership(member), hold_duty=member.hold_duty, placement_every_s=member.renew_every_s
+            )
         runtime = SeatRuntime(
             engine.queue, engine.company, node_id=engine.settings.node.id, emitter=engine.emitter, **options
         )
+        if member is not None:
+            member.on_lost(lambda _seats: _wake(runtime))
         engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
         return runtime
 
-    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS))]
+    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS, FLEET))]
+
+
+async def _wake(runtime: SeatRuntime) -> None:
+    runtime.seats_lost()
 
 
 def install(engine: "Engine", **options: Any) -> None:
@@ -371,4 +465,14 @@ def install(engine: "Engine", **options: Any) -> None:
         engine.add(service)
 
 
-__all__ = ["PAUSE_POLL_S", "SWEEP_EVERY_S", "SeatRuntime", "install", "services"]
+__all__ = [
+    "DUTY_PLACEMENT_REPORT",
+    "DUTY_RETIREMENT",
+    "DUTY_SCHEDULER",
+    "PAUSE_POLL_S",
+    "PLACEMENT_EVERY_S",
+    "SWEEP_EVERY_S",
+    "SeatRuntime",
+    "install",
+    "services",
+]

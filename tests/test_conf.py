@@ -73,6 +73,7 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "tools.start_timeout_s": "CREWLET_TOOLS_START_TIMEOUT_S",
         "tools.restart_backoff_s": "CREWLET_TOOLS_RESTART_BACKOFF_S",
         "history.fleet_read_budget_s": "CREWLET_FLEET_READ_BUDGET_S",
+        "fleet.lease_ttl_s": "CREWLET_FLEET_LEASE_TTL_S",
     }
 
 
@@ -81,6 +82,15 @@ def test_the_fleet_read_budget_is_two_seconds_and_a_value_outside_its_range_is_r
     assert load(env={"CREWLET_FLEET_READ_BUDGET_S": "0.3"}).history.fleet_read_budget_s == 0.3
     with pytest.raises(SettingsError, match=r"^history\.fleet_read_budget_s=0: must be between 0\.05 and 60 \(from CREWLET_FLEET_READ_BUDGET_S\)$"):
         load(env={"CREWLET_FLEET_READ_BUDGET_S": "0"})
+
+
+def test_the_lease_ttl_defaults_to_15_seconds_and_is_refused_outside_5_to_300() -> None:
+    assert load().fleet.lease_ttl_s == 15.0
+    assert load(env={"CREWLET_FLEET_LEASE_TTL_S": "5"}).fleet.lease_ttl_s == 5.0
+    with pytest.raises(SettingsError, match=r"^fleet\.lease_ttl_s=4: must be between 5 and 300 \(from CREWLET_FLEET_LEASE_TTL_S\)$"):
+        load(env={"CREWLET_FLEET_LEASE_TTL_S": "4"})
+    with pytest.raises(SettingsError, match=r"^fleet\.lease_ttl_s=301: must be between 5 and 300"):
+        load({"fleet": {"lease_ttl_s": 301}})
 
 
 def test_the_queue_timings_are_the_delivery_spacing_and_the_stream_s_ack_clock() -> None:

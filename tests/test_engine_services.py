@@ -9,7 +9,7 @@ import pytest
 
 from crewlet import runtime
 from crewlet.engine import Engine, NoService, Periodic, Service, app_services, ordered
-from crewlet.interfaces import CONFIG_POLLER, EVENT_STORE, FLEET_READS, LIVE_PROJECTION, NOTIFY, SEAT_RUNTIME
+from crewlet.interfaces import CONFIG_POLLER, EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION, NOTIFY, SEAT_RUNTIME
 from crewlet.org import CompanyHolder, load_company
 from engine_support import FakeBroker, fast_settings, twin_connect
 from waiting_support import eventually
@@ -156,8 +156,9 @@ async def test_the_engine_owns_one_emitter_and_closes_it_at_stop_and_the_process
 def test_every_installed_app_contributes_its_services_and_the_store_starts_before_the_seats_that_publish() -> None:
     engine = an_engine()
     names = {service.name for service in app_services(engine)}
-    assert {EVENT_STORE, FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER, "eventstore_retention", "a2a_sweep", "seat_tools"} == names
+    assert {FLEET, EVENT_STORE, FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER, "eventstore_retention", "a2a_sweep", "seat_tools"} == names
     order = [s.name for s in ordered(app_services(engine))]
     assert order.index(EVENT_STORE) < order.index(FLEET_READS) < order.index(LIVE_PROJECTION)  # the seed asks the fleet
     assert order.index(EVENT_STORE) < order.index(SEAT_RUNTIME) < order.index(CONFIG_POLLER)
+    assert order.index(FLEET) < order.index(EVENT_STORE)  # a node refused its store writes nothing into it
     assert order.index(SEAT_RUNTIME) < order.index(LIVE_PROJECTION)  # the seed reads which seats this node holds

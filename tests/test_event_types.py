@@ -97,6 +97,7 @@ EXTENSIONS: dict[str, str] = {
     "tool_server_restarted": "system",
     "tool_server_unavailable": "system",
     "history_partial": "system",
+    "seats_unplaceable": "lifecycle",
 }
 BUILD_MAP = {**DESIGN_MAP, **EXTENSIONS}
 

@@ -1360,6 +1360,33 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_
 
 
 @register(
+    "seats_unplaceable",
+    category=LIFECYCLE,
+    extension=(
+        "a seat whose placement no live node matches runs nowhere while its mail waits on the broker; "
+        "the row is how an operator finds out which seats and why, after the fact"
+    ),
+)
+@dataclass
+class SeatsUnplaceable(EventBody):
+    """Agent seats no live node may run, each with why (an extension to the design's list).
+
+    Published by the fleet's placement sweep (one node, under a duty lease)
+    each time the set changes. ``seats`` holds ``{seat, reason, placement}``:
+    ``reason`` is one of :mod:`crewlet.fleet.placement`'s reason phrases and
+    ``placement`` what the seat asks for in the company file's words. Their
+    mail waits on the broker and drains once a matching node appears.
+    """
+
+    seats: list[dict[str, str]] = field(default_factory=list)
+    count: int = 0
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        named = ", ".join(f"{_s(s.get('seat'))} ({_s(s.get('reason'))})" for s in self.seats if isinstance(s, dict))
+        return f"{self.count} seat(s) no live node may run: {named}"
+
+
+@register(
     "message_dead_lettered",
     category=SYSTEM,
     extension=(
