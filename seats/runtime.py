@@ -26,6 +26,8 @@ from crewlet.engine import Periodic, Service
 from crewlet.events import Event
 from crewlet.events.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
+from crewlet.db import in_store
+from crewlet.fleet.leases import prune_all as prune_leases
 from crewlet.fleet.placement import Unplaceable
 from crewlet.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow
 from crewlet.org import CompanyHolder, Organization
@@ -195,9 +197,8 @@ class SeatRuntime:
         self._nudges.clear()
         async with self._guard():
             for handle in list(self.loops):
-                loop = self.loops[handle]
-                loop.stop_turn(reason=DETACH_STOPPING)  # the drain is over: what still runs is cut, then handed over
-                await self._detach(handle, DETACH_STOPPING)
+                # The drain is over: a turn still running is cut by the queue's close, which hands its mail back.
+                await self._detach(handle, DETACH_STOPPING, wait_turn=False)
         if self._owns_emitter:
             await self.runner.emitter.close()
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
@@ -410,6 +411,7 @@ class SeatRuntime:
             )
         pruned = await aprune(older_than_s=self.ledger_keep_s, now=self.now())
         pruned += await aprune_firings(self.now() - timedelta(seconds=self.ledger_keep_s))
+        pruned += await in_store(prune_leases)(older_than_s=self.ledger_keep_s, now=self.now())
         if report.retired or report.found_unrecorded or pruned:
             log.info(
                 "seat_sweep_done",

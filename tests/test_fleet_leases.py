@@ -107,6 +107,8 @@ def test_leases_long_expired_are_pruned_and_live_ones_kept() -> None:
     assert leases.acquire(DUTY, "new", "n1", 100, now=at(0))
     assert leases.prune(DUTY, older_than_s=60, now=at(120)) == 1
     assert set(leases.model_of(DUTY).objects.values_list("name", flat=True)) == {"new"}
+    assert leases.acquire(NODE, "gone", "gone", 1, now=at(0))
+    assert leases.prune_all(older_than_s=60, now=at(120)) == 1
 
 
 def test_a_holders_own_deadline_counts_from_when_it_sent_the_renewal() -> None:

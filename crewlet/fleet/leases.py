@@ -138,6 +138,11 @@ def prune(kind: str, *, older_than_s: float, now: Optional[datetime] = None) -> 
     return deleted
 
 
+def prune_all(*, older_than_s: float, now: Optional[datetime] = None) -> int:
+    """:func:`prune` every kind: departed nodes, removed seats and old duties leave no row behind for ever."""
+    return sum(prune(kind, older_than_s=older_than_s, now=now) for kind in _MODELS)
+
+
 @dataclass
 class LeaseClock:
     """A holder's own view of how long its leases are good: ``ttl_s`` from when it last SENT a renewal.
@@ -175,6 +180,7 @@ __all__ = [
     "holders",
     "model_of",
     "prune",
+    "prune_all",
     "release",
     "renew",
 ]

@@ -1,0 +1,75 @@
+"""A node's fleet membership: presence, seats and duties kept by renewal, lost when the store says so."""
+from __future__ import annotations
+
+import pytest
+
+from crewlet.db import in_store
+from crewlet.fleet import StoreClaimed, leases
+from crewlet.fleet.leases import SEAT
+from crewlet.fleet.member import FleetMember
+from crewlet.fleet.roster import live_nodes
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "events"])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_member_is_on_the_roster_with_its_labels_and_store_and_leaves_it_at_a_clean_stop() -> None:
+    member = FleetMember("n1", labels=["gpu"], ttl_s=30)
+    await member.start()
+    try:
+        [me] = await in_store(live_nodes)()
+        assert (me.id, me.labels, me.protocol, me.store) == ("n1", ("gpu",), 1, member.store)
+        assert await member.acquire_seat("ada") and await member.hold_duty("scheduler")
+    finally:
+        await member.stop()
+    assert await in_store(live_nodes)() == []
+    assert await in_store(leases.holders)(SEAT) == {}
+
+
+async def test_a_second_node_on_the_same_event_store_is_refused_naming_both() -> None:
+    first = FleetMember("n1", ttl_s=30)
+    await first.start()
+    try:
+        with pytest.raises(StoreClaimed, match=r"node n2 refuses to start: its event store \w+ is already written by live node n1"):
+            await FleetMember("n2", ttl_s=30).start()
+    finally:
+        await first.stop()
+
+
+async def test_a_seat_taken_by_another_node_is_lost_at_the_next_renewal_and_the_listener_hears_of_it() -> None:
+    clock = Clock()
+    member = FleetMember("n1", ttl_s=30, clock=clock)
+    await member.start()
+    heard: list[frozenset[str]] = []
+
+    async def lost(seats: frozenset[str]) -> None:
+        heard.append(seats)
+
+    member.on_lost(lost)
+    try:
+        assert await member.acquire_seat("ada") and await member.acquire_seat("linus")
+        # ada's row is handed to n2 behind n1's back (as an expired lease taken by another node would be).
+        await in_store(lambda: leases.model_of(SEAT).objects.filter(name="ada").update(holder="n2"))()
+        await member.renew()
+        assert heard == [frozenset({"ada"})]
+        assert not member.holds_seat("ada") and member.holds_seat("linus")
+        clock.now += 31  # no renewal got through for a whole TTL: by its own deadline it holds nothing
+        assert not member.holds_seat("linus") and not member.present()
+    finally:
+        await member.stop()
+
+
+async def test_of_two_members_asking_for_one_duty_exactly_one_runs_it_until_it_stops() -> None:
+    one, two = FleetMember("n1", ttl_s=30), FleetMember("n2", ttl_s=30)
+    await one.start()
+    assert await one.hold_duty("retirement")
+    assert not await two.hold_duty("retirement")
+    await one.stop()
+    assert await two.hold_duty("retirement")
