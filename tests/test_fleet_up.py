@@ -31,21 +31,14 @@ ACK_WAIT_S = 5.0
 MOVE_S = 60.0
 AGENTS = ("s1", "s2", "s3", "s4")
 
-COMPANY = """\
-org: acme
-providers:
-  llm: [{kind: echo, delay_s: 3}]
-surfaces:
-  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
-seats:
-  - {handle: s1, kind: agent, role: engineer, identities: {slack: U0S1}}
-  - {handle: s2, kind: agent, role: engineer, identities: {slack: U0S2}}
-  - {handle: s3, kind: agent, role: engineer, identities: {slack: U0S3}}
-  - {handle: s4, kind: agent, role: engineer, identities: {slack: U0S4}}
-  - {handle: pinned, kind: agent, role: trainer, identities: {slack: U0PIN}, placement: {node: n3}}
-  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
-"""
 SLACK_ID = {"s1": "U0S1", "s2": "U0S2", "s3": "U0S3", "s4": "U0S4", "pinned": "U0PIN"}
+#: Four seats any node may run, and one pinned to n3 (a node the tests start late, or never).
+PLACEMENT = {"pinned": "placement: {node: n3}"}
+COMPANY = "org: acme\nproviders: {llm: [{kind: echo, delay_s: 3}]}\n" \
+    "surfaces: {slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}}\nseats:\n" + "".join(
+        f"  - {{handle: {seat}, kind: agent, identities: {{slack: {user}}}, {PLACEMENT.get(seat, 'placement: {}')}}}\n"
+        for seat, user in SLACK_ID.items()
+    )
 
 
 def _pg(dbname: str = "postgres") -> psycopg.Connection:

@@ -248,7 +248,7 @@ def services(engine: "Engine") -> list[Service]:
         settings = engine.settings
         return FleetMember(
             settings.node.id,
-            labels=getattr(settings.node, "labels", ()),
+            labels=settings.node.labels,
             ttl_s=settings.fleet.lease_ttl_s,
         )
 
