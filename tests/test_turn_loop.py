@@ -197,8 +197,9 @@ def channel_rows() -> list[Channel]:
 
 
 @sync_to_async
-def ledger(seat: str) -> list[str]:
-    return list(LedgerEntry.objects.filter(seat=seat).values_list("turn_id", flat=True))
+def ledger(seat: str) -> dict[str, str]:
+    """The seat's completion ledger: each trigger identity with the turn that worked it."""
+    return dict(LedgerEntry.objects.filter(seat=seat).values_list("trigger", "turn_id"))
 
 
 @DB
@@ -251,7 +252,7 @@ async def test_a_trigger_redelivered_after_its_turn_died_mid_tool_runs_no_second
         rec = Recorder().attach(first, second)
         await _crash_mid_tool(first, org, stuck)
         [started] = rec.of("agent_turn_started", seat="ada")
-        assert await ledger("ada") == [started.data.turn_id]  # recorded before the tool ran
+        assert await ledger("ada") == {"delivery:slack:D-7": started.data.turn_id}  # recorded before the tool ran
 
         again = NotesToolbox()
         async with running(second, org, toolbox=again):
@@ -262,3 +263,27 @@ async def test_a_trigger_redelivered_after_its_turn_died_mid_tool_runs_no_second
     [skip] = rec.of("turn_trigger_skipped", seat="ada")
     assert (skip.data.turn_id, skip.data.reason) == (started.data.turn_id, "already worked")
     assert len(stuck.calls) == 1 and again.calls == [] and len(rec.of("agent_turn_started", seat="ada")) == 1
+
+
+@DB
+@pytest.mark.usefixtures("close_store_connections")
+async def test_a_digest_turn_records_every_wake_it_merged_before_its_first_tool_call_runs() -> None:
+    from seats.coalescer import dispatch
+    from seats.mailboxes import ensure_mailboxes
+
+    org = org_with(echo(call("notes__write", text="{trigger}")))
+    held = NotesToolbox(hold=asyncio.Event())
+    async with memory_queues() as (_, [q]):
+        rec = Recorder().attach(q)
+        await ensure_mailboxes(q, org)
+        for i in range(2):
+            await send(q, "ada", wake("ada", f"part {i}", partition_key="slack:D1:1.1", delivery_id=f"M-{i}"))
+        async with running(q, org, toolbox=held, merge=dispatch):
+            await asyncio.wait_for(held.entered.wait(), timeout=60)
+            recorded_mid_tool = set(await ledger("ada"))
+            assert held.hold is not None
+            held.hold.set()
+            await eventually(lambda: rec.of("agent_turn_completed", seat="ada"), what="the digest turn finished")
+    assert recorded_mid_tool == {"delivery:slack:M-0", "delivery:slack:M-1"}
+    [(_, made)] = held.calls
+    assert "part 0" in made.arguments["text"] and "part 1" in made.arguments["text"]  # the digest was the trigger
