@@ -186,11 +186,20 @@ class TurnResult:
         return self.outcome == OUTCOME_COMPLETED
 
 
-def system_prompt(org: Organization, seat: Seat, tools: Sequence[ToolSpec] = ()) -> str:
+def system_prompt(org: Organization, seat: Seat, tools: Sequence[ToolSpec] = (), where: str = "") -> str:
+    """Who the seat is; with tools, also where the message came from, so a chat tool can answer in place.
+
+    ``where`` is the trigger's partition key — ``slack:<channel>:<thread
+    root ts>`` for a chat thread, ``slack:<channel>`` for a direct message,
+    ``jira:<issue>`` for a tracker item — the only place a model learns which
+    channel and thread its reply belongs in.
+    """
     role = f", the {seat.role}" if seat.role else ""
     text = f"You are {seat.display_name}{role} at {org.org}. Answer the message below."
     if tools:
         text += " Use your tools to act; your final answer ends the turn."
+        if where:
+            text += f" The message came from {where}; to answer there, use your own tools for it."
     return text
 
 
@@ -284,7 +293,7 @@ class TurnRunner:
         await self._emit(AgentPhaseStarted(**tags, phase=PHASE_RESPOND, iteration=1))
         tools = await self._granted(seat)
         user = trigger.prompt()
-        loop = _Loop(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools), user=user, tools=tools)
+        loop = _Loop(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools, trigger.partition_key), user=user, tools=tools)
         loop.messages.append(Message(role=ROLE_USER, text=user))
         await self._emit(self._prompt_size(tags, loop))
         result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED)

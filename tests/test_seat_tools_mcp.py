@@ -279,6 +279,18 @@ def test_the_variables_a_server_is_given_by_name_and_the_node_lacks_are_named_ne
     assert unset_variables(org.mcp_servers["tracker"]) == ["MISSING_AUTH"]
 
 
+def test_a_seat_with_tools_is_told_which_thread_its_message_came_from_so_a_chat_tool_can_answer_there() -> None:
+    from seats.tools import ToolSpec
+    from seats.turns import system_prompt
+
+    org = company({"chat": {"command": ["chat-mcp"]}})
+    ada = org.seat_by_handle("ada")
+    reply = ToolSpec(name="chat__reply_to_thread", description="Reply in a thread.", input_schema={"type": "object"})
+    told = system_prompt(org, ada, [reply], "slack:C0DEPLOY:1718000000.000100")
+    assert "The message came from slack:C0DEPLOY:1718000000.000100;" in told
+    assert "came from" not in system_prompt(org, ada, [], "slack:C0DEPLOY:1718000000.000100")
+
+
 def test_exposed_names_are_sanitised_cut_to_64_and_kept_distinct() -> None:
     assert exposed_name("notes", "write_note", set()) == "notes__write_note"
     assert exposed_name("fs", "read.file/v2", set()) == "fs__read_file_v2"

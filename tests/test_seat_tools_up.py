@@ -60,6 +60,7 @@ def test_a_slack_mention_makes_ada_write_a_note_through_her_mcp_tool_in_two_reco
         phase = api(up, f"events/{row['id']}")["event"]["wire"]  # the body's fields ride the envelope
         servers = [pid for pid in descendants(up.proc.pid) if "notes_server.py" in command_line(pid)]
     assert "agent_turn_completed" in types and "tool_server_unavailable" not in types
+    assert "The message came from slack:D0ADA;" in phase["system_prompt"]  # where a chat tool would answer
     first, second = phase["rounds"]
     assert (first["stop_reason"], second["stop_reason"]) == ("tool_use", "end")
     (called,) = first["tool_calls"]
