@@ -145,13 +145,20 @@ class EngineMetrics:
         )
         self.ws_clients = Gauge("crewlet_ws_stream_clients", "Open /ws/stream sockets.", registry=r)
         self._depths: dict[str, int] = {}
+        # Each labelled child looked up once (keyed by its bounded labels): publishes and settlements are the hot path.
+        self._publish_children: dict[tuple[str, str], Any] = {}
+        self._settle_children: dict[tuple[str, str], Any] = {}
         self._state = _EngineState(self, engine)
         r.register(self._state)
 
     # -- the queue's observer ------------------------------------------------------------
 
     def published(self, topic: str, event: Event, outcome: str) -> None:
-        self.publishes.labels(stream_of(topic), outcome).inc()
+        key = (stream_of(topic), outcome)
+        child = self._publish_children.get(key)
+        if child is None:
+            child = self._publish_children[key] = self.publishes.labels(*key)
+        child.inc()
         kind = event.type
         if kind == _TURN_STARTED:
             self.turns_started.inc()
@@ -174,10 +181,13 @@ class EngineMetrics:
                 self.tokens.labels(kind).inc(spent)
 
     def settled(self, topic: str, outcome: str, reason: str) -> None:
-        stream = stream_of(topic)
-        self.deliveries.labels(stream, outcome).inc()
+        key = (stream_of(topic), outcome)
+        child = self._settle_children.get(key)
+        if child is None:
+            child = self._settle_children[key] = self.deliveries.labels(*key)
+        child.inc()
         if outcome == SETTLED_DEAD_LETTER:
-            self.dead_letters.labels(stream, reason).inc()
+            self.dead_letters.labels(stream_of(topic), reason).inc()
 
     # -- the web's reports ---------------------------------------------------------------
 
