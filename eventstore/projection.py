@@ -195,6 +195,8 @@ class SeatLive:
 
     present: bool = False
     absent_reason: str = ""
+    #: The node running it (its seat lease's holder, as the events that moved it say).
+    node: str = ""
     paused: bool = False
     pause_reason: str = ""
     paused_by: str = ""
@@ -315,6 +317,7 @@ class LiveProjection:
             "role": seat.role,
             "state": state,
             "reason": reason,
+            "node": live.node if live.present else "",
             "paused_by": paused_by,
             "turn_id": live.turn_id or None,
             "queued": live.queued,
@@ -425,9 +428,11 @@ class LiveProjection:
                 live.queued += 1  # it waits: behind the running turn, or on the broker until the resume
             return
         if etype == SPAWNED:
-            live.present, live.absent_reason = True, ""
+            live.present, live.absent_reason, live.node = True, "", event.node or live.node
         elif etype == TERMINATED:
-            live.present, live.absent_reason = False, _text(event.field("reason"))
+            if live.node and event.node and event.node != live.node:
+                return  # the seat's former node letting go after its new node took it: it still runs
+            live.present, live.absent_reason, live.node = False, _text(event.field("reason")), ""
             live.turn_id, live.queued = "", 0
         elif etype == SEAT_PAUSED:
             live.paused = True
@@ -437,6 +442,7 @@ class LiveProjection:
             live.paused, live.pause_reason, live.paused_by = False, "", ""
         elif etype == TURN_STARTED:
             live.present, live.absent_reason = True, ""
+            live.node = event.node or live.node
             live.turn_id = _text(event.field("turn_id")) or event.id
             live.queued = max(live.queued - 1, 0)
             live.last_turn = self._last_turn(event, row, qs.OUTCOME_RUNNING)
@@ -513,8 +519,13 @@ class LiveProjection:
             self._drain()
             return False
         held = seats.held_locally() if seats is not None else {}
+        try:
+            holders = await sync_to_async(_seat_holders, thread_sensitive=True)()
+        except DatabaseError:
+            log.warning("projection_seat_holders_unavailable", exc_info=True)
+            holders = {}
         with self._lock:
-            self._merge_seed(data, held, instant)
+            self._merge_seed(data, held, instant, holders)
         self._drain()
         log.info(
             "projection_seeded",
@@ -529,7 +540,9 @@ class LiveProjection:
             for topic, event in pending:
                 self._apply_locked(topic, event, feed_row(topic, event))
 
-    def _merge_seed(self, data: "SeedData", held: dict[str, bool], at: datetime) -> None:
+    def _merge_seed(
+        self, data: "SeedData", held: dict[str, bool], at: datetime, holders: Optional[dict[str, str]] = None
+    ) -> None:
         merged = {row["id"]: row for row in data.feed}
         for row in self._feed:
             merged.setdefault(row["id"], row)
@@ -554,6 +567,10 @@ class LiveProjection:
             live.paused = bool(row["paused"])
             live.pause_reason = row["reason"] if live.paused else ""
             live.paused_by = row["paused_by"] if live.paused else ""
+        for handle, node in (holders or {}).items():
+            live = self._live(handle)
+            if not live.touched:
+                live.present, live.node = True, node
         for handle, running in held.items():
             live = self._live(handle)
             if live.touched:
@@ -585,6 +602,13 @@ class SeedData:
     turns: dict[str, SeedTurn]
     pauses: dict[str, dict[str, Any]]
     counters: dict[str, int]
+
+
+def _seat_holders() -> dict[str, str]:
+    """Which node holds each seat's lease right now (the fleet's roster of who runs what)."""
+    from crewlet.fleet.leases import SEAT, holders
+
+    return holders(SEAT)
 
 
 def _scope() -> qs.NodeScope:

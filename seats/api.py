@@ -35,6 +35,8 @@ from crewlet.bodies import (
     StrictCharField,
     bad_request_body,
 )
+from crewlet.fleet import leases
+from crewlet.fleet.leases import SEAT
 from crewlet.org import Organization, Seat
 from crewlet.queue import topics
 from seats import actions
@@ -74,6 +76,10 @@ class SeatSerializer(PauseFieldsSerializer):
     display_name = serializers.CharField(allow_blank=True)
     agent_id = serializers.CharField()
     depth = serializers.IntegerField(allow_null=True, help_text="mail waiting in the seat's inbox; null when unknown")
+    node = serializers.CharField(
+        allow_null=True, allow_blank=True,
+        help_text="the node whose seat lease runs the seat now; empty when none does, null for a person",
+    )
 
 
 class SeatListSerializer(serializers.Serializer):
@@ -173,6 +179,8 @@ def _no_runtime() -> Response:
 
 
 class SeatsView(APIView):
+    """The company's seats with their pause, their mailbox depth and the node running each."""
+
     @extend_schema(
         operation_id="seats_list",
         summary="Every seat of the company, its pause and its mailbox depth",
@@ -185,6 +193,7 @@ class SeatsView(APIView):
             return _no_engine(exc)
         rows = actions.pause_states([s.handle for s in org.seats])
         depth = depths([s.handle for s in org.agent_seats()])
+        running_on = leases.holders(SEAT, names=[s.handle for s in org.agent_seats()])
         seats = []
         for seat in org.seats:
             pause = state(rows.get(seat.handle))
@@ -198,6 +207,7 @@ class SeatsView(APIView):
                     "agent_id": seat.agent_id,
                     **pause,
                     "depth": depth.get(seat.handle) if seat.is_agent else None,
+                    "node": running_on.get(seat.handle, "") if seat.is_agent else None,
                 }
             )
         return Response({"org": org.org, "seats": seats})

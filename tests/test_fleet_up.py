@@ -20,7 +20,7 @@ import pytest
 from crewlet.fleet.placement import REASON_PINNED_NODE_NOT_LIVE
 from tests.browser_support import LoopThread
 from tests.test_up_inflight import Up, Watcher, broker, loop  # noqa: F401  (fixtures)
-from tests.up_support import UpProcess, up_env
+from tests.up_support import UpProcess, http_json, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.timeout(400)]
@@ -31,6 +31,7 @@ ACK_WAIT_S = 5.0
 MOVE_S = 60.0
 AGENTS = ("s1", "s2", "s3", "s4")
 
+TOKEN = "fleet-test-operator-token-0123456789abcdef"
 SLACK_ID = {"s1": "U0S1", "s2": "U0S2", "s3": "U0S3", "s4": "U0S4", "pinned": "U0PIN"}
 #: Four seats any node may run, and one pinned to n3 (a node the tests start late, or never).
 PLACEMENT = {"pinned": "placement: {node: n3}"}
@@ -110,6 +111,7 @@ class Node(Up):
             CREWLET_VAR_DIR=str(fleet.tmp / name),
             CREWLET_FLEET_LEASE_TTL_S=str(TTL_S),
             CREWLET_STREAM_ACK_WAIT_S=str(ACK_WAIT_S),
+            CREWLET_OPERATOR_TOKEN=TOKEN,
         )
         for key in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD"):
             if os.environ.get(key):
@@ -194,6 +196,11 @@ def test_a_pinned_seat_waits_for_its_node_the_seats_split_and_a_clean_stop_hands
         MOVE_S, "the seats split between n1 and n3",
     )
     assert split["pinned"] == "n3"
+    # Each node's API names the node running every seat (the lease holder, whichever node is asked).
+    for node in (n1, n3):
+        status, body = http_json("GET", node.url + "/api/seats/", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200, body
+        assert {s["handle"]: s["node"] for s in body["seats"]} == split
 
     assert n3.terminate() == 0
     assert fleet.leases_named("n3") == [], "a clean stop gives every lease back at once"

@@ -232,6 +232,24 @@ def test_a_released_seat_reads_absent_with_the_reason_until_it_is_spawned_again(
     assert row is not None and row["state"] == "idle"
 
 
+def test_a_seat_row_names_the_node_running_it_and_a_former_nodes_late_release_does_not_clear_it() -> None:
+    live = LiveProjection(company=company)
+
+    def on(node: str, body: Any) -> Optional[dict[str, Any]]:
+        event = made(body)
+        event.node = node
+        return live.apply(topics.event(event.type), event)
+
+    assert live.seat("ada")["node"] == ""  # type: ignore[index]
+    row = on("n1", AgentSpawned(seat="ada", reason="claimed"))
+    assert row is not None and (row["state"], row["node"]) == ("idle", "n1")
+    on("n2", AgentSpawned(seat="ada", reason="claimed"))
+    row = on("n1", AgentTerminated(seat="ada", reason="rebalanced"))  # arrived after n2 took it
+    assert row is not None and (row["state"], row["node"]) == ("idle", "n2")
+    row = on("n2", AgentTerminated(seat="ada", reason="node stopping"))
+    assert row is not None and (row["state"], row["node"], row["reason"]) == ("absent", "", "node stopping")
+
+
 def test_the_feed_keeps_the_newest_rows_only_and_every_row_has_the_listing_shape() -> None:
     live = LiveProjection(company=company, feed_size=3)
     for i in range(5):
