@@ -230,6 +230,7 @@ async def test_releasing_a_seat_closes_its_sessions_and_stops_its_server_process
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
+@pytest.mark.usefixtures("close_store_connections")
 async def test_a_seat_the_runtime_lets_go_has_its_tool_sessions_closed_and_its_server_stopped() -> None:
     servers = {"tt": {"command": stdio_command()}}
     holder = CompanyHolder(company(servers))
