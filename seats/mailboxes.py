@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Iterable, Optional
+from typing import Awaitable, Callable, Iterable, Optional
 
 from django.utils import timezone
 
@@ -182,8 +182,15 @@ async def retire_absent(
     *,
     absent_after_s: float = ABSENT_AFTER_S,
     now: Optional[datetime] = None,
+    claim: Optional[Callable[[str], Awaitable[bool]]] = None,
+    release: Optional[Callable[[str], Awaitable[None]]] = None,
 ) -> SweepReport:
     """The maintenance duty's mailbox pass: delete what has been absent for ``absent_after_s``.
+
+    ``claim``/``release`` (a fleet's seat lease) are held around each seat's
+    deletion, so no node still serving an older revision attaches to the
+    mailbox while it is deleted; a seat whose lease another node holds is left
+    for a later sweep.
 
     ``org`` is the active company (read it from the holder per sweep). The
     broker's own listing is consulted too, so a mailbox created by a node that
@@ -209,11 +216,18 @@ async def retire_absent(
     for handle in await adue_for_retirement(cutoff, listed):
         if handle in active:  # came back since the record was read
             continue
-        refs = set(mailbox_refs(handle)) | set(listed.get(handle, []))
-        for ref in sorted(refs):
-            if await queue.delete_subscription(ref.topic, ref.group):
-                report.deleted.append(ref)
-        await amark_retired(handle, at)
+        if claim is not None and not await claim(handle):
+            log.warning("seat_retirement_deferred", extra={"seat": handle, "why": "another node holds its lease"})
+            continue
+        try:
+            refs = set(mailbox_refs(handle)) | set(listed.get(handle, []))
+            for ref in sorted(refs):
+                if await queue.delete_subscription(ref.topic, ref.group):
+                    report.deleted.append(ref)
+            await amark_retired(handle, at)
+        finally:
+            if release is not None:
+                await release(handle)
         report.retired.append(handle)
         log.info("seat_mailboxes_retired", extra={"seat": handle, "absent_after_s": absent_after_s})
     return report

@@ -407,7 +407,8 @@ class SeatRuntime:
             return SweepReport()
         async with self._guard():
             report = await retire_absent(
-                self.queue, self.holder.current(), absent_after_s=self.absent_after_s, now=self.now()
+                self.queue, self.holder.current(), absent_after_s=self.absent_after_s, now=self.now(),
+                claim=self.ownership.claim, release=self.ownership.release,
             )
         pruned = await aprune(older_than_s=self.ledger_keep_s, now=self.now())
         pruned += await aprune_firings(self.now() - timedelta(seconds=self.ledger_keep_s))

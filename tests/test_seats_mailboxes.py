@@ -123,3 +123,33 @@ async def test_an_agent_seat_flipped_to_human_loses_its_mailbox_a_day_later() ->
         assert (await retire_absent(q, flipped, now=T0 + DAY)).retired == ["linus"]
         assert await seat_mailboxes(q, "linus") == set()
         assert (await retire_absent(q, flipped, now=T0 + 2 * DAY)).retired == []  # once
+
+
+async def test_retirement_holds_the_seats_lease_while_deleting_and_waits_while_another_node_holds_it() -> None:
+    from crewlet.fleet.member import FleetMember
+    from seats.ownership import LeasedOwnership
+
+    member, other = FleetMember("n1", ttl_s=60), FleetMember("n2", ttl_s=60)
+    await member.start()
+    ownership = LeasedOwnership(member)
+    during: list[str] = []
+
+    async def claim(handle: str) -> bool:
+        won = await ownership.claim(handle)
+        during.extend([handle] if won and ownership.owns(handle) else [])
+        return won
+
+    try:
+        async with memory_queues() as (_, [q]):
+            await ensure_mailboxes(q, company(), now=T0)
+            without_linus = company(seats=ADA_ONLY)
+            await retire_absent(q, without_linus, now=T0)
+            assert await other.acquire_seat("linus")  # a node still serving the old revision runs it
+            held = await retire_absent(q, without_linus, now=T0 + DAY, claim=claim, release=ownership.release)
+            assert held.retired == [] and await seat_mailboxes(q, "linus") == set(mailbox_refs("linus"))
+            await other.release_seat("linus")
+            due = await retire_absent(q, without_linus, now=T0 + DAY, claim=claim, release=ownership.release)
+            assert due.retired == ["linus"] and during == ["linus"]
+            assert not ownership.owns("linus")  # given back once the mailboxes are gone
+    finally:
+        await member.stop()
