@@ -207,7 +207,8 @@ def bench(repeat: int, readers: list[Any], loop: Loop) -> None:
     samples: dict[str, list[float]] = {
         "1 node": [], "3 nodes": [], "slowest other node's own read": [], "the scatter alone (b and c, over the broker)": [],
     }
-    question = Question(kind=qs.EVENTS, at=qs.instant(), limit=100)
+    at = qs.instant()
+    question = Question(kind=qs.EVENTS, at=at, limit=100)
     for _ in range(min(30, repeat)):
         page(alone), page(readers[0])
     for _ in range(repeat):
@@ -218,7 +219,7 @@ def bench(repeat: int, readers: list[Any], loop: Loop) -> None:
         own = []
         for reader in readers[1:]:
             t0 = time.perf_counter()
-            qs.answer_events(question, question.at, reader.scope)
+            qs.answer_events(question, at, reader.scope)
             own.append(time.perf_counter() - t0)
         samples["slowest other node's own read"].append(max(own))
         request = wire.encode_request(question, "a", list(NODES[1:]))

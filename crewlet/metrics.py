@@ -34,12 +34,12 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from crewlet.events import Event
-from crewlet.interfaces import EVENT_STORE
+from crewlet.interfaces import EVENT_STORE, FLEET_READS
 from crewlet.queue import topics
 from crewlet.queue.contract import SETTLED_DEAD_LETTER
 from crewlet.queue.errors import QueueError
@@ -262,6 +262,7 @@ class _EngineState(Collector):
         yield from self._mailboxes()
         yield from self._services()
         yield from self._event_store()
+        yield from self._fleet_reads()
         yield from self._telemetry()
 
     def _mailboxes(self) -> Iterator[Metric]:
@@ -303,6 +304,18 @@ class _EngineState(Collector):
         )
         lag.add_metric([], float(writer.lag_s(datetime.now(timezone.utc))))
         yield lag
+
+    def _fleet_reads(self) -> Iterator[Metric]:
+        """The history_partial alarm's ratio: this node's history reads, by whether every live node answered."""
+        reads = self.engine.lookup(FLEET_READS) if self.engine is not None else None
+        if reads is None:
+            return
+        asked = CounterMetricFamily(
+            "crewlet_history_reads", "History reads this node asked of the fleet, by coverage (complete, partial).", labels=["coverage"]
+        )
+        asked.add_metric(["complete"], float(reads.reads - reads.partial))
+        asked.add_metric(["partial"], float(reads.partial))
+        yield asked
 
     def _telemetry(self) -> Iterator[Metric]:
         emitter = self.engine.emitter if self.engine is not None else None

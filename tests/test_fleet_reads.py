@@ -18,12 +18,15 @@ from asgiref.sync import sync_to_async
 
 from crewlet.events import format_timestamp
 from crewlet.events.types import HistoryPartial
+from crewlet.interfaces import FLEET_READS
+from crewlet.metrics import EngineMetrics
 from crewlet.queue import topics
 from eventstore import fanout
 from eventstore import questions as qs
 from eventstore.projection import LiveProjection
 from eventstore.questions import Filters, NodeScope, Question
 from eventstore.writer import attach
+from engine_support import engine_here
 from eventstore_support import AT, US, make_event, store, trace
 from fleet_support import ALIASES, NODES, alias_of, empty, node_databases, readers
 from seats_support import company, jetstream_queues
@@ -224,6 +227,10 @@ async def test_a_node_whose_serve_never_answers_is_named_with_the_budget_and_the
     assert answer["coverage"]["complete"] is False
     await asyncio.sleep(0)  # the report is a task on this loop
     assert [(r.question, r.asked, [m["id"] for m in r.missing]) for r in reported] == [("events", 3, ["c"])]
+    with engine_here(services={FLEET_READS: nodes[0]}) as engine:  # the alarm's ratio, as /metrics shows it
+        scraped = EngineMetrics(engine).render().decode()
+    assert 'crewlet_history_reads_total{coverage="partial"} 1.0' in scraped
+    assert 'crewlet_history_reads_total{coverage="complete"} 0.0' in scraped
 
 
 async def test_a_node_on_another_protocol_version_is_named_and_its_rows_are_not_mixed_in() -> None:
