@@ -19,7 +19,7 @@ import pytest_asyncio
 from crewlet.conf import ClusterSettings
 from crewlet.queue import topics
 from crewlet.queue.broker import ClusterFormTimeout, EmbeddedBroker, connect_queue
-from crewlet.queue.errors import Unavailable
+from crewlet.queue.errors import ReplicasUnplaceable, Unavailable
 from crewlet.queue.jetstream import JetStreamTransport
 from crewlet.queue.jetstream.message import JetStreamMessage
 from tests.cluster_support import LoopbackCluster, free_ports, node_name
@@ -212,7 +212,7 @@ async def test_an_external_cluster_is_dialled_through_every_url_listed_and_provi
 
 async def test_a_lone_server_asked_for_three_replicas_refuses_naming_the_setting(tmp_path: Path) -> None:
     async with EmbeddedBroker(store_dir=tmp_path / "lone") as lone:
-        with pytest.raises(Unavailable, match=r"^stream\.replicas=3: the broker cannot place stream CREWLET_\w+ on 3 servers .*allowed: at most the cluster's members that are up$"):
+        with pytest.raises(ReplicasUnplaceable, match=r"^stream\.replicas=3: the broker cannot place stream CREWLET_\w+ on 3 servers .*allowed: at most the cluster's members that are up$"):
             await JetStreamTransport.connect(lone.url, replicas=3)
 
 

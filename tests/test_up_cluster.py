@@ -33,7 +33,9 @@ def node_env(base: Path, i: int, route_ports: list[int], **extra: str) -> dict[s
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[UpProcess]]:
     base = tmp_path_factory.mktemp("fleet")
     ports = free_ports(3)
-    nodes = [UpProcess(base / node_name(i), node=node_name(i), env=node_env(base, i, ports)) for i in range(3)]
+    # n3 names no store_dir: up gives its member the data dir's, as it does a lone broker.
+    envs = [node_env(base, 0, ports), node_env(base, 1, ports), up_node_env(base, 2, ports, SECRET, settings={"stream": {"store_dir": ""}})]
+    nodes = [UpProcess(base / node_name(i), node=node_name(i), env=envs[i]) for i in range(3)]
     try:
         start_together(nodes)
         yield nodes
@@ -65,6 +67,7 @@ def test_with_one_up_killed_the_other_two_keep_accepting_and_it_rejoins_when_sta
         status, health = http_json("GET", node.url + "/healthz")
         assert (status, health["broker"]) == (200, "connected")
     killed.start()  # the same data dir and broker store
+    assert (killed.tmp / "data" / "jetstream" / "jetstream").is_dir()  # n3's store: the one up gave it
     assert "event=embedded_broker_cluster_formed" in killed.output_so_far()
     status, health = http_json("GET", killed.url + "/healthz")
     assert (status, health["broker"], health["node"]) == (200, "connected", "n3")

@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, Union
 from urllib.parse import quote
 
 from crewlet.queue.contract import EventQueue, Timings
-from crewlet.queue.errors import InvalidArgument, QueueError, Unavailable
+from crewlet.queue.errors import InvalidArgument, QueueError, ReplicasUnplaceable
 from crewlet.queue.jetstream import MAX_MESSAGE_BYTES, JetStreamQueue
 
 logger = logging.getLogger(__name__)
@@ -771,13 +771,14 @@ async def connect_queue(
             event_retention_hours=event_retention_hours,
             memory_storage=memory_storage,
             replicas=replicas,
-            # A majority elects the meta leader; copies need their members: the rest may still be starting.
-            placement_wait_s=cluster.form_timeout_s if broker is not None and cluster is not None else 0.0,
+            # A majority elects the meta leader; copies need their members, the rest may still be starting,
+            # and the meta layer answers slowly while every node provisions at once.
+            provision_wait_s=cluster.form_timeout_s if broker is not None and cluster is not None else 0.0,
         )
     except BaseException as e:
         if broker is not None:  # a broker this call started is not left running
             await broker.stop()
-            if cluster is not None and isinstance(e, Unavailable):
+            if cluster is not None and isinstance(e, ReplicasUnplaceable):
                 unreached = await unreachable_peers(cluster.peer_addresses())
                 raise ClusterFormTimeout(
                     f"{e}; could not reach peer{'s' if len(unreached) != 1 else ''} {', '.join(unreached) or '(none)'}",

@@ -26,6 +26,10 @@ class Unavailable(QueueError):
     """The broker cannot be reached right now. Retryable (a webhook edge answers 503)."""
 
 
+class ReplicasUnplaceable(Unavailable):
+    """The broker cannot keep a stream at the replicas asked for: fewer servers up than copies (or a lone server)."""
+
+
 class InvalidArgument(QueueError, ValueError):
     """The caller asked for something the contract refuses (no event, bad pattern, ...)."""
 

@@ -64,9 +64,12 @@ class Command(RunConsumersCommand):
         if options.get("store_dir") is None:
             try:
                 configured = load_settings(overrides=overrides)
+                wanted = configured.stream.type == "embedded" and not configured.stream.store_dir
             except SettingsError as exc:
-                raise CommandError(str(exc)) from None
-            if configured.stream.type == "embedded" and not configured.stream.store_dir:
+                if exc.field != "stream.store_dir":
+                    raise CommandError(str(exc)) from None
+                wanted = True  # a clustered member needs a store: the one up gives it anyway
+            if wanted:
                 # A laptop's mailboxes survive a restart: the broker's store sits with the databases.
                 overrides["stream.store_dir"] = str(self.data_dir(options) / "jetstream")
         return overrides

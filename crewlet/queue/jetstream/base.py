@@ -39,7 +39,7 @@ class TransportBase(Transport):
         replicas: int = 1,
         api_timeout_s: float = 5.0,
         url: str = "",
-        placement_wait_s: float = 0.0,
+        provision_wait_s: float = 0.0,
     ) -> None:
         if not (event_retention_hours > 0):
             raise InvalidArgument(f"event_retention_hours={event_retention_hours!r}: must be > 0")
@@ -49,8 +49,8 @@ class TransportBase(Transport):
         self.memory_storage = bool(memory_storage)
         self.replicas = max(int(replicas), 1)
         self._api_timeout_s = float(api_timeout_s)
-        #: How long a stream the cluster cannot place yet (too few members up) is asked for again.
-        self.placement_wait_s = max(float(placement_wait_s), 0.0)
+        #: How long provisioning asks again a starting cluster that cannot yet place or answer about a stream.
+        self.provision_wait_s = max(float(provision_wait_s), 0.0)
         self._url = redact_url(url)
         self._ready_streams: set[str] = set()
         self._subject_streams: dict[str, topics.StreamSpec] = {}

@@ -11,7 +11,7 @@ import nats.errors
 from crewlet.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
-from crewlet.queue.errors import InvalidArgument, TooLarge, Unavailable
+from crewlet.queue.errors import InvalidArgument, ReplicasUnplaceable, TooLarge, Unavailable
 from crewlet.queue.jetstream.base import TransportBase
 from crewlet.queue.jetstream.configs import stream_config
 from crewlet.queue.jetstream.wire import (
@@ -28,9 +28,9 @@ from crewlet.queue.jetstream.wire import (
 
 logger = logging.getLogger(__name__)
 
-#: While a cluster has too few members up to place a stream's copies: how often it is asked again, and said so.
-PLACEMENT_ASK_EVERY_S = 0.5
-PLACEMENT_PROGRESS_EVERY_S = 3.0
+#: While a starting cluster cannot place or answer about a stream yet: how often it is asked again, and said so.
+PROVISION_ASK_EVERY_S = 0.5
+PROVISION_PROGRESS_EVERY_S = 3.0
 
 #: Stream settings provisioning keeps aligned with the topology (others are the broker's defaults).
 _ALIGNED_KEYS = frozenset(
@@ -52,9 +52,36 @@ class StreamsPart(TransportBase):
         )
 
     async def provision(self) -> None:
-        """Create (or align) every engine stream; idempotent."""
+        """Create (or align) every engine stream; idempotent.
+
+        With ``provision_wait_s`` (a clustered member starting), a stream the
+        cluster cannot place yet (its copies' members still arriving) or
+        answer about in time (a leader being elected, the meta layer busy
+        with every node's streams at once) is asked for again every
+        ``PROVISION_ASK_EVERY_S`` until that deadline: members announce
+        themselves only on the system account, so there is no event to wait on.
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        next_progress = started + PROVISION_PROGRESS_EVERY_S
         for spec in topics.ENGINE_STREAMS:
-            await self._ensure_stream(spec)
+            while True:
+                try:
+                    await self._ensure_stream(spec)
+                    break
+                except Unavailable as e:
+                    now = loop.time()
+                    if now - started >= self.provision_wait_s:
+                        if isinstance(e, ReplicasUnplaceable):
+                            logger.error("jetstream_stream_replicas_unplaceable", extra={"stream": spec.name, "error": str(e)})
+                        raise
+                    if now >= next_progress:
+                        next_progress = now + PROVISION_PROGRESS_EVERY_S
+                        logger.info(
+                            "jetstream_provision_waiting",
+                            extra={"stream": spec.name, "waited_s": round(now - started, 1), "reason": str(e)},
+                        )
+                await asyncio.sleep(PROVISION_ASK_EVERY_S)
 
     async def _ensure_stream(self, spec: topics.StreamSpec, *, force: bool = False) -> None:
         """Create the stream, or align an existing one with the topology; then remember it.
@@ -103,42 +130,22 @@ class StreamsPart(TransportBase):
         return {**cfg, "num_replicas": have}
 
     async def _create_stream(self, spec: topics.StreamSpec, cfg: dict[str, Any]) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        next_progress = started + PLACEMENT_PROGRESS_EVERY_S
-        while True:
-            try:
-                await self._api(f"STREAM.CREATE.{spec.name}", cfg, what=f"create stream {spec.name}")
-                break
-            except _ApiError as e:
-                if e.err_code == ERR_STREAM_NAME_IN_USE:  # another client created it meanwhile, differently
-                    await self._ensure_existing(spec, cfg)
-                    return
-                unplaceable = e.err_code in (ERR_NO_SUITABLE_PEERS, ERR_REPLICAS_NOT_SUPPORTED) and cfg["num_replicas"] > 1
-                if not unplaceable:
-                    logger.error(
-                        "jetstream_stream_provision_failed",
-                        extra={"stream": spec.name, "subjects": spec.subjects, "error": e.description},
-                    )
-                    raise Unavailable(f"cannot provision stream {spec.name}: {e.description}") from e
-                now = loop.time()
-                if now - started >= self.placement_wait_s:
-                    logger.error(
-                        "jetstream_stream_replicas_unplaceable",
-                        extra={"stream": spec.name, "replicas": cfg["num_replicas"], "error": e.description},
-                    )
-                    raise Unavailable(
-                        f"stream.replicas={cfg['num_replicas']}: the broker cannot place stream {spec.name} on "
-                        f"{cfg['num_replicas']} servers ({e.description}); allowed: at most the cluster's members that are up"
-                    ) from e
-                if now >= next_progress:
-                    next_progress = now + PLACEMENT_PROGRESS_EVERY_S
-                    logger.info(
-                        "jetstream_stream_placement_waiting",
-                        extra={"stream": spec.name, "replicas": cfg["num_replicas"], "waited_s": round(now - started, 1)},
-                    )
-                # The cluster announces a member's arrival only on its system account: ask again shortly.
-                await asyncio.sleep(PLACEMENT_ASK_EVERY_S)
+        try:
+            await self._api(f"STREAM.CREATE.{spec.name}", cfg, what=f"create stream {spec.name}")
+        except _ApiError as e:
+            if e.err_code == ERR_STREAM_NAME_IN_USE:  # another client created it meanwhile, differently
+                await self._ensure_existing(spec, cfg)
+                return
+            if e.err_code in (ERR_NO_SUITABLE_PEERS, ERR_REPLICAS_NOT_SUPPORTED) and cfg["num_replicas"] > 1:
+                raise ReplicasUnplaceable(
+                    f"stream.replicas={cfg['num_replicas']}: the broker cannot place stream {spec.name} on "
+                    f"{cfg['num_replicas']} servers ({e.description}); allowed: at most the cluster's members that are up"
+                ) from e
+            logger.error(
+                "jetstream_stream_provision_failed",
+                extra={"stream": spec.name, "subjects": spec.subjects, "error": e.description},
+            )
+            raise Unavailable(f"cannot provision stream {spec.name}: {e.description}") from e
         logger.info(
             "jetstream_stream_created",
             extra={

@@ -35,7 +35,7 @@ class ConnectOptions(TypedDict, total=False):
     connect_timeout_s: float
     reconnect_wait_s: float
     api_timeout_s: float
-    placement_wait_s: float
+    provision_wait_s: float
 
 
 class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServePart):
@@ -61,14 +61,14 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
         connect_timeout_s: float = 5.0,
         reconnect_wait_s: float = 0.25,
         api_timeout_s: float = 5.0,
-        placement_wait_s: float = 0.0,
+        provision_wait_s: float = 0.0,
     ) -> "JetStreamTransport":
         """Dial ``url`` (credentials may ride in it), provision the engine's streams.
 
         The first dial fails fast (``Unavailable``); once connected the client
-        reconnects forever, ``reconnect_wait_s`` apart. ``placement_wait_s``:
-        how long provisioning waits for a cluster to have the members
-        ``replicas`` copies need (0: refuse at once).
+        reconnects forever, ``reconnect_wait_s`` apart. ``provision_wait_s``:
+        how long provisioning asks again a starting cluster that cannot yet
+        place or answer about a stream (0: fail at once).
         """
         if not isinstance(url, str) or not url.strip():
             raise InvalidArgument("url: a nats:// URL is required")
@@ -82,7 +82,7 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
             replicas=replicas,
             api_timeout_s=api_timeout_s,
             url=url,
-            placement_wait_s=placement_wait_s,
+            provision_wait_s=provision_wait_s,
         )
         try:
             await keeping_cancel(asyncio.wait_for(
