@@ -39,9 +39,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from crewlet.events import Event
+from crewlet.events.types import AgentPhaseCompleted, AgentTurnCompleted, AgentTurnStarted
 from crewlet.interfaces import EVENT_STORE, FLEET_READS
 from crewlet.queue import topics
-from crewlet.queue.contract import SETTLED_DEAD_LETTER
+from crewlet.queue.contract import PUBLISHED_OK, SETTLED_DEAD_LETTER
 from crewlet.queue.errors import QueueError
 
 if TYPE_CHECKING:  # pragma: no cover - hints only
@@ -64,9 +65,9 @@ TURN_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 1
 ACCEPT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # The event types read off the publishes (their wire names are the registry's).
-_TURN_STARTED = "agent_turn_started"
-_TURN_COMPLETED = "agent_turn_completed"
-_PHASE_COMPLETED = "agent_phase_completed"
+_TURN_STARTED = AgentTurnStarted.event_type
+_TURN_COMPLETED = AgentTurnCompleted.event_type
+_PHASE_COMPLETED = AgentPhaseCompleted.event_type
 #: Token kinds, as the turn's event names them (``<kind>_tokens``).
 TOKEN_KINDS = ("input", "output", "cache_read")
 
@@ -159,6 +160,8 @@ class EngineMetrics:
         if child is None:
             child = self._publish_children[key] = self.publishes.labels(*key)
         child.inc()
+        if outcome != PUBLISHED_OK:
+            return  # not published (the emitter's retry, if it gets through, is counted then)
         kind = event.type
         if kind == _TURN_STARTED:
             self.turns_started.inc()

@@ -60,7 +60,7 @@ async def test_each_settlement_is_counted_once_under_its_stream_and_outcome_and_
     assert sample(other, "crewlet_queue_publishes_total", stream=stream, outcome="ok") == 0
 
 
-async def test_a_failed_publish_is_counted_as_failed_and_a_turn_event_moves_the_turn_metrics() -> None:
+async def test_a_turn_event_moves_the_turn_metrics_and_a_failed_publish_is_counted_as_failed_and_no_turn() -> None:
     metrics = EngineMetrics()
     async with memory_queues("n1") as (broker, [queue]):
         queue.add_observer(metrics)
@@ -78,5 +78,9 @@ async def test_a_failed_publish_is_counted_as_failed_and_a_turn_event_moves_the_
         broker.go_away()
         with pytest.raises(Unavailable):
             await queue.publish(TOPIC, events.new(TaskAssigned(seat=SEAT), Trace.root()))
+        with pytest.raises(Unavailable):  # a turn's record that did not get out is no turn yet (its retry counts it)
+            await queue.publish(topics.event("agent_turn_completed"), events.new(done, Trace.root()))
         assert sample(metrics, "crewlet_queue_publishes_total", stream="CREWLET_AGENT", outcome="failed") == 1
+        assert sample(metrics, "crewlet_queue_publishes_total", stream="CREWLET_EVENTS", outcome="failed") == 1
+        assert sample(metrics, "crewlet_turns_completed_total") == 1
 
