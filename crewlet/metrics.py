@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from crewlet.events import Event
 from crewlet.events.types import AgentPhaseCompleted, AgentTurnCompleted, AgentTurnStarted
-from crewlet.interfaces import EVENT_STORE, FLEET_READS
+from crewlet.interfaces import EVENT_STORE, FLEET, FLEET_READS
 from crewlet.queue import topics
 from crewlet.queue.contract import PUBLISHED_OK, SETTLED_DEAD_LETTER
 from crewlet.queue.errors import QueueError
@@ -266,6 +266,7 @@ class _EngineState(Collector):
         yield from self._services()
         yield from self._event_store()
         yield from self._fleet_reads()
+        yield from self._leases()
         yield from self._telemetry()
 
     def _mailboxes(self) -> Iterator[Metric]:
@@ -319,6 +320,24 @@ class _EngineState(Collector):
         asked.add_metric(["complete"], float(reads.reads - reads.partial))
         asked.add_metric(["partial"], float(reads.partial))
         yield asked
+
+    def _leases(self) -> Iterator[Metric]:
+        """This node's leases as its fleet membership holds them now: presence, each seat, each duty."""
+        member = self.engine.lookup(FLEET) if self.engine is not None else None
+        if member is None:
+            return
+        present = _gauge("crewlet_fleet_present", "1 while this node's presence lease is good by its own deadline.")
+        present.add_metric([], 1.0 if member.present() else 0.0)
+        yield present
+        held = member.seats()
+        seats = _gauge("crewlet_seat_lease_held", "1 for each agent seat whose lease this node holds, 0 for the others.", ["seat"])
+        for handle in self.agent_seats():
+            seats.add_metric([handle], 1.0 if handle in held else 0.0)
+        yield seats
+        duties = _gauge("crewlet_duty_lease_held", "1 for each once-per-fleet duty whose lease this node holds.", ["duty"])
+        for name in sorted(member.duties()):
+            duties.add_metric([name], 1.0)
+        yield duties
 
     def _telemetry(self) -> Iterator[Metric]:
         emitter = self.engine.emitter if self.engine is not None else None

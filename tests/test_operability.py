@@ -229,11 +229,16 @@ def test_a_webhook_moves_the_webhook_publish_delivery_and_turn_metrics_and_every
     assert value(after, "crewlet_eventstore_writer_backlog_rows") == 0
     assert value(after, "crewlet_eventstore_writer_lag_seconds") == 0
     assert value(after, "crewlet_ws_stream_clients") == 0
+    # A node alone holds its presence, every agent seat's lease and the once-per-fleet duties.
+    assert value(after, "crewlet_fleet_present") == 1
+    assert value(after, "crewlet_seat_lease_held", seat="ada") == value(after, "crewlet_seat_lease_held", seat="linus") == 1
+    duties = {dict(labels)["duty"] for name, labels in after if name == "crewlet_duty_lease_held"}
+    assert duties, sorted(name for name, _ in after)
     for (name, labels) in after:
         assert name.startswith("crewlet_") or name.startswith(("python_", "process_")), name
         for key, label in labels:
             assert key not in ("trace_id", "span_id", "event_id"), (name, labels)
-            assert len(label) <= 40, (name, labels)
+            assert len(label) <= 64, (name, labels)
 
 
 def test_an_open_ws_stream_socket_is_counted_while_it_is_open(up: UpProcess) -> None:

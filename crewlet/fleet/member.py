@@ -100,6 +100,11 @@ class FleetMember:
         now = self.clock()
         return frozenset(h for h, until in list(self._seats.items()) if now < until)
 
+    def duties(self) -> frozenset[str]:
+        """The once-per-fleet duties (this node's event-store claim among them) it holds right now."""
+        now = self.clock()
+        return frozenset(name for name, until in list(self._duties.items()) if now < until)
+
     def on_lost(self, listener: LostListener) -> None:
         """Call ``listener`` with the seats a renewal found lost (it detaches their loops)."""
         self._listeners.append(listener)
