@@ -249,7 +249,7 @@ class FleetReads:
         try:
             request = wire.decode_request(raw)
         except wire.UnreadableRequest as exc:
-            return wire.encode_reply(self.version, self.node, error=wire.reason("refused", f"unreadable question: {exc}"))
+            return self._unreadable(exc)
         if request.asker == self.node:
             return wire.encode_reply(self.version, self.node, own=True)
         if not request.asks(self.node):
@@ -263,9 +263,12 @@ class FleetReads:
         try:
             question = request.question()
         except wire.UnreadableRequest as exc:
-            return wire.encode_reply(self.version, self.node, error=wire.reason("refused", f"unreadable question: {exc}"))
+            return self._unreadable(exc)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._answer_for, question)
+
+    def _unreadable(self, exc: wire.UnreadableRequest) -> bytes:
+        return wire.encode_reply(self.version, self.node, error=wire.reason(qs.QuestionRefused.reason, f"unreadable question: {exc}"))
 
     def _answer_for(self, question: qs.Question) -> bytes:
         """This node's reply to another node's question (on a read thread), cut to the transport's limit."""
