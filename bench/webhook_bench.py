@@ -81,6 +81,8 @@ class Up:
         self.secret = secrets.token_hex(16)
         self.token = secrets.token_hex(24)
         self.lines: list[str] = []
+        #: Settings this run adds to the environment (a fleet bench's databases and broker).
+        self.extra_env: dict[str, str] = {}
         self.ready = threading.Event()
         self.url = ""
         self.proc: Optional[subprocess.Popen[str]] = None
@@ -93,6 +95,7 @@ class Up:
             CREWLET_OPERATOR_TOKEN=self.token,
             SLACK_SIGNING_SECRET=self.secret,
         )
+        env.update(self.extra_env)
         cmd = [
             sys.executable, str(REPO / "manage.py"), "up", "--addr", "127.0.0.1:0",
             "--data-dir", str(self.dir / "data"), "--store-dir", "", "--company", str(self.company),
