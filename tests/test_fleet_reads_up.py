@@ -1,8 +1,8 @@
 """Fleet reads through real ``manage.py up`` processes: two nodes on one nats-server, each with its OWN event store.
 
 The nodes share the coordination store (the test's ``default`` database, where
-their presences are written as node leases) and each migrates and writes its
-own events database. What one node is asked over HTTP is answered by both.
+each writes its presence, the node lease the roster reads) and each migrates
+and writes its own events database. What one node is asked over HTTP is answered by both.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connections
 
-from crewlet.fleet import leases
 from crewlet.queue.broker import find_nats_server
 from eventstore import fanout
 from eventstore import questions as qs
@@ -107,8 +106,6 @@ def test_two_up_nodes_answer_every_read_together_and_a_stopped_one_is_named_with
     tmp_path: Path, stores: dict[str, str], broker: str
 ) -> None:
     get_user_model().objects.create_user("op", password="pw-0123456789", is_staff=True)
-    for node in NODES:  # the presences the nodes' own lease duty writes
-        assert leases.acquire(leases.NODE, node, node, 3600.0, protocol=qs.PROTOCOL_VERSION)
     now = qs.instant()
     edge = trace(11)
     hop = edge.__class__(edge.trace_id, "b" * 16, edge.span_id)
