@@ -1,7 +1,8 @@
 """The A2A maintenance duty as an engine service: :func:`a2a.services.sweep` on a fixed tick.
 
-Every node may run it: each close is a compare-and-set on the record, so a
-channel is closed (and its ``a2a_channel_closed`` published) exactly once.
+Once per fleet: the pass runs on the node holding the duty's lease. Each close
+is a compare-and-set on the record besides, so even two nodes racing would
+close a channel (and publish its ``a2a_channel_closed``) exactly once.
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from crewlet.engine import Service, periodic
-from crewlet.interfaces import EVENT_STORE
+from crewlet.fleet.duty import under_duty
+from crewlet.interfaces import EVENT_STORE, FLEET
 
 from a2a import services
 
@@ -31,7 +33,7 @@ def engine_services(engine: "Engine", *, every_s: float = SWEEP_EVERY_S, **optio
         assert engine.queue is not None
         await services.sweep(engine.queue, emitter=engine.emitter, **options)
 
-    return [periodic(SWEEP, every_s, sweep, after=(EVENT_STORE,), logger=log)]
+    return [periodic(SWEEP, every_s, under_duty(engine, SWEEP, sweep), after=(EVENT_STORE, FLEET), logger=log)]
 
 
 __all__ = ["SWEEP", "SWEEP_EVERY_S", "engine_services"]

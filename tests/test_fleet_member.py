@@ -73,3 +73,34 @@ async def test_of_two_members_asking_for_one_duty_exactly_one_runs_it_until_it_s
     assert not await two.hold_duty("retirement")
     await one.stop()
     assert await two.hold_duty("retirement")
+
+
+async def test_a_duty_under_its_lease_runs_on_one_node_of_two_and_moves_when_that_node_stops() -> None:
+    from crewlet.fleet.duty import under_duty
+    from crewlet.interfaces import FLEET
+
+    ran: list[str] = []
+
+    class Node:
+        def __init__(self, member: FleetMember) -> None:
+            self.member = member
+
+        def lookup(self, name: str) -> object:
+            return self.member if name == FLEET else None
+
+    one, two = FleetMember("n1", ttl_s=30), FleetMember("n2", ttl_s=30)
+    passes = {m.node_id: under_duty(Node(m), "a2a_sweep", lambda m=m: _record(ran, m.node_id)) for m in (one, two)}
+    await one.start()
+    try:
+        for _ in range(2):
+            await passes["n1"]()
+            await passes["n2"]()
+        assert ran == ["n1", "n1"]
+    finally:
+        await one.stop()
+    await passes["n2"]()
+    assert ran == ["n1", "n1", "n2"]
+
+
+async def _record(ran: list[str], node: str) -> None:
+    ran.append(node)
