@@ -213,7 +213,7 @@ def test_a_pinned_seat_waits_for_its_node_the_seats_split_and_a_clean_stop_hands
           f"(lease TTL {TTL_S:.0f}s)")
 
 
-def test_a_killed_nodes_seats_run_elsewhere_within_a_ttl_and_a_sweep_and_its_unacked_mail_is_worked_once(
+def test_a_killed_nodes_seats_run_elsewhere_within_a_ttl_and_a_sweep_its_unacked_mail_is_worked_once_and_it_rejoins(
     fleet: Fleet, watcher: Watcher
 ) -> None:
     fleet.start("n1")
@@ -237,6 +237,10 @@ def test_a_killed_nodes_seats_run_elsewhere_within_a_ttl_and_a_sweep_and_its_una
     assert len(seen(watcher, "agent_turn_started", victim)) == 2  # the dead node's, then n1's: never two at once
     first, second = sorted(seen(watcher, "agent_turn_started", victim), key=lambda e: e.timestamp)
     assert (first.node, second.node) == ("n2", "n1")
+    # Started again on its own event store, the killed node is on the roster again and takes its share back.
+    fleet.start("n2")
+    wait_until(lambda: holders_if(fleet, lambda h: sorted(h.values()) == ["n1", "n1", "n2", "n2"]), MOVE_S,
+               "the restarted node taking its share again")
     print(f"\nkill -9: seats moved {moved_s:.2f}s after the kill (TTL {TTL_S:.0f}s, sweep every {TTL_S / 3:.2f}s); "
           f"the in-flight trigger was worked on n1 {worked_s:.2f}s after it (ack clock {ACK_WAIT_S:.0f}s)")
 
