@@ -11,15 +11,25 @@ or past the depth cap, is a tool error the model reads.
 ``A2AConfig.ready``): when a completed turn was woken by an ``a2a_request``,
 its response goes back through :func:`a2a.services.answer`. A refusal (the
 channel closed meanwhile, a redelivery that somehow ran again) is logged: the
-turn happened, and the record says why the reply bounced. An ``a2a_message``
-wake at the asker is an ordinary turn and answers nothing.
+turn happened, and the record says why the reply bounced.
+
+A chain of asks: a turn answering a channel that ends by asking someone else
+is not the answer (its response is empty; "the answering agent's final
+response is the reply"). The new channel keeps ``on_behalf_of`` — the
+channel still owed — so the ``a2a_message`` wake that brings the answer back
+runs a turn whose final response answers the owed channel, closed by that
+turn; a turn that asks again defers it once more. The link lives on the
+channel row, so the two turns may run on different nodes and a redelivery
+finds it. An ``a2a_message`` wake that owes nothing is an ordinary turn and
+answers nothing. A chain nobody finishes is closed by the idle sweep.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from crewlet.events import Event
+from crewlet.events.types import A2AMessage, A2ARequest
 from crewlet.org import A2A_ASK_TOOL, Seat
 from crewlet.queue.contract import EventQueue
 from crewlet.events import Trace
@@ -33,11 +43,24 @@ from a2a.models import Channel
 log = logging.getLogger("crewlet.a2a.hooks")
 
 
+async def owed_channel(seat: Seat, ev: Event) -> Optional[str]:
+    """The channel ``seat`` owes an answer on because of wake ``ev``: the one it was asked on, or the one an answer serves."""
+    if isinstance(ev.data, A2ARequest) and ev.data.channel_id and ev.data.to_seat in ("", seat.handle):
+        return ev.data.channel_id
+    if isinstance(ev.data, A2AMessage) and ev.data.channel_id:
+        return await services.owed_through(ev.data.channel_id)
+    return None
+
+
 async def answer_after_turn(queue: EventQueue, seat: Seat, trigger_events: Sequence[Event], result: TurnResult) -> None:
     for ev in trigger_events:
-        if ev.type != "a2a_request":
+        channel_id = await owed_channel(seat, ev)
+        if channel_id is None:
             continue
-        channel_id = str(ev.field("channel_id") or "")
+        fields = {"seat": seat.handle, "channel_id": channel_id, "turn_id": result.turn_id}
+        if await services.asked_on_behalf(channel_id, seat.handle, result.turn_id):
+            log.info("a2a_answer_deferred", extra=fields)  # the answer this turn asked for will finish it
+            continue
         trace = Trace.of(ev)
         try:
             await services.answer(
@@ -52,16 +75,22 @@ async def answer_after_turn(queue: EventQueue, seat: Seat, trigger_events: Seque
                 agent_id=seat.agent_id,
             )
         except services.A2AError as exc:
-            log.warning(
-                "a2a_answer_refused",
-                extra={"seat": seat.handle, "channel_id": channel_id, "turn_id": result.turn_id, "reason": exc.reason},
-            )
+            log.warning("a2a_answer_refused", extra={**fields, "reason": exc.reason})
 
 
 async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_handle: str, brief: str, **options: Any) -> Channel:
-    """The seam an agent's ``a2a_ask`` tool calls: the ask carries the asking turn's place in the chain."""
+    """The seam an agent's ``a2a_ask`` tool calls: the ask carries the asking turn's place in the chain.
+
+    A turn that owes an answer (woken by an ask, or by the answer to an ask
+    made on behalf of one) asks on behalf of that channel.
+    """
     first = trigger.first
     trace = Trace.of(first)
+    owed = None
+    for ev in trigger.events:
+        owed = await owed_channel(seat, ev)
+        if owed is not None:
+            break
     return await services.ask(
         queue,
         seat.handle,
@@ -73,6 +102,7 @@ async def ask_from_turn(queue: EventQueue, seat: Seat, trigger: Trigger, to_hand
         delegation_chain=list(first.delegation_chain),
         role=seat.role,
         agent_id=seat.agent_id,
+        on_behalf_of=owed,
         **options,
     )
 
@@ -129,4 +159,4 @@ A2A_ASK = BuiltinTool(
 )
 
 
-__all__ = ["A2A_ASK", "a2a_ask", "answer_after_turn", "ask_from_turn"]
+__all__ = ["A2A_ASK", "a2a_ask", "answer_after_turn", "ask_from_turn", "owed_channel"]

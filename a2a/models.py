@@ -38,6 +38,9 @@ class Channel(models.Model):
     asker_turn_id = models.CharField(max_length=64, blank=True, default="")
     delegation_depth = models.PositiveIntegerField(default=0)
     delegation_chain = models.JSONField(default=list, blank=True)
+    #: The channel the asker still owes an answer on, when its asking turn was itself answering one: the
+    #: answer to THIS channel wakes the asker, and that turn's final response answers the owed channel.
+    on_behalf_of = models.UUIDField(null=True, blank=True)
 
     class Meta:
         db_table = "a2a_channel"
@@ -45,6 +48,7 @@ class Channel(models.Model):
         indexes = [
             models.Index(fields=["state", "opened_at"], name="a2a_channel_state_opened"),
             models.Index(fields=["state", "closed_at"], name="a2a_channel_state_closed"),
+            models.Index(fields=["on_behalf_of", "asker_turn_id"], name="a2a_channel_behalf"),
         ]
 
     def __str__(self) -> str:

@@ -142,6 +142,7 @@ def _open(
     chain: list[str],
     now: Optional[datetime],
     channel_id: Optional[str] = None,
+    on_behalf_of: Optional[str] = None,
 ) -> tuple[Channel, bool]:
     """The channel row and whether this call created it (False: ``channel_id`` was opened before)."""
     fields = {
@@ -152,6 +153,7 @@ def _open(
         "delegation_depth": depth,
         "delegation_chain": chain,
         "opened_at": _stamp(now),
+        "on_behalf_of": uuid.UUID(on_behalf_of) if on_behalf_of else None,
     }
     if channel_id is None:
         row, created = Channel.objects.create(**fields), True
@@ -168,6 +170,26 @@ def _get(channel_id: str) -> Optional[Channel]:
         return Channel.objects.filter(pk=uuid.UUID(str(channel_id))).first()
     except (ValueError, TypeError):
         return None
+
+
+@in_store
+def owed_through(channel_id: str) -> Optional[str]:
+    """The channel whose answer waits on ``channel_id``'s (its ``on_behalf_of``), or None."""
+    try:
+        owed = Channel.objects.filter(pk=uuid.UUID(str(channel_id))).values_list("on_behalf_of", flat=True).first()
+    except (ValueError, TypeError):
+        return None
+    return str(owed) if owed else None
+
+
+@in_store
+def asked_on_behalf(channel_id: str, asker: str, turn_id: str) -> bool:
+    """Whether ``asker``'s turn ``turn_id`` asked on behalf of ``channel_id``: then that turn was not its answer."""
+    try:
+        owed = uuid.UUID(str(channel_id))
+    except (ValueError, TypeError):
+        return False
+    return Channel.objects.filter(on_behalf_of=owed, asker=asker, asker_turn_id=turn_id).exists()
 
 
 @in_store
@@ -235,8 +257,13 @@ async def ask(
     max_depth: Optional[int] = None,
     now: Optional[datetime] = None,
     request_id: str = "",
+    on_behalf_of: Optional[str] = None,
 ) -> Channel:
     """Open a channel from ``from_seat`` (asking from a turn at ``delegation_depth``) to ``to_handle``.
+
+    ``on_behalf_of`` is the channel the asking turn was answering: the row
+    keeps it, so the turn that this channel's answer wakes — on whichever
+    node, after whatever redelivery — answers that channel in turn.
 
     A turn at or past the cap does not ask: ``turn.guard_breach`` (``depth_cap``)
     is published for it and :class:`DepthCapExceeded` raised.
@@ -276,7 +303,9 @@ async def ask(
 
     chain = list(delegation_chain)
     wanted = ask_channel_id(from_seat, request_id) if request_id else None
-    row, created = await _open(from_seat, to_handle, brief, parent_turn_id, delegation_depth, chain, now, wanted)
+    row, created = await _open(
+        from_seat, to_handle, brief, parent_turn_id, delegation_depth, chain, now, wanted, on_behalf_of
+    )
     cid = str(row.id)
     if not created:
         if (row.asker, row.target, row.brief) != (from_seat, to_handle, brief):
@@ -454,6 +483,8 @@ __all__ = [
     "answer_event_id",
     "ask",
     "ask_channel_id",
+    "asked_on_behalf",
     "conversation_key",
+    "owed_through",
     "sweep",
 ]

@@ -9,14 +9,14 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from a2a import services
-from a2a.hooks import ask_from_turn
+from a2a.hooks import answer_after_turn, ask_from_turn
 from a2a.models import Channel
 from crewlet.events.types import SYSTEM_CLOSED_A2A
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from seats.mailboxes import ensure_mailboxes
 from seats.ownership import SeatOwnership
-from seats.turns import Trigger
+from seats.turns import OUTCOME_COMPLETED, Trigger, TurnResult
 from seats_support import Recorder, company, eventually, jetstream_queues, running, send
 
 pytestmark = [
@@ -272,3 +272,81 @@ async def test_a_turn_woken_by_an_ask_asks_onward_one_level_deeper_with_the_chai
             ["ada", "linus"],
         )
         assert second.trace_id == request.trace_id  # the onward ask continues the first one's trace
+
+
+# -- a chain of asks -----------------------------------------------------------------------------------------------
+
+CHAIN = company(seats=[{"handle": h, "kind": "agent"} for h in ("ada", "linus", "hopper")])
+
+
+def ended(turn_id: str, response: str = "") -> TurnResult:
+    return TurnResult(turn_id=turn_id, outcome=OUTCOME_COMPLETED, response=response)
+
+
+@contextlib.asynccontextmanager
+async def linus_asks_onward(now: Optional[datetime] = None) -> AsyncIterator[tuple[EventQueue, Recorder, str, str]]:
+    """ada asks linus; linus's turn on that ask asks hopper and ends; the hook has run for it. Yields both channels."""
+    async with jetstream_queues() as [q]:
+        await ensure_mailboxes(q, CHAIN)
+        rec = Recorder().attach(q)
+        linus = CHAIN.seat_by_handle("linus")
+        assert linus is not None
+        first = await services.ask(q, "ada", "linus", BRIEF, parent_turn_id="turn-ada", now=now)
+        [request] = on_topic(rec, topics.agent_inbox("linus"), "a2a_request")
+        asking = Trigger(events=[request])
+        onward = await ask_from_turn(q, linus, asking, "hopper", "hopper, which port is staging's?", now=now)
+        await answer_after_turn(q, linus, [request], ended(asking.turn_id))
+        yield q, rec, str(first.id), str(onward.id)
+
+
+async def test_a_turn_that_ends_by_asking_onward_is_not_the_answer_and_the_onward_answers_turn_answers_the_first_ask() -> None:
+    async with linus_asks_onward() as (q, rec, first, onward):
+        stored = await record(onward)
+        assert stored is not None and str(stored.on_behalf_of) == first
+        still = await record(first)
+        assert still is not None and still.state == Channel.OPEN
+        assert on_topic(rec, topics.agent_inbox("ada"), "a2a_message") == []  # no empty answer went to ada
+
+        await services.answer(q, onward, "hopper", "5432", "turn-hopper", services.conversation_key(onward))
+        [wake] = on_topic(rec, topics.agent_inbox("linus"), "a2a_message")
+        # linus's turn on hopper's answer: any node, any process — the rows and the wake are all it has
+        linus = CHAIN.seat_by_handle("linus")
+        assert linus is not None
+        await answer_after_turn(q, linus, [wake], ended("turn-linus-2", "staging's db listens on 5432"))
+
+        answered = await record(first)
+        assert answered is not None
+        assert (answered.state, answered.closed_by, answered.turn_id, answered.work_key) == (
+            Channel.CLOSED, "linus", "turn-linus-2", f"a2a:{first}"
+        )
+        [to_ada] = on_topic(rec, topics.agent_inbox("ada"), "a2a_message")
+        assert (to_ada.data.channel_id, to_ada.data.from_seat, to_ada.data.message) == (
+            first, "linus", "staging's db listens on 5432"
+        )
+        assert [(c.data.channel_id, c.data.closed_by) for c in rec.of("a2a_channel_closed")] == [
+            (onward, "hopper"), (first, "linus")
+        ]
+
+
+async def test_a_turn_on_the_onward_answer_that_asks_again_keeps_the_first_ask_owed_through_the_new_channel() -> None:
+    async with linus_asks_onward() as (q, rec, first, onward):
+        linus = CHAIN.seat_by_handle("linus")
+        assert linus is not None
+        await services.answer(q, onward, "hopper", "ask ada", "turn-hopper", services.conversation_key(onward))
+        [wake] = on_topic(rec, topics.agent_inbox("linus"), "a2a_message")
+        again = Trigger(events=[wake])
+        third = await ask_from_turn(q, linus, again, "hopper", "hopper, and the replica?")
+        await answer_after_turn(q, linus, [wake], ended(again.turn_id))
+        stored = await record(third.id)
+        assert stored is not None and str(stored.on_behalf_of) == first
+        owed = await record(first)
+        assert owed is not None and owed.state == Channel.OPEN
+
+
+async def test_the_sweep_closes_an_abandoned_chain_of_asks_naming_no_closer() -> None:
+    async with linus_asks_onward(now=T0) as (q, rec, first, onward):
+        swept = await services.sweep(q, now=T0 + timedelta(minutes=61))
+        assert set(swept.closed) == {first, onward}
+        for close in rec.of("a2a_channel_closed"):
+            assert (close.data.closed_by, close.data.turn_id, close.data.work_key) == ("", "", "")
+        assert on_topic(rec, topics.agent_inbox("ada"), "a2a_message") == []
