@@ -332,6 +332,10 @@ class NodeSettings(_Section):
         4, env="CREWLET_NODE_MAX_CONCURRENT", bounds=(1, 64),
         doc="turns this node runs at the same time",
     )
+    stop_grace_s: float = setting(
+        120.0, env="CREWLET_NODE_STOP_GRACE_S", bounds=(0.1, 3600),
+        doc="how long a turn a person stopped may take to reach its next round before it is cancelled where it is",
+    )
     labels: Strings = setting(
         (), env="CREWLET_NODE_LABELS",
         doc="what this node offers placement (gpu, eu); a seat's placement may require labels",

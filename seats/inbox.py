@@ -97,6 +97,7 @@ from seats.turns import (
     Trigger,
     TurnResult,
     TurnRunner,
+    TurnStop,
 )
 
 log = logging.getLogger("crewlet.seats.inbox")
@@ -112,6 +113,10 @@ STORE_RETRY_S = 1.0
 STATS_KEEP = 256
 #: How many isolated event ids a loop remembers (see ``InboxLoop`` on poison).
 ISOLATED_KEEP = 4096
+#: How long a turn a person stopped may take to reach its next round before it is cancelled where it is
+#: (``node.stop_grace_s``): longer than a tool call may take (``tools.call_timeout_s``), so only a round
+#: that would never end — a hung provider — is cut.
+STOP_GRACE_S = 120.0
 
 
 def partition_key_of(event: Event) -> str:
@@ -255,6 +260,7 @@ class InboxLoop:
         options: BatchOptions,
         store_retry_s: float = STORE_RETRY_S,
         merge: Optional[Merge] = None,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self.queue = queue
         self.merge = merge
@@ -268,6 +274,7 @@ class InboxLoop:
         self._isolated: OrderedDict[str, None] = OrderedDict()
         options.partition_key = self._partition_key
         self.store_retry_s = store_retry_s
+        self.stop_grace_s = stop_grace_s
         self.topic = topics.agent_inbox(handle)
         self.group = topics.agent_inbox_group(handle)
         self.stats = LoopStats()
@@ -275,7 +282,9 @@ class InboxLoop:
         self._paused = False
         self._pause_version = -1
         self._turn_task: Optional[asyncio.Task[TurnResult]] = None
+        self._turn_trigger: Optional[Trigger] = None
         self._stop_request: Optional[tuple[str, str, str]] = None
+        self._stop_timer: Optional[asyncio.TimerHandle] = None
         self._retry: Optional[asyncio.Task[None]] = None
 
     # -- lifecycle ----------------------------------------------------------
@@ -321,22 +330,48 @@ class InboxLoop:
     async def pause(
         self, *, stop_running: bool = False, by: str = "", by_seat: str = "", reason: str = "", version: int = -1
     ) -> None:
-        """Hold the inbox (a pause taken mid-drain hands the drain back); optionally end the running turn."""
+        """Hold the inbox (a pause taken mid-drain hands the drain back); optionally end the running turn at its next round."""
         self._paused = True
         self._pause_version = max(self._pause_version, version)
         await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
         if stop_running:
-            self.stop_turn(by=by, by_seat=by_seat, reason=reason)
+            self.stop_turn(by=by, by_seat=by_seat, reason=reason, at_next_round=True)
 
-    def stop_turn(self, *, by: str = "", by_seat: str = "", reason: str = "") -> bool:
-        """End the running turn (published as stopped, with ``reason``); False when none runs."""
-        if not self.turn_running:
+    def stop_turn(self, *, by: str = "", by_seat: str = "", reason: str = "", at_next_round: bool = False) -> bool:
+        """End the running turn (published as stopped, with ``reason``); False when none runs.
+
+        ``at_next_round`` (a person's pause): the turn ends at its next round —
+        what is in flight finishes, nothing new starts — and is cancelled where
+        it is only if that takes longer than ``stop_grace_s``. Without it (a
+        lost lease: another node may run the seat already) the turn is
+        cancelled at once.
+        """
+        task = self._turn_task
+        if task is None or task.done():
             return False
-        assert self._turn_task is not None
         self._stop_request = (by, by_seat, reason)
-        self._turn_task.cancel()
-        log.info("seat_turn_stop_requested", extra={"seat": self.handle, "by": by, "reason": reason})
+        trigger = self._turn_trigger
+        if at_next_round and trigger is not None:
+            trigger.stop = TurnStop(by=by, by_seat=by_seat, reason=reason)
+            if self._stop_timer is None:
+                self._stop_timer = asyncio.get_running_loop().call_later(self.stop_grace_s, self._stop_overdue, task)
+        else:
+            task.cancel()
+        log.info(
+            "seat_turn_stop_requested", extra={"seat": self.handle, "by": by, "reason": reason, "at_next_round": at_next_round}
+        )
         return True
+
+    def _stop_overdue(self, task: asyncio.Task[TurnResult]) -> None:
+        """The grace is over and the stopped turn has not reached its next round: cancel it where it is."""
+        if task is self._turn_task and not task.done():
+            log.warning("seat_turn_stop_overdue", extra={"seat": self.handle, "grace_s": self.stop_grace_s})
+            task.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        """A stop of the running turn was asked for and the turn has not ended yet."""
+        return self.turn_running and self._stop_request is not None
 
     async def turn_finished(self) -> None:
         """Return once no turn of this loop runs (at once when none does)."""
@@ -663,7 +698,7 @@ class InboxLoop:
         task = asyncio.get_running_loop().create_task(
             self.runner.run(seat, trigger), name=f"seat-turn:{seat.handle}:{trigger.turn_id}"
         )
-        self._turn_task = task
+        self._turn_task, self._turn_trigger = task, trigger
         try:
             return await task
         except asyncio.CancelledError:
@@ -678,7 +713,9 @@ class InboxLoop:
             self._failure("seat_turn_crashed", exc, trigger.first_delivery, turn_id=trigger.turn_id)
             return TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, error=short_reason(exc, 1000), error_kind=ERR_CRASHED)
         finally:
-            self._turn_task = None
+            if self._stop_timer is not None:
+                self._stop_timer.cancel()
+            self._turn_task = self._turn_trigger = self._stop_timer = None
             self._stop_request = None
 
     async def _skipped(self, seat: Seat, ev: Event, identity: str, worked_by: str) -> None:
@@ -713,6 +750,7 @@ __all__ = [
     "GateClosed",
     "InboxLoop",
     "LoopStats",
+    "STOP_GRACE_S",
     "batch_options",
     "partition_key_of",
 ]

@@ -36,7 +36,7 @@ from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import trace_of
 from seats import actions
-from seats.inbox import STORE_RETRY_S, ConcurrencyGate, InboxLoop, Merge, batch_options
+from seats.inbox import STOP_GRACE_S, STORE_RETRY_S, ConcurrencyGate, InboxLoop, Merge, batch_options
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
@@ -106,6 +106,7 @@ class SeatRuntime:
         pause_poll_s: float = PAUSE_POLL_S,
         scheduler_tick_s: float = TICK_S,
         store_retry_s: float = STORE_RETRY_S,
+        stop_grace_s: float = STOP_GRACE_S,
         ledger_keep_s: float = LEDGER_KEEP_S,
         clock: Callable[[], float] = time.time,
         run_scheduler: bool = True,
@@ -131,6 +132,7 @@ class SeatRuntime:
         self.sweep_every_s = sweep_every_s
         self.pause_poll_s = pause_poll_s
         self.store_retry_s = store_retry_s
+        self.stop_grace_s = stop_grace_s
         self.ledger_keep_s = ledger_keep_s
         self.clock = clock
         self.run_scheduler = run_scheduler
@@ -331,6 +333,7 @@ class SeatRuntime:
             options=batch_options(org),
             store_retry_s=self.store_retry_s,
             merge=self.merge,
+            stop_grace_s=self.stop_grace_s,
         )
         row = (await actions.apause_states([handle])).get(handle)
         if row is not None and row.paused:
@@ -441,6 +444,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
     def make(engine: "Engine") -> SeatRuntime:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
+        options.setdefault("stop_grace_s", engine.settings.node.stop_grace_s)
         options.setdefault("toolbox", engine.lookup(SEAT_TOOLS))
         member = engine.lookup(FLEET)
         if member is not None and "ownership" not in options:

@@ -12,6 +12,16 @@ phase's ``error_kind`` saying why); after a built-in that ends the turn
 (``a2a_ask``); or, stopped, on the seat's ``max_rounds`` or its
 ``turn_token_budget`` (``agent_turn_stopped``, the trigger counted as worked).
 
+A person's pause with ``stop_running`` ends the turn at its next round: the
+inbox sets ``Trigger.stop``, and the loop reads it wherever it would start
+something new — before each provider call and before each tool call — so
+what is in flight (a provider call, a tool call) finishes and nothing
+further starts. The round that does not run is recorded with
+``stop_reason: paused`` and no provider call, and ``agent_turn_stopped``
+names the person. A model that answers ``end`` on the call that was in flight
+has ended its turn itself: that turn completes. A round that never ends (a
+hung provider) is the inbox's to cancel after its grace.
+
 Every provider call is one entry of ``agent_phase_completed.rounds[]``: its
 timing, tokens, ``stop_reason`` and each tool call it led to (server, tool,
 duration, ok/error, result bytes; the round's ``tool_count`` and
@@ -55,6 +65,7 @@ from crewlet.events.types import (
     ProviderFallback,
     STOP_END,
     STOP_MAX_TOKENS,
+    STOP_PAUSED,
     STOP_REFUSAL,
     STOP_TOOL_USE,
     TaskAssigned,
@@ -121,6 +132,15 @@ class _TurnTags(TypedDict):
     conversation_key: str
 
 
+@dataclass(frozen=True)
+class TurnStop:
+    """A person's request that the running turn end at its next round (who, from which seat, and why)."""
+
+    by: str
+    by_seat: str = ""
+    reason: str = ""
+
+
 @dataclass
 class Trigger:
     """What woke the seat: one partition's fresh events, oldest first.
@@ -129,7 +149,8 @@ class Trigger:
     then logs its traceback, and the same failure on a redelivery logs one line.
     ``before_tools`` is awaited once, before the turn's first tool call runs:
     the inbox records the triggers in the completion ledger there, so a turn
-    that has begun to act is never run again for them.
+    that has begun to act is never run again for them. ``stop`` is set by
+    the inbox while the turn runs, when a person's pause asks it to end.
     """
 
     events: list[Event]
@@ -138,6 +159,7 @@ class Trigger:
     conversation_key: str = ""
     first_delivery: bool = True
     before_tools: Optional[Callable[[], Awaitable[None]]] = None
+    stop: Optional[TurnStop] = None
 
     @property
     def first(self) -> Event:
@@ -335,6 +357,8 @@ class TurnRunner:
             return
         number = 0
         while True:
+            if self._stopped(loop, result, number + 1):
+                return
             if number >= seat.max_rounds:
                 result.outcome, result.stop_reason = OUTCOME_STOPPED, STOP_MAX_ROUNDS
                 result.error_kind = STOP_MAX_ROUNDS
@@ -372,7 +396,11 @@ class TurnRunner:
                     log.warning("seat_turn_unrecorded", extra={"seat": seat.handle, "turn_id": loop.trigger.turn_id, "error": result.error})
                     return
             loop.acted = True
-            results = [(call.id, await self._act(loop, call, answer)) for call in answer.calls]
+            results: list[tuple[str, ToolResult]] = []
+            for call in answer.calls:
+                if loop.trigger.stop is not None:
+                    break  # nothing new starts once a person asked the turn to stop
+                results.append((call.id, await self._act(loop, call, answer)))
             self._record_calls(result, round_record, number, answer.calls, results)
             loop.messages.append(Message(role=ROLE_ASSISTANT, text=answer.text, calls=answer.calls))
             loop.messages.append(Message(role=ROLE_TOOL, results=tuple(results)))
@@ -380,6 +408,31 @@ class TurnRunner:
                 result.outcome = OUTCOME_COMPLETED
                 result.error = result.error_kind = ""
                 return
+
+    @staticmethod
+    def _stopped(loop: _Loop, result: TurnResult, number: int) -> bool:
+        """End the turn here, before round ``number``, when a person asked it to stop; that round is recorded as paused."""
+        stop = loop.trigger.stop
+        if stop is None:
+            return False
+        result.outcome, result.stop_reason = OUTCOME_STOPPED, STOP_PAUSED
+        result.error_kind = STOP_PAUSED
+        result.error = f"stopped by {stop.by or stop.by_seat or 'a person'}" + (f": {stop.reason}" if stop.reason else "")
+        result.rounds.append(
+            {
+                "round": number,
+                "started_ms": int((time.monotonic() - loop.started) * 1000),
+                "duration_ms": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "stop_reason": STOP_PAUSED,
+                "tool_count": 0,
+                "tool_bytes": 0,
+                "tool_calls": [],
+            }
+        )
+        log.info("seat_turn_stopped_at_round", extra={"seat": loop.seat.handle, "turn_id": loop.trigger.turn_id, "round": number})
+        return True
 
     async def _call_chain(self, loop: _Loop, result: TurnResult, tags: _TurnTags, number: int) -> Optional[Completion]:
         """One round: the chain in order, each failure a hand-off; None (and ``llm_unavailable``) when all failed."""
@@ -537,7 +590,10 @@ class TurnRunner:
                 refusal=refusal if result.error_kind == STOP_REFUSAL else None,
             )
         )
-        if stopped:
+        stop = loop.trigger.stop
+        if stopped and result.stop_reason == STOP_PAUSED and stop is not None:
+            await self._emit(AgentTurnStopped(**tags, stopped_by=stop.by, stopped_by_seat=stop.by_seat, reason=stop.reason))
+        elif stopped:
             await self._emit(
                 AgentTurnStopped(**tags, stopped_by=STOPPED_BY_ENGINE, reason=f"{result.stop_reason}: {result.error}"[:1000])
             )
@@ -590,6 +646,7 @@ __all__ = [
     "Trigger",
     "TurnResult",
     "TurnRunner",
+    "TurnStop",
     "build_provider",
     "system_prompt",
     "ERR_AUTH",

@@ -273,10 +273,11 @@ async def test_a_paused_seat_on_another_node_is_held_here_by_the_store_not_the_e
             await eventually(lambda: rec.of("agent_turn_completed", seat="ada"))
 
 
-async def test_a_pause_with_stop_running_ends_the_running_turn_and_records_its_trigger_as_worked() -> None:
+async def test_a_pause_with_stop_running_cancels_a_turn_whose_round_never_ends_after_the_grace_and_records_it_as_worked() -> None:
     async with memory_queues() as (_, [q]):
         rec = Recorder().attach(q)
-        async with running(q, company(providers=[{"kind": "echo", "delay_s": 30}])) as rt:
+        hung = company(providers=[{"kind": "echo", "delay_s": 3600}])  # a provider call that would not return
+        async with running(q, hung, stop_grace_s=0.2) as rt:
             sent = await send(q, "ada", wake("ada", "a long one"))
             await eventually(lambda: rec.of("agent_turn_started", seat="ada"))
             assert await apause_seat("ada", by="grace", reason="wrong repo", stop_running=True) is True

@@ -16,7 +16,9 @@ from a2a.models import Channel
 from crewlet.org import CompanyError, CompanyHolder, Organization
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
+from seats.actions import apause_seat
 from seats.delivery_models import LedgerEntry
+from seats.providers import Completion, EchoProvider, ModelRequest
 from seats.turns import Trigger, TurnResult, TurnRunner
 from seats_support import FAST, Recorder, Reply, company, eventually, memory_queues, model_server, running, send, wake
 from turn_support import NotesToolbox
@@ -229,6 +231,133 @@ async def test_ada_asks_linus_with_a2a_ask_linus_answers_and_ada_is_woken_with_t
     )
     [row] = await channel_rows()
     assert (row.state, row.closed_by, row.message_count) == (Channel.CLOSED, "linus", 1)
+
+
+class BySeat:
+    """The company's one model entry, scripted per seat: each seat's turns get that seat's echo script."""
+
+    key = "echo"
+
+    def __init__(self, **scripts: EchoProvider) -> None:
+        self.scripts = scripts
+        self.plain = EchoProvider()
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        return await self.scripts.get(request.seat, self.plain).complete(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@DB
+@pytest.mark.usefixtures("close_store_connections")
+async def test_linus_answers_adas_ask_by_asking_hopper_and_the_turn_on_hoppers_answer_is_what_answers_ada() -> None:
+    org = company(seats=[
+        {"handle": "ada", "kind": "agent", "tools": ["a2a_ask"]},
+        {"handle": "linus", "kind": "agent", "tools": ["a2a_ask"]},
+        {"handle": "hopper", "kind": "agent"},
+    ])
+    model = BySeat(
+        ada=EchoProvider(script=[{"calls": [call("a2a_ask", to="linus", brief="is the deploy green?")]}], match="ask linus"),
+        linus=EchoProvider(script=[{"calls": [call("a2a_ask", to="hopper", brief="is staging green?")]}], match="ada:"),
+    )
+    async with memory_queues() as (_, [q]):
+        rec = Recorder().attach(q)
+        runner = TurnRunner(q, CompanyHolder(org), provider_factory=lambda _config: model)
+        async with running(q, org, runner=runner):
+            await send(q, "ada", wake("ada", "ask linus about the deploy", conversation="slack:D0ADA"))
+            await eventually(lambda: len(rec.of("agent_turn_completed", seat="ada")) == 2, what="ada woken by the answer")
+
+    by_target = {e.data.target: e.data.channel_id for e in rec.of("a2a_channel_opened")}
+    to_linus, to_hopper = by_target["linus"], by_target["hopper"]
+    [asked, answering] = rec.of("agent_phase_completed", seat="linus")
+    assert asked.data.rounds[0]["tool_calls"][0]["name"] == "a2a_ask" and asked.data.response == ""
+    assert answering.data.user_prompt.startswith("hopper: ")  # woken by hopper's answer
+    closes = {e.data.channel_id: e.data for e in rec.of("a2a_channel_closed")}
+    assert (closes[to_hopper].closed_by, closes[to_linus].closed_by) == ("hopper", "linus")
+    assert (closes[to_linus].turn_id, closes[to_linus].work_key) == (answering.data.turn_id, f"a2a:{to_linus}")
+    [_, woken] = rec.of("agent_phase_completed", seat="ada")
+    assert woken.data.user_prompt == f"linus: {answering.data.response}" and "is staging green?" in woken.data.user_prompt
+    assert [m.data.message for m in rec.of("a2a_message_sent") if m.data.to_seat == "ada"] == [answering.data.response]
+
+
+class Gated:
+    """A model whose every call waits until the test lets it answer (``entered`` says one is in flight)."""
+
+    key = "echo"
+
+    def __init__(self, model: EchoProvider) -> None:
+        self.model = model
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        self.entered.set()
+        await self.release.wait()
+        return await self.model.complete(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def stopped_while(
+    org: Organization, tools: NotesToolbox, in_flight: asyncio.Event, let_go: asyncio.Event, model: Optional[Gated] = None
+) -> tuple[Recorder, str]:
+    """Wake ada, pause it with stop_running while ``in_flight`` work waits on ``let_go``, then let it finish.
+
+    Returns what was published and the trigger's id, once the turn has ended.
+    """
+    async with memory_queues() as (_, [q]):
+        rec = Recorder().attach(q)
+        options: dict[str, Any] = {"toolbox": tools}
+        if model is not None:
+            options["runner"] = TurnRunner(q, CompanyHolder(org), provider_factory=lambda _config: model, toolbox=tools)
+        async with running(q, org, **options) as rt:
+            sent = await send(q, "ada", wake("ada", "keep writing"))
+            await asyncio.wait_for(in_flight.wait(), timeout=60)
+            assert await apause_seat("ada", by="grace", reason="wrong repo", stop_running=True) is True
+            await eventually(lambda: rt.loops["ada"].stopping, what="the stop reached the running turn")
+            assert rec.of("agent_turn_completed", seat="ada") == []  # what is in flight is not cut
+            let_go.set()
+            await eventually(lambda: rec.of("agent_turn_completed", seat="ada"), what="the turn ended")
+    return rec, sent.id
+
+
+def assert_stopped_at_round_two(rec: Recorder, trigger_id: str, ledger_now: dict[str, str]) -> dict[str, Any]:
+    """The turn ended before its second round: stopped by grace, recorded as worked; its first round returned."""
+    [stopped] = rec.of("agent_turn_stopped", seat="ada")
+    assert (stopped.data.stopped_by, stopped.data.reason) == ("grace", "wrong repo")
+    [done] = rec.of("agent_turn_completed", seat="ada")
+    assert done.data.stopped is True and done.data.failed is False
+    [phase] = rec.of("agent_phase_completed", seat="ada")
+    assert [(r["round"], r["stop_reason"]) for r in phase.data.rounds] == [(1, "tool_use"), (2, "paused")]
+    assert "provider_key" not in phase.data.rounds[1]  # the paused round called no model
+    assert ledger_now == {f"event:{trigger_id}": stopped.data.turn_id}
+    return phase.data.rounds[0]
+
+
+@DB
+@pytest.mark.usefixtures("close_store_connections")
+async def test_a_pause_with_stop_running_lets_the_tool_call_in_flight_finish_and_ends_the_turn_at_its_next_round() -> None:
+    org = org_with(echo({"calls": [call("notes__write", text="{trigger}")]}, repeat=True))
+    tools = NotesToolbox(hold=asyncio.Event())
+    assert tools.hold is not None
+    rec, trigger_id = await stopped_while(org, tools, tools.entered, tools.hold)
+    first = assert_stopped_at_round_two(rec, trigger_id, await ledger("ada"))
+    assert [(c["name"], c["ok"]) for c in first["tool_calls"]] == [("notes__write", True)]
+    assert len(tools.notes) == 1 and len(tools.calls) == 1  # the write finished; the looping model was not called again
+
+
+@DB
+@pytest.mark.usefixtures("close_store_connections")
+async def test_a_pause_with_stop_running_during_a_model_call_runs_none_of_the_tools_that_call_asks_for() -> None:
+    org = org_with(echo())
+    model = Gated(EchoProvider(script=[{"calls": [call("notes__write", text="{trigger}")]}], repeat=True))
+    tools = NotesToolbox()
+    rec, trigger_id = await stopped_while(org, tools, model.entered, model.release, model)
+    first = assert_stopped_at_round_two(rec, trigger_id, await ledger("ada"))
+    assert (first["tool_count"], first["tool_calls"]) == (0, [])
+    assert tools.calls == [] and tools.notes == []
 
 
 async def _crash_mid_tool(q: EventQueue, org: Organization, tools: NotesToolbox) -> None:
