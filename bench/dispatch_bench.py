@@ -41,6 +41,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import versus  # noqa: E402
+
+versus.use_code()
+
 import psycopg  # creating the bench databases
 
 import benchdb
@@ -173,7 +177,7 @@ async def raw_rate(broker_url: str, queue: Any, messages: int) -> float:
         await queue.delete_subscription(topic, group)  # else the seat sweep reports it as a stray mailbox
 
 
-async def main(wakes: int, seats: int, max_concurrent: int) -> None:
+async def main(wakes: int, seats: int, max_concurrent: int) -> dict[str, str]:
     from crewlet.queue import Timings
     from crewlet.queue.broker import EmbeddedBroker
     from crewlet.queue.jetstream import JetStreamQueue
@@ -196,6 +200,7 @@ async def main(wakes: int, seats: int, max_concurrent: int) -> None:
     print(f"{'engine: wake -> ledger -> turn -> events':<40} {ours:>10.1f} wakes/s  ({events_written} events published)")
     print(f"{'ratio engine / raw':<40} {ours / raw:>10.3f}x  (each wake costs {1 / ours * 1e3 - 1 / raw * 1e3:.2f} ms more)")
     print(f"(publishing the {wakes} wakes beforehand took {publish_s:.2f} s; not counted)")
+    return {"dispatch (wake -> ledger -> echo turn -> events) vs raw fetch(1)+ack": f"{ours / raw:.3f}x ({ours:,.0f} wakes/s)"}
 
 
 if __name__ == "__main__":
@@ -203,7 +208,11 @@ if __name__ == "__main__":
     parser.add_argument("--wakes", type=int, default=500)
     parser.add_argument("--seats", type=int, default=8)
     parser.add_argument("--max-concurrent", type=int, default=4)
+    parser.add_argument("--versus", metavar="DIR", help="first run the same benchmark against the checkout DIR (today's main) and print both")
     args = parser.parse_args()
+    today = versus.other(__file__, sys.argv[1:], args.versus) if args.versus else None
     ensure_databases()
     setup_django()
-    asyncio.run(main(args.wakes, args.seats, args.max_concurrent))
+    summary = asyncio.run(main(args.wakes, args.seats, args.max_concurrent))
+    versus.emit(summary)
+    versus.side_by_side(today, summary, args.versus or "")

@@ -46,6 +46,11 @@ from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import versus  # noqa: E402
+
+CODE = versus.code_root()  # the checkout whose `manage.py up` is measured
 
 SEAT_SLACK_ID = "U0ADA"
 SENDER = "U0HUMAN1"
@@ -73,7 +78,7 @@ seats:
 class Up:
     """`manage.py up` as a subprocess, its output collected by a reader thread."""
 
-    def __init__(self, tmp: Path, name: str, delay_s: float) -> None:
+    def __init__(self, tmp: Path, name: str, delay_s: float, database: str = "sqlite") -> None:
         self.dir = tmp / name
         self.dir.mkdir(parents=True)
         self.company = self.dir / "company.yaml"
@@ -86,6 +91,7 @@ class Up:
         self.ready = threading.Event()
         self.url = ""
         self.proc: Optional[subprocess.Popen[str]] = None
+        self.database = database
 
     def start(self, timeout_s: float = 120.0) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, defaults
@@ -96,8 +102,10 @@ class Up:
             SLACK_SIGNING_SECRET=self.secret,
         )
         env.update(self.extra_env)
+        if self.database == "postgres":
+            env.update(pg_env(self.dir.name))
         cmd = [
-            sys.executable, str(REPO / "manage.py"), "up", "--addr", "127.0.0.1:0",
+            sys.executable, str(CODE / "manage.py"), "up", "--addr", "127.0.0.1:0",
             "--data-dir", str(self.dir / "data"), "--store-dir", "", "--company", str(self.company),
         ]
         self.proc = subprocess.Popen(
@@ -136,8 +144,34 @@ class Up:
         u = urllib.parse.urlsplit(self.url)
         return u.hostname or "127.0.0.1", u.port or 80
 
+    def rss_mb(self) -> float:
+        """The `up` process's resident set (VmRSS), MiB; its nats-server child is not counted."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
     def count(self, needle: str) -> int:
         return sum(1 for line in list(self.lines) if needle in line)
+
+
+def pg_env(name: str) -> dict[str, str]:
+    """CREWLET_* for `up` on PostgreSQL, in two fresh bench databases of its own (dropped and created here)."""
+    import psycopg
+
+    import benchdb
+
+    names = (f"crewlet_bench_webhook_{name}", f"crewlet_bench_webhook_{name}_events")
+    with psycopg.connect(**benchdb.conninfo("postgres"), autocommit=True) as conn:
+        for db in names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{db}"')
+    env = {"CREWLET_DATABASE": "postgres", "CREWLET_PG_DBNAME": names[0], "CREWLET_PG_EVENTS_DBNAME": names[1]}
+    for key in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD"):
+        if os.environ.get(key):
+            env[key] = os.environ[key]
+    return env
 
 
 # -- HTTP -----------------------------------------------------------------------------
@@ -271,11 +305,33 @@ async def raw_round_trip(n: int) -> list[float]:
         return out
 
 
+async def raw_publish_rate(n: int) -> float:
+    """Awaited raw nats-py ``js.publish`` of ``n`` messages one at a time on a separate embedded broker, msg/s."""
+    import nats
+
+    from crewlet.queue.broker import EmbeddedBroker
+
+    async with EmbeddedBroker(store_dir=None) as broker:
+        nc = await nats.connect(broker.url)
+        js = nc.jetstream()
+        await js.add_stream(name="BENCHPUB", subjects=["bench.pub"])
+        data = json.dumps({"pad": "x" * 400}).encode()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await js.publish("bench.pub", data, stream="BENCHPUB")
+        rate = n / (time.perf_counter() - t0)
+        await nc.close()
+        return rate
+
+
 # -- part 1 ---------------------------------------------------------------------------
 
 
-def part1(tmp: Path, k: int, concurrency: int, raw: list[float], idle_n: int) -> None:
-    up = Up(tmp, "p1", delay_s=0.0)
+def part1(
+    tmp: Path, k: int, concurrency: int, raw: list[float], idle_n: int, raw_pub: float, memory_n: int, database: str,
+    summary: dict[str, str],
+) -> None:
+    up = Up(tmp, f"p1{database}", delay_s=0.0, database=database)
     t0 = time.monotonic()
     up.start()
     print(f"part 1: `up` ready in {time.monotonic() - t0:.1f}s at {up.url}")
@@ -288,6 +344,8 @@ def part1(tmp: Path, k: int, concurrency: int, raw: list[float], idle_n: int) ->
         # warm the path (not counted): one delivery through to its turn
         _, st, _ = post_slack(up, slack_body(f"Ev{run}warm", f"C{run.upper()}WARM", "1690000000.000100", f"<@{SEAT_SLACK_ID}> warm"))
         _wait(lambda: len(all_events(up, type="agent_turn_started")) >= 1, 30)
+        idle_rss = up.rss_mb()
+        print(f"  `up` resident memory, idle (example company, one warm delivery): {idle_rss:.1f} MiB")
         with ThreadPoolExecutor(concurrency) as pool:
             t_start = time.perf_counter()
             results = list(pool.map(lambda b: post_slack(up, b), bodies))
@@ -297,7 +355,12 @@ def part1(tmp: Path, k: int, concurrency: int, raw: list[float], idle_n: int) ->
             statuses[st] = statuses.get(st, 0) + 1
         accepted = [(sent, data) for sent, st, data in results if st == 202]
         print(f"  posted {k} signed deliveries, {concurrency} keep-alive connections: statuses {statuses}")
-        print(f"  accepted: {len(accepted) / elapsed:,.1f} deliveries/s ({len(accepted)} x 202 in {elapsed:.2f}s)")
+        rate = len(accepted) / elapsed
+        print(f"  accepted: {rate:,.1f} deliveries/s ({len(accepted)} x 202 in {elapsed:.2f}s)")
+        print(f"  raw awaited publish (separate EmbeddedBroker): {raw_pub:,.0f} msg/s; ratio accepted / raw {rate / raw_pub:.3f}x")
+        print(f"  burst of {k}: every 202 returned within {elapsed:.2f} s of the burst's start")
+        summary[f"webhooks accepted/s vs raw publish ({database})"] = f"{rate / raw_pub:.3f}x ({rate:,.0f}/s)"
+        summary[f"burst of {k}: every 202 within ({database})"] = f"{elapsed:.2f} s"
         sent_by_trace = {d.get("trace_id"): sent for sent, d in accepted if d.get("trace_id")}
 
         started: dict[str, float] = {}
@@ -349,9 +412,33 @@ def part1(tmp: Path, k: int, concurrency: int, raw: list[float], idle_n: int) ->
             p50, p99 = _pct(idle, 0.5) * 1e3, _pct(idle, 0.99) * 1e3
             print(f"  unloaded, one at a time (n={len(idle)}): POST->agent_turn_started p50 {p50:.2f} ms  p99 {p99:.2f} ms  "
                   f"ratio to raw p50 {p50 / rp50:.1f}x p99 {p99 / rp99:.1f}x")
+            summary[f"POST->agent_turn_started p50 unloaded vs raw ({database})"] = f"{p50 / rp50:.1f}x ({p50:.1f} ms)"
+        if memory_n:
+            memory(up, run, memory_n, concurrency, idle_rss, database, summary)
     finally:
         rc = up.stop()
         print(f"  `up` stopped (exit {rc})")
+
+
+def memory(up: Up, run: str, n: int, concurrency: int, idle_rss: float, database: str, summary: dict[str, str]) -> None:
+    """RSS after ``n`` more deliveries, each its own turn, measured once the last one's turn has completed."""
+    last = [""]
+
+    def post(i: int) -> None:
+        _, st, data = post_slack(up, slack_body(f"Ev{run}m{i:06d}", f"C{run.upper()}M{i % 500:05d}", f"{1730000000 + i}.000100", f"<@{SEAT_SLACK_ID}> m {i}"))
+        if st == 202 and i == n - 1:
+            last[0] = data.get("trace_id", "")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(post, range(n)))
+    posted_s = time.perf_counter() - t0
+    tid = last[0]
+    done = _wait(lambda: bool(_client(up).api("/api/events", type="agent_turn_completed", trace_id=tid).get("events")), max(120.0, n * 0.1), 0.5)
+    after = up.rss_mb()
+    print(f"  `up` resident memory after {n} more deliveries ({posted_s:.1f} s to post; last turn {'completed' if done else 'NOT completed at deadline'}): "
+          f"{after:.1f} MiB = {after / idle_rss:.2f}x idle ({idle_rss:.1f} MiB)")
+    summary[f"`up` RSS idle / after {n} deliveries ({database})"] = f"{idle_rss:.0f} / {after:.0f} MiB ({after / idle_rss:.2f}x)"
 
 
 def _wait(cond, timeout_s: float, every: float = 0.2) -> bool:
@@ -431,16 +518,28 @@ def main() -> None:
     ap.add_argument("--ns", default="5,20,100")
     ap.add_argument("--skip-part1", action="store_true")
     ap.add_argument("--skip-part2", action="store_true")
+    ap.add_argument("--memory", type=int, default=10_000, help="deliveries after which `up`'s resident memory is read again (0: skip)")
+    ap.add_argument("--raw-publishes", type=int, default=5000)
+    ap.add_argument("--database", default="sqlite", help="comma-separated: sqlite, postgres (needs the server bin/test starts)")
+    ap.add_argument("--versus", metavar="DIR", help="first run the same benchmark against the checkout DIR (today's main) and print both")
     args = ap.parse_args()
+    today = versus.other(__file__, sys.argv[1:], args.versus) if args.versus else None
+    summary: dict[str, str] = {}
     print(f"webhook bench: {os.cpu_count()} cores; SQLite in a temp data dir, broker in memory (a laptop bench)")
+    print(f"code measured: {CODE}")
     raw = asyncio.run(raw_round_trip(args.raw_samples))
+    raw_pub = asyncio.run(raw_publish_rate(args.raw_publishes))
+    print(f"raw awaited publish: {raw_pub:,.0f} msg/s (n={args.raw_publishes})")
     print(f"raw broker round trip (separate EmbeddedBroker started by this bench; `up` does not print its broker URL): "
           f"p50 {_pct(raw, 0.5) * 1e3:.3f} ms  p99 {_pct(raw, 0.99) * 1e3:.3f} ms  n={len(raw)}")
     with tempfile.TemporaryDirectory(prefix="crewlet-webhook-bench-") as tmp:
         if not args.skip_part1:
-            part1(Path(tmp), args.deliveries, args.concurrency, raw, args.idle)
+            for database in args.database.split(","):
+                part1(Path(tmp), args.deliveries, args.concurrency, raw, args.idle, raw_pub, args.memory, database, summary)
         if not args.skip_part2:
             part2(Path(tmp), [int(x) for x in args.ns.split(",") if x], args.delay, args.concurrency)
+    versus.emit(summary)
+    versus.side_by_side(today, summary, args.versus or "")
 
 
 if __name__ == "__main__":
