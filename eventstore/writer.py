@@ -7,6 +7,13 @@ what that node published. The listener is handed the event as the queue
 stamped it, so the row carries the node the wire copy does. The publish awaits
 the listener, so when ``publish`` returns the row is committed.
 
+Group commit: a publish that finds no write in flight writes its row at once;
+rows published while a write is in flight (a busy node's turns and webhook
+requests publish concurrently) queue, and the next write commits all of them
+in one transaction (at most MAX_BATCH rows), each publisher released when the
+transaction holding its row has committed. A lone publisher pays one
+statement as before; concurrent ones stop paying a commit each.
+
 Idempotent on the event id (``INSERT ... ON CONFLICT (id) DO NOTHING``): an
 event republished under its own id — a run's ending repeated by the node that
 finishes it, a parked delivery handed back — stays one row.
@@ -32,12 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
 
-from django.db import connections
+from django.db import connections, transaction
 
 from crewlet.db_router import EVENTS_ALIAS
 from crewlet.events import Event
@@ -102,12 +110,18 @@ class _PostgresSink:
             self._retry_at = loop.time() + self.RETRY_AFTER_S
             raise
 
-    async def insert(self, row: Sequence[Any]) -> None:
+    async def insert(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Commit ``rows``: one statement for one row, one transaction of a pipelined batch for more."""
         conn = self._conn
         if conn is None or conn.closed:
             conn = self._conn = await self._connect()
         try:
-            await conn.execute(self._sql, row)
+            if len(rows) == 1:
+                await conn.execute(self._sql, rows[0])
+            else:
+                async with conn.transaction():
+                    async with conn.cursor() as cursor:
+                        await cursor.executemany(self._sql, rows)
         except Exception:
             if conn.closed or conn.broken:
                 self._conn = None  # the next event connects afresh
@@ -128,17 +142,20 @@ class _ThreadSink:
         self._sql = insert_sql()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventstore-writer")
 
-    async def insert(self, row: Sequence[Any]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._insert, row)
+    async def insert(self, rows: Sequence[Sequence[Any]]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._insert, rows)
 
-    def _insert(self, row: Sequence[Any]) -> None:
+    def _insert(self, rows: Sequence[Sequence[Any]]) -> None:
         connection = connections[self.using]
-        params = list(row)
-        # SQLite stores a naive UTC string; PostgreSQL takes the aware datetime as is.
-        params[_TS] = connection.ops.adapt_datetimefield_value(params[_TS])
+        batch = []
+        for row in rows:
+            params = list(row)
+            # SQLite stores a naive UTC string; PostgreSQL takes the aware datetime as is.
+            params[_TS] = connection.ops.adapt_datetimefield_value(params[_TS])
+            batch.append(params)
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(self._sql, params)
+            with transaction.atomic(using=self.using), connection.cursor() as cursor:
+                cursor.executemany(self._sql, batch)
         except Exception:
             # A long-running engine has no request cycle to replace a broken
             # connection; do it here so the next event gets a fresh one.
@@ -163,6 +180,8 @@ CLOSE_FLUSH_S = 10.0
 #: Rows the backlog holds at most. Past it the oldest is dropped, with an error
 #: naming it: a store away for hours must not take the engine's memory with it.
 BACKLOG_MAX = 100_000
+#: Rows one group commit writes at most.
+MAX_BATCH = 500
 
 
 class EventWriter:
@@ -195,6 +214,10 @@ class EventWriter:
         #: (event id, row) of every row owed to the store, oldest first.
         self._backlog: collections.deque[tuple[str, Sequence[Any]]] = collections.deque()
         self._retrying: Optional[asyncio.Task[None]] = None
+        #: (event id, row, its publisher's future) queued behind the write in flight.
+        self._queued: list[tuple[str, Sequence[Any], asyncio.Future[None]]] = []
+        self._writing = False
+        self._draining: Optional[asyncio.Task[None]] = None
 
     @property
     def threaded(self) -> bool:
@@ -227,14 +250,49 @@ class EventWriter:
         if self._backlog:  # behind the rows already waiting, and without waiting out a store that is away
             self._keep(event.id, row)
             return
+        if self._writing:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._queued.append((event.id, row, done))
+            await asyncio.shield(done)  # a cancelled publisher's row is still written
+            return
+        self._writing = True
         try:
-            await sink.insert(row)
+            await self._commit(sink, [(event.id, row)])
+        finally:
+            if self._queued:
+                self._draining = asyncio.get_running_loop().create_task(self._drain(sink), name="eventstore-writer-batch")
+            else:
+                self._writing = False
+
+    async def _commit(self, sink: _PostgresSink | _ThreadSink, batch: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Write ``batch`` in one transaction; on failure its rows join the backlog (the publish never fails)."""
+        if self._backlog:
+            for event_id, row in batch:
+                self._keep(event_id, row)
+            return
+        try:
+            await sink.insert([row for _, row in batch])
         except Exception as exc:
             log.warning(
                 "eventstore_row_deferred",
-                extra={"event_id": event.id, "type": event.type, "error": type(exc).__name__},
+                extra={"event_id": batch[0][0], "rows": len(batch), "error": type(exc).__name__},
             )
-            self._keep(event.id, row)
+            for event_id, row in batch:
+                self._keep(event_id, row)
+
+    async def _drain(self, sink: _PostgresSink | _ThreadSink) -> None:
+        """Commit the queued rows, MAX_BATCH at a time, releasing each batch's publishers as it commits."""
+        try:
+            while self._queued:
+                batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
+                try:
+                    await self._commit(sink, [(event_id, row) for event_id, row, _ in batch])
+                finally:
+                    for _, _, done in batch:
+                        if not done.done():
+                            done.set_result(None)
+        finally:
+            self._writing = False
 
     def _keep(self, event_id: str, row: Sequence[Any]) -> None:
         if len(self._backlog) >= self.backlog_max:
@@ -250,9 +308,10 @@ class EventWriter:
         if sink is None:
             raise StoreUnavailable("the writer is closed")
         while self._backlog:
-            _, row = self._backlog[0]
-            await sink.insert(row)
-            self._backlog.popleft()
+            batch = [row for _, row in itertools.islice(self._backlog, MAX_BATCH)]
+            await sink.insert(batch)
+            for _ in batch:
+                self._backlog.popleft()
 
     async def _retry(self) -> None:
         wait_s = self.retry_first_s
@@ -274,6 +333,9 @@ class EventWriter:
         Later events are logged, as errors, and skipped: nothing publishes
         stored events once the engine has stopped its services.
         """
+        draining, self._draining = self._draining, None
+        if draining is not None:
+            await asyncio.gather(draining, return_exceptions=True)  # the rows queued behind a write in flight
         retrying, self._retrying = self._retrying, None
         if retrying is not None:
             retrying.cancel()

@@ -119,6 +119,41 @@ async def test_publishing_the_same_event_id_twice_leaves_one_row(either_queue: A
     assert [r.id for r in await rows()] == [event.id]
 
 
+async def test_events_published_concurrently_share_transactions_and_each_publish_returns_with_its_row_committed(
+    threaded: bool,
+) -> None:
+    client = MemoryBroker().client(node=NODE)
+    writer = eventstore.attach(client, threaded=threaded)
+    sink = writer._sink
+    assert sink is not None
+    writes: list[int] = []
+    insert = sink.insert
+
+    async def counted(batch: Any) -> None:
+        writes.append(len(batch))
+        await insert(batch)
+
+    sink.insert = counted  # type: ignore[method-assign]  # counts the sink's writes, each still written
+    published = [
+        _publishable(make_event("agent_turn_started", T0 + timedelta(microseconds=i), seat="grace", turn_id=f"t{i}"))
+        for i in range(20)
+    ]
+    seen_at_return: dict[str, bool] = {}
+
+    async def publish(event: Event) -> None:
+        await client.publish(topics.event(event.type), event)
+        seen_at_return[event.id] = await sync_to_async(EventRow.objects.filter(id=event.id).exists)()
+
+    try:
+        await asyncio.gather(*(publish(e) for e in published))
+    finally:
+        await writer.aclose()
+        await client.close()
+    assert seen_at_return == {e.id: True for e in published}
+    assert sum(writes) == 20
+    assert len(writes) < 20  # rows that queued behind a write in flight were committed together
+
+
 async def test_the_writer_called_again_with_a_changed_copy_keeps_the_first_row(threaded: bool) -> None:
     writer = EventWriter(threaded=threaded)
     try:
