@@ -27,13 +27,13 @@ one needs no restart, and a key never appears in an error or a log line.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Protocol, Sequence
-
-import anthropic
-import openai
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence
 
 from crewlet.events.types import (
     STOP_CONTEXT_EXCEEDED,
@@ -45,6 +45,10 @@ from crewlet.events.types import (
 )
 from crewlet.org import Provider as ProviderConfig
 from seats.tools.base import ToolCall, ToolResult, ToolSpec
+
+if TYPE_CHECKING:
+    import anthropic
+    import openai
 
 # error_kind values a provider failure is filed under (a provider kind, per the design).
 ERR_UNREACHABLE = "unreachable"
@@ -243,16 +247,40 @@ def _status_kind(status: int) -> str:
     return ERR_BAD_REQUEST
 
 
+#: The vendors' SDKs, imported when a provider of theirs first answers (see :func:`load_sdk`).
+SDKS = ("openai", "anthropic")
+
+
+async def load_sdk(name: str) -> ModuleType:
+    """The SDK ``name``, imported on first use in a worker thread.
+
+    Each SDK takes seconds to import (their generated type modules), which
+    every process would pay at start — ``manage.py`` commands included —
+    though most companies use one vendor or none. The import runs off the
+    engine's loop so the first model call does not stall every other seat.
+    """
+    module = sys.modules.get(name)
+    if module is None:
+        module = await asyncio.to_thread(importlib.import_module, name)
+    return module
+
+
+def _loaded_errors(attribute: str) -> tuple[type[BaseException], ...]:
+    """The SDK error class ``attribute`` of each SDK imported so far (one never imported raised nothing)."""
+    return tuple(getattr(sys.modules[name], attribute) for name in SDKS if name in sys.modules)
+
+
 def translate(exc: Exception, where: str) -> ProviderError:
     """An SDK's exception as the seats' :class:`ProviderError`, filed under its kind."""
     if isinstance(exc, ProviderError):
         return exc
-    if isinstance(exc, (openai.APITimeoutError, anthropic.APITimeoutError)):
+    if isinstance(exc, _loaded_errors("APITimeoutError")):
         return ProviderError(ERR_TIMEOUT, f"{where}: no answer before the timeout")
-    if isinstance(exc, (openai.APIConnectionError, anthropic.APIConnectionError)):
+    if isinstance(exc, _loaded_errors("APIConnectionError")):
         return ProviderError(ERR_UNREACHABLE, f"{where}: {exc}")
-    if isinstance(exc, (openai.APIStatusError, anthropic.APIStatusError)):
-        return ProviderError(_status_kind(exc.status_code), f"HTTP {exc.status_code} from {where}: {exc.message}"[:1000])
+    if isinstance(exc, _loaded_errors("APIStatusError")):
+        status = getattr(exc, "status_code", 0)
+        return ProviderError(_status_kind(status), f"HTTP {status} from {where}: {getattr(exc, 'message', exc)}"[:1000])
     return ProviderError(ERR_BAD_RESPONSE, f"{where}: {exc}"[:1000])
 
 
@@ -334,6 +362,7 @@ class OpenAIProvider(_VendorProvider):
     vendor = "openai"
 
     def _open(self, api_key: str) -> openai.AsyncOpenAI:
+        openai = sys.modules["openai"]
         return openai.AsyncOpenAI(api_key=api_key, base_url=self.base_url or None, timeout=self.timeout_s, max_retries=0)
 
     @staticmethod
@@ -366,6 +395,7 @@ class OpenAIProvider(_VendorProvider):
             body["max_tokens"] = int(self.max_tokens)
         if request.seat:
             body["user"] = request.seat
+        openai = await load_sdk("openai")
         try:
             answer = await self._connect().chat.completions.create(**body)
             choice = answer.choices[0]
@@ -420,6 +450,7 @@ class AnthropicProvider(_VendorProvider):
     default_max_tokens = ANTHROPIC_DEFAULT_MAX_TOKENS
 
     def _open(self, api_key: str) -> anthropic.AsyncAnthropic:
+        anthropic = sys.modules["anthropic"]
         return anthropic.AsyncAnthropic(
             api_key=api_key, base_url=self.base_url or None, timeout=self.timeout_s, max_retries=0
         )
@@ -460,6 +491,7 @@ class AnthropicProvider(_VendorProvider):
             ]
         if request.seat:
             body["metadata"] = {"user_id": request.seat}
+        anthropic = await load_sdk("anthropic")
         try:
             answer = await self._connect().messages.create(**body)
         except (anthropic.AnthropicError, ProviderError, TypeError) as exc:
