@@ -1,4 +1,5 @@
-"""The tool loop through a real `manage.py up`: a Slack mention wakes ada, whose scripted model asks linus with a2a_ask.
+"""The tool loop through a real `manage.py up`: a Slack mention wakes ada, whose scripted model asks linus with a2a_ask;
+and a person's pause with stop_running, posted to the API, ends a looping turn at its next round.
 
 Offline: the echo model's script is the model, ``a2a_ask`` the tool. What is
 asserted is read back the way an operator reads it, through ``/api/events``.
@@ -43,6 +44,17 @@ def api(up: UpProcess, path: str) -> Any:
         return json.loads(response.read())
 
 
+def post(up: UpProcess, path: str, body: dict[str, Any]) -> int:
+    """POST ``body`` as JSON with the operator's token; the status."""
+    request = urllib.request.Request(
+        up.url + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(response.status)
+
+
 def events_of(up: UpProcess, etype: str, **filters: str) -> list[dict[str, Any]]:
     """Every stored event of ``etype`` (newest first), each as published (its wire form)."""
     query = "&".join([f"type={etype}", *(f"{k}={v}" for k, v in filters.items())])
@@ -56,11 +68,7 @@ def test_a_slack_mention_runs_adas_tool_loop_and_linus_answer_wakes_her_with_the
     env = up_env(CREWLET_VAR_DIR=str(tmp_path / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
     with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as up:
         body = slack_message(f"Ev{uuid.uuid4().hex[:10]}", "please ask linus about the deploy")
-        request = urllib.request.Request(
-            up.url + "/webhooks/slack", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.status == 202, response.read()
+        assert post(up, "/webhooks/slack", body) == 202
 
         wait_until(lambda: len(events_of(up, "agent_phase_completed", seat="ada")) == 2, 60, "ada asked, then was woken")
         closed = events_of(up, "a2a_channel_closed")
@@ -80,3 +88,41 @@ def test_a_slack_mention_runs_adas_tool_loop_and_linus_answer_wakes_her_with_the
     assert (channel["closed_by"], channel["turn_id"], channel["work_key"]) == (
         "linus", answering["turn_id"], f"a2a:{cid}"
     )
+
+
+LOOPING = """\
+org: acme
+providers:
+  llm:
+    - kind: echo
+      delay_s: 1.0
+      repeat: true
+      script:
+        - {tool: nope, arguments: {}}
+surfaces:
+  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
+seats:
+  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, max_rounds: 100}
+  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
+"""
+
+
+def test_a_pause_with_stop_running_posted_to_the_api_ends_a_looping_turn_at_its_next_round(tmp_path: Path) -> None:
+    company = tmp_path / "company.yaml"
+    company.write_text(LOOPING)
+    env = up_env(CREWLET_VAR_DIR=str(tmp_path / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
+    with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as up:
+        assert post(up, "/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "loop until stopped")) == 202
+        wait_until(lambda: events_of(up, "agent_turn_started", seat="ada"), 60, "ada's turn began")
+        assert post(up, "/api/seats/ada/pause", {"reason": "wrong repo", "stop_running": True}) == 200
+        wait_until(lambda: events_of(up, "agent_turn_completed", seat="ada"), 60, "the turn ended")
+        [stopped] = events_of(up, "agent_turn_stopped", seat="ada")
+        [phase] = events_of(up, "agent_phase_completed", seat="ada")
+        [done] = events_of(up, "agent_turn_completed", seat="ada")
+        [paused] = events_of(up, "seat_paused", seat="ada")
+        assert up.terminate() == 0, up.output()
+
+    assert (stopped["stopped_by"], stopped["reason"]) == (paused["paused_by"], "wrong repo")
+    assert (done["stopped"], done["failed"]) == (True, False)
+    reasons = [r["stop_reason"] for r in phase["rounds"]]
+    assert reasons[-1] == "paused" and set(reasons[:-1]) == {"tool_use"} and len(reasons) < 100
