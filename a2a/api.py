@@ -62,6 +62,10 @@ class ChannelSerializer(serializers.Serializer):
     turn_id = serializers.CharField(allow_blank=True)
     work_key = serializers.CharField(allow_blank=True)
     delegation_depth = serializers.IntegerField()
+    on_behalf_of = serializers.CharField(
+        allow_null=True,
+        help_text="the channel the asker still owes an answer on: the turn this channel's answer wakes answers it",
+    )
 
 
 class ChannelListSerializer(serializers.Serializer):
@@ -105,6 +109,7 @@ def render(row: Channel) -> dict[str, Any]:
         "turn_id": row.turn_id,
         "work_key": row.work_key,
         "delegation_depth": row.delegation_depth,
+        "on_behalf_of": str(row.on_behalf_of) if row.on_behalf_of else None,
     }
 
 

@@ -9,6 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from a2a import services
+from a2a.api import render
 from a2a.hooks import answer_after_turn, ask_from_turn
 from a2a.models import Channel
 from crewlet.events.types import SYSTEM_CLOSED_A2A
@@ -302,7 +303,7 @@ async def linus_asks_onward(now: Optional[datetime] = None) -> AsyncIterator[tup
 async def test_a_turn_that_ends_by_asking_onward_is_not_the_answer_and_the_onward_answers_turn_answers_the_first_ask() -> None:
     async with linus_asks_onward() as (q, rec, first, onward):
         stored = await record(onward)
-        assert stored is not None and str(stored.on_behalf_of) == first
+        assert stored is not None and render(stored)["on_behalf_of"] == first  # what GET /api/a2a/channels shows
         still = await record(first)
         assert still is not None and still.state == Channel.OPEN
         assert on_topic(rec, topics.agent_inbox("ada"), "a2a_message") == []  # no empty answer went to ada
