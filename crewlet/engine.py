@@ -458,6 +458,21 @@ class Engine:
                 found[name] = bool(getattr(thing, "alive", True))
         return found
 
+    def reports(self) -> dict[str, dict[str, Any]]:
+        """What each running service that reports its own state (``report()``) says, by service name.
+
+        ``/readyz`` lists each as a component (``ok`` and ``state``, plus
+        what the service adds: a surface's socket says whether it is
+        connected, its last frame and its last error) and the dashboard's
+        overview shows them; the engine names no app to get them.
+        """
+        found: dict[str, dict[str, Any]] = {}
+        for service, thing in list(self._running):
+            report = getattr(thing, "report", None)
+            if callable(report):
+                found[service.name] = dict(report())
+        return found
+
     @property
     def loop(self) -> Optional[asyncio.AbstractEventLoop]:
         """The loop the engine serves on (None before :meth:`serve` or :meth:`bind_queue`)."""

@@ -40,6 +40,20 @@ SURFACE_SECRET_KEYS = {
     "mattermost": "token_env",
 }
 SURFACES = tuple(SURFACE_SECRET_KEYS)
+#: How a surface's deliveries arrive: POSTed to ``/webhooks/<kind>`` (the
+#: default), or over a socket this node opens to the vendor (a laptop with no
+#: public URL: Slack's Socket Mode, Mattermost's websocket).
+MODE_WEBHOOK = "webhook"
+MODE_SOCKET = "socket"
+SURFACE_MODES = (MODE_WEBHOOK, MODE_SOCKET)
+#: The surfaces that may say ``mode: socket``: the variable naming the token
+#: the socket authenticates with, and the key naming the vendor's server
+#: (required for Mattermost, which is self-hosted; optional for Slack, whose
+#: Web API is ``https://slack.com/api/`` unless said otherwise).
+SURFACE_SOCKET_TOKEN_KEYS = {"slack": "app_token_env", "mattermost": "bot_token_env"}
+SURFACE_SERVER_KEYS = {"slack": "api_url", "mattermost": "server"}
+#: The surfaces whose socket needs its server named.
+SURFACE_SERVER_REQUIRED = frozenset({"mattermost"})
 PROVIDER_KINDS = ("echo", "openai", "anthropic")
 #: A seat's ``max_rounds`` when the company names none, and the range it may name.
 DEFAULT_MAX_ROUNDS = 12
@@ -139,9 +153,23 @@ class McpServer:
 
 @dataclass(frozen=True)
 class Surface:
+    """One surface kind as the company configures it.
+
+    ``secret_env`` names the variable holding what a webhook delivery is
+    verified with; in ``socket`` mode, ``token_env`` names the token the
+    socket authenticates with and ``server`` where it connects.
+    """
+
     name: str
     secret_env: str = ""
     verify: bool = True
+    mode: str = MODE_WEBHOOK
+    token_env: str = ""
+    server: str = ""
+
+    @property
+    def socket(self) -> bool:
+        return self.mode == MODE_SOCKET
 
 
 class SeatLabels(TypedDict):
@@ -513,6 +541,28 @@ _TOP_KEYS = (
 )
 
 
+def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str]) -> dict[str, str]:
+    """A surface's mode, and in ``socket`` mode the token variable and the server it connects with."""
+    mode = body.get("mode", MODE_WEBHOOK)
+    if mode not in SURFACE_MODES:
+        raise CompanyError(f"surfaces.{name}.mode", mode, f"must be one of {', '.join(SURFACE_MODES)}", source)
+    if mode != MODE_SOCKET:
+        for key in (SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)):
+            if key and key in body:
+                raise CompanyError(f"surfaces.{name}.{key}", body[key], "is read only with mode: socket", source)
+        return {"mode": mode}
+    token_key, server_key = SURFACE_SOCKET_TOKEN_KEYS[name], SURFACE_SERVER_KEYS[name]
+    if token_key not in body:
+        raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
+    token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
+    server = body.get(server_key, "")
+    if server or name in SURFACE_SERVER_REQUIRED:
+        server = _string(server or None, f"surfaces.{name}.{server_key}", source)
+        if not re.match(r"^https?://[^/\s]+", server):
+            raise CompanyError(f"surfaces.{name}.{server_key}", server, "must be an http:// or https:// URL", source)
+    return {"mode": mode, "token_env": token_env, "server": server.rstrip("/")}
+
+
 def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") -> Organization:
     """Validate a decoded company document; raises :class:`CompanyError`."""
     if not isinstance(data, Mapping):
@@ -577,14 +627,15 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
     for name in SURFACES:
         body = _mapping(surfaces_body.get(name), f"surfaces.{name}", source)
         key = SURFACE_SECRET_KEYS[name]
-        _known(body, f"surfaces.{name}.", (key, "verify"), source)
+        socket_keys = tuple(k for k in (SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)) if k)
+        _known(body, f"surfaces.{name}.", (key, "verify", *(("mode", *socket_keys) if socket_keys else ())), source)
         env = body.get(key, "")
         if env:
             _string(env, f"surfaces.{name}.{key}", source, _ENV, "must be an environment variable name")
         verify = body.get("verify", True)
         if not isinstance(verify, bool):
             raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
-        surfaces[name] = Surface(name=name, secret_env=env or "", verify=verify)
+        surfaces[name] = Surface(name=name, secret_env=env or "", verify=verify, **_surface_socket(name, body, source))
 
     seats_raw = data.get("seats", [])
     if not isinstance(seats_raw, list):

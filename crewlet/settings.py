@@ -152,6 +152,11 @@ LOGIN_FAILURE_WINDOW_S = _number("CREWLET_LOGIN_WINDOW_S", 60.0, 1.0, 86400.0)
 HEALTH_BROKER_TIMEOUT_S = _number("CREWLET_HEALTH_BROKER_TIMEOUT_S", 1.5, 0.05, 30.0)
 #: /readyz gives each store this long to answer a query before calling it unreachable.
 HEALTH_STORE_TIMEOUT_S = _number("CREWLET_HEALTH_STORE_TIMEOUT_S", 2.0, 0.05, 30.0)
+#: A surface's socket client (Slack Socket Mode, Mattermost's websocket) waits this long before its first
+#: reconnect, doubling up to the maximum while the vendor stays away; it pings the vendor this often.
+SURFACE_SOCKET_RETRY_MIN_S = _number("CREWLET_SOCKET_RETRY_MIN_S", 1.0, 0.01, 600.0)
+SURFACE_SOCKET_RETRY_MAX_S = _number("CREWLET_SOCKET_RETRY_MAX_S", 60.0, 0.01, 3600.0)
+SURFACE_SOCKET_PING_S = _number("CREWLET_SOCKET_PING_S", 10.0, 0.1, 600.0)
 #: A bearer token that may read GET /metrics and nothing else (an operator token may too); "" = none.
 METRICS_TOKEN = os.environ.get("CREWLET_METRICS_TOKEN", "").strip()
 if METRICS_TOKEN and (len(METRICS_TOKEN) < 16 or not METRICS_TOKEN.isascii() or any(c.isspace() for c in METRICS_TOKEN)):

@@ -113,9 +113,15 @@ def overview(request: HttpRequest) -> HttpResponse:
         {"name": name, "label": name.replace("_", " ").capitalize(), "value": value}
         for name, value in (snapshot.get("counters") or {}).items()
     ]
-    return render(
-        request, "dashboard/overview.html", {"org": org, "live": snapshot, "counters": counters, "page": "overview"}
-    )
+    context = {"org": org, "live": snapshot, "counters": counters, "connections": connections(), "page": "overview"}
+    return render(request, "dashboard/overview.html", context)
+
+
+def connections() -> list[dict[str, Any]]:
+    """What the engine's self-reporting services say (a surface's socket: connected, last frame, last error), one row each."""
+    running = runtime.current_engine()
+    reports = running.reports() if running is not None else {}
+    return [{"name": name, **report} for name, report in sorted(reports.items())]
 
 
 @staff_only

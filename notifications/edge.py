@@ -55,7 +55,7 @@ import os
 import time
 import uuid
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Coroutine, Mapping, Optional
 
 from crewlet import events
 from crewlet.events.types import InboundDelivery, RawWebhook
@@ -67,6 +67,7 @@ from crewlet.queue.errors import QueueError
 from crewlet.tracing import OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, parse_traceparent, start_span, trace_of
 from crewlet.web import webhook_max_body_bytes
 from notifications.parsers import (
+    JSON_MEDIA,
     MAX_JSON_DEPTH,
     DeliveryMeta,
     JSONTooDeep,
@@ -156,17 +157,32 @@ class Edge:
 
     async def receive(self, req: InboundRequest) -> EdgeResponse:
         """The whole edge for one request; runs on the queue's own loop when called from another."""
+        return await self._on_loop(self._receive(req, authenticated=False))
+
+    async def deliver(self, source: str, body: bytes, *, route: str) -> EdgeResponse:
+        """A delivery that came over a socket this node opened: the edge without step 2.
+
+        The socket authenticated itself with the surface's token when it
+        connected, so there is no signature to check; everything else (the
+        size, the decoding, the storable check, the trace root, the publish,
+        the ``inbound_delivery`` record, the acknowledgement) is the webhook
+        route's. ``body`` is the frame's JSON exactly as the vendor sent it.
+        """
+        req = InboundRequest(source=source, body=body, headers={"content-type": JSON_MEDIA}, route=route)
+        return await self._on_loop(self._receive(req, authenticated=True))
+
+    async def _on_loop(self, work: Coroutine[Any, Any, EdgeResponse]) -> EdgeResponse:
         loop = self.loop
         try:
             current = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover - always awaited
             current = None
         if loop is not None and current is not loop and loop.is_running() and not loop.is_closed():
-            future = asyncio.run_coroutine_threadsafe(self._receive(req), loop)
+            future = asyncio.run_coroutine_threadsafe(work, loop)
             return await asyncio.wrap_future(future)
-        return await self._receive(req)
+        return await work
 
-    async def _receive(self, req: InboundRequest) -> EdgeResponse:
+    async def _receive(self, req: InboundRequest, *, authenticated: bool) -> EdgeResponse:
         source = source_for(req.source)
         org = self.holder.current()
         surface = org.surfaces.get(req.source) if source is not None and source.company_surface else None
@@ -175,7 +191,7 @@ class Edge:
         limit = self.limit()
         if len(req.body) > limit:
             return refuse(413, f"the body is {len(req.body)} bytes, over the {limit}-byte limit")
-        refused = await self._authenticate(source, surface, req)
+        refused = None if authenticated else await self._authenticate(source, surface, req)
         if refused is not None:
             log.warning("webhook_refused", extra={"source": source.name, "status": refused[0], "reason": refused[1]})
             return refuse(*refused)

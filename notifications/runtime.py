@@ -3,7 +3,9 @@
 ``start()`` warns about every surface the company left unverified (the
 example company does, so the README's curl example works) and about every
 verified surface whose secret variable is unset (``webhook_secret_missing``,
-naming the variable: such a surface refuses every delivery), builds the
+naming the variable: such a surface refuses every delivery; for a
+``mode: socket`` surface, its token variable), logs how each surface's
+deliveries arrive (``surface_mode``: webhook or socket), builds the
 webhook edge on ``queue`` (``POST /webhooks/<source>`` served by this process
 asks the running engine's notify service for it and publishes through it), creates the fleet-wide ``notify`` group
 and attaches the router, and runs the hourly prune of old dedupe keys, rate
@@ -18,10 +20,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from crewlet.engine import Periodic, Service
 from crewlet.events.emit import Emitter
 from crewlet.interfaces import EVENT_STORE, NOTIFY
-from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization
+from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization, Surface
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
 from notifications import service, store
+from notifications.sockets import SocketClient, client_for, missing_token, service_name, socket_surfaces
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
@@ -47,33 +50,46 @@ def warn_unverified(org: Organization) -> list[str]:
 
 
 def unconfigured_surfaces(org: Organization, environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(surface, variable) for each verified surface whose secret variable is unset or empty in ``environ``.
+    """(surface, variable) for each surface whose deliveries cannot arrive for want of its variable in ``environ``.
 
-    ``variable`` is "" when the company names none. The edge refuses every
-    delivery to such a surface (401, "not configured").
+    A webhook surface: verified, with its secret variable unset or empty
+    (``variable`` is "" when the company names none); the edge refuses every
+    delivery to it (401, "not configured"). A socket surface: its token
+    variable unset or empty; its client cannot connect.
     """
     return [
-        (name, surface.secret_env)
+        (name, surface.token_env if surface.socket else surface.secret_env)
         for name, surface in org.surfaces.items()
-        if surface.verify and not (surface.secret_env and environ.get(surface.secret_env, ""))
+        if (missing_token(surface, environ) if surface.socket else surface.verify and not (surface.secret_env and environ.get(surface.secret_env, "")))
     ]
 
 
 def warn_unconfigured(org: Organization, environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """Say at start, naming the VARIABLE (never a value), which verified surfaces will refuse everything."""
+    """Say at start, naming the VARIABLE (never a value), which surfaces will receive nothing."""
     missing = unconfigured_surfaces(org, environ)
     for name, variable in missing:
-        key = SURFACE_SECRET_KEYS.get(name, "secret_env")
-        hint = (
-            f"set {variable} in this process's environment, or say surfaces.{name}.verify: false"
-            if variable
-            else f"name the secret's variable with surfaces.{name}.{key}"
-        )
-        log.warning(
-            "webhook_secret_missing",
-            extra={"surface": name, "variable": variable, "hint": f"every delivery to /webhooks/{name} is refused until then: {hint}"},
-        )
+        surface = org.surfaces[name]
+        if surface.socket:
+            hint = f"the {name} socket cannot connect until then: {missing_token(surface, environ)}"
+        else:
+            key = SURFACE_SECRET_KEYS.get(name, "secret_env")
+            hint = f"every delivery to /webhooks/{name} is refused until then: " + (
+                f"set {variable} in this process's environment, or say surfaces.{name}.verify: false"
+                if variable
+                else f"name the secret's variable with surfaces.{name}.{key}"
+            )
+        log.warning("webhook_secret_missing", extra={"surface": name, "variable": variable, "hint": hint})
     return missing
+
+
+def log_modes(org: Organization) -> dict[str, str]:
+    """Say at start how each surface's deliveries arrive: ``webhook`` (POSTed here) or ``socket`` (this node dials out)."""
+    modes = {name: surface.mode for name, surface in org.surfaces.items()}
+    for name, mode in modes.items():
+        surface = org.surfaces[name]
+        where = f"/webhooks/{name}" if not surface.socket else (surface.server or "the vendor's default server")
+        log.info("surface_mode", extra={"surface": name, "mode": mode, "where": where})
+    return modes
 
 
 class NotifyService:
@@ -106,6 +122,7 @@ class NotifyService:
         warn_unverified(org)
         environ = self.edge_options.get("environ")
         warn_unconfigured(org, environ if environ is not None else os.environ)
+        log_modes(org)
         if self.install_edge:
             self.edge = edge_module.Edge(self.queue, self.holder, **self.edge_options)
         await self.router.start()
@@ -137,17 +154,30 @@ class NotifyService:
 
 
 def services(engine: "Engine") -> list[Service]:
-    """The notifications duties on ``engine.company`` as the :data:`~crewlet.interfaces.NOTIFY` service."""
+    """The notifications duties on ``engine.company``: the :data:`~crewlet.interfaces.NOTIFY` service, and a client per socket surface.
+
+    A socket client starts after the notify service, whose edge it feeds.
+    """
 
     def make(engine: "Engine") -> NotifyService:
         assert engine.queue is not None
         return NotifyService(engine.queue, engine.company, emitter=engine.emitter)
 
-    return [Service(NOTIFY, make, after=(EVENT_STORE,))]
+    def client_of(surface: Surface) -> Service:
+        def make_client(engine: "Engine") -> SocketClient:
+            edge = engine.service(NOTIFY).edge
+            assert edge is not None
+            return client_for(surface, edge)
+
+        return Service(service_name(surface.name), make_client, depends_on=(NOTIFY,))
+
+    org = engine.company.current() if engine.company is not None else None
+    return [Service(NOTIFY, make, after=(EVENT_STORE,)), *(client_of(s) for s in (socket_surfaces(org) if org else []))]
 
 
 __all__ = [
     "NotifyService",
+    "log_modes",
     "PRUNE_INTERVAL_S",
     "services",
     "unconfigured_surfaces",

@@ -257,6 +257,16 @@ class FakeModelServer:
         }
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any]) -> None:
+    """Answer an ``http.server`` request with ``payload`` as JSON."""
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 @contextlib.contextmanager
 def model_server(
     status: int = 200, reply: str = "hello from the model", replies: Sequence[Reply] = ()
@@ -279,12 +289,7 @@ def model_server(
                 self._send(200, route(str(body.get("model", ""))))
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, payload)
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -1,0 +1,329 @@
+"""Surfaces whose deliveries arrive over a socket this node opens: Slack's Socket Mode, Mattermost's websocket.
+
+A laptop has no public URL, so a vendor cannot POST to ``/webhooks/<kind>``;
+with ``mode: socket`` in the company file the node dials the vendor instead
+(:mod:`notifications.sockets.slack`, :mod:`notifications.sockets.mattermost`).
+Each frame that carries a delivery is handed to the SAME edge the webhook
+route uses (:meth:`notifications.edge.Edge.deliver`): the same parser, trace
+root, ``raw_webhook`` publish, ``inbound_delivery`` record and provider-retry
+dedupe (Slack's ``event_id`` / ``trigger_id``, Mattermost's post id). A frame
+is acknowledged (Slack) or counted as read (Mattermost's ``seq``) only once
+the edge has put it on the broker, so a frame the node could not take is sent
+again by the vendor.
+
+Each client is an engine service (``surface_socket:<kind>``) that keeps a
+:class:`SurfaceStatus`: whether it is connected, when the last frame came,
+the last error. ``/readyz`` lists it among its components and the dashboard's
+overview shows it (both through :meth:`crewlet.engine.Engine.reports`).
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+
+from django.conf import settings
+
+from crewlet.engine import Task
+from crewlet.org import MODE_SOCKET, SURFACE_SOCKET_TOKEN_KEYS, Organization, Surface
+
+if TYPE_CHECKING:  # pragma: no cover
+    from notifications.edge import Edge, EdgeResponse
+
+log = logging.getLogger("crewlet.notifications.sockets")
+
+#: The engine service name of a surface's socket client, and its ``/readyz`` component.
+SERVICE_PREFIX = "surface_socket:"
+#: The ``route`` a socket's deliveries are recorded under (the webhook route's is its path).
+ROUTE_PREFIX = "socket:"
+
+STATE_CONNECTED = "connected"
+STATE_CONNECTING = "connecting"
+STATE_NOT_CONFIGURED = "not configured"
+STATE_STOPPED = "stopped"
+
+
+class SocketError(Exception):
+    """The root of the socket clients' errors: a vendor or a socket that failed, translated at the boundary."""
+
+
+class SocketRefused(SocketError):
+    """The vendor refused the token (no retry will help until the operator changes it, but the client keeps trying)."""
+
+
+class FrameNotTaken(SocketError):
+    """The edge could not put a frame on the broker: the session ends without counting it read, so it comes again."""
+
+
+def service_name(surface: str) -> str:
+    return f"{SERVICE_PREFIX}{surface}"
+
+
+def route_of(surface: str) -> str:
+    return f"{ROUTE_PREFIX}{surface}"
+
+
+def socket_surfaces(org: Organization) -> list[Surface]:
+    """The surfaces the company says arrive over a socket (``mode: socket``), in the company's order."""
+    return [s for s in org.surfaces.values() if s.mode == MODE_SOCKET]
+
+
+def token_key(surface: Surface) -> str:
+    """The company file's key naming ``surface``'s socket token variable (for a hint)."""
+    return SURFACE_SOCKET_TOKEN_KEYS.get(surface.name, "token_env")
+
+
+@dataclass(frozen=True)
+class SocketTimings:
+    """How long a client waits before reconnecting (doubling from ``retry_min_s`` to ``retry_max_s``), how often it pings, and how long it waits for the edge."""
+
+    retry_min_s: float = 1.0
+    retry_max_s: float = 60.0
+    ping_s: float = 10.0
+    deliver_timeout_s: float = 30.0
+
+    @classmethod
+    def from_settings(cls) -> "SocketTimings":
+        return cls(
+            retry_min_s=float(getattr(settings, "SURFACE_SOCKET_RETRY_MIN_S", cls.retry_min_s)),
+            retry_max_s=float(getattr(settings, "SURFACE_SOCKET_RETRY_MAX_S", cls.retry_max_s)),
+            ping_s=float(getattr(settings, "SURFACE_SOCKET_PING_S", cls.ping_s)),
+        )
+
+
+@dataclass
+class Backoff:
+    """Full-jitter exponential backoff: the n-th wait is uniform in [0, min(max, min·2ⁿ)], never below ``min_s``/2.
+
+    The jitter keeps a fleet of laptops that lost the vendor together from
+    coming back in one burst.
+    """
+
+    min_s: float
+    max_s: float
+    attempts: int = 0
+    rand: Callable[[], float] = random.random
+
+    def next_s(self) -> float:
+        ceiling = min(self.max_s, self.min_s * (2 ** min(self.attempts, 30)))
+        self.attempts += 1
+        return max(self.min_s / 2, ceiling * self.rand())
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+def _iso(stamp: Optional[float]) -> Optional[str]:
+    return datetime.fromtimestamp(stamp, tz=timezone.utc).isoformat() if stamp is not None else None
+
+
+@dataclass
+class SurfaceStatus:
+    """What one socket client reports: connected or not, the last frame, the last error (never a token)."""
+
+    surface: str
+    transport: str
+    clock: Callable[[], float] = time.time
+    configured: bool = True
+    connected: bool = False
+    stopped: bool = False
+    connects: int = 0
+    frames: int = 0
+    delivered: int = 0
+    #: Frames the edge could not put on the broker (left for the vendor to send again).
+    not_taken: int = 0
+    last_frame_at: Optional[float] = None
+    last_error: str = ""
+    last_error_at: Optional[float] = None
+    hint: str = ""
+    _extra: dict[str, Any] = field(default_factory=dict)
+
+    def frame(self) -> None:
+        self.frames += 1
+        self.last_frame_at = self.clock()
+
+    def error(self, why: str) -> None:
+        self.last_error = why
+        self.last_error_at = self.clock()
+
+    @property
+    def state(self) -> str:
+        if not self.configured:
+            return STATE_NOT_CONFIGURED
+        if self.stopped:
+            return STATE_STOPPED
+        return STATE_CONNECTED if self.connected else STATE_CONNECTING
+
+    def report(self) -> dict[str, Any]:
+        """The ``/readyz`` component and the dashboard's row: ``ok`` only while connected."""
+        out: dict[str, Any] = {
+            "ok": self.state == STATE_CONNECTED,
+            "state": self.state,
+            "surface": self.surface,
+            "mode": MODE_SOCKET,
+            "transport": self.transport,
+            "connected": self.connected,
+            "connects": self.connects,
+            "frames": self.frames,
+            "delivered": self.delivered,
+            "not_taken": self.not_taken,
+            "last_frame_at": _iso(self.last_frame_at),
+            "last_error": self.last_error,
+            "last_error_at": _iso(self.last_error_at),
+        }
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+def missing_token(surface: Surface, environ: Mapping[str, str]) -> str:
+    """Why ``surface``'s socket cannot connect for want of its token ("" when the variable is set)."""
+    if environ.get(surface.token_env, ""):
+        return ""
+    return f"set {surface.token_env} (named by surfaces.{surface.name}.{token_key(surface)}) in this process's environment"
+
+
+class SocketClient:
+    """What both socket clients share: the token check at start, the task, the status, and handing a frame to the edge.
+
+    A subclass says how to :meth:`run` (connect, read, reconnect) and how to
+    :meth:`close` what it opened. The edge is the notify service's
+    (:class:`~notifications.edge.Edge`), so a frame takes the webhook route's path.
+    """
+
+    transport = ""
+
+    def __init__(
+        self,
+        surface: Surface,
+        edge: "Edge",
+        *,
+        environ: Optional[Mapping[str, str]] = None,
+        timings: Optional[SocketTimings] = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.surface = surface
+        self.edge = edge
+        self.environ: Mapping[str, str] = environ if environ is not None else os.environ
+        self.timings = timings or SocketTimings.from_settings()
+        self.status = SurfaceStatus(surface.name, self.transport, clock=clock)
+        self.backoff = Backoff(self.timings.retry_min_s, self.timings.retry_max_s)
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self._task: Optional[Task] = None
+
+    @property
+    def name(self) -> str:
+        return service_name(self.surface.name)
+
+    @property
+    def token(self) -> str:
+        return self.environ.get(self.surface.token_env, "")
+
+    async def start(self) -> None:
+        """Start connecting; with the token variable unset, report ``not configured`` (the notify service warned at start)."""
+        self.loop = asyncio.get_running_loop()
+        why = missing_token(self.surface, self.environ)
+        if why:
+            self.status.configured = False
+            self.status.hint = why
+            return
+        log.info(
+            "surface_socket_starting",
+            extra={"surface": self.surface.name, "transport": self.transport, "server": self.surface.server or "(default)"},
+        )
+        self._task = Task(self.name, self.run)
+        await self._task.start()
+
+    async def stop(self) -> None:
+        self.status.stopped = True
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                await task.stop()
+        finally:
+            await self.close()
+            self.status.connected = False
+
+    def healthy(self) -> bool:
+        """Whether its task runs (``/readyz``'s duties): a client with no token runs none."""
+        return self._task is not None and self._task.alive
+
+    def report(self) -> dict[str, Any]:
+        return self.status.report()
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def pause(self, why: str) -> None:
+        """Wait out the next backoff after ``why`` ended a session or a connect."""
+        self.status.connected = False
+        self.status.error(why)
+        delay_s = self.backoff.next_s()
+        log.warning(
+            "surface_socket_disconnected",
+            extra={"surface": self.surface.name, "transport": self.transport, "error": why, "retry_in_s": round(delay_s, 3)},
+        )
+        await asyncio.sleep(delay_s)
+
+    async def take(self, body: bytes) -> "EdgeResponse":
+        """Hand one frame's delivery to the edge; :class:`FrameNotTaken` when it is not on the broker.
+
+        A frame the edge refuses (4xx: unreadable, unstorable) is taken as
+        read: the vendor sending it again would be refused again.
+        """
+        response = await self.edge.deliver(self.surface.name, body, route=route_of(self.surface.name))
+        if response.status >= 500:
+            self.status.not_taken += 1
+            reason = (response.body or {}).get("error", "") if isinstance(response.body, dict) else ""
+            raise FrameNotTaken(f"the edge answered {response.status}: {reason}")
+        if response.status >= 400:
+            log.warning(
+                "surface_socket_frame_refused",
+                extra={"surface": self.surface.name, "status": response.status, "reason": (response.body or {}).get("error", "")},
+            )
+        else:
+            self.status.delivered += 1
+        return response
+
+
+def client_for(surface: Surface, edge: "Edge", **options: Any) -> SocketClient:
+    """The client of a ``mode: socket`` surface: the ``CLIENT`` of the module named after its kind, beside this one.
+
+    Imported only when the company asks for it, so a node with no socket
+    surface never loads a vendor's SDK.
+    """
+    module = importlib.import_module(f"{__name__}.{surface.name}")
+    client: type[SocketClient] = module.CLIENT
+    return client(surface, edge, **options)
+
+
+__all__ = [
+    "Backoff",
+    "FrameNotTaken",
+    "ROUTE_PREFIX",
+    "SERVICE_PREFIX",
+    "STATE_CONNECTED",
+    "STATE_CONNECTING",
+    "STATE_NOT_CONFIGURED",
+    "STATE_STOPPED",
+    "SocketClient",
+    "SocketError",
+    "SocketRefused",
+    "SocketTimings",
+    "SurfaceStatus",
+    "client_for",
+    "missing_token",
+    "route_of",
+    "service_name",
+    "socket_surfaces",
+    "token_key",
+]
