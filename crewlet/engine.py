@@ -458,8 +458,8 @@ class Engine:
                 found[name] = bool(getattr(thing, "alive", True))
         return found
 
-    def reports(self) -> dict[str, dict[str, Any]]:
-        """What each running service that reports its own state (``report()``) says, by service name.
+    def status_reports(self) -> dict[str, dict[str, Any]]:
+        """What each running service that reports its own state (``status_report()``) says, by service name.
 
         ``/readyz`` lists each as a component (``ok`` and ``state``, plus
         what the service adds: a surface's socket says whether it is
@@ -468,7 +468,7 @@ class Engine:
         """
         found: dict[str, dict[str, Any]] = {}
         for service, thing in list(self._running):
-            report = getattr(thing, "report", None)
+            report = getattr(thing, "status_report", None)
             if callable(report):
                 found[service.name] = dict(report())
         return found

@@ -5,7 +5,7 @@ restarts on). ``/readyz`` is 200 only when every component it names is ready —
 the broker answers a round trip within ``HEALTH_BROKER_TIMEOUT_S``, every
 engine service is alive, and the coordination store and the event store each
 answer a query within ``HEALTH_STORE_TIMEOUT_S``; and every service that reports
-its own state (:meth:`~crewlet.engine.Engine.reports`: a surface's socket client,
+its own state (:meth:`~crewlet.engine.Engine.status_reports`: a surface's socket client,
 ``surface_socket:<kind>``, with ``connected``, ``last_frame_at`` and
 ``last_error``) says it is ok — and 503 naming what is not.
 Both use the one broker check below.
@@ -145,7 +145,7 @@ async def readiness() -> tuple[bool, dict[str, Any]]:
     for (name, _), state in zip(STORE_ALIASES, stores):
         components[name] = {"ok": state == STORE_REACHABLE, "state": state}
     if running is not None:
-        components.update(running.reports())
+        components.update(running.status_reports())
     ready = all(part["ok"] for part in components.values())
     down = [name for name, part in components.items() if not part["ok"]]
     body = {

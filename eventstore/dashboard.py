@@ -120,7 +120,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 def connections() -> list[dict[str, Any]]:
     """What the engine's self-reporting services say (a surface's socket: connected, last frame, last error), one row each."""
     running = runtime.current_engine()
-    reports = running.reports() if running is not None else {}
+    reports = running.status_reports() if running is not None else {}
     return [{"name": name, **report} for name, report in sorted(reports.items())]
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from crewlet.engine import Periodic, Service
 from crewlet.events.emit import Emitter
-from crewlet.interfaces import EVENT_STORE, NOTIFY
+from crewlet.interfaces import EVENT_STORE, FLEET, NOTIFY
 from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization, Surface
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
@@ -156,7 +156,9 @@ class NotifyService:
 def services(engine: "Engine") -> list[Service]:
     """The notifications duties on ``engine.company``: the :data:`~crewlet.interfaces.NOTIFY` service, and a client per socket surface.
 
-    A socket client starts after the notify service, whose edge it feeds.
+    A socket client starts after the notify service, whose edge it feeds, and
+    runs its socket only while this node holds its duty lease (the fleet
+    member's :data:`~crewlet.interfaces.FLEET`), so a fleet opens each socket once.
     """
 
     def make(engine: "Engine") -> NotifyService:
@@ -167,9 +169,12 @@ def services(engine: "Engine") -> list[Service]:
         def make_client(engine: "Engine") -> SocketClient:
             edge = engine.service(NOTIFY).edge
             assert edge is not None
-            return client_for(surface, edge)
+            member = engine.lookup(FLEET)
+            if member is None:
+                return client_for(surface, edge)
+            return client_for(surface, edge, hold_duty=member.hold_duty, duty_check_s=member.renew_every_s)
 
-        return Service(service_name(surface.name), make_client, depends_on=(NOTIFY,))
+        return Service(service_name(surface.name), make_client, depends_on=(NOTIFY,), after=(FLEET,))
 
     org = engine.company.current() if engine.company is not None else None
     return [Service(NOTIFY, make, after=(EVENT_STORE,)), *(client_of(s) for s in (socket_surfaces(org) if org else []))]

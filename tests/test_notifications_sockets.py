@@ -147,7 +147,7 @@ async def test_a_socket_surface_whose_token_variable_is_unset_warns_at_start_and
     assert [(r.surface, r.variable) for r in warned] == [("slack", "SLACK_APP_TOKEN"), ("mattermost", "MATTERMOST_BOT_TOKEN")]
     assert "socket cannot connect" in warned[0].hint and SLACK_APP_TOKEN not in caplog.text
     async with wired(org) as w, client_on(SlackSocket, w, org, environ={}) as client:
-        report = client.report()
+        report = client.status_report()
         assert report["state"] == STATE_NOT_CONFIGURED and report["ok"] is False
         assert "SLACK_APP_TOKEN" in report["hint"] and not client.healthy()
 
@@ -168,7 +168,7 @@ async def test_a_slack_mention_over_socket_mode_wakes_the_seat_once_and_is_ackno
         assert json.loads(raw.data.raw_bytes()) == slack_message("<@W111> deploy please", event_id="EvSock1")
         assert raw.data.route == record.data.route == "socket:slack" and raw.data.delivery_id == "EvSock1"
         assert store_label(record) == "webhook:message" and w.wakes["ada"][0].trace_id == raw.trace_id
-        report = client.report()
+        report = client.status_report()
         assert report["state"] == STATE_CONNECTED and report["ok"] and report["delivered"] == 1
         assert report["last_frame_at"] and report["last_error"] == ""
 
@@ -280,7 +280,7 @@ async def test_a_mattermost_mention_over_the_websocket_wakes_the_seat_once_after
         assert raw.data.raw_bytes() == json.dumps(mattermost_server.events[seq]).encode()  # the frame's exact bytes
         assert store_label(record) == "socket:posted" and raw.data.route == "socket:mattermost"
         await eventually(lambda: client.next_seq == seq + 1, what="the seq read")
-        report = client.report()
+        report = client.status_report()
         assert report["ok"] and report["state"] == STATE_CONNECTED and report["delivered"] == 1
 
 
@@ -349,7 +349,7 @@ async def test_a_refused_mattermost_bot_token_is_the_surfaces_last_error_and_is_
     refused = mattermost_server.refused
     async with wired(org) as w, client_on(MattermostSocket, w, org, environ={"MATTERMOST_BOT_TOKEN": "wrong"}) as client:
         await eventually(lambda: mattermost_server.refused >= refused + 2, what="two refused attempts")
-        report = client.report()
+        report = client.status_report()
         assert not report["ok"] and "refused the bot token" in report["last_error"] and "wrong" not in json.dumps(report)
 
 
@@ -366,3 +366,37 @@ async def test_every_mattermost_fixture_replayed_over_the_websocket_is_published
         parser = PARSERS["mattermost"]
         for ev, path in zip(w.published(RawWebhook), files):
             assert ev.data.delivery_id == parser.delivery_id(json.loads(path.read_bytes()), DeliveryMeta()), path.name
+
+
+# -- once per fleet ---------------------------------------------------------------------------------------
+
+
+async def test_only_the_node_holding_the_surfaces_duty_lease_opens_its_socket_and_another_takes_over_when_it_lets_go(mattermost_server: MattermostServer) -> None:
+    from crewlet.db import in_store
+    from crewlet.fleet import leases
+    from crewlet.fleet.member import FleetMember
+
+    org = socket_company(mattermost=mattermost_server.url)
+    a, b = FleetMember("node-a", ttl_s=30.0), FleetMember("node-b", ttl_s=30.0)
+    async with wired(org) as w:
+        assert w.notify.edge is not None
+        surface = org.surfaces["mattermost"]
+        first = MattermostSocket(surface, w.notify.edge, environ=ENVIRON, timings=FAST, hold_duty=a.hold_duty, duty_check_s=0.05)
+        second = MattermostSocket(surface, w.notify.edge, environ=ENVIRON, timings=FAST, hold_duty=b.hold_duty, duty_check_s=0.05)
+        await first.start()
+        await eventually(lambda: first.status.connected, what="node-a connected")
+        await second.start()
+        try:
+            await eventually(lambda: second.status.standby, what="node-b standing by")
+            report = second.status_report()
+            assert report["state"] == "standby" and report["ok"] and not second.status.connected
+            sessions = len(mattermost_server.sessions)
+            await first.stop()
+            await in_store(leases.release)(leases.DUTY, [first.name], "node-a")  # what node-a's clean stop does
+            await eventually(lambda: second.status.connected, what="node-b took the socket over")
+            assert len(mattermost_server.sessions) == sessions + 1  # one socket at a time
+            mattermost_server.post(mm_posted("postduty1", "@ada after the hand-over", channel="c-duty"))
+            await eventually(lambda: w.delivery_ids("ada") == ["postduty1"], what="the wake through node-b")
+        finally:
+            await second.stop()
+            await first.stop()

@@ -14,10 +14,11 @@ again by the vendor.
 Each client is an engine service (``surface_socket:<kind>``) that keeps a
 :class:`SurfaceStatus`: whether it is connected, when the last frame came,
 the last error. ``/readyz`` lists it among its components and the dashboard's
-overview shows it (both through :meth:`crewlet.engine.Engine.reports`).
+overview shows it (both through :meth:`crewlet.engine.Engine.status_reports`).
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import importlib
 import logging
@@ -26,11 +27,11 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 
 from django.conf import settings
 
-from crewlet.engine import Task
+from crewlet.engine import Task, cancel_and_wait
 from crewlet.org import MODE_SOCKET, SURFACE_SOCKET_TOKEN_KEYS, Organization, Surface
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,6 +46,8 @@ ROUTE_PREFIX = "socket:"
 
 STATE_CONNECTED = "connected"
 STATE_CONNECTING = "connecting"
+#: Another node holds the surface's duty lease and runs its socket; this one waits to take over.
+STATE_STANDBY = "standby"
 STATE_NOT_CONFIGURED = "not configured"
 STATE_STOPPED = "stopped"
 
@@ -131,6 +134,7 @@ class SurfaceStatus:
     transport: str
     clock: Callable[[], float] = time.time
     configured: bool = True
+    standby: bool = False
     connected: bool = False
     stopped: bool = False
     connects: int = 0
@@ -158,12 +162,14 @@ class SurfaceStatus:
             return STATE_NOT_CONFIGURED
         if self.stopped:
             return STATE_STOPPED
+        if self.standby:
+            return STATE_STANDBY
         return STATE_CONNECTED if self.connected else STATE_CONNECTING
 
     def report(self) -> dict[str, Any]:
-        """The ``/readyz`` component and the dashboard's row: ``ok`` only while connected."""
+        """The ``/readyz`` component and the dashboard's row: ``ok`` while connected, or standing by for another node."""
         out: dict[str, Any] = {
-            "ok": self.state == STATE_CONNECTED,
+            "ok": self.state in (STATE_CONNECTED, STATE_STANDBY),
             "state": self.state,
             "surface": self.surface,
             "mode": MODE_SOCKET,
@@ -189,12 +195,24 @@ def missing_token(surface: Surface, environ: Mapping[str, str]) -> str:
     return f"set {surface.token_env} (named by surfaces.{surface.name}.{token_key(surface)}) in this process's environment"
 
 
-class SocketClient:
-    """What both socket clients share: the token check at start, the task, the status, and handing a frame to the edge.
+#: ``hold_duty(name)``: whether this node runs once-per-fleet duty ``name`` now (the fleet member's).
+HoldDuty = Callable[[str], Awaitable[bool]]
+#: How often a node asks whether it still holds (or may now take) a socket's duty lease, without a fleet's own pace.
+DUTY_CHECK_S = 5.0
 
-    A subclass says how to :meth:`run` (connect, read, reconnect) and how to
+
+class SocketClient(abc.ABC):
+    """What both socket clients share: the duty lease, the token check at start, the task, the status, and handing a frame to the edge.
+
+    A subclass says how to :meth:`serve` (connect, read, reconnect) and how to
     :meth:`close` what it opened. The edge is the notify service's
     (:class:`~notifications.edge.Edge`), so a frame takes the webhook route's path.
+
+    With ``hold_duty`` (the fleet member's), the socket runs only on the node
+    holding the duty lease named after the service (``surface_socket:<kind>``):
+    a vendor sends each event to every open socket of an app, so two nodes
+    connected would each take every delivery. The others stand by and ask
+    again every ``duty_check_s``; a node that loses the lease closes its socket.
     """
 
     transport = ""
@@ -207,8 +225,12 @@ class SocketClient:
         environ: Optional[Mapping[str, str]] = None,
         timings: Optional[SocketTimings] = None,
         clock: Callable[[], float] = time.time,
+        hold_duty: Optional[HoldDuty] = None,
+        duty_check_s: float = DUTY_CHECK_S,
     ) -> None:
         self.surface = surface
+        self.hold_duty = hold_duty
+        self.duty_check_s = duty_check_s
         self.edge = edge
         self.environ: Mapping[str, str] = environ if environ is not None else os.environ
         self.timings = timings or SocketTimings.from_settings()
@@ -254,14 +276,51 @@ class SocketClient:
         """Whether its task runs (``/readyz``'s duties): a client with no token runs none."""
         return self._task is not None and self._task.alive
 
-    def report(self) -> dict[str, Any]:
+    def status_report(self) -> dict[str, Any]:
         return self.status.report()
 
     async def run(self) -> None:
-        raise NotImplementedError
+        """Serve while this node holds the surface's duty (always, without a fleet); stand by while another node does."""
+        if self.hold_duty is None:
+            await self.serve()
+            return
+        while True:
+            if not await self._holds():
+                self.status.standby = True
+                await asyncio.sleep(self.duty_check_s)
+                continue
+            self.status.standby = False
+            log.info("surface_socket_duty_held", extra={"surface": self.surface.name, "duty": self.name})
+            serving = asyncio.create_task(self.serve(), name=f"{self.name}:serve")
+            try:
+                while not serving.done():
+                    await asyncio.wait({serving}, timeout=self.duty_check_s)
+                    if not serving.done() and not await self._holds():
+                        log.warning("surface_socket_duty_lost", extra={"surface": self.surface.name, "duty": self.name})
+                        break
+            finally:
+                await cancel_and_wait([serving])
+                await self.close()
+                self.status.connected = False
+            if not serving.cancelled():
+                serving.result()  # serve() returns only by failing: the Task logs it
 
+    async def _holds(self) -> bool:
+        assert self.hold_duty is not None
+        try:
+            return await self.hold_duty(self.name)
+        except Exception as exc:  # the coordination store away: not ours until it answers
+            self.status.error(f"the duty lease could not be read: {type(exc).__name__}")
+            log.warning("surface_socket_duty_unknown", extra={"surface": self.surface.name, "error": f"{type(exc).__name__}: {exc}"})
+            return False
+
+    @abc.abstractmethod
+    async def serve(self) -> None:
+        """Connect, read, reconnect: until cancelled."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
-        raise NotImplementedError
+        """Close what :meth:`serve` opened (idempotent)."""
 
     async def pause(self, why: str) -> None:
         """Wait out the next backoff after ``why`` ended a session or a connect."""
@@ -308,12 +367,15 @@ def client_for(surface: Surface, edge: "Edge", **options: Any) -> SocketClient:
 
 __all__ = [
     "Backoff",
+    "DUTY_CHECK_S",
+    "HoldDuty",
     "FrameNotTaken",
     "ROUTE_PREFIX",
     "SERVICE_PREFIX",
     "STATE_CONNECTED",
     "STATE_CONNECTING",
     "STATE_NOT_CONFIGURED",
+    "STATE_STANDBY",
     "STATE_STOPPED",
     "SocketClient",
     "SocketError",

@@ -71,7 +71,7 @@ class MattermostSocket(SocketClient):
         self._challenge_seq = 0
         self._ws: Optional[ClientConnection] = None
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
         """Sessions until stopped: each ends in an error, a drop or a frame not taken, then a backoff."""
         while True:
             try:

@@ -69,7 +69,7 @@ class SlackSocket(SocketClient):
         client.message_listeners.append(self._on_message)
         return client
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
         """Connect (retrying with backoff until Slack answers); from then on the SDK keeps the socket."""
         self.client = await asyncio.to_thread(self._make_client)
         while True:
@@ -95,10 +95,10 @@ class SlackSocket(SocketClient):
         client = self.client
         return client is not None and client.is_connected()
 
-    def report(self) -> dict[str, Any]:
+    def status_report(self) -> dict[str, Any]:
         """The status with ``connected`` read off the SDK's socket now (it reconnects on its own threads)."""
         self.status.connected = self.connected()
-        return super().report()
+        return super().status_report()
 
     # -- the SDK's listeners, on its threads -------------------------------------------------
 
