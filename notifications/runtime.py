@@ -13,6 +13,7 @@ windows and cold thread follows. ``stop()`` undoes all of it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
@@ -24,7 +25,7 @@ from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization, Surfac
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
 from notifications import service, store
-from notifications.sockets import SocketClient, client_for, missing_token, service_name, socket_surfaces
+from notifications.sockets import SocketClient, SocketTimings, client_for, missing_token, service_name, socket_surfaces
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine
@@ -172,7 +173,8 @@ def services(engine: "Engine") -> list[Service]:
             member = engine.lookup(FLEET)
             if member is None:
                 return client_for(surface, edge)
-            return client_for(surface, edge, hold_duty=member.hold_duty, duty_check_s=member.renew_every_s)
+            timings = dataclasses.replace(SocketTimings.from_settings(), duty_check_s=member.renew_every_s)
+            return client_for(surface, edge, hold_duty=member.hold_duty, timings=timings)
 
         return Service(service_name(surface.name), make_client, depends_on=(NOTIFY,), after=(FLEET,))
 

@@ -37,7 +37,7 @@ pytestmark = [
     pytest.mark.usefixtures("close_store_connections"),
 ]
 
-FAST = SocketTimings(retry_min_s=0.02, retry_max_s=0.1, ping_s=0.5, deliver_timeout_s=10.0)
+FAST = SocketTimings(retry_min_s=0.02, retry_max_s=0.1, ping_s=0.5, deliver_timeout_s=10.0, duty_check_s=0.05)
 ENVIRON = {"SLACK_APP_TOKEN": SLACK_APP_TOKEN, "MATTERMOST_BOT_TOKEN": MATTERMOST_BOT_TOKEN}
 
 
@@ -381,8 +381,8 @@ async def test_only_the_node_holding_the_surfaces_duty_lease_opens_its_socket_an
     async with wired(org) as w:
         assert w.notify.edge is not None
         surface = org.surfaces["mattermost"]
-        first = MattermostSocket(surface, w.notify.edge, environ=ENVIRON, timings=FAST, hold_duty=a.hold_duty, duty_check_s=0.05)
-        second = MattermostSocket(surface, w.notify.edge, environ=ENVIRON, timings=FAST, hold_duty=b.hold_duty, duty_check_s=0.05)
+        first = MattermostSocket(surface, w.notify.edge, environ=ENVIRON, timings=FAST, hold_duty=a.hold_duty)
+        second = MattermostSocket(surface, w.notify.edge, environ=ENVIRON, timings=FAST, hold_duty=b.hold_duty)
         await first.start()
         await eventually(lambda: first.status.connected, what="node-a connected")
         await second.start()

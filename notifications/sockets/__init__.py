@@ -84,12 +84,14 @@ def token_key(surface: Surface) -> str:
 
 @dataclass(frozen=True)
 class SocketTimings:
-    """How long a client waits before reconnecting (doubling from ``retry_min_s`` to ``retry_max_s``), how often it pings, and how long it waits for the edge."""
+    """How long a client waits before reconnecting (doubling from ``retry_min_s`` to ``retry_max_s``), how often it pings, how long it waits for the edge, how often it asks for its duty lease."""
 
     retry_min_s: float = 1.0
     retry_max_s: float = 60.0
     ping_s: float = 10.0
     deliver_timeout_s: float = 30.0
+    #: How often a node asks whether it holds (or may now take) the socket's duty lease (the fleet's renewal pace).
+    duty_check_s: float = 5.0
 
     @classmethod
     def from_settings(cls) -> "SocketTimings":
@@ -197,8 +199,6 @@ def missing_token(surface: Surface, environ: Mapping[str, str]) -> str:
 
 #: ``hold_duty(name)``: whether this node runs once-per-fleet duty ``name`` now (the fleet member's).
 HoldDuty = Callable[[str], Awaitable[bool]]
-#: How often a node asks whether it still holds (or may now take) a socket's duty lease, without a fleet's own pace.
-DUTY_CHECK_S = 5.0
 
 
 class SocketClient(abc.ABC):
@@ -212,7 +212,7 @@ class SocketClient(abc.ABC):
     holding the duty lease named after the service (``surface_socket:<kind>``):
     a vendor sends each event to every open socket of an app, so two nodes
     connected would each take every delivery. The others stand by and ask
-    again every ``duty_check_s``; a node that loses the lease closes its socket.
+    again every ``timings.duty_check_s``; a node that loses the lease closes its socket.
     """
 
     transport = ""
@@ -226,12 +226,8 @@ class SocketClient(abc.ABC):
         timings: Optional[SocketTimings] = None,
         clock: Callable[[], float] = time.time,
         hold_duty: Optional[HoldDuty] = None,
-        duty_check_s: float = DUTY_CHECK_S,
     ) -> None:
-        self.surface = surface
-        self.hold_duty = hold_duty
-        self.duty_check_s = duty_check_s
-        self.edge = edge
+        self.surface, self.edge, self.hold_duty = surface, edge, hold_duty
         self.environ: Mapping[str, str] = environ if environ is not None else os.environ
         self.timings = timings or SocketTimings.from_settings()
         self.status = SurfaceStatus(surface.name, self.transport, clock=clock)
@@ -287,14 +283,14 @@ class SocketClient(abc.ABC):
         while True:
             if not await self._holds():
                 self.status.standby = True
-                await asyncio.sleep(self.duty_check_s)
+                await asyncio.sleep(self.timings.duty_check_s)
                 continue
             self.status.standby = False
             log.info("surface_socket_duty_held", extra={"surface": self.surface.name, "duty": self.name})
             serving = asyncio.create_task(self.serve(), name=f"{self.name}:serve")
             try:
                 while not serving.done():
-                    await asyncio.wait({serving}, timeout=self.duty_check_s)
+                    await asyncio.wait({serving}, timeout=self.timings.duty_check_s)
                     if not serving.done() and not await self._holds():
                         log.warning("surface_socket_duty_lost", extra={"surface": self.surface.name, "duty": self.name})
                         break
@@ -367,7 +363,6 @@ def client_for(surface: Surface, edge: "Edge", **options: Any) -> SocketClient:
 
 __all__ = [
     "Backoff",
-    "DUTY_CHECK_S",
     "HoldDuty",
     "FrameNotTaken",
     "ROUTE_PREFIX",
