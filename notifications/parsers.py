@@ -127,6 +127,50 @@ class Parsed:
     #: Non-empty: the parser's own filtering — the delivery concerns nobody.
     filtered: str = ""
 
+    @classmethod
+    def chat_message(
+        cls,
+        source: str,
+        event_name: str,
+        delivery_id: str,
+        message_id: str,
+        *,
+        channel: str,
+        root: str,
+        dm: bool,
+        thread_reply: bool,
+        kind: str,
+        place: str,
+        sender: str,
+        sender_name: str,
+        recipients: Iterable[Recipient],
+        **fields: Any,
+    ) -> Parsed:
+        """A message posted in a chat channel: what every chat source's message shares.
+
+        Its batch and thread come from :func:`chat_keys`; its title names the
+        ``kind`` of post and where it was said (``place``, or "a direct
+        message"); an earlier message of a digest keeps its whole text (no
+        ``digest_body``); a recipient named twice counts once. ``fields`` are
+        the rest of the record as the source read it (``body``, ``filtered``).
+        """
+        partition, identity = chat_keys(source, channel, root, dm=dm, thread_reply=thread_reply)
+        title = f"{kind} in {'a direct message' if dm else place}"
+        return cls(
+            source, event_name, delivery_id, message_id, sender=sender, sender_name=sender_name or sender,
+            partition_key=partition, conversation_identity=identity, title=title, recipients=unique(recipients),
+            chat=True, dm=dm, thread_reply=thread_reply, **fields,
+        )
+
+    @classmethod
+    def item(cls, source: str, event_name: str, delivery_id: str, message_id: str, *, key: str, **fields: Any) -> Parsed:
+        """A delivery about one tracked item (an issue, a pull request, a page): the item is its conversation.
+
+        Every delivery about the item joins one batch, ``key``, which is also
+        the thread it belongs to: a tracker has no finer thread than its item.
+        """
+        return cls(source, event_name, delivery_id, message_id, partition_key=key, conversation_identity=key, **fields)
+
 
 # ---------------------------------------------------------------------------
 # small readers (a vendor's payload is untrusted: a missing or mistyped field reads as empty)

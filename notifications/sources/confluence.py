@@ -92,21 +92,10 @@ class ConfluenceParser(Parser):
             message_id = f"{page_id}:v{version}" if version else delivery
         else:
             return Parsed(self.source, name, delivery, filtered=f"{FILTER_UNHANDLED} {name or '(unnamed)'}")
-        key = f"{NAME}:{page_id}"
-        return Parsed(
-            source=self.source,
-            event_name=name,
-            delivery_id=delivery,
-            message_id=message_id,
-            sender=actor,
-            sender_aliases=tuple(a for a in (as_text(payload.get("username")), as_text(payload.get("user"))) if a and a != actor),
-            sender_name=who,
-            partition_key=key,
-            conversation_identity=key,
-            title=title,
-            url=url,
-            body=body,
-            digest_body=digest,
+        aliases = tuple(a for a in (as_text(payload.get("username")), as_text(payload.get("user"))) if a and a != actor)
+        return Parsed.item(
+            self.source, name, delivery, message_id, key=f"{NAME}:{page_id}", sender=actor, sender_aliases=aliases,
+            sender_name=who, title=title, url=url, body=body, digest_body=digest,
             recipients=unique(Recipient(m, WHY_MENTION) for m in mentions),
         )
 

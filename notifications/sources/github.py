@@ -131,19 +131,9 @@ class GitHubParser(Parser):
             recipients.append(Recipient(as_text(as_dict(person).get("login")), WHY_REVIEWER))
         if action == "review_requested":
             recipients.append(Recipient(as_text(as_dict(payload.get("requested_reviewer")).get("login")), WHY_REVIEWER))
-        return Parsed(
-            source=self.source,
-            event_name=name,
-            delivery_id=delivery,
-            message_id=message_id,
-            sender=login,
-            sender_name=login,
-            partition_key=key,
-            conversation_identity=key,
-            title=f"{repo}#{number}" + (f": {title}" if title else ""),
-            url=url,
-            body=body,
-            digest_body=digest,
+        return Parsed.item(
+            self.source, name, delivery, message_id, key=key, sender=login, sender_name=login,
+            title=f"{repo}#{number}" + (f": {title}" if title else ""), url=url, body=body, digest_body=digest,
             recipients=_uniq_ci(recipients),
         )
 

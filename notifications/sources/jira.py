@@ -88,20 +88,10 @@ class JiraParser(Parser):
                 recipients = [Recipient(m, WHY_MENTION) for m in atlassian.mentions(description)] + recipients
             message_id = delivery
         base = as_text(issue.get("self")).split("/rest/")[0]
-        return Parsed(
-            source=self.source,
-            event_name=name,
-            delivery_id=delivery,
-            message_id=message_id,
-            sender=sender,
-            sender_name=who,
-            partition_key=partition,
-            conversation_identity=partition,
-            title=f"{key}: {summary}" if summary else key,
-            url=f"{base}/browse/{key}" if base else "",
-            body=body,
-            digest_body=digest,
-            recipients=unique(recipients),
+        return Parsed.item(
+            self.source, name, delivery, message_id, key=partition, sender=sender, sender_name=who,
+            title=f"{key}: {summary}" if summary else key, url=f"{base}/browse/{key}" if base else "", body=body,
+            digest_body=digest, recipients=unique(recipients),
         )
 
 

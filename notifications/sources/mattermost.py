@@ -17,8 +17,7 @@ from typing import Any, Mapping, Optional
 from crewlet.events.categories import SOCKET_EVENT_POSTED, SURFACE_SOCKET
 from notifications.parsers import (
     FILTER_DELETED_POST, FILTER_SYSTEM_POST, FILTER_UNHANDLED, WHY_DM, WHY_MENTION,
-    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, chat_keys, load_json, need,
-    unique,
+    DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, load_json, need,
 )
 from notifications.sources.base import InboundRequest, Source, query_meta, same
 
@@ -111,7 +110,6 @@ class MattermostParser(Parser):
         channel_type = as_text(data.get("channel_type"))
         dm = channel_type in ("D", "G")
         thread_reply = bool(root) and root != post_id
-        partition, identity = chat_keys(NAME, channel, root or post_id, dm=dm, thread_reply=thread_reply)
         sender = as_text(post.get("user_id"))
         sender_name = as_text(data.get("sender_name")).lstrip("@")
         text = as_text(post.get("message"))
@@ -139,25 +137,11 @@ class MattermostParser(Parser):
             for member in as_text(data.get("channel_name")).split("__"):
                 if member and member != sender:
                     recipients.append(Recipient(member, WHY_DM))
-        where = "a direct message" if dm else (as_text(data.get("channel_display_name")) or channel)
-        return Parsed(
-            source=self.source,
-            event_name=name,
-            delivery_id=post_id,
-            message_id=post_id,
-            sender=sender,
-            sender_aliases=(sender_name,) if sender_name else (),
-            sender_name=sender_name or sender,
-            partition_key=partition,
-            conversation_identity=identity,
-            title=f"Mattermost message in {where}",
-            body=text,
-            digest_body="",
-            recipients=unique(recipients),
-            chat=True,
-            dm=dm,
-            thread_reply=thread_reply,
-            filtered=filtered,
+        return Parsed.chat_message(
+            self.source, name, post_id, post_id, channel=channel, root=root or post_id, dm=dm, thread_reply=thread_reply,
+            kind="Mattermost message", place=as_text(data.get("channel_display_name")) or channel, sender=sender,
+            sender_aliases=(sender_name,) if sender_name else (), sender_name=sender_name, body=text,
+            recipients=recipients, filtered=filtered,
         )
 
 

@@ -39,7 +39,7 @@ from crewlet.org import Organization
 from notifications.parsers import (
     FILTER_DELETED_POST, FILTER_EDIT, FILTER_HANDSHAKE, FILTER_SYSTEM_POST, FILTER_UNHANDLED, FORM_PAYLOAD_FIELD,
     WHY_ADDRESSED, WHY_DM, WHY_MENTION, DeliveryMeta, MalformedForm, Parsed, ParseError, Parser, Recipient, as_dict,
-    as_list, as_text, chat_keys, form_json, need, unique,
+    as_list, as_text, form_json, need,
 )
 from notifications.sources.base import (
     Acknowledgement, Handshake, InboundRequest, Source, hmac_sha256_hex, query_meta, same, seat_of_recipient,
@@ -260,32 +260,17 @@ class SlackParser(Parser):
             raise ParseError("the message has no ts")
         dm = self.is_dm(event)
         thread_reply = bool(root) and root != ts
-        partition, identity = chat_keys(NAME, channel, root, dm=dm, thread_reply=thread_reply)
         sender = user or bot
         recipients = [Recipient(m, WHY_MENTION) for m in mentions]
         if dm and not filtered:
             for auth in self.authorized_users(payload):
                 if auth != sender:
                     recipients.append(Recipient(auth, WHY_DM))
-        where = "a direct message" if dm else f"<#{channel}>"
-        return Parsed(
-            source=self.source,
-            event_name=name,
-            delivery_id=delivery,
-            message_id=f"{channel}:{ts}",
-            sender=sender,
-            sender_aliases=tuple(a for a in (bot,) if a and a != sender),
-            sender_name=display or sender,
-            partition_key=partition,
-            conversation_identity=identity,
-            title=f"Slack message in {where}",
-            body=text,
-            digest_body="",
-            recipients=unique(recipients),
-            chat=True,
-            dm=dm,
-            thread_reply=thread_reply,
-            filtered=filtered,
+        return Parsed.chat_message(
+            self.source, name, delivery, f"{channel}:{ts}", channel=channel, root=root, dm=dm, thread_reply=thread_reply,
+            kind="Slack message", place=f"<#{channel}>", sender=sender,
+            sender_aliases=tuple(a for a in (bot,) if a and a != sender), sender_name=display, body=text,
+            recipients=recipients, filtered=filtered,
         )
 
     def _slash_command(self, payload: Mapping[str, Any], delivery: str) -> Parsed:
@@ -317,7 +302,6 @@ class SlackParser(Parser):
         ts = as_text(message.get("ts")) or need(container.get("message_ts"), "message.ts")
         root = as_text(message.get("thread_ts")) or ts
         dm = channel.startswith("D")
-        partition, identity = chat_keys(NAME, channel, root, dm=dm, thread_reply=root != ts)
         who = as_text(user.get("name")) or as_text(user.get("username")) or sender
         if kind == "block_actions":
             labels = [_action_label(as_dict(a)) for a in as_list(payload.get("actions"))]
@@ -327,12 +311,10 @@ class SlackParser(Parser):
         quoted = as_text(message.get("text"))
         author, bot = as_text(message.get("user")), as_text(message.get("bot_id"))
         recipients = [Recipient(author or bot, WHY_ADDRESSED, aliases=tuple(a for a in (bot,) if a and a != author))]
-        title = f"Slack {kind} in {'a direct message' if dm else f'<#{channel}>'}"
         body = f"{who} {did} on your message" + (f":\n> {quoted}" if quoted else "")
-        return Parsed(
-            self.source, kind, delivery, f"action:{delivery}", sender=sender, sender_name=who, partition_key=partition,
-            conversation_identity=identity, title=title, body=body, recipients=unique(recipients), chat=True, dm=dm,
-            thread_reply=root != ts,
+        return Parsed.chat_message(
+            self.source, kind, delivery, f"action:{delivery}", channel=channel, root=root, dm=dm, thread_reply=root != ts,
+            kind=f"Slack {kind}", place=f"<#{channel}>", sender=sender, sender_name=who, body=body, recipients=recipients,
         )
 
     @staticmethod
