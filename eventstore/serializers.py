@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from crewlet.bodies import BadParameterSerializer, DetailSerializer  # noqa: F401  (the error answers, as s.* in the views)
 from crewlet.events import CATEGORIES
+from eventstore.questions.turns import TURN_OUTCOMES
 
 
 class NodeCoverageSerializer(serializers.Serializer):
@@ -118,7 +119,7 @@ class TurnSerializer(serializers.Serializer):
     started = serializers.CharField(allow_null=True)
     ended = serializers.CharField(allow_null=True)
     duration_ms = serializers.IntegerField(allow_null=True)
-    outcome = serializers.ChoiceField(choices=["ok", "failed", "stopped", "suspended", "running"])
+    outcome = serializers.ChoiceField(choices=list(TURN_OUTCOMES))
     segments = serializers.IntegerField()
     phases = serializers.IntegerField()
     tokens = TokensSerializer()

@@ -12,19 +12,21 @@ from typing import Any, Optional, Sequence
 
 from django.db import connections
 
-from crewlet.events import format_timestamp
+from crewlet.events import format_timestamp, types
 from eventstore.questions.cursor import decode_cursor, encode_cursor
 from eventstore.questions.listing import LIST_COLUMNS, list_row, list_sql
 from eventstore.questions.model import MAX_DETAIL_ROWS, MAX_LIMIT, Filters, NodeScope, Question
 from eventstore.questions.sql import TABLE, Where, fetch, us_sql
 from eventstore.questions.timefmt import format_us, from_us, to_us
 
-# The rows a turn is folded from.
-TURN_STARTED = "agent_turn_started"
-TURN_COMPLETED = "agent_turn_completed"
-PHASE_COMPLETED = "agent_phase_completed"
-TURN_STOPPED = "agent_turn_stopped"
-TURN_FAILURES: tuple[str, ...] = ("turn.guard_breach", "llm_unavailable", "budget_exhausted")
+# The rows a turn is folded from (each wire name read off its registered class).
+TURN_STARTED = types.AgentTurnStarted.event_type
+TURN_COMPLETED = types.AgentTurnCompleted.event_type
+PHASE_COMPLETED = types.AgentPhaseCompleted.event_type
+TURN_STOPPED = types.AgentTurnStopped.event_type
+TURN_FAILURES: tuple[str, ...] = tuple(
+    cls.event_type for cls in (types.TurnGuardBreach, types.LLMUnavailable, types.BudgetExhausted)
+)
 FOLD_TYPES: tuple[str, ...] = (TURN_STARTED, TURN_COMPLETED, PHASE_COMPLETED, TURN_STOPPED, *TURN_FAILURES)
 #: The fold reads bodies of these only: a phase's body holds whole prompts.
 _BODY_TYPES: tuple[str, ...] = (TURN_STARTED, TURN_COMPLETED)
@@ -34,6 +36,7 @@ OUTCOME_FAILED = "failed"
 OUTCOME_STOPPED = "stopped"
 OUTCOME_SUSPENDED = "suspended"
 OUTCOME_RUNNING = "running"
+TURN_OUTCOMES: tuple[str, ...] = (OUTCOME_OK, OUTCOME_FAILED, OUTCOME_STOPPED, OUTCOME_SUSPENDED, OUTCOME_RUNNING)
 
 
 def fold_turn(turn_id: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
