@@ -66,7 +66,7 @@ class Wired:
 
 
 @contextlib.asynccontextmanager
-async def wired(org: Organization) -> AsyncIterator[Wired]:
+async def wired(org: Organization, **edge_options: Any) -> AsyncIterator[Wired]:
     """The notify service (edge + router) on the memory twin, and every wake on ada's and linus's inboxes."""
     async with memory_queues("n1") as (broker, (q,)):
         wakes: dict[str, list[Event]] = {"ada": [], "linus": []}
@@ -79,7 +79,7 @@ async def wired(org: Organization) -> AsyncIterator[Wired]:
 
             subs.append(await q.subscribe(topics.agent_inbox(handle), topics.agent_inbox_group(handle), collect))
         rec = Recorder().attach(q)
-        notify = NotifyService(q, holder(org), prune_interval_s=0)
+        notify = NotifyService(q, holder(org), prune_interval_s=0, **edge_options)
         await notify.start()
         try:
             yield Wired(broker, q, notify, rec, wakes)
@@ -400,3 +400,13 @@ async def test_only_the_node_holding_the_surfaces_duty_lease_opens_its_socket_an
         finally:
             await second.stop()
             await first.stop()
+
+
+async def test_a_mattermost_frame_over_the_body_limit_is_refused_and_read_past_and_the_next_one_arrives(mattermost_server: MattermostServer) -> None:
+    org = socket_company(mattermost=mattermost_server.url)
+    async with wired(org, max_body=4096) as w, client_on(MattermostSocket, w, org) as client:
+        await eventually(lambda: client.status.connected, what="authenticated")
+        big = mattermost_server.post(mm_posted("postbig1", "@ada " + "x" * 8000, channel="c-big"))
+        mattermost_server.post(mm_posted("postsmall1", "@ada small", channel="c-small"))
+        await eventually(lambda: w.delivery_ids("ada") == ["postsmall1"], what="the next frame's wake")
+        assert client.next_seq is not None and client.next_seq > big + 1 and client.status.delivered == 1

@@ -71,7 +71,7 @@ seats:
             yield Up(process, slack, mattermost)
             assert process.terminate() == 0, process.output()
             text = process.output()
-            assert SLACK_APP_TOKEN not in text and MATTERMOST_BOT_TOKEN not in text
+            assert SLACK_APP_TOKEN not in text and MATTERMOST_BOT_TOKEN not in text and "ticket=" not in text
 
 
 def test_up_says_each_surface_runs_over_its_socket_and_readyz_and_the_overview_show_both_connected(up: Up) -> None:

@@ -90,7 +90,9 @@ class MattermostSocket(SocketClient):
                 ping_interval=self.timings.ping_s,
                 ping_timeout=self.timings.ping_s,
                 open_timeout=self.timings.ping_s,
-                max_size=self.edge.limit(),
+                # No frame limit here: a frame over the edge's limit is refused there (413) and counted read;
+                # refused here, the socket would close and the resume would replay the same frame for ever.
+                max_size=None,
             )
         except InvalidURI as exc:
             raise SocketError(f"surfaces.mattermost.server does not make a websocket URL: {exc}") from exc
