@@ -410,3 +410,12 @@ async def test_a_mattermost_frame_over_the_body_limit_is_refused_and_read_past_a
         mattermost_server.post(mm_posted("postsmall1", "@ada small", channel="c-small"))
         await eventually(lambda: w.delivery_ids("ada") == ["postsmall1"], what="the next frame's wake")
         assert client.next_seq is not None and client.next_seq > big + 1 and client.status.delivered == 1
+
+
+async def test_a_refused_slack_app_token_is_the_surfaces_last_error_and_is_retried(slack_server: SlackServer) -> None:
+    org = socket_company(slack_api=slack_server.api_url)
+    async with wired(org) as w, client_on(SlackSocket, w, org, environ={"SLACK_APP_TOKEN": "xapp-wrong"}) as client:
+        await eventually(lambda: client.backoff.attempts >= 2, what="two refused attempts")
+        report = client.status_report()
+        assert not report["ok"] and report["last_error"] == "apps.connections.open failed: invalid_auth"
+        assert report["state"] == "connecting" and "xapp-wrong" not in json.dumps(report)
