@@ -105,20 +105,6 @@ K_FEED = "feed"
 K_COUNTERS = "counters"
 K_SEEDED = "seeded"
 K_COUNTERS_SINCE = "counters_since"
-SEAT_KEYS: tuple[str, ...] = (
-    "handle",
-    "kind",
-    "display_name",
-    "role",
-    "state",
-    "reason",
-    "paused_by",
-    "turn_id",
-    "queued",
-    "last_turn",
-    "counters",
-)
-LAST_TURN_KEYS: tuple[str, ...] = ("turn_id", "outcome", "timestamp", "summary", "trace_id")
 C_EVENTS = "events"
 C_TURNS_COMPLETED = "turns_completed"
 C_TURNS_FAILED = "turns_failed"
@@ -815,7 +801,6 @@ __all__ = [
     "PAUSED",
     "QUEUED",
     "RUNNING",
-    "SEAT_KEYS",
     "STATES",
     "STOPPED",
     "NO_ENGINE",
