@@ -227,6 +227,21 @@ async def _publish(queue: EventQueue, topic: str, event: Event) -> None:
     await queue.publish(topic, event)
 
 
+async def _wake(
+    queue: EventQueue, body: A2ARequest | A2AMessage, text: str, trace: Trace, event_id: str, envelope: _Delegation
+) -> None:
+    """Put ``body`` in ``body.to_seat``'s inbox as a wake.
+
+    The extras are what the inbox reads off any wake — who sent it, what it
+    says, which conversation it is in — here the body's own sender, ``text``
+    and channel conversation. No partition_key: the wake keys on its own id
+    and is never coalesced.
+    """
+    extras = {"sender": body.from_seat, "body": text, "conversation_identity": body.conversation_key}
+    wake = events.new(body, trace, extras=extras, event_id=event_id, **envelope)
+    await _publish(queue, topics.agent_inbox(body.to_seat), wake)
+
+
 def _closed_body(row: Channel) -> A2AChannelClosed:
     return A2AChannelClosed(
         channel_id=str(row.id),
@@ -337,24 +352,17 @@ async def ask(
         **envelope,
     )
     await _publish(queue, topics.event(opened.type), opened)
-    # No partition_key: the wake keys on its own id and is never coalesced.
-    request = events.new(
-        A2ARequest(
-            channel_id=cid,
-            from_seat=from_seat,
-            to_seat=to_handle,
-            brief=brief,
-            turn_id=parent_turn_id,
-            conversation_key=conversation_key(cid),
-            role=role,
-            agent_id=agent_id,
-        ),
-        trace,
-        extras={"sender": from_seat, "body": brief, "conversation_identity": conversation_key(cid)},
-        event_id=_ask_event_id(cid, "request"),
-        **envelope,
+    request = A2ARequest(
+        channel_id=cid,
+        from_seat=from_seat,
+        to_seat=to_handle,
+        brief=brief,
+        turn_id=parent_turn_id,
+        conversation_key=conversation_key(cid),
+        role=role,
+        agent_id=agent_id,
     )
-    await _publish(queue, topics.agent_inbox(to_handle), request)
+    await _wake(queue, request, brief, trace, _ask_event_id(cid, "request"), envelope)
     log.info(
         "a2a_channel_opened" if created else "a2a_ask_repeated",
         extra={"channel_id": cid, "asker": from_seat, "target": to_handle},
@@ -390,21 +398,15 @@ async def answer(
         "parent_turn_id": turn_id,
         "delegation_chain": list(row.delegation_chain or []),
     }
-    wake = events.new(
-        A2AMessage(
-            channel_id=cid,
-            from_seat=answering_seat,
-            to_seat=row.asker,
-            message=response,
-            turn_id=turn_id,
-            conversation_key=conversation_key(cid),
-        ),
-        trace,
-        extras={"sender": answering_seat, "body": response, "conversation_identity": conversation_key(cid)},
-        event_id=answer_event_id(cid),
-        **envelope,
+    wake = A2AMessage(
+        channel_id=cid,
+        from_seat=answering_seat,
+        to_seat=row.asker,
+        message=response,
+        turn_id=turn_id,
+        conversation_key=conversation_key(cid),
     )
-    await _publish(queue, topics.agent_inbox(row.asker), wake)
+    await _wake(queue, wake, response, trace, answer_event_id(cid), envelope)
     sent = events.new(
         A2AMessageSent(
             channel_id=cid,
