@@ -23,8 +23,10 @@ what no handler is working on), runs the stop hooks (the seat runtime's
 concurrency gate turns away what waits at it), stops the front services (the
 web server), waits for handlers in flight, stops the other services in the
 reverse of their start order, closes the emitter and the queue (handing back
-the mail of any handler that outlived the drain), stops the broker and
-exports the spans still batched.
+the mail of any handler that outlived the drain, which ends it), stops the
+``stop_last`` services (the fleet membership, whose seat leases a handler
+still running must keep until it has ended), stops the broker and exports the
+spans still batched.
 """
 from __future__ import annotations
 
@@ -72,7 +74,10 @@ class Service:
     engine for them); what it builds is what :meth:`Engine.service` hands out
     under ``name``. ``stop_first`` services (the web server) stop at the very
     start of a stop, before the drain, so nothing new comes in while the loops
-    finish what they hold. ``after`` orders without requiring: the service
+    finish what they hold. ``stop_last`` services (the fleet membership) stop
+    only once the queue has closed: its close ends the handlers that outlived
+    the drain, and until they have ended another node must not be let in on
+    the seat leases they work under. ``after`` orders without requiring: the service
     starts after those names when the engine has them (a seat runtime after
     the event store's writer, so what it publishes is stored), and without
     them when it does not (a test's engine with the seats alone).
@@ -83,6 +88,7 @@ class Service:
     depends_on: tuple[str, ...] = ()
     stop_first: bool = False
     after: tuple[str, ...] = ()
+    stop_last: bool = False
 
 
 class NoService(LookupError):
@@ -618,7 +624,10 @@ class Engine:
         what waits to start; then the web server stops taking requests (a
         publish still works: the queue stays open); then the handlers in
         flight get ``drain_timeout_s``. Whatever they still hold after that
-        is handed back when the queue closes, not left to the ack clock.
+        is handed back when the queue closes, not left to the ack clock; the
+        close cancels those handlers and waits for them, and only then do the
+        ``stop_last`` services stop (the fleet membership gives back the seat
+        leases those handlers worked under).
         """
         queue = self.queue
         assert queue is not None
@@ -648,7 +657,7 @@ class Engine:
         if not idle:
             log.warning("engine_drain_incomplete", extra={"in_flight": queue.in_flight(), "timeout_s": self.drain_timeout_s})
 
-        await self._stop_services(front=False)
+        await self._stop_services()
         if self.emitter is not None:
             try:
                 await self.emitter.close()
@@ -664,6 +673,7 @@ class Engine:
                 await queue.close(grace_s=0.0)
         except Exception:
             log.exception("engine_queue_close_failed")
+        await self._stop_services(last=True)
         await self._stop_broker()
         await self._flush_spans()
 
@@ -676,10 +686,10 @@ class Engine:
         except Exception:
             log.exception("engine_span_flush_failed")
 
-    async def _stop_services(self, *, front: bool) -> None:
+    async def _stop_services(self, *, front: bool = False, last: bool = False) -> None:
         """Stop the running services of one kind, the last started first; a stop that raises is logged."""
         for service, thing in reversed(list(self._running)):
-            if service.stop_first != front:
+            if service.stop_first != front or service.stop_last != last:
                 continue
             self._running.remove((service, thing))
             if self._provided.get(service.name) is thing:

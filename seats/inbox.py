@@ -286,6 +286,7 @@ class InboxLoop:
         self._stop_request: Optional[tuple[str, str, str]] = None
         self._stop_timer: Optional[asyncio.TimerHandle] = None
         self._retry: Optional[asyncio.Task[None]] = None
+        self._handling = 0
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -296,6 +297,11 @@ class InboxLoop:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    @property
+    def handling(self) -> bool:
+        """A delivery of this seat is being handled: a turn may be running, or about to start."""
+        return self._handling > 0
 
     @property
     def turn_running(self) -> bool:
@@ -309,7 +315,7 @@ class InboxLoop:
             await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
         if self._paused:
             await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
-        self._sub = await self.queue.subscribe_batch(self.topic, self.group, self.options, self._handle)
+        self._sub = await self.queue.subscribe_batch(self.topic, self.group, self.options, self._counted)
         log.info("seat_inbox_attached", extra={"seat": self.handle, "paused": self._paused})
 
     async def stop(self) -> None:
@@ -454,6 +460,14 @@ class InboxLoop:
         log.log(level, event, extra={"seat": self.handle, "error": short_reason(exc), **fields}, exc_info=first_delivery)
         if not first_delivery:
             log.debug(f"{event}_traceback", extra={"seat": self.handle}, exc_info=exc)
+
+    async def _counted(self, partition: Partition) -> Outcome:
+        """The handler, counted while it runs (:attr:`handling`)."""
+        self._handling += 1
+        try:
+            return await self._handle(partition)
+        finally:
+            self._handling -= 1
 
     async def _handle(self, partition: Partition) -> Outcome:
         for d in partition.deliveries:

@@ -199,8 +199,9 @@ class SeatRuntime:
         self._nudges.clear()
         async with self._guard():
             for handle in list(self.loops):
-                # The drain is over: a turn still running is cut by the queue's close, which hands its mail back.
-                await self._detach(handle, DETACH_STOPPING, wait_turn=False)
+                # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
+                # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
+                await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True)
         if self._owns_emitter:
             await self.runner.emitter.close()
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
@@ -268,8 +269,21 @@ class SeatRuntime:
         async with self._guard():
             await self._rebalance(self.holder.current())
 
-    def seats_lost(self) -> None:
-        """Some seats' leases are gone: run the placement sweep now, which detaches their loops."""
+    async def seats_lost(self, handles: frozenset[str]) -> None:
+        """Some seats' leases are gone (or at this node's own deadline): end their turns now, then detach them.
+
+        Another node may start a lost seat as soon as its row runs out, so a
+        running turn is cancelled here and awaited before this returns (the
+        fleet membership calls this ahead of its deadline); the placement
+        sweep woken after it detaches the loops.
+        """
+        ending = []
+        for handle in handles:
+            loop = self.loops.get(handle)
+            if loop is not None and loop.stop_turn(reason=DETACH_LEASE_LOST):
+                ending.append(loop.turn_finished())
+        if ending:
+            await asyncio.gather(*ending)
         self._placement.wake()
 
     async def _rebalance(self, org: Organization) -> None:
@@ -347,16 +361,27 @@ class SeatRuntime:
             AgentSpawned(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason="claimed")
         )
 
-    async def _detach(self, handle: str, reason: str, *, wait_turn: bool = True) -> None:
-        """Stop fetching, let a running turn finish under the lease (unless it is lost), then give the lease back."""
+    async def _detach(
+        self, handle: str, reason: str, *, wait_turn: bool = True, keep_lease_if_busy: bool = False
+    ) -> None:
+        """Stop fetching, let a running turn finish under the lease (unless it is lost), then give the lease back.
+
+        ``keep_lease_if_busy`` (a node stopping): a delivery still being
+        handled keeps the lease; whoever cuts that handler gives it back.
+        """
         loop = self.loops.pop(handle, None)
+        busy = False
         if loop is not None:
             await loop.stop()
             if wait_turn:
                 await loop.turn_finished()
+            busy = loop.handling
         if isinstance(self.runner.toolbox, SeatSessions):
             await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
-        await self.ownership.release(handle)
+        if busy and keep_lease_if_busy:
+            log.info("seat_lease_kept_until_cut", extra={"seat": handle, "node": self.node_id})
+        else:
+            await self.ownership.release(handle)
         seat = self.holder.current().seat_by_handle(handle)
         await self._emit(
             AgentTerminated(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason=reason)
@@ -455,15 +480,11 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
             engine.queue, engine.company, node_id=engine.settings.node.id, emitter=engine.emitter, **options
         )
         if member is not None:
-            member.on_lost(lambda _seats: _wake(runtime))
+            member.on_lost(runtime.seats_lost)
         engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
         return runtime
 
     return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS, FLEET))]
-
-
-async def _wake(runtime: SeatRuntime) -> None:
-    runtime.seats_lost()
 
 
 def install(engine: "Engine", **options: Any) -> None:

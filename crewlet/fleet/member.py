@@ -13,7 +13,15 @@ for a TTL.
 Whether this node may act on a lease is decided by its OWN deadline (the TTL
 counted from when it sent the last renewal that succeeded, see
 :class:`~crewlet.fleet.leases.LeaseClock`), never by the row, so a node cut off
-from the store stops working before the row lets anyone else start.
+from the store stops working before the row lets anyone else start. Stopping
+takes a moment (a running turn is cancelled and awaited), so a seat is given
+up ``guard_s`` before that deadline: a watcher wakes then, whether or not a
+renewal came back at all (a store that does not answer announces nothing),
+and tells the listeners the seat is lost.
+
+The engine stops this service last, after the queue has closed
+(``stop_last``): a turn that outlived the drain is cut by that close, and its
+seat's lease is given back only once it has ended.
 """
 from __future__ import annotations
 
@@ -39,7 +47,10 @@ log = logging.getLogger("crewlet.fleet")
 #: The duty-lease name prefix under which a node holds its event store.
 STORE_LEASE_PREFIX = "store:"
 
-#: Told the seats this node has just lost (their leases' renewal was refused or ran out).
+#: The share of the TTL before its own deadline at which a seat whose renewals are not getting through is given up.
+GIVE_UP_SHARE = 1.0 / 6.0
+
+#: Told the seats this node has just lost (their leases' renewal was refused, or their own deadline is near).
 LostListener = Callable[[frozenset[str]], Awaitable[None]]
 
 
@@ -74,6 +85,7 @@ class FleetMember:
         self._presence_until = 0.0
         self._listeners: list[LostListener] = []
         self._renewer = Periodic("fleet_renew", self.renew_every_s, self.renew, logger=log, first_after_s=self.renew_every_s)
+        self._watcher = Periodic("fleet_seat_deadlines", self._until_next_give_up_s, self.give_up_overdue, logger=log)
         self._started = False
 
     # -- what the rest of the node asks --------------------------------------------------
@@ -82,6 +94,11 @@ class FleetMember:
     def renew_every_s(self) -> float:
         """A third of the TTL: two renewals may fail before a lease runs out."""
         return self.ttl_s / 3.0
+
+    @property
+    def guard_s(self) -> float:
+        """How long before its own deadline a seat is given up: the time its running turn has to end."""
+        return self.ttl_s * GIVE_UP_SHARE
 
     @property
     def store_lease(self) -> str:
@@ -93,12 +110,12 @@ class FleetMember:
 
     def holds_seat(self, handle: str) -> bool:
         """Whether this node may do ``handle``'s work at this instant (asked per delivery)."""
-        return self.clock() < self._seats.get(handle, 0.0)
+        return self.clock() < self._seats.get(handle, 0.0) - self.guard_s
 
     def seats(self) -> frozenset[str]:
         """The seats this node holds right now."""
         now = self.clock()
-        return frozenset(h for h, until in list(self._seats.items()) if now < until)
+        return frozenset(h for h, until in list(self._seats.items()) if now < until - self.guard_s)
 
     def duties(self) -> frozenset[str]:
         """The once-per-fleet duties (this node's event-store claim among them) it holds right now."""
@@ -150,6 +167,7 @@ class FleetMember:
         self._presence_until = sent + self.ttl_s
         self._duties[self.store_lease] = sent + self.ttl_s
         await self._renewer.start()
+        await self._watcher.start()
         self._started = True
         log.info(
             "fleet_node_joined",
@@ -183,6 +201,7 @@ class FleetMember:
             return
         self._started = False
         await self._renewer.stop()
+        await self._watcher.stop()
         seats, duties = list(self._seats), list(self._duties)
         self._seats.clear()
         self._duties.clear()
@@ -225,11 +244,40 @@ class FleetMember:
                 lost.append(handle)
         if lost:
             log.warning("seat_leases_lost", extra={"seats": sorted(lost), "node": self.node_id})
-            for listener in list(self._listeners):
-                try:
-                    await listener(frozenset(lost))
-                except Exception:
-                    log.exception("seat_lease_lost_listener_failed", extra={"node": self.node_id})
+            await self._tell_lost(lost)
+
+    async def give_up_overdue(self) -> None:
+        """Give up every seat within ``guard_s`` of its own deadline, and tell the listeners (the watcher's pass).
+
+        Its renewals have not got through (refused, failed or unanswered), so
+        by the row another node may start it at that deadline; the listeners
+        end its turn before then. Its row is left to run out: the store may be
+        away, and a renewal answering late does not bring the seat back (the
+        next placement sweep takes it again if the row is still this node's).
+        """
+        now = self.clock()
+        overdue = [h for h, until in list(self._seats.items()) if now >= until - self.guard_s]
+        for handle in overdue:
+            self._seats.pop(handle, None)
+        if overdue:
+            log.warning(
+                "seat_leases_given_up", extra={"seats": sorted(overdue), "node": self.node_id, "guard_s": self.guard_s}
+            )
+            await self._tell_lost(overdue)
+
+    def _until_next_give_up_s(self) -> float:
+        """How long the watcher may sleep: until the earliest seat is due to be given up (renewals only push it later)."""
+        dues = [until - self.guard_s for until in list(self._seats.values())]
+        if not dues:
+            return self.renew_every_s
+        return max(min(dues) - self.clock(), 0.0)
+
+    async def _tell_lost(self, handles: list[str]) -> None:
+        for listener in list(self._listeners):
+            try:
+                await listener(frozenset(handles))
+            except Exception:
+                log.exception("seat_lease_lost_listener_failed", extra={"node": self.node_id})
 
     def _renew(self, seats: list[str], duties: list[str]) -> tuple[bool, set[str], set[str]]:
         present = bool(leases.renew(NODE, [self.node_id], self.node_id, self.ttl_s))
@@ -257,7 +305,7 @@ def services(engine: "Engine") -> list[Service]:
             ttl_s=settings.fleet.lease_ttl_s,
         )
 
-    return [Service(FLEET, make)]
+    return [Service(FLEET, make, stop_last=True)]
 
 
-__all__ = ["STORE_LEASE_PREFIX", "FleetMember", "LostListener", "services", "store_identity"]
+__all__ = ["GIVE_UP_SHARE", "STORE_LEASE_PREFIX", "FleetMember", "LostListener", "services", "store_identity"]
