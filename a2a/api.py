@@ -26,7 +26,7 @@ from rest_framework.views import APIView
 from a2a import services
 from a2a.models import Channel
 from crewlet import runtime
-from crewlet.bodies import ERROR_BAD_PARAMETER, BadParameterSerializer, DetailSerializer, StrictCharField, bad_request_body
+from crewlet.bodies import ERROR_BAD_PARAMETER, DetailSerializer, StrictCharField, bad_request_body, error_responses
 from crewlet.events import format_timestamp
 from crewlet.org import HANDLE_PATTERN
 from crewlet.tracing import Trace
@@ -126,15 +126,7 @@ class AskView(APIView):
         operation_id="a2a_ask",
         summary="Open an A2A channel: put the brief on the target seat's inbox as an a2a_request",
         request=AskSerializer,
-        responses={
-            200: ChannelSerializer,
-            201: ChannelSerializer,
-            400: BadParameterSerializer,
-            401: DetailSerializer,
-            404: DetailSerializer,
-            409: DetailSerializer,
-            503: DetailSerializer,
-        },
+        responses={200: ChannelSerializer, 201: ChannelSerializer, **error_responses(400, 401, 404, 409, 503)},
     )
     def post(self, request: Request) -> Response:
         body = AskSerializer(data=request.data)  # the parser let only a JSON object through

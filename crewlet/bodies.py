@@ -163,6 +163,11 @@ class DetailSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
+def error_responses(*statuses: int, shape: type[serializers.Serializer] = DetailSerializer) -> dict[int, type[serializers.Serializer]]:
+    """The OpenAPI answers of a route's refusals: a 400 is always the one bad-parameter shape, the others ``shape``."""
+    return {code: BadParameterSerializer if code == 400 else shape for code in statuses}
+
+
 def _refuse_constant(name: str) -> Any:
     raise BodyRefused(f"{name} is not a JSON number")
 
@@ -241,6 +246,7 @@ __all__ = [
     "WholeMatch",
     "as_one_shape",
     "bad_request_body",
+    "error_responses",
     "first_field_error",
     "parse_object",
 ]

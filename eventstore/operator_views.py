@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 
 from crewlet import runtime
 from crewlet.auth import actor_of
-from crewlet.bodies import BadBody, BadParameterSerializer, DetailSerializer, StrictCharField, bad_request_body
+from crewlet.bodies import BadBody, StrictCharField, bad_request_body, error_responses
 from crewlet.events import format_timestamp
 from crewlet.queue.contract import DeadLetter
 from eventstore import actions as ops
@@ -178,9 +178,7 @@ class DeadLettersView(APIView):
                 description=f"at most this many, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})",
             )
         ],
-        responses={
-            200: DeadLetterListSerializer, 400: BadParameterSerializer, 401: DetailSerializer, 503: RefusalSerializer
-        },
+        responses={200: DeadLetterListSerializer, **error_responses(400, 401), **error_responses(503, shape=RefusalSerializer)},
     )
     def get(self, request: Request) -> Response:
         limit = _limit(request)
@@ -200,12 +198,7 @@ class OperatorActView(APIView):
         summary="Run an operator tool (dead_letter_replay); audited as one operator_acted",
         request=ActRequestSerializer,
         responses={
-            200: ActResultSerializer,
-            400: BadParameterSerializer,
-            401: DetailSerializer,
-            404: RefusalSerializer,
-            409: RefusalSerializer,
-            503: RefusalSerializer,
+            200: ActResultSerializer, **error_responses(400, 401), **error_responses(404, 409, 503, shape=RefusalSerializer)
         },
     )
     def post(self, request: Request) -> Response:

@@ -13,13 +13,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from crewlet.bodies import error_responses
 from crewlet.events import CATEGORIES
 from eventstore import api
 from eventstore import questions as qs
 from eventstore import serializers as s
 from crewlet.renderers import AcceptOnlyNegotiation, OrjsonRenderer
 
-_ERRORS = {400: s.BadParameterSerializer, 401: s.DetailSerializer, 503: s.DetailSerializer}
+_ERRORS = error_responses(400, 401, 503)
 
 
 def _p(name: str, description: str, schema: dict[str, Any]) -> OpenApiParameter:

@@ -29,11 +29,11 @@ from crewlet import runtime
 from crewlet.auth import actor_of
 from crewlet.bodies import (
     ERROR_BAD_PARAMETER,
-    BadParameterSerializer,
     DetailSerializer,
     StrictBooleanField,
     StrictCharField,
     bad_request_body,
+    error_responses,
 )
 from crewlet.fleet import leases
 from crewlet.fleet.leases import SEAT
@@ -97,7 +97,7 @@ class ChangeSerializer(serializers.Serializer):
     state = PauseStateSerializer()
 
 
-_ERRORS = {400: BadParameterSerializer, 401: DetailSerializer, 404: DetailSerializer, 503: DetailSerializer}
+_ERRORS = error_responses(400, 401, 404, 503)
 
 
 # -- helpers ------------------------------------------------------------------------------
