@@ -254,6 +254,29 @@ def _closed_body(row: Channel) -> A2AChannelClosed:
     )
 
 
+def _request_of(row: Channel, *, role: str = "", agent_id: str = "") -> A2ARequest:
+    """The ask a channel carries, as its ``a2a_request`` wake says it (the asking turn's role and agent id given)."""
+    cid = str(row.id)
+    return A2ARequest(
+        channel_id=cid,
+        from_seat=row.asker,
+        to_seat=row.target,
+        brief=row.brief,
+        turn_id=row.asker_turn_id,
+        conversation_key=conversation_key(cid),
+        role=role,
+        agent_id=agent_id,
+    )
+
+
+async def _owed_ask(row: Channel) -> dict[str, Any]:
+    """``a2a_message.owed_ask`` for an answer on ``row``: the ask its asker still owes, when it asked on behalf of one."""
+    if not row.on_behalf_of:
+        return {}
+    owed = await _get(str(row.on_behalf_of))
+    return A2AMessage.owing(_request_of(owed)) if owed is not None else {}
+
+
 # -- the verbs ----------------------------------------------------------------------------------
 
 
@@ -352,16 +375,7 @@ async def ask(
         **envelope,
     )
     await _publish(queue, topics.event(opened.type), opened)
-    request = A2ARequest(
-        channel_id=cid,
-        from_seat=from_seat,
-        to_seat=to_handle,
-        brief=brief,
-        turn_id=parent_turn_id,
-        conversation_key=conversation_key(cid),
-        role=role,
-        agent_id=agent_id,
-    )
+    request = _request_of(row, role=role, agent_id=agent_id)
     await _wake(queue, request, brief, trace, _ask_event_id(cid, "request"), envelope)
     log.info(
         "a2a_channel_opened" if created else "a2a_ask_repeated",
@@ -405,6 +419,7 @@ async def answer(
         message=response,
         turn_id=turn_id,
         conversation_key=conversation_key(cid),
+        owed_ask=await _owed_ask(row),
     )
     await _wake(queue, wake, response, trace, answer_event_id(cid), envelope)
     sent = events.new(

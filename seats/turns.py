@@ -55,6 +55,7 @@ from crewlet.events.emit import Emitter
 from crewlet.logfmt import short_reason
 from crewlet.events.types import (
     ERROR_KIND_BUDGET_EXHAUSTED,
+    A2AMessage,
     AgentPhaseCompleted,
     AgentPhaseStarted,
     AgentTurnCompleted,
@@ -166,9 +167,20 @@ class Trigger:
         return self.events[0]
 
     def prompt(self) -> str:
-        """The user prompt: each wake as its sender and body, a task as its title and instructions."""
+        """The user prompt: each wake as its sender and body, a task as its title and instructions.
+
+        An A2A answer that still owes an ask (a chain: this seat asked on
+        behalf of the ask it was given) is preceded by that ask, who asked
+        and what: this turn's final response is the answer to it.
+        """
         lines = []
         for ev in self.events:
+            owed = ev.data.owed() if isinstance(ev.data, A2AMessage) else None
+            if owed is not None:
+                lines.append(
+                    f"{owed.from_seat} asked you: {owed.brief}\n(You asked {ev.data.from_seat} to help; "
+                    f"their answer follows, and your final answer goes back to {owed.from_seat}.)"
+                )
             if isinstance(ev.data, TaskAssigned):
                 text = f"Task: {ev.data.title}".strip()
                 if ev.data.instructions and ev.data.instructions != ev.data.title:

@@ -310,6 +310,10 @@ async def test_a_turn_that_ends_by_asking_onward_is_not_the_answer_and_the_onwar
 
         await services.answer(q, onward, "hopper", "5432", "turn-hopper", services.conversation_key(onward))
         [wake] = on_topic(rec, topics.agent_inbox("linus"), "a2a_message")
+        owed = wake.data.owed()  # the wake carries the ask linus still owes, so its turn's prompt can show it
+        assert owed is not None and (owed.channel_id, owed.from_seat, owed.to_seat, owed.brief) == (first, "ada", "linus", BRIEF)
+        prompt = Trigger(events=[wake]).prompt()
+        assert prompt.startswith(f"ada asked you: {BRIEF}\n") and prompt.endswith("\nhopper: 5432")
         # linus's turn on hopper's answer: any node, any process — the rows and the wake are all it has
         linus = CHAIN.seat_by_handle("linus")
         assert linus is not None
@@ -324,6 +328,7 @@ async def test_a_turn_that_ends_by_asking_onward_is_not_the_answer_and_the_onwar
         assert (to_ada.data.channel_id, to_ada.data.from_seat, to_ada.data.message) == (
             first, "linus", "staging's db listens on 5432"
         )
+        assert to_ada.data.owed() is None  # ada asked on behalf of nothing: it owes no one
         assert [(c.data.channel_id, c.data.closed_by) for c in rec.of("a2a_channel_closed")] == [
             (onward, "hopper"), (first, "linus")
         ]

@@ -272,7 +272,10 @@ async def test_linus_answers_adas_ask_by_asking_hopper_and_the_turn_on_hoppers_a
     to_linus, to_hopper = by_target["linus"], by_target["hopper"]
     [asked, answering] = rec.of("agent_phase_completed", seat="linus")
     assert asked.data.rounds[0]["tool_calls"][0]["name"] == "a2a_ask" and asked.data.response == ""
-    assert answering.data.user_prompt.startswith("hopper: ")  # woken by hopper's answer
+    [hoppers] = rec.of("agent_phase_completed", seat="hopper")
+    # woken by hopper's answer, and shown the ask it answers: who asked, and what
+    assert answering.data.user_prompt.startswith("ada asked you: is the deploy green?\n")
+    assert answering.data.user_prompt.endswith(f"\nhopper: {hoppers.data.response}") and hoppers.data.response
     closes = {e.data.channel_id: e.data for e in rec.of("a2a_channel_closed")}
     assert (closes[to_hopper].closed_by, closes[to_linus].closed_by) == ("hopper", "linus")
     assert (closes[to_linus].turn_id, closes[to_linus].work_key) == (answering.data.turn_id, f"a2a:{to_linus}")

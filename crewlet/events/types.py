@@ -32,7 +32,7 @@ not-fed classes from these registrations.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.envelope import default_actor
@@ -641,6 +641,22 @@ class A2AMessage(EventBody):
     conversation_key: str = ""
     role: str = ""
     agent_id: str = ""
+    #: In a chain of asks, the ask the receiver still owes an answer on (the channel it asked this one on
+    #: behalf of), as that ask's ``a2a_request`` fields: the turn this answer wakes answers THAT ask, so
+    #: its prompt must show what was asked beside the answer that came back. Empty when nothing is owed.
+    owed_ask: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def owing(request: A2ARequest) -> dict[str, Any]:
+        """``owed_ask``'s value for the still-owed ask ``request``."""
+        return asdict(request)
+
+    def owed(self) -> Optional[A2ARequest]:
+        """The ask the receiver still owes an answer on (``owed_ask`` read back), or None when it owes none."""
+        if not isinstance(self.owed_ask, dict) or not self.owed_ask:
+            return None
+        known = {f.name for f in fields(A2ARequest)}
+        return A2ARequest(**{k: str(v) for k, v in self.owed_ask.items() if k in known and v is not None})
 
     def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.from_seat) or self.actor(event)} answered {_s(self.to_seat) or 'another agent'}" + _tail(
