@@ -154,12 +154,17 @@ class EngineMetrics:
 
     # -- the queue's observer ------------------------------------------------------------
 
-    def published(self, topic: str, event: Event, outcome: str) -> None:
+    @staticmethod
+    def _count_on(children: dict[tuple[str, str], Any], family: Any, topic: str, outcome: str) -> None:
+        """Add one to ``family``'s (stream, outcome) child, kept in ``children`` once looked up (``labels`` takes a lock)."""
         key = (stream_of(topic), outcome)
-        child = self._publish_children.get(key)
+        child = children.get(key)
         if child is None:
-            child = self._publish_children[key] = self.publishes.labels(*key)
+            child = children[key] = family.labels(*key)
         child.inc()
+
+    def published(self, topic: str, event: Event, outcome: str) -> None:
+        self._count_on(self._publish_children, self.publishes, topic, outcome)
         if outcome != PUBLISHED_OK:
             return  # not published (the emitter's retry, if it gets through, is counted then)
         kind = event.type
@@ -184,11 +189,7 @@ class EngineMetrics:
                 self.tokens.labels(kind).inc(spent)
 
     def settled(self, topic: str, outcome: str, reason: str) -> None:
-        key = (stream_of(topic), outcome)
-        child = self._settle_children.get(key)
-        if child is None:
-            child = self._settle_children[key] = self.deliveries.labels(*key)
-        child.inc()
+        self._count_on(self._settle_children, self.deliveries, topic, outcome)
         if outcome == SETTLED_DEAD_LETTER:
             self.dead_letters.labels(stream_of(topic), reason).inc()
 
