@@ -26,7 +26,7 @@ from rest_framework.views import APIView
 from a2a import services
 from a2a.models import Channel
 from crewlet import runtime
-from crewlet.bodies import ERROR_BAD_PARAMETER, DetailSerializer, StrictCharField, bad_request_body, error_responses
+from crewlet.bodies import ERROR_BAD_PARAMETER, ClosedSerializer, StrictCharField, bad_request_body, error_response, error_responses
 from crewlet.events import format_timestamp
 from crewlet.org import HANDLE_PATTERN
 from crewlet.tracing import Trace
@@ -39,8 +39,8 @@ ASK_TIMEOUT_S = 10.0
 LIST_LIMIT = 200
 #: What a seat handle must look like, in a person's words.
 HANDLE_SAYS = "must be a seat handle: 1-63 lowercase letters, digits, '_' or '-', starting with a letter or digit"
-#: A brief must say something.
-NOT_ONLY_SPACE = r"[\s\S]*\S[\s\S]*"
+#: A brief must say something, with no NUL (the parser refuses one: no store can keep it).
+NOT_ONLY_SPACE = r"[^\x00]*[^\s\x00][^\x00]*"
 #: A request id: printable ASCII without spaces (a UUID, a ULID, a client's own counter).
 REQUEST_ID_PATTERN = r"[!-~]{1,200}"
 #: The body field a 400 about the seat asked names.
@@ -72,7 +72,7 @@ class ChannelListSerializer(serializers.Serializer):
     channels = ChannelSerializer(many=True)
 
 
-class AskSerializer(serializers.Serializer):
+class AskSerializer(ClosedSerializer):
     # ``from`` is a keyword: the wire name is set in __init__.
     to = StrictCharField(min_length=1, max_length=63, pattern=HANDLE_PATTERN, pattern_says=HANDLE_SAYS)
     brief = StrictCharField(
@@ -114,7 +114,7 @@ def render(row: Channel) -> dict[str, Any]:
 
 
 def _detail(message: str, code: int) -> Response:
-    return Response({"detail": message}, status=code)
+    return error_response(code, message)
 
 
 def _refused(param: str, reason: str) -> Response:
@@ -143,7 +143,8 @@ class AskView(APIView):
         target_seat = org.seat_by_handle(target)
         assert target_seat is not None  # every handle was looked up above
         if not target_seat.is_agent:
-            return _refused(P_TO, f"seat {target!r} is a human seat: it has no inbox to ask on")
+            # A seat that exists, whose kind has no inbox: a conflict with its state, as a pause of it is.
+            return error_response(status.HTTP_409_CONFLICT, f"seat {target!r} is a human seat: it has no inbox to ask on", param=P_TO)
         asker_seat = org.seat_by_handle(asker)
         opened_before = request_id and Channel.objects.filter(pk=services.ask_channel_id(asker, request_id)).exists()
         try:
@@ -177,7 +178,7 @@ class ChannelsView(APIView):
     @extend_schema(
         operation_id="a2a_channels",
         summary="A2A channel records, newest first",
-        responses={200: ChannelListSerializer, 401: DetailSerializer},
+        responses={200: ChannelListSerializer, **error_responses(401)},
     )
     def get(self, request: Request) -> Response:
         rows = Channel.objects.order_by("-opened_at")[:LIST_LIMIT]
@@ -188,7 +189,7 @@ class ChannelView(APIView):
     @extend_schema(
         operation_id="a2a_channel",
         summary="One A2A channel record",
-        responses={200: ChannelSerializer, 401: DetailSerializer, 404: DetailSerializer},
+        responses={200: ChannelSerializer, **error_responses(401, 404)},
     )
     def get(self, request: Request, channel_id: str) -> Response:
         try:

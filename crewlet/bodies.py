@@ -1,4 +1,4 @@
-"""JSON request bodies, and the one shape of a 400 answer across ``/api/`` and ``/operator/``.
+"""JSON request bodies, and the one shape of every error answer across ``/api/`` and ``/operator/``.
 
 Every JSON route of the API takes an object, so :class:`JSONObjectParser` (the
 REST framework's only parser, see ``REST_FRAMEWORK`` in the settings) refuses
@@ -11,12 +11,18 @@ decoding, so a hostile body never reaches the recursive decoder.
 :func:`parse_object` is the same check for code that reads a body by
 hand.
 
-A refusal is ``400 {"error": <code>, "param": <what>, "reason": <why>}`` —
-:func:`bad_request_body`, the shape ``eventstore.api.BadParameter`` answers for
-a query parameter and :func:`exception_handler` (the REST framework's, named in
-the settings) gives a serializer's field errors too. :class:`BadParameterSerializer`
-and :class:`DetailSerializer` declare the error answers in every app's OpenAPI
-schema.
+Every error answer is ``{"error": <code>, "param": <what>, "reason": <why>}``
+(:func:`bad_request_body`): ``error`` a stable code a program can branch on,
+``param`` the query parameter, body field (dotted) or header that was refused
+(``""`` when the refusal is about no one part of the request), ``reason`` a
+sentence for a person. A few answers add keys beside the three (a history
+read's 404 keeps its ``coverage`` and ``at``). ``eventstore.api.BadParameter``
+answers a query parameter in it, :func:`error_response` is how a view answers
+any other error, and :func:`exception_handler` (the REST framework's, named in
+the settings) puts every exception the framework answers — a serializer's
+``{"field": ["..."]}``, a 401, a 404, a 405, a 406 — into it.
+:class:`ErrorSerializer` declares it in the OpenAPI schema (``crewlet.errors``
+adds it to every operation).
 """
 from __future__ import annotations
 
@@ -24,8 +30,11 @@ from typing import Any, Mapping, Optional
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
 from rest_framework import exceptions, serializers, status
 from rest_framework.parsers import BaseParser
+from rest_framework.response import Response
 
 from crewlet.jsontext import JSONTooDeep, dotted, escape, find_unstorable, load_json
 
@@ -36,8 +45,33 @@ K_REASON = "reason"
 #: ``error`` codes: a query parameter or body field was refused / the body as a whole was.
 ERROR_BAD_PARAMETER = "bad_parameter"
 ERROR_BAD_BODY = "bad_body"
-#: ``param`` naming the request body as a whole.
+#: ``param`` naming the request body as a whole; naming no one part of the request.
 PARAM_BODY = "body"
+PARAM_NONE = ""
+#: ``error`` for an answer that names no code of its own, by its status.
+ERROR_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "not_authenticated",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    429: "throttled",
+    500: "server_error",
+    503: "unavailable",
+}
+#: ``param`` of the framework's refusals that are about one part of the request.
+_PARAM_OF = {
+    exceptions.MethodNotAllowed: "method",
+    exceptions.NotAcceptable: "Accept",
+    exceptions.UnsupportedMediaType: "Content-Type",
+}
+#: Text a store can keep: no NUL (PostgreSQL cannot hold one). A pattern of a body's text field excludes it too.
+#: Not empty: a blank value is the field's ``allow_blank`` to allow (the schema's other ``oneOf`` branch).
+STORABLE_PATTERN = r"[^\x00]+"
 #: The deepest a request body's arrays and objects may nest (the API's own bodies nest 2 deep).
 MAX_DEPTH = 32
 
@@ -45,6 +79,16 @@ MAX_DEPTH = 32
 def bad_request_body(error: str, param: str, reason: str) -> dict[str, str]:
     """The body of every 400 answer: what was refused (``param``) and why, under one ``error`` code."""
     return {K_ERROR: error, K_PARAM: param, K_REASON: reason}
+
+
+def error_code(status_code: int) -> str:
+    """The ``error`` of an answer with this status that names no code of its own."""
+    return ERROR_CODES.get(status_code, "server_error" if status_code >= 500 else "bad_request")
+
+
+def error_response(status_code: int, reason: str, *, error: str = "", param: str = PARAM_NONE, **extra: Any) -> Response:
+    """An error answer of the one shape (``error`` defaults to the status's code); ``extra`` keys go beside the three."""
+    return Response({**bad_request_body(error or error_code(status_code), param, reason), **extra}, status=status_code)
 
 
 class BodyRefused(ValueError):
@@ -96,11 +140,16 @@ class WholeMatch(RegexValidator):
 class StrictCharField(serializers.CharField):
     """A JSON string only, kept as sent (the REST framework would turn ``12`` into text and trim spaces).
 
-    ``pattern`` must match the whole value. Nothing is trimmed, so the schema's
-    lengths and pattern are exactly what the server checks.
+    ``pattern`` must match the whole value; without one, :data:`STORABLE_PATTERN`
+    (the parser refuses a NUL, so the schema says so). Nothing is trimmed, so
+    the schema's lengths and pattern are exactly what the server checks.
     """
 
-    def __init__(self, *, pattern: Optional[str] = None, pattern_says: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, *, pattern: Optional[str] = None, pattern_says: str = "", **kwargs: Any
+    ) -> None:
+        if pattern is None:
+            pattern, pattern_says = STORABLE_PATTERN, "must not contain a NUL character"
         kwargs.setdefault("trim_whitespace", False)
         super().__init__(**kwargs)
         if pattern is not None:
@@ -110,6 +159,22 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return str(super().to_internal_value(data))
+
+
+class ClosedSerializer(serializers.Serializer):
+    """A request body taking its declared fields only: an unknown one is refused, never silently ignored.
+
+    A misspelt optional field (``stop_runing``) would otherwise be a call
+    half-accepted with the default in its place. ``crewlet.schema.AutoSchema``
+    states it as ``additionalProperties: false``.
+    """
+
+    def validate(self, attrs: Any) -> Any:
+        data = self.initial_data if isinstance(self.initial_data, Mapping) else {}
+        unknown = sorted(str(key) for key in data if key not in self.fields)
+        if unknown:
+            raise serializers.ValidationError({unknown[0]: f"unknown field; this body takes: {', '.join(self.fields)}"})
+        return attrs
 
 
 def first_field_error(detail: Any, path: str = "") -> tuple[str, str]:
@@ -135,37 +200,56 @@ def as_one_shape(exc: Exception) -> Exception:
     return exc
 
 
+def _framework_exception(exc: Exception) -> Exception:
+    """Django's 404 and 403 as the REST framework's (which its handler turns them into anyway)."""
+    if isinstance(exc, Http404):
+        return exceptions.NotFound()
+    if isinstance(exc, DjangoPermissionDenied):
+        return exceptions.PermissionDenied()
+    return exc
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
-    """DRF's handler, with every 400 in the one shape ``{"error", "param", "reason"}``: every app's routes.
+    """DRF's handler (its headers: the Bearer challenge, Retry-After), every answer in the one error shape.
 
     DRF's views module is imported here, not at the top: defining its views
     reads the settings' parser, which is this module's.
     """
     from rest_framework.views import exception_handler as drf_exception_handler
 
-    return drf_exception_handler(as_one_shape(exc), context)
+    exc = as_one_shape(_framework_exception(exc))
+    response = drf_exception_handler(exc, context)
+    if response is None or not isinstance(exc, exceptions.APIException):
+        return response
+    data = response.data
+    if isinstance(data, dict) and K_ERROR in data and K_REASON in data:
+        return response
+    code = exc.get_codes()
+    error = code if isinstance(code, str) else error_code(response.status_code)
+    param = next((p for kind, p in _PARAM_OF.items() if isinstance(exc, kind)), PARAM_NONE)
+    response.data = bad_request_body(error, param, str(exc.detail))
+    return response
 
 
-class BadParameterSerializer(serializers.Serializer):
-    """The one shape of every 400 (:func:`bad_request_body`), declared for the OpenAPI schema."""
+class ErrorSerializer(serializers.Serializer):
+    """The one shape of every error answer (:func:`bad_request_body`), declared for the OpenAPI schema."""
 
     error = serializers.CharField(
-        help_text="bad_parameter (a query parameter or body field), bad_body (the body as a whole), "
-        "or an operator tool's refusal (unknown_tool, bad_args)"
+        help_text="a stable code: bad_parameter (a query parameter or body field), bad_body (the body as a whole), "
+        "not_authenticated, not_found, method_not_allowed, not_acceptable, unsupported_media_type, conflict, "
+        "unavailable, or an operator tool's refusal (unknown_tool, bad_args, gone, no_subscription)"
     )
-    param = serializers.CharField(help_text="what was refused: a parameter, a body field's dotted path, or body")
-    reason = serializers.CharField()
+    param = serializers.CharField(
+        allow_blank=True,
+        help_text='what was refused: a query parameter, a body field\'s dotted path, body, a header, method or path; '
+        '"" when the answer is about no one part of the request',
+    )
+    reason = serializers.CharField(help_text="why, in a sentence for a person")
 
 
-class DetailSerializer(serializers.Serializer):
-    """The shape of a 401, 404 or 503 answer: the REST framework's ``{"detail": ...}``."""
-
-    detail = serializers.CharField()
-
-
-def error_responses(*statuses: int, shape: type[serializers.Serializer] = DetailSerializer) -> dict[int, type[serializers.Serializer]]:
-    """The OpenAPI answers of a route's refusals: a 400 is always the one bad-parameter shape, the others ``shape``."""
-    return {code: BadParameterSerializer if code == 400 else shape for code in statuses}
+def error_responses(*statuses: int) -> dict[int, type[serializers.Serializer]]:
+    """The OpenAPI answers of a route's refusals: each the one error shape (``crewlet.errors`` adds what every route can answer)."""
+    return {code: ErrorSerializer for code in statuses}
 
 
 def _refuse_constant(name: str) -> Any:
@@ -233,20 +317,28 @@ class JSONObjectParser(BaseParser):
 __all__ = [
     "BadBody",
     "BodyRefused",
+    "ClosedSerializer",
+    "ERROR_CODES",
     "ERROR_BAD_BODY",
     "ERROR_BAD_PARAMETER",
     "JSONObjectParser",
     "K_ERROR",
     "K_PARAM",
     "K_REASON",
+    "ErrorSerializer",
     "MAX_DEPTH",
     "PARAM_BODY",
+    "PARAM_NONE",
+    "STORABLE_PATTERN",
     "StrictBooleanField",
     "StrictCharField",
     "WholeMatch",
     "as_one_shape",
     "bad_request_body",
+    "error_code",
+    "error_response",
     "error_responses",
+    "exception_handler",
     "first_field_error",
     "parse_object",
 ]

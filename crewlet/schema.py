@@ -1,9 +1,25 @@
-"""OpenAPI descriptions of the two /api/ credentials (registered when the crewlet app is ready)."""
+"""The OpenAPI schema's generator, and its descriptions of the two /api/ credentials (registered when the crewlet app is ready)."""
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+from crewlet.bodies import ClosedSerializer
+
+
+class AutoSchema(openapi.AutoSchema):
+    """drf-spectacular's, stating a :class:`~crewlet.bodies.ClosedSerializer`'s refusal of unknown fields."""
+
+    def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
+        result: dict[str, Any] = super()._map_basic_serializer(serializer, direction)
+        if isinstance(serializer, ClosedSerializer) or (isinstance(serializer, type) and issubclass(serializer, ClosedSerializer)):
+            result["additionalProperties"] = False
+            if result.get("description") == inspect.getdoc(ClosedSerializer):  # the base's, not the body's
+                del result["description"]
+        return result
 
 
 class OperatorTokenScheme(OpenApiAuthenticationExtension):

@@ -187,6 +187,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's and Redoc's files, served by the node itself (no CDN)
     "crewlet",
     "seats",
     "notifications",
@@ -253,7 +254,7 @@ REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_RENDERER_CLASSES": ["crewlet.renderers.OrjsonRenderer"],  # DRF's JSON values, ~10x faster
     "UNICODE_JSON": False,  # only DRF's own renderer reads it (the indented and fallback answers): \u-escaped
     "DEFAULT_PARSER_CLASSES": ["crewlet.bodies.JSONObjectParser"],  # objects only, depth-limited, storable strings
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "crewlet.schema.AutoSchema",  # request bodies closed: additionalProperties false
     "EXCEPTION_HANDLER": "crewlet.bodies.exception_handler",
 }
 SPECTACULAR_SETTINGS: dict[str, Any] = {
@@ -262,6 +263,10 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["crewlet.auth.IsOperator"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "crewlet.errors.declare_errors"],
 }
 
 STATIC_URL = "static/"

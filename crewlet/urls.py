@@ -1,4 +1,4 @@
-"""URL routes: /healthz, /livez, /readyz, /metrics, the admin, each app's routes (the /api/ reads, OpenAPI at /api/schema/; the webhooks);
+"""URL routes: /healthz, /livez, /readyz, /metrics, the admin, each app's routes (the /api/ reads, OpenAPI at /api/schema/ with Swagger UI at /api/docs/ and Redoc at /api/redoc/; the webhooks);
 and the dashboard's pages and ``/operator/act`` at the root (``eventstore.dashboard_urls``).
 
 The project's top: it mounts each app's URL module by name and imports none.
@@ -10,6 +10,10 @@ from django.urls import include, path
 
 from crewlet.health import healthz, livez, readyz
 from crewlet.scrape import metrics
+
+#: An /api/ path no route has, or an /api/ request that broke: the API's JSON error, not Django's page.
+handler404 = "crewlet.errors.page_not_found"
+handler500 = "crewlet.errors.server_error"
 
 #: Where the webhook routes are mounted (the web server gives their bodies the webhook limit).
 WEBHOOKS_PREFIX = "webhooks/"

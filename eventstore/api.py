@@ -91,7 +91,7 @@ class FleetUnavailable(exceptions.APIException):
     """503: this process cannot ask the fleet (no engine runs here); ``detail`` says why."""
 
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_code = "fleet_unavailable"
+    default_code = "unavailable"
 
 
 def fleet() -> fanout.FleetReads:
@@ -280,7 +280,7 @@ def _one(query: QueryDict, kind: str, name: str, key: str) -> dict[str, Any]:
 
 
 def events_page(query: QueryDict) -> dict[str, Any]:
-    return _page(query, qs.EVENTS, EVENTS_PARAMS, "e", multi={"category"})
+    return _page(query, qs.EVENTS, EVENTS_PARAMS, qs.EVENTS_CURSOR, multi={"category"})
 
 
 def event_detail(query: QueryDict, event_id: str) -> dict[str, Any]:
@@ -317,7 +317,7 @@ def trace(query: QueryDict, trace_id: str) -> dict[str, Any]:
 
 
 def turns_page(query: QueryDict) -> dict[str, Any]:
-    return _page(query, qs.TURNS, TURNS_PARAMS, "t", turns=True)
+    return _page(query, qs.TURNS, TURNS_PARAMS, qs.TURNS_CURSOR, turns=True)
 
 
 def turn_detail(query: QueryDict, turn_id: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import logging
 import re
 from typing import Any, Optional
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -24,9 +23,9 @@ from rest_framework.views import APIView
 
 from crewlet import runtime
 from crewlet.auth import actor_of
-from crewlet.bodies import BadBody, StrictCharField, bad_request_body, error_responses
+from crewlet.bodies import BadBody, ClosedSerializer, StrictCharField, bad_request_body, error_response, error_responses
 from crewlet.events import format_timestamp
-from crewlet.queue.contract import DeadLetter
+from crewlet.queue.contract import DEAD_LETTER_REF_RULE, DeadLetter
 from eventstore import actions as ops
 from eventstore.api import BadParameter
 
@@ -54,13 +53,14 @@ K_TRACE_ID = "trace_id"
 K_TIMESTAMP = "timestamp"
 K_SEAT = "seat"
 K_OUTCOME = "outcome"
-K_REFUSAL = "refusal"
-K_DETAIL = "detail"
 # The request's keys.
 K_TOOL = "tool"
 K_ARGS = "args"
 K_REQUEST_ID = "request_id"
 P_LIMIT = "limit"
+#: Every key a call's body and its args take.
+BODY_KEYS = (K_TOOL, K_ARGS, K_REQUEST_ID)
+ARGS_KEYS = (K_REF,)
 
 #: Where an event names no type or summary we can read (bytes from another build).
 UNREADABLE = "unreadable"
@@ -87,11 +87,16 @@ class DeadLetterListSerializer(serializers.Serializer):
     dead_letters = DeadLetterSerializer(many=True)
 
 
-class ReplayArgsSerializer(serializers.Serializer):
-    ref = StrictCharField(min_length=1, pattern=r"[\s\S]*\S[\s\S]*", pattern_says="must not be empty or only white space")
+#: A ref's shape: ASCII digits, white space around them ignored. One in that shape that names no entry
+#: (0, past a uint64) is a 404 like a replayed one: the schema cannot state the range, the server answers it as a miss.
+REF_PATTERN = r"\s*[0-9]+\s*"
 
 
-class ActRequestSerializer(serializers.Serializer):
+class ReplayArgsSerializer(ClosedSerializer):
+    ref = StrictCharField(min_length=1, pattern=REF_PATTERN, pattern_says="must be the dead letter's ref: digits")
+
+
+class ActRequestSerializer(ClosedSerializer):
     tool = serializers.ChoiceField(choices=sorted(ops.TOOLS))
     args = ReplayArgsSerializer()
     request_id = StrictCharField(required=False, allow_blank=True, max_length=MAX_REQUEST_ID)
@@ -101,11 +106,6 @@ class ActResultSerializer(serializers.Serializer):
     outcome = serializers.CharField()
     topic = serializers.CharField()
     event_id = serializers.CharField(allow_blank=True)
-
-
-class RefusalSerializer(serializers.Serializer):
-    detail = serializers.CharField()
-    refusal = serializers.CharField()
 
 
 # -- the rows -------------------------------------------------------------------------------------
@@ -160,9 +160,7 @@ def _limit(request: Request) -> int:
 
 
 def _unavailable(detail: str) -> Response:
-    return Response(
-        {K_DETAIL: detail, K_REFUSAL: ops.REFUSAL_UNAVAILABLE}, status=status.HTTP_503_SERVICE_UNAVAILABLE
-    )
+    return error_response(status.HTTP_503_SERVICE_UNAVAILABLE, detail, error=ops.REFUSAL_UNAVAILABLE)
 
 
 # -- views ------------------------------------------------------------------------------------------
@@ -174,11 +172,12 @@ class DeadLettersView(APIView):
         summary="What sits on CREWLET_DLQ, oldest first",
         parameters=[
             OpenApiParameter(
-                P_LIMIT, OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+                P_LIMIT, {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+                OpenApiParameter.QUERY, required=False,
                 description=f"at most this many, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})",
             )
         ],
-        responses={200: DeadLetterListSerializer, **error_responses(400, 401), **error_responses(503, shape=RefusalSerializer)},
+        responses={200: DeadLetterListSerializer, **error_responses(400, 401, 503)},
     )
     def get(self, request: Request) -> Response:
         limit = _limit(request)
@@ -198,7 +197,7 @@ class OperatorActView(APIView):
         summary="Run an operator tool (dead_letter_replay); audited as one operator_acted",
         request=ActRequestSerializer,
         responses={
-            200: ActResultSerializer, **error_responses(400, 401), **error_responses(404, 409, 503, shape=RefusalSerializer)
+            200: ActResultSerializer, **error_responses(400, 401, 404, 409, 503)
         },
     )
     def post(self, request: Request) -> Response:
@@ -212,12 +211,16 @@ class OperatorActView(APIView):
         args = body.get(K_ARGS)
         request_id = body.get(K_REQUEST_ID, "")
         tool_name = tool if isinstance(tool, str) else ""
-        refused = self._refusal(tool_name, args, request_id)
+        refused = self._unknown_field(body) or self._refusal(tool_name, args, request_id)
         if refused is not None:
             refusal, param, detail = refused
             self._audit_refusal(tool_name, refusal, actor, request_id if isinstance(request_id, str) else "")
             return Response(bad_request_body(refusal, param, detail), status=status.HTTP_400_BAD_REQUEST)
         ref = args[K_REF].strip()
+        missing = ops.ref_refusal(ref)
+        if missing:
+            self._audit_refusal(tool_name, ops.REFUSAL_GONE, actor, request_id)
+            return error_response(status.HTTP_404_NOT_FOUND, missing, error=ops.REFUSAL_GONE, param=f"{K_ARGS}.{K_REF}")
         try:
             result = runtime.on_engine(
                 lambda queue: ops.replay_dead_letter(queue, ref, ops.Caller(actor, request_id=request_id)),
@@ -233,9 +236,17 @@ class OperatorActView(APIView):
             ops.REFUSAL_GONE: status.HTTP_404_NOT_FOUND,
             ops.REFUSAL_NO_SUBSCRIPTION: status.HTTP_409_CONFLICT,
         }.get(result.refusal, status.HTTP_503_SERVICE_UNAVAILABLE)
-        if code == status.HTTP_400_BAD_REQUEST:  # every 400 has the one shape
-            return Response(bad_request_body(result.refusal, f"{K_ARGS}.{K_REF}", result.detail), status=code)
-        return Response({K_DETAIL: result.detail, K_REFUSAL: result.refusal}, status=code)
+        return error_response(code, result.detail, error=result.refusal, param=f"{K_ARGS}.{K_REF}")
+
+    @staticmethod
+    def _unknown_field(body: dict[str, Any]) -> Optional[tuple[str, str, str]]:
+        """A key the body or its args do not take, refused as the schema's ``additionalProperties: false`` says."""
+        args = body.get(K_ARGS)
+        for where, keys, known in (("", body, BODY_KEYS), (f"{K_ARGS}.", args if isinstance(args, dict) else {}, ARGS_KEYS)):
+            unknown = sorted(str(key) for key in keys if key not in known)
+            if unknown:
+                return ops.REFUSAL_BAD_ARGS, f"{where}{unknown[0]}", f"unknown field; this takes: {', '.join(known)}"
+        return None
 
     @staticmethod
     def _refusal(tool: str, args: Any, request_id: Any) -> Optional[tuple[str, str, str]]:
@@ -250,9 +261,8 @@ class OperatorActView(APIView):
                 f"{K_ARGS}.{K_REF}",
                 f"{tool} needs args.{K_REF}: the dead letter's ref from /api/dead-letters",
             )
-        refused = ops.ref_refusal(ref.strip())
-        if refused:
-            return ops.REFUSAL_BAD_ARGS, f"{K_ARGS}.{K_REF}", refused
+        if not re.fullmatch(REF_PATTERN, ref):
+            return ops.REFUSAL_BAD_ARGS, f"{K_ARGS}.{K_REF}", f"args.{K_REF} must be digits: {DEAD_LETTER_REF_RULE}"
         if not isinstance(request_id, str) or len(request_id) > MAX_REQUEST_ID:
             return ops.REFUSAL_BAD_ARGS, K_REQUEST_ID, f"must be a string of at most {MAX_REQUEST_ID} characters"
         return None

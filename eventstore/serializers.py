@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from crewlet.bodies import BadParameterSerializer, DetailSerializer  # noqa: F401  (the error answers, as s.* in the views)
+from crewlet.bodies import ErrorSerializer  # noqa: F401  (the error answers, as s.* in the views)
 from crewlet.events import CATEGORIES
 from eventstore.questions.turns import TURN_OUTCOMES
 
@@ -28,6 +28,10 @@ class CoverageSerializer(serializers.Serializer):
 class AnswerSerializer(serializers.Serializer):
     coverage = CoverageSerializer()
     at = serializers.CharField(help_text="the asker's instant (RFC 3339, microseconds) every node answered as of")
+
+
+class MissSerializer(ErrorSerializer, AnswerSerializer):
+    """A detail read's 404: the one error shape, with the history it looked at (``coverage``, ``at``)."""
 
 
 class EventRowSerializer(serializers.Serializer):

@@ -14,4 +14,6 @@ urlpatterns = [
     path("turns/<str:turn_id>", views.TurnView.as_view(), name="api-turn"),
     path("dead-letters", operator_views.DeadLettersView.as_view(), name="api-dead-letters"),
     path("schema/", views.SchemaView.as_view(), name="api-schema"),
+    path("docs/", views.SwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("redoc/", views.RedocView.as_view(url_name="api-schema"), name="api-redoc"),
 ]

@@ -7,13 +7,13 @@ from django.http import Http404
 from django.utils.http import content_disposition_header
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from crewlet.bodies import error_responses
+from crewlet.bodies import error_response, error_responses
 from crewlet.events import CATEGORIES
 from eventstore import api
 from eventstore import questions as qs
@@ -61,8 +61,16 @@ _PAGING = [
         "limit", f"rows per page, 1 to {qs.MAX_LIMIT} (default {qs.DEFAULT_LIMIT})",
         {"type": "integer", "minimum": 1, "maximum": qs.MAX_LIMIT, "default": qs.DEFAULT_LIMIT},
     ),
-    _p("cursor", "next_cursor of the previous page (opaque)", _text(pattern=qs.CURSOR_PATTERN)),
 ]
+
+
+def _paging(tag: str) -> list[OpenApiParameter]:
+    """``limit``, and a ``cursor`` of this read's own format (``qs.cursor_format``): another read's is refused."""
+    cursor = _p(
+        "cursor", "next_cursor of the previous page of this read (opaque; any other text is refused)",
+        _text(pattern=qs.CURSOR_PATTERN, format=qs.cursor_format(tag)),
+    )
+    return [*_PAGING, cursor]
 _DURATION = {"type": "string", "pattern": qs.DURATION_PATTERN}
 
 
@@ -81,21 +89,20 @@ def _detail_schema(operation_id: str, summary: str, key: OpenApiParameter, seria
     """A detail read's schema: one path key, its answer, and the 404 :func:`_found_or_404` gives a miss."""
     return extend_schema(
         operation_id=operation_id, summary=summary, parameters=[key],
-        responses={200: serializer, 404: s.DetailSerializer, **_ERRORS},
+        responses={200: serializer, 404: s.MissSerializer, **_ERRORS},
     )
 
 
-def _found_or_404(answer: dict[str, Any], found: bool, what: str) -> Response:
-    """A detail read's answer, or a 404 naming ``what`` that keeps the answer's ``coverage`` and ``at``.
+def _found_or_404(answer: dict[str, Any], found: bool, what: str, param: str) -> Response:
+    """A detail read's answer, or a 404 naming ``what`` (the path key ``param``) that keeps the answer's ``coverage`` and ``at``.
 
     A miss is "not in the history this node covers, as of that instant", so
     the 404 says which history it looked at.
     """
     if found:
         return Response(answer)
-    return Response(
-        {"detail": f"no {what} in the history", "coverage": answer.get("coverage"), "at": answer.get("at")},
-        status=status.HTTP_404_NOT_FOUND,
+    return error_response(
+        status.HTTP_404_NOT_FOUND, f"no {what} in the history", param=param, coverage=answer.get("coverage"), at=answer.get("at")
     )
 
 
@@ -103,7 +110,7 @@ class EventsView(ReadView):
     @extend_schema(
         operation_id="events_list",
         summary="A page of events, newest first",
-        parameters=_FILTERS + _PAGING,
+        parameters=_FILTERS + _paging(qs.EVENTS_CURSOR),
         responses={200: s.EventPageSerializer, **_ERRORS},
     )
     def get(self, request: Request) -> Response:
@@ -114,7 +121,7 @@ class EventView(ReadView):
     @_detail_schema("events_get", "One event, whole", _key("event_id", "the event's id"), s.EventDetailSerializer)
     def get(self, request: Request, event_id: str) -> Response:
         answer = api.event_detail(request.query_params, event_id)
-        return _found_or_404(answer, answer.get("event") is not None, "such event")
+        return _found_or_404(answer, answer.get("event") is not None, "such event", "event_id")
 
 
 class EventSeriesView(ReadView):
@@ -138,14 +145,14 @@ class TraceView(ReadView):
     @_detail_schema("traces_get", "A trace as a tree of spans", _key("trace_id", "the trace's id"), s.TraceSerializer)
     def get(self, request: Request, trace_id: str) -> Response:
         answer = api.trace(request.query_params, trace_id)
-        return _found_or_404(answer, bool(answer.get("spans")), "such trace")
+        return _found_or_404(answer, bool(answer.get("spans")), "such trace", "trace_id")
 
 
 class TurnsView(ReadView):
     @extend_schema(
         operation_id="turns_list",
         summary="A page of turns, newest first",
-        parameters=[*(p for p in _FILTERS if p.name in api.TURNS_PARAMS), *_PAGING],
+        parameters=[*(p for p in _FILTERS if p.name in api.TURNS_PARAMS), *_paging(qs.TURNS_CURSOR)],
         responses={200: s.TurnPageSerializer, **_ERRORS},
     )
     def get(self, request: Request) -> Response:
@@ -156,7 +163,7 @@ class TurnView(ReadView):
     @_detail_schema("turns_get", "One turn, folded, with its events", _key("turn_id", "the turn's id"), s.TurnDetailSerializer)
     def get(self, request: Request, turn_id: str) -> Response:
         answer = api.turn_detail(request.query_params, turn_id)
-        return _found_or_404(answer, answer.get("turn") is not None, "such turn")
+        return _found_or_404(answer, answer.get("turn") is not None, "such turn", "turn_id")
 
 
 #: The schema route's own parameters: the schema's version and DRF's format override (json, yaml).
@@ -168,7 +175,27 @@ def schema_versions() -> tuple[str, ...]:
     return (str(spectacular_settings.VERSION),)
 
 
-class SchemaView(SpectacularAPIView):
+class JsonErrors(APIView):
+    """A view answering YAML or HTML whose refusals are still the API's JSON (``{"error", "param", "reason"}``)."""
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = OrjsonRenderer()
+        self.request.accepted_media_type = "application/json"
+        return response
+
+
+class SwaggerView(JsonErrors, SpectacularSwaggerView):
+    """``/api/docs/``: Swagger UI over ``/api/schema/``, its files served by this node; the schema's credentials."""
+
+
+class RedocView(JsonErrors, SpectacularRedocView):
+    """``/api/redoc/``: Redoc over ``/api/schema/``, its files served by this node; the schema's credentials."""
+
+    template_name = "api/redoc.html"  # without the web fonts drf-spectacular's page fetches from a CDN
+
+
+class SchemaView(JsonErrors, SpectacularAPIView):
     """``/api/schema/``: drf-spectacular's document, taking only a version this API has.
 
     drf-spectacular writes ``?version=`` into the document's ``info.version`` and
@@ -203,9 +230,3 @@ class SchemaView(SpectacularAPIView):
         """The version ``get`` let through is this API's only one: its document is the unversioned one."""
         return None
 
-    def handle_exception(self, exc: Exception) -> Response:
-        """A refusal is the API's JSON (``{"error": "bad_parameter", ...}``), not a YAML rendering of it."""
-        response = super().handle_exception(exc)
-        self.request.accepted_renderer = OrjsonRenderer()
-        self.request.accepted_media_type = "application/json"
-        return response

@@ -28,11 +28,10 @@ from rest_framework.views import APIView
 from crewlet import runtime
 from crewlet.auth import actor_of
 from crewlet.bodies import (
-    ERROR_BAD_PARAMETER,
-    DetailSerializer,
+    ClosedSerializer,
     StrictBooleanField,
     StrictCharField,
-    bad_request_body,
+    error_response,
     error_responses,
 )
 from crewlet.fleet import leases
@@ -87,7 +86,7 @@ class SeatListSerializer(serializers.Serializer):
     seats = SeatSerializer(many=True)
 
 
-class PauseRequestSerializer(serializers.Serializer):
+class PauseRequestSerializer(ClosedSerializer):
     reason = StrictCharField(required=False, allow_blank=True, default="", max_length=2000)
     stop_running = StrictBooleanField(required=False, default=False)
 
@@ -97,7 +96,7 @@ class ChangeSerializer(serializers.Serializer):
     state = PauseStateSerializer()
 
 
-_ERRORS = error_responses(400, 401, 404, 503)
+_ERRORS = error_responses(400, 401, 404, 409, 503)
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -109,7 +108,7 @@ def company() -> Organization:
 
 
 def _no_engine(exc: runtime.NoEngine) -> Response:
-    return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+    return error_response(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc))
 
 
 def depths(handles: list[str]) -> dict[str, Optional[int]]:
@@ -159,20 +158,17 @@ def _seat_or_error(handle: str) -> tuple[Optional[Seat], Optional[Response]]:
     except runtime.NoEngine as exc:
         return None, _no_engine(exc)
     if seat is None:
-        return None, Response({"detail": f"no seat {handle!r} in the company"}, status=status.HTTP_404_NOT_FOUND)
+        return None, error_response(status.HTTP_404_NOT_FOUND, f"no seat {handle!r} in the company", param=P_HANDLE)
     if not seat.is_agent:
-        return None, Response(
-            bad_request_body(ERROR_BAD_PARAMETER, P_HANDLE, f"seat {handle!r} is a human seat: it has no inbox to hold"),
-            status=status.HTTP_400_BAD_REQUEST,
+        # The handle is well formed and names a seat, whose kind has no inbox to hold: a conflict with its state.
+        return None, error_response(
+            status.HTTP_409_CONFLICT, f"seat {handle!r} is a human seat: it has no inbox to hold", param=P_HANDLE
         )
     return seat, None
 
 
 def _no_runtime() -> Response:
-    return Response(
-        {"detail": "no seat runtime runs in this process to announce the change on"},
-        status=status.HTTP_503_SERVICE_UNAVAILABLE,
-    )
+    return error_response(status.HTTP_503_SERVICE_UNAVAILABLE, "no seat runtime runs in this process to announce the change on")
 
 
 # -- views ----------------------------------------------------------------------------------
@@ -184,7 +180,7 @@ class SeatsView(APIView):
     @extend_schema(
         operation_id="seats_list",
         summary="Every seat of the company, its pause and its mailbox depth",
-        responses={200: SeatListSerializer, 401: DetailSerializer, 503: DetailSerializer},
+        responses={200: SeatListSerializer, **error_responses(401, 503)},
     )
     def get(self, request: Request) -> Response:
         try:
@@ -223,7 +219,7 @@ def _change_schema(operation_id: str, summary: str, request: Any) -> Callable[[A
 def _change(handle: str, verb: str, change: Callable[[], bool]) -> Response:
     """Run a pause/resume compare-and-set for a request and answer with what it did and the state now.
 
-    The seat is checked first (404 for an unknown handle, 400 for a human seat),
+    The seat is checked first (404 for an unknown handle, 409 for a human seat),
     then that a seat runtime runs here to apply the change.
     """
     _, error = _seat_or_error(handle)
@@ -234,7 +230,7 @@ def _change(handle: str, verb: str, change: Callable[[], bool]) -> Response:
     try:
         changed = change()
     except SeatNotFound as exc:
-        return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
+        return error_response(status.HTTP_404_NOT_FOUND, str(exc), param=P_HANDLE)
     except RuntimeError as exc:
         log.warning(f"seat_{verb}_refused", extra={"seat": handle, "error": str(exc)})
         return _no_runtime()

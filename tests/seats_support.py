@@ -159,6 +159,28 @@ async def jetstream_queues(*nodes: str) -> AsyncIterator[list[EventQueue]]:
                 await c.close()
 
 
+async def subscribed_on(url: str, topic: str) -> bool:
+    """Whether a durable subscription reads ``topic`` on the broker at ``url`` (asked by a probe client of its own)."""
+    from crewlet.queue.jetstream import JetStreamQueue
+
+    q = await JetStreamQueue.connect(url, node="probe", timings=FAST)
+    try:
+        return bool(await q.list_subscriptions(topic))
+    finally:
+        await q.close()
+
+
+async def publish_raw(url: str, topic: str, data: bytes) -> None:
+    """``data`` on ``topic`` as they are: bytes no event decodes from, as another build could publish them."""
+    from crewlet.queue.jetstream import JetStreamQueue
+
+    q = await JetStreamQueue.connect(url, node="tester", timings=FAST)
+    try:
+        await q.transport.publish(topic, data)
+    finally:
+        await q.close()
+
+
 def holder(org: Optional[Organization] = None) -> CompanyHolder:
     return CompanyHolder(org or company())
 

@@ -19,18 +19,18 @@ def test_an_ask_with_no_runtime_in_the_process_is_503_and_opens_nothing() -> Non
     _, token = OperatorToken.mint("tests")
     response = bearer(token).post("/api/a2a/ask", {"from": "ada", "to": "linus", "brief": "hi"}, format="json")
     assert response.status_code == 503
-    assert response.json()["detail"] == NO_ENGINE
+    assert response.json() == {"error": "unavailable", "param": "", "reason": NO_ENGINE}
     assert not Channel.objects.exists()
 
 
 @pytest.mark.django_db(databases=["default", "events"])
-def test_an_ask_naming_an_unknown_seat_is_404_a_human_target_400_and_a_missing_field_400() -> None:
+def test_an_ask_naming_an_unknown_seat_is_404_a_human_target_409_and_a_missing_field_400() -> None:
     _, token = OperatorToken.mint("tests")
     c = bearer(token)
     with engine_here():  # the example company
         assert c.post("/api/a2a/ask", {"from": "ada", "to": "nobody", "brief": "hi"}, format="json").status_code == 404
         human = c.post("/api/a2a/ask", {"from": "ada", "to": "grace", "brief": "hi"}, format="json")
-        assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "to"
+        assert human.status_code == 409 and "human" in human.json()["reason"] and human.json()["param"] == "to"
         assert c.post("/api/a2a/ask", {"to": "linus", "brief": "hi"}, format="json").status_code == 400
     assert not Channel.objects.exists()
 
@@ -40,7 +40,7 @@ def test_an_unknown_channel_id_is_404_saying_it_is_unknown() -> None:
     _, token = OperatorToken.mint("tests")
     for bogus in ("0b7f6c2e-0000-4000-8000-000000000000", "nope"):
         response = bearer(token).get(f"/api/a2a/channels/{bogus}")
-        assert response.status_code == 404 and "unknown" in response.json()["detail"]
+        assert response.status_code == 404 and "unknown" in response.json()["reason"] and response.json()["error"] == "not_found"
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])

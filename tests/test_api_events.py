@@ -399,4 +399,4 @@ def test_a_process_without_an_engine_refuses_every_history_read_with_503_rather_
 
     store(make_event("org_started", AT - US, event_id="only-this-store"))
     response = api_client.get(path)
-    assert response.status_code == 503 and response.json() == {"detail": NO_FLEET_HERE}
+    assert response.status_code == 503 and response.json() == {"error": "unavailable", "param": "", "reason": NO_FLEET_HERE}

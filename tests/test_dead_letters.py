@@ -27,7 +27,7 @@ from eventstore.models import EventRow
 from crewlet.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from engine_support import engine_here
-from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, wake
+from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, publish_raw, subscribed_on, wake
 from waiting_support import wait_until
 
 pytestmark = [
@@ -155,7 +155,7 @@ async def test_a_second_replay_of_the_same_ref_is_404_and_audited_as_a_refusal(e
     assert (await replay(c, letter.ref)).status_code == 200
     again = await replay(c, letter.ref)
     assert again.status_code == 404, again.content
-    assert again.json()["refusal"] == ops.REFUSAL_GONE and again.json()["detail"]
+    assert again.json()["error"] == ops.REFUSAL_GONE and again.json()["reason"]
 
     await eventually(lambda: sync_to_async(lambda: len(audits()) == 2)(), what="two operator_acted rows")
     first, second = await sync_to_async(audits)()
@@ -219,7 +219,7 @@ async def test_an_unknown_tool_or_missing_args_is_400_and_still_audited_as_a_ref
 async def test_an_unknown_ref_is_404(engine: Any) -> None:
     _, token = await sync_to_async(OperatorToken.mint)("ops-console")
     response = await replay(bearer(token), "424242")
-    assert response.status_code == 404 and response.json()["refusal"] == ops.REFUSAL_GONE
+    assert response.status_code == 404 and response.json()["error"] == ops.REFUSAL_GONE
 
 
 async def test_the_loser_of_two_racing_replays_on_a_file_store_is_404_gone_not_503(file_engine: Any) -> None:
@@ -253,12 +253,12 @@ async def test_the_loser_of_two_racing_replays_on_a_file_store_is_404_gone_not_5
     assert winner[0].status_code == 200, winner[0].content
     assert winner[0].json()["event_id"] == poison.id
     assert loser.status_code == 404, loser.content
-    assert loser.json()["refusal"] == ops.REFUSAL_GONE
+    assert loser.json()["error"] == ops.REFUSAL_GONE
     assert [d.ref for d in await file_engine.dead_letters()] == [older.ref]
 
 
-@pytest.mark.parametrize("ref", ["18446744073709551616", "99999999999999999999999", "abc", "0", "-1", "+7", "1.5", "١"])
-async def test_a_ref_that_cannot_name_an_entry_is_400_with_the_rule_and_no_broker_words(engine: Any, ref: str) -> None:
+@pytest.mark.parametrize("ref", ["abc", "-1", "+7", "1.5", "١", "1 2"])
+async def test_a_ref_that_is_not_digits_is_400_with_the_rule_and_no_broker_words(engine: Any, ref: str) -> None:
     _, token = await sync_to_async(OperatorToken.mint)("ops-console")
     response = await replay(bearer(token), ref)
     assert response.status_code == 400, response.content
@@ -269,10 +269,25 @@ async def test_a_ref_that_cannot_name_an_entry_is_400_with_the_rule_and_no_broke
     assert '"refusal":"bad_args"' in (await sync_to_async(audits)())[0].body
 
 
-async def test_the_largest_well_formed_ref_that_names_nothing_is_404_gone(engine: Any) -> None:
+@pytest.mark.parametrize("ref", ["18446744073709551615", "18446744073709551616", "99999999999999999999999", "0"])
+async def test_digits_that_name_no_entry_are_404_gone_and_audited_as_a_refusal(engine: Any, ref: str) -> None:
+    """Digits are the shape the schema states; whether they name an entry (0, past a uint64, taken) is a miss."""
     _, token = await sync_to_async(OperatorToken.mint)("ops-console")
-    response = await replay(bearer(token), "18446744073709551615")
-    assert response.status_code == 404 and response.json()["refusal"] == ops.REFUSAL_GONE
+    response = await replay(bearer(token), ref)
+    assert response.status_code == 404 and response.json()["error"] == ops.REFUSAL_GONE
+    assert response.json()["param"] == "args.ref"
+    await eventually(lambda: sync_to_async(lambda: len(audits()) == 1)(), what="the refusal audited")
+    assert '"refusal":"gone"' in (await sync_to_async(audits)())[0].body
+
+
+async def test_a_key_the_call_does_not_take_is_400_naming_it(engine: Any) -> None:
+    """The schema closes the body (additionalProperties: false); a misspelt key is refused, not ignored."""
+    _, token = await sync_to_async(OperatorToken.mint)("ops-console")
+    c = bearer(token)
+    top = await replay(c, "1", reqest_id="typo")
+    assert top.status_code == 400 and top.json()["param"] == "reqest_id", top.content
+    inner = await call(c.post, "/operator/act", {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": "1", "x": 1}}, "json")
+    assert inner.status_code == 400 and inner.json()["param"] == "args.x", inner.content
 
 
 async def test_a_dead_letter_leaves_one_message_dead_lettered_row_in_the_poisons_trace(engine: Any) -> None:
@@ -308,7 +323,7 @@ def test_with_no_engine_in_the_process_the_routes_are_503() -> None:
     c = bearer(token)
     assert c.get("/api/dead-letters").status_code == 503
     response = c.post("/operator/act", {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": "1"}}, format="json")
-    assert response.status_code == 503 and response.json()["refusal"] == ops.REFUSAL_UNAVAILABLE
+    assert response.status_code == 503 and response.json()["error"] == ops.REFUSAL_UNAVAILABLE
 
 
 def test_the_openapi_schema_documents_both_routes() -> None:
@@ -365,14 +380,6 @@ def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_win
         company.start()
         events_url = f"{company.url}/api/events?type={MessageDeadLettered.event_type}"
 
-        async def publish_garbage() -> None:
-            from crewlet.queue.jetstream import JetStreamQueue
-
-            q = await JetStreamQueue.connect(broker.url, node="tester", timings=FAST)
-            try:
-                await q.transport.publish(TOPIC, b"\xff this is no event")
-            finally:
-                await q.close()
 
         def burials() -> list[dict[str, Any]]:
             status, body = _http(events_url, UP_TOKEN)
@@ -380,20 +387,8 @@ def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_win
             return body["events"]
 
         # Published only once up's seat loop reads ada's inbox: the mailbox keeps nothing nobody reads.
-        def inbox_read() -> bool:
-            async def covered() -> bool:
-                from crewlet.queue.jetstream import JetStreamQueue
-
-                q = await JetStreamQueue.connect(broker.url, node="probe", timings=FAST)
-                try:
-                    return bool(await q.list_subscriptions(TOPIC))
-                finally:
-                    await q.close()
-
-            return loop.run(covered())
-
-        _until(inbox_read, bool, "up's durable subscription on ada's inbox")
-        loop.run(publish_garbage())
+        _until(lambda: loop.run(subscribed_on(broker.url, TOPIC)), bool, "up's durable subscription on ada's inbox")
+        loop.run(publish_raw(broker.url, TOPIC, b"\xff this is no event"))
         (row,) = _until(burials, lambda rows: len(rows) == 1, "the message_dead_lettered row in /api/events")
         assert (row["category"], row["seat"], row["node"], row["failed"]) == ("system", SEAT, "web1", True)
         assert row["trace_id"]
@@ -410,9 +405,9 @@ def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_win
         assert codes == [200, 404, 404, 404], answers
         for code, body in answers:
             if code == 404:
-                assert body["refusal"] == ops.REFUSAL_GONE and "nats" not in body["detail"].lower()
+                assert body["error"] == ops.REFUSAL_GONE and "nats" not in body["reason"].lower()
 
-        bad_code, bad = _http(f"{company.url}/operator/act", UP_TOKEN, {**act, "args": {"ref": "18446744073709551616"}})
+        bad_code, bad = _http(f"{company.url}/operator/act", UP_TOKEN, {**act, "args": {"ref": "1e3"}})
         assert bad_code == 400 and bad["error"] == ops.REFUSAL_BAD_ARGS and bad["param"] == "args.ref", bad
         assert "nats" not in bad["reason"].lower() and "json" not in bad["reason"].lower()
 

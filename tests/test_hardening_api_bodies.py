@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -132,20 +133,23 @@ def test_the_schema_states_the_body_constraints_the_server_enforces(client: APIC
     parts = schema["components"]["schemas"]
     pause, ask, act, args = parts["PauseRequest"], parts["Ask"], parts["ActRequest"], parts["ReplayArgs"]
     assert pause["properties"]["stop_running"]["type"] == "boolean"
-    assert pause["properties"]["reason"]["maxLength"] == 2000
+    text, blank = pause["properties"]["reason"]["oneOf"]  # allow_blank: the text's bounds, or ""
+    assert text["maxLength"] == 2000 and re.fullmatch(text["pattern"], "a\x00b") is None and blank["maxLength"] == 0
     for name in ("from", "to"):
         assert ask["properties"][name]["pattern"] == "^(?:[a-z0-9][a-z0-9_-]{0,62})$"
         assert ask["properties"][name]["minLength"] == 1
     assert ask["properties"]["brief"]["minLength"] == 1 and "pattern" in ask["properties"]["brief"]
     assert ask["properties"]["request_id"]["maxLength"] == 200
     assert sorted(ask["required"]) == ["brief", "from", "to"]
-    assert act["properties"]["request_id"]["maxLength"] == 200
+    assert act["properties"]["request_id"]["oneOf"][0]["maxLength"] == 200
     assert args["properties"]["ref"]["minLength"] == 1
-    bad = parts["BadParameter"]
+    assert args["properties"]["ref"]["pattern"] == "^(?:\\s*[0-9]+\\s*)$"
+    assert all(body["additionalProperties"] is False for body in (pause, ask, act, args)), "unknown fields are refused"
+    bad = parts["Error"]
     assert sorted(bad["required"]) == ["error", "param", "reason"]
     for path, method in (("/api/seats/{handle}/pause", "post"), ("/api/a2a/ask", "post"), ("/operator/act", "post")):
         assert schema["paths"][path][method]["responses"]["400"]["content"]["application/json"]["schema"] == {
-            "$ref": "#/components/schemas/BadParameter"
+            "$ref": "#/components/schemas/Error"
         }
 
 

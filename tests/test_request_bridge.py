@@ -81,7 +81,7 @@ def test_a_retried_ask_inside_up_with_the_same_request_id_answers_the_first_chan
     assert [c["id"] for c in _channels(up) if c["id"] not in before] == [first["id"]]
 
     other = up.post("/api/a2a/ask", {**ask, "brief": "something else"})
-    assert other[0] == 409 and "retry-7f3a" in other[1]["detail"], other
+    assert other[0] == 409 and "retry-7f3a" in other[1]["reason"] and other[1]["error"] == "conflict", other
     assert [c["id"] for c in _channels(up) if c["id"] not in before] == [first["id"]]
 
 

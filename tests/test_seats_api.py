@@ -36,7 +36,7 @@ def test_a_process_with_no_engine_answers_the_seat_list_503_saying_so_rather_tha
     _, token = OperatorToken.mint("tests")
     response = bearer(token).get("/api/seats/")
     assert response.status_code == 503
-    assert response.json() == {"detail": NO_ENGINE}
+    assert response.json() == {"error": "unavailable", "param": "", "reason": NO_ENGINE}
 
 
 @pytest.mark.django_db(databases=["default", "events"])
@@ -56,14 +56,15 @@ def test_an_engine_whose_queue_cannot_be_asked_lists_its_company_with_unknown_de
 
 
 @pytest.mark.django_db(databases=["default", "events"])
-def test_an_unknown_handle_is_404_and_a_human_seat_is_400_before_anything_changes() -> None:
+def test_an_unknown_handle_is_404_and_a_human_seat_is_409_before_anything_changes() -> None:
     _, token = OperatorToken.mint("tests")
     c = bearer(token)
     with engine_here():
         for action in ("pause", "resume"):
-            assert c.post(f"/api/seats/nobody/{action}", {}, format="json").status_code == 404
+            unknown = c.post(f"/api/seats/nobody/{action}", {}, format="json")
+            assert unknown.status_code == 404 and unknown.json()["error"] == "not_found" and unknown.json()["param"] == "handle"
             human = c.post(f"/api/seats/grace/{action}", {}, format="json")
-            assert human.status_code == 400 and "human" in human.json()["reason"] and human.json()["param"] == "handle"
+            assert human.status_code == 409 and "human" in human.json()["reason"] and human.json()["param"] == "handle"
     assert not SeatPause.objects.exists()
 
 
@@ -82,7 +83,9 @@ def test_a_malformed_pause_body_is_400() -> None:
     _, token = OperatorToken.mint("tests")
     with mock.patch.object(actions, "pause_seat") as pause:
         response = bearer(token).post("/api/seats/ada/pause", {"stop_running": "sometimes"}, format="json")
-    assert response.status_code == 400
+        misspelt = bearer(token).post("/api/seats/ada/pause", {"stop_runing": True}, format="json")
+    assert response.status_code == 400 and response.json()["param"] == "stop_running"
+    assert misspelt.status_code == 400 and misspelt.json()["param"] == "stop_runing", "an unknown field is refused, never ignored"
     pause.assert_not_called()
 
 

@@ -55,7 +55,7 @@ def merge_pages(pages: Iterable[dict[str, Any]], limit: int) -> dict[str, Any]:
     next_cursor = None
     if taken and (len(ordered) > limit or cut is not None):
         last = taken[-1]
-        next_cursor = qs.encode_cursor("e", qs.to_us(parse_timestamp(last["timestamp"])), last["id"])
+        next_cursor = qs.encode_cursor(qs.EVENTS_CURSOR, qs.to_us(parse_timestamp(last["timestamp"])), last["id"])
     return {"events": taken, "next_cursor": next_cursor}
 
 
@@ -162,7 +162,7 @@ def turns_plan(question: Question) -> Plan:
         turn_id for _, page in pages for turn_id, started in page["turns"] if cut is None or (int(started), turn_id) >= cut
     ]
     if not candidates:
-        return {"turns": [], "next_cursor": qs.encode_cursor("t", cut[0], cut[1]) if cut is not None else None}
+        return {"turns": [], "next_cursor": qs.encode_cursor(qs.TURNS_CURSOR, cut[0], cut[1]) if cut is not None else None}
     parts = yield Question(
         kind=qs.TURN_ROWS, at=question.at, version=question.version, filters=question.filters, keys=tuple(dict.fromkeys(candidates))
     )
@@ -176,7 +176,7 @@ def turns_plan(question: Question) -> Plan:
     # The next page starts below the last turn listed here, or below the cut when every turn at or above it is
     # listed (a page can come back short, even empty: a turn it could have listed starts below the cut on another node).
     below: Optional[tuple[int, str]] = taken[-1] if len(placed) > limit else cut
-    next_cursor = qs.encode_cursor("t", below[0], below[1]) if below is not None else None
+    next_cursor = qs.encode_cursor(qs.TURNS_CURSOR, below[0], below[1]) if below is not None else None
     return {"turns": qs.fold_listed([(t, s) for s, t in taken], grouped), "next_cursor": next_cursor}
 
 

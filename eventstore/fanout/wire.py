@@ -163,7 +163,7 @@ def _middle_out(rows: list[Any], keep: int) -> list[Any]:
 
 def _cut_page(answer: dict[str, Any], keep: int) -> dict[str, Any]:
     rows = answer["events"][:keep]
-    cursor = qs.encode_cursor("e", _row_us(rows[-1]), rows[-1]["id"]) if rows else answer.get("next_cursor")
+    cursor = qs.encode_cursor(qs.EVENTS_CURSOR, _row_us(rows[-1]), rows[-1]["id"]) if rows else answer.get("next_cursor")
     return {**answer, "events": rows, "next_cursor": cursor}
 
 

@@ -45,7 +45,7 @@ from eventstore.questions.answers import (
     trace_answer,
     trace_rows,
 )
-from eventstore.questions.cursor import CURSOR_PATTERN, decode_cursor, encode_cursor
+from eventstore.questions.cursor import CURSOR_PATTERN, EVENTS_CURSOR, TURNS_CURSOR, cursor_format, decode_cursor, encode_cursor
 from eventstore.questions.listing import LIST_COLUMNS, list_row, listing_of
 from eventstore.questions.model import (
     COUNTS,
@@ -119,6 +119,9 @@ __all__ = [
     "trace_rows",
     "turn_page",
     "CURSOR_PATTERN",
+    "EVENTS_CURSOR",
+    "TURNS_CURSOR",
+    "cursor_format",
     "DEFAULT_LIMIT",
     "DURATION_PATTERN",
     "EPOCH",

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 from django.db import connections
 
 from crewlet.events import CATEGORIES, format_timestamp
-from eventstore.questions.cursor import decode_cursor, encode_cursor
+from eventstore.questions.cursor import EVENTS_CURSOR, decode_cursor, encode_cursor
 from eventstore.questions.listing import list_row, list_sql
 from eventstore.questions.model import (
     EVENT,
@@ -89,7 +89,7 @@ def answer_events(question: Question, at: datetime, scope: NodeScope) -> dict[st
     q.history(at, scope)
     q.filters(question.filters)
     if question.cursor:
-        ts, key = decode_cursor("e", question.cursor)
+        ts, key = decode_cursor(EVENTS_CURSOR, question.cursor)
         q.before("ts", "id", ts, key)
     sql = f"SELECT {list_sql(q.connection.vendor)} FROM {TABLE} WHERE {q.where} ORDER BY ts DESC, id DESC LIMIT %s"
     fetched = fetch(scope, sql, [*q.params, limit + 1])
@@ -97,7 +97,7 @@ def answer_events(question: Question, at: datetime, scope: NodeScope) -> dict[st
     next_cursor = None
     if len(fetched) > limit:
         last = fetched[limit - 1]
-        next_cursor = encode_cursor("e", last[1], last[0])
+        next_cursor = encode_cursor(EVENTS_CURSOR, last[1], last[0])
     return {"events": rows, "next_cursor": next_cursor}
 
 

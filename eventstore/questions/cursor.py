@@ -14,6 +14,18 @@ from eventstore.questions.model import BadQuestion
 from eventstore.questions.timefmt import from_us, to_us
 
 
+#: The tag of each read's cursors.
+EVENTS_CURSOR = "e"
+TURNS_CURSOR = "t"
+#: The OpenAPI ``format`` of each read's ``cursor`` parameter (a client's generator of them keys on it).
+_CURSOR_FORMATS = {EVENTS_CURSOR: "events-cursor", TURNS_CURSOR: "turns-cursor"}
+
+
+def cursor_format(tag: str) -> str:
+    """The OpenAPI ``format`` naming the cursors ``tag``'s read writes."""
+    return _CURSOR_FORMATS[tag]
+
+
 def encode_cursor(tag: str, ts: datetime | int, key: str) -> str:
     us = ts if isinstance(ts, int) else to_us(ts)
     raw = f"{tag}|{us}|{key}".encode("utf-8")

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 from django.db import connections
 
 from crewlet.events import format_timestamp, types
-from eventstore.questions.cursor import decode_cursor, encode_cursor
+from eventstore.questions.cursor import TURNS_CURSOR, decode_cursor, encode_cursor
 from eventstore.questions.listing import LIST_COLUMNS, list_row, list_sql
 from eventstore.questions.model import MAX_DETAIL_ROWS, MAX_LIMIT, Filters, NodeScope, Question
 from eventstore.questions.sql import TABLE, Where, fetch, us_sql
@@ -178,7 +178,7 @@ def turn_page(question: Question, at: datetime, scope: NodeScope) -> tuple[list[
     having = ""
     params = list(q.params)
     if question.cursor:
-        ts, key = decode_cursor("t", question.cursor)
+        ts, key = decode_cursor(TURNS_CURSOR, question.cursor)
         having = " HAVING (MIN(ts), turn_id) < (%s, %s)"
         params += [q.ts(ts), key]
     sql = (
@@ -217,7 +217,7 @@ def answer_turns(question: Question, at: datetime, scope: NodeScope) -> dict[str
     next_cursor = None
     if more:
         turn_id, started = listed[-1]
-        next_cursor = encode_cursor("t", started, turn_id)
+        next_cursor = encode_cursor(TURNS_CURSOR, started, turn_id)
     return {"turns": fold_listed(listed, grouped), "next_cursor": next_cursor}
 
 
