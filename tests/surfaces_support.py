@@ -49,7 +49,10 @@ class VendorSocketServer:
     def __init__(self) -> None:
         self.thread = LoopThread()
         self.ws: Optional[ServerConnection] = None
-        self.server: Server = self.call(lambda: serve(self._handler, "127.0.0.1", 0))
+        #: Sockets open now, and the most ever open at once (a fleet must open each vendor socket once).
+        self.open = 0
+        self.most_open = 0
+        self.server: Server = self.call(lambda: serve(self._counted, "127.0.0.1", 0))
         self.port = self.server.sockets[0].getsockname()[1]
         self.sessions: list[dict[str, Any]] = []
 
@@ -59,6 +62,14 @@ class VendorSocketServer:
             return await make()
 
         return self.thread.run(run(), timeout_s=10.0)
+
+    async def _counted(self, ws: ServerConnection) -> None:
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            await self._handler(ws)
+        finally:
+            self.open -= 1
 
     async def _handler(self, ws: ServerConnection) -> None:
         raise NotImplementedError
