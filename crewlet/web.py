@@ -152,6 +152,17 @@ def install_reactor(loop: asyncio.AbstractEventLoop) -> Any:
     return reactor
 
 
+def too_large_body(path: str, limit: int) -> dict[str, str]:
+    """The 413's body: the API's one error shape under ``/api/``, the webhooks' ``{"error": reason}`` elsewhere."""
+    from crewlet.bodies import PARAM_NONE, bad_request_body, error_code
+    from crewlet.errors import API_PREFIX
+
+    reason = REASON_TOO_LARGE.format(limit=limit)
+    if path.startswith(API_PREFIX):
+        return bad_request_body(error_code(413), PARAM_NONE, reason)
+    return {"error": reason}
+
+
 def _client_of(transport: Any) -> str:
     try:
         peer = transport.getPeer()
@@ -210,7 +221,7 @@ def bounded_http(limits: Limits) -> tuple[type, type]:
             self._refused = True
             channel = self.channel
             transport = channel.transport
-            body = json.dumps({"error": REASON_TOO_LARGE.format(limit=self._limit)}).encode()
+            body = json.dumps(too_large_body(path, self._limit)).encode()
             head = (
                 b"HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
