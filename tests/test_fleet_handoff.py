@@ -11,6 +11,7 @@ the log's order is the order things happened in.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Awaitable, Callable, Optional
 
 import pytest
@@ -54,6 +55,7 @@ class Model:
         self.log = log
         self.blocked = blocked
         self.entered = asyncio.Event()
+        self.ended_at = 0.0  # the monotonic instant the last call ended
         self.echo = EchoProvider()
 
     async def complete(self, request: ModelRequest) -> Completion:
@@ -64,6 +66,7 @@ class Model:
                 await asyncio.Event().wait()
             return await self.echo.complete(request)
         finally:
+            self.ended_at = time.monotonic()
             self.log.append((self.node, "end"))
 
     async def aclose(self) -> None:
@@ -233,3 +236,37 @@ async def test_a_seat_whose_renewals_do_not_get_through_is_given_up_and_its_turn
         assert clock.now < deadline and "ada" not in member.seats()
 
     assert await log_when_lost(store_silent) == [("n1", "start"), ("n1", "end")]
+
+
+@pytest.mark.postgres
+async def test_a_node_whose_store_stops_answering_ends_its_seats_turn_before_its_own_deadline() -> None:
+    """Another connection locks ada's lease row, so n1's renewals hang unanswered: its watcher gives ada up in time.
+
+    The TTL is shrunk to seconds (below the setting's floor, which the
+    membership itself does not enforce) so the deadline comes within the test.
+    """
+    import psycopg
+    from django.db import connections
+
+    log: list[tuple[str, str]] = []
+    model = Model("n1", log, blocked=True)
+    member = FleetMember("n1", ttl_s=3.0)
+    engine = node_n1(MemoryBroker(FAST), model, lambda _e: [Service(FLEET, lambda _e: member, stop_last=True)])
+    table = leases.model_of(SEAT)._meta.db_table
+    params = {k: v for k, v in connections["default"].get_connection_params().items() if k != "cursor_factory"}
+    locker = await asyncio.to_thread(psycopg.connect, **params)
+    serving = asyncio.create_task(engine.serve())
+    try:
+        await running_ada(engine)
+        await asyncio.to_thread(locker.execute, f'SELECT 1 FROM "{table}" WHERE name = %s FOR UPDATE', ["ada"])
+        deadline = member.deadline("ada")  # no renewal gets through from here on
+        assert engine.queue is not None
+        await send(engine.queue, "ada", wake("ada", "first"))
+        await asyncio.wait_for(model.entered.wait(), timeout=60)
+        await eventually(lambda: ("n1", "end") in log, timeout_s=30, what="n1's turn ended by the watcher")
+        assert 0 < model.ended_at < deadline and not member.holds_seat("ada")
+    finally:
+        await asyncio.to_thread(locker.rollback)
+        await asyncio.to_thread(locker.close)
+        engine.stop()
+        await asyncio.wait_for(serving, timeout=60)

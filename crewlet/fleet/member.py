@@ -112,6 +112,10 @@ class FleetMember:
         """Whether this node may do ``handle``'s work at this instant (asked per delivery)."""
         return self.clock() < self._seats.get(handle, 0.0) - self.guard_s
 
+    def deadline(self, handle: str) -> float:
+        """This node's own deadline for ``handle`` on its clock (0.0 when it holds no lease of it)."""
+        return self._seats.get(handle, 0.0)
+
     def seats(self) -> frozenset[str]:
         """The seats this node holds right now."""
         now = self.clock()
