@@ -101,9 +101,91 @@ def traced(app: Any) -> Any:
     )
 
 
+class WebhookFastPath:
+    """ASGI: a POST to a loop-safe view (a vendor's webhook) answered on the loop, without Django's middleware chain.
+
+    Every entry of ``MIDDLEWARE`` is a sync ``MiddlewareMixin``, so under ASGI
+    each of its hooks, the request signals and the response's close are a hop
+    into the request's own thread-sensitive executor (a new thread per request)
+    and back: about a dozen hops, most of what a delivery cost in a burst. A
+    company surface's delivery uses nothing the session, authentication, CSRF
+    (the view is exempt), sign-in throttle or messages middleware provide, and
+    touches no database on a request thread (its check is an HMAC; the edge
+    publishes on the engine's loop); its app says so with
+    ``crewlet.web.loop_safe``. So it is answered by the same view, given the
+    request Django builds, with the header-only middleware (security, common:
+    the ``ALLOWED_HOSTS`` check, clickjacking) run inline. Any other request,
+    and a source that checks a stored token, goes to Django as before.
+    """
+
+    def __init__(self, handler: Any) -> None:
+        from django.middleware.clickjacking import XFrameOptionsMiddleware
+        from django.middleware.common import CommonMiddleware
+        from django.middleware.security import SecurityMiddleware
+
+        self.handler = handler  # Django's ASGIHandler: everything else, and the request and response plumbing
+        self.inline = [m(lambda request: None) for m in (SecurityMiddleware, CommonMiddleware, XFrameOptionsMiddleware)]
+
+    def _route(self, scope: dict[str, Any]) -> Any:
+        """The resolver match of a POST whose view its app marked loop-safe for this route (``crewlet.web.loop_safe``), else None."""
+        from django.urls import Resolver404, resolve
+
+        from crewlet.web import LOOP_SAFE_ATTR
+
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return None
+        try:
+            match = resolve(str(scope.get("path", "")))
+        except Resolver404:
+            return None
+        safe = getattr(match.func, LOOP_SAFE_ATTR, None)
+        return match if safe is not None and safe(match.kwargs) else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        match = self._route(scope)
+        if match is None:
+            await self.handler(scope, receive, send)
+            return
+        from django.core.exceptions import RequestAborted
+
+        try:
+            body_file = await self.handler.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            request, response = self.handler.create_request(scope, body_file)
+            if request is not None:
+                request.resolver_match = match
+                response = await self._respond(request, match)
+            await self.handler.send_response(response, send)
+        finally:
+            body_file.close()
+
+    async def _respond(self, request: Any, match: Any) -> Any:
+        from django.core.handlers.exception import response_for_exception
+        from django.utils.log import log_response
+
+        try:
+            response = None
+            for middleware in self.inline:
+                hook = getattr(middleware, "process_request", None)
+                response = hook(request) if hook is not None else None
+                if response is not None:
+                    break
+            if response is None:
+                response = await match.func(request, *match.args, **match.kwargs)
+        except Exception as exc:  # Django's own answer for it (400 for a disallowed host, 500 otherwise)
+            response = response_for_exception(request, exc)
+        for middleware in reversed(self.inline):
+            response = middleware.process_response(request, response)
+        if response.status_code >= 400:
+            log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
+        return response
+
+
 application = ProtocolTypeRouter(
     {
-        "http": traced(django_application),
+        "http": traced(WebhookFastPath(django_application)),
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -61,6 +61,15 @@ DEFAULT_MAX_BODY_BYTES = 2621440
 WEBHOOK_MAX_BODY_SETTING = "CREWLET_WEBHOOK_MAX_BODY_BYTES"
 DEFAULT_WEBHOOK_MAX_BODY_BYTES = 1024 * 1024
 REASON_TOO_LARGE = "the body is over the {limit}-byte limit"
+#: An async view's attribute naming a predicate over its route's kwargs: True when a request to that
+#: route needs no middleware state and no database on a request thread, so ``crewlet.asgi`` answers it
+#: on the loop without Django's (sync) middleware chain.
+LOOP_SAFE_ATTR = "crewlet_loop_safe"
+
+
+def loop_safe(view: Any, predicate: Callable[[dict[str, Any]], bool]) -> None:
+    """Mark ``view`` as answerable on the loop for the routes ``predicate`` accepts (see ``LOOP_SAFE_ATTR``)."""
+    setattr(view, LOOP_SAFE_ATTR, predicate)
 
 
 @dataclass(frozen=True)

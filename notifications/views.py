@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from crewlet import runtime
+from crewlet.web import loop_safe
 
 from notifications.edge import EdgeResponse, current_edge, refuse
+from notifications.sources import source_for
 from notifications.sources.base import InboundRequest
 
 log = logging.getLogger("crewlet.notifications.edge")
@@ -68,6 +71,15 @@ async def _webhook(request: HttpRequest, source: str) -> HttpResponse:
     query = {key: request.GET.get(key, "") for key in request.GET}
     resp = await edge.receive(InboundRequest(source=source, body=body, headers=headers, query=query, route=request.path))
     return _respond(resp)
+
+
+def _checks_no_stored_token(route: dict[str, Any]) -> bool:
+    """A company surface verifies with an HMAC or a configured secret; only a source with ``authenticate`` reads the store."""
+    source = source_for(str(route.get("source", "")))
+    return source is not None and source.authenticate is None
+
+
+loop_safe(webhook, _checks_no_stored_token)
 
 
 async def incomplete(request: HttpRequest, source: str, pattern: str) -> HttpResponse:
