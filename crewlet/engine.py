@@ -473,10 +473,10 @@ class Engine:
         overview shows them; the engine names no app to get them.
         """
         found: dict[str, dict[str, Any]] = {}
-        for service, thing in list(self._running):
+        for name, thing in list(self._provided.items()):
             report = getattr(thing, "status_report", None)
             if callable(report):
-                found[service.name] = dict(report())
+                found[name] = dict(report())
         return found
 
     @property

@@ -4,10 +4,14 @@
 restarts on). ``/readyz`` is 200 only when every component it names is ready —
 the broker answers a round trip within ``HEALTH_BROKER_TIMEOUT_S``, every
 engine service is alive, and the coordination store and the event store each
-answer a query within ``HEALTH_STORE_TIMEOUT_S``; and every service that reports
-its own state (:meth:`~crewlet.engine.Engine.status_reports`: a surface's socket client,
+answer a query within ``HEALTH_STORE_TIMEOUT_S`` — and 503 naming in ``down``
+what is not. Services that report their own state
+(:meth:`~crewlet.engine.Engine.status_reports`: a surface's socket client,
 ``surface_socket:<kind>``, with ``connected``, ``last_frame_at`` and
-``last_error``) says it is ok — and 503 naming what is not.
+``last_error``) are shown beside them and listed in ``degraded`` when not ok, but
+never make the node unready: a chat vendor that cannot be reached is not this
+node's fault, and a load balancer that took every node out of service for it
+would also stop the webhooks, the dashboard and the seats that still work.
 Both use the one broker check below.
 
 ``/healthz``: 200 only when this process's broker answers and its loops run.
@@ -144,14 +148,15 @@ async def readiness() -> tuple[bool, dict[str, Any]]:
     }
     for (name, _), state in zip(STORE_ALIASES, stores):
         components[name] = {"ok": state == STORE_REACHABLE, "state": state}
-    if running is not None:
-        components.update(running.status_reports())
-    ready = all(part["ok"] for part in components.values())
     down = [name for name, part in components.items() if not part["ok"]]
+    ready = not down
+    reported = running.status_reports() if running is not None else {}
+    components.update(reported)
     body = {
         "status": STATUS_READY if ready else STATUS_NOT_READY,
         "node": queue.node if queue is not None else None,
         "down": down,
+        "degraded": [name for name, part in reported.items() if not part["ok"]],
         "components": components,
     }
     return ready, body

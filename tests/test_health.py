@@ -77,3 +77,21 @@ def test_readyz_and_livez_without_an_engine_say_so(no_process_queue: None) -> No
     assert body["components"]["broker"]["state"] == "engine not running"
     assert body["components"]["duties"]["state"] == "engine not running"
     assert _get("/livez") == (200, {"status": "alive", "node": None, "components": {"process": "alive", "engine": "engine not running"}})
+
+
+class _DisconnectedSocket:
+    """A service that reports its own state, as a surface's socket client does, while its vendor cannot be reached."""
+
+    alive = True
+
+    def status_report(self) -> dict[str, Any]:
+        return {"ok": False, "state": "connecting", "last_error": "ConnectionRefusedError"}
+
+
+def test_a_reported_surface_that_is_not_connected_is_listed_as_degraded_and_leaves_the_node_ready(no_process_queue: None) -> None:
+    services = {SEAT_RUNTIME: FakeSeatRuntime(True), "surface_socket:slack": _DisconnectedSocket()}
+    with engine_here(FakeQueue(connected=True), services=services):  # type: ignore[arg-type]
+        status, body = _get("/readyz")
+    assert status == 200, body
+    assert body["status"] == "ready" and body["down"] == [] and body["degraded"] == ["surface_socket:slack"]
+    assert body["components"]["surface_socket:slack"]["state"] == "connecting"
