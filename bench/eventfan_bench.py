@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import os
 import subprocess
@@ -204,11 +205,16 @@ def bench(repeat: int, readers: list[Any], loop: Loop) -> None:
     print(f"  first pages list the same rows: {same}; fleet coverage complete: {three['coverage']['complete']}")
     from eventstore.fanout import wire
 
+    bare_label = "b and c's ask/serve round trip, no read"
     samples: dict[str, list[float]] = {
         "1 node": [], "3 nodes": [], "slowest other node's own read": [], "the scatter alone (b and c, over the broker)": [],
+        bare_label: [],
     }
     at = qs.instant()
     question = Question(kind=qs.EVENTS, at=at, limit=100)
+    # A question in another protocol version is answered on the node's loop at once, reading nothing: the
+    # same hops as the scatter (asker's loop, broker, node's loop, back) without the read thread and the read.
+    bare = wire.encode_request(dataclasses.replace(question, version=question.version + 1), "a", list(NODES[1:]))
     for _ in range(min(30, repeat)):
         page(alone), page(readers[0])
     for _ in range(repeat):
@@ -226,6 +232,9 @@ def bench(repeat: int, readers: list[Any], loop: Loop) -> None:
         t0 = time.perf_counter()
         loop.run(readers[0]._gather(request, list(NODES[1:])))
         samples["the scatter alone (b and c, over the broker)"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        loop.run(readers[0]._gather(bare, list(NODES[1:])))
+        samples[bare_label].append(time.perf_counter() - t0)
     print(f"  {'':46} {'p50 ms':>8} {'p99 ms':>8}")
     for label, values in samples.items():
         print(f"  {label:46} {_pct(values, 0.5):8.2f} {_pct(values, 0.99):8.2f}")
