@@ -295,8 +295,8 @@ class SeatRuntime:
         plan: Plan = await self.ownership.plan(org, frozenset(self.loops))
         for handle in plan.give:
             loop = self.loops.get(handle)
-            if loop is not None and loop.turn_running:
-                continue  # a seat is handed over between turns, never from under one
+            if loop is not None and loop.handling:
+                continue  # a seat is handed over between deliveries, never from under one (nor as its turn starts)
             await self._detach(handle, DETACH_REBALANCED)
         for handle in plan.take:
             if handle not in self.loops:

@@ -270,3 +270,53 @@ async def test_a_node_whose_store_stops_answering_ends_its_seats_turn_before_its
         await asyncio.to_thread(locker.close)
         engine.stop()
         await asyncio.wait_for(serving, timeout=60)
+
+
+async def test_a_seat_is_given_away_by_the_placement_sweep_only_between_deliveries_never_as_one_is_about_to_start_its_turn() -> None:
+    """The sweep asks to give ada away while ada's delivery is past its last ownership check, its turn not yet begun."""
+    from crewlet.events import Event
+    from seats.mailboxes import ensure_mailboxes
+    from seats.ownership import Plan, SeatOwnership
+    from seats_support import memory_queues
+
+    class Giving(SeatOwnership):
+        """Alone, but told by the test when placement wants ada elsewhere."""
+
+        give = False
+
+        async def plan(self, org: Any, held: frozenset[str]) -> Plan:
+            return Plan(give=tuple(held)) if self.give else await super().plan(org, held)
+
+    about_to_start, go = asyncio.Event(), asyncio.Event()
+    owned_at_start: list[bool] = []
+    ownership = Giving("n1")
+
+    async def hold_the_digest(_topic: str, event: Event) -> None:
+        if event.type == "notifications_coalesced":  # published between the ownership check and the turn
+            about_to_start.set()
+            await go.wait()
+
+    class Owned(Model):
+        async def complete(self, request: ModelRequest) -> Completion:
+            owned_at_start.append(ownership.owns("ada"))
+            return await super().complete(request)
+
+    org = company(window_s=0.05, seats=[{"handle": "ada", "kind": "agent", "role": "engineer"}])
+    async with memory_queues() as (_, [q]):
+        await ensure_mailboxes(q, org)
+        for body in ("one", "two"):  # one conversation: one partition, one turn
+            await send(q, "ada", wake("ada", body, partition_key="slack:D1", conversation="slack:D1"))
+        q.add_publish_listener(hold_the_digest)
+        runner = TurnRunner(q, holder(org), provider_factory=lambda _config: Owned("n1", []))
+        rt = SeatRuntime(q, holder(org), ownership=ownership, runner=runner, run_scheduler=False, placement_every_s=3600)
+        await rt.start()
+        try:
+            await asyncio.wait_for(about_to_start.wait(), timeout=60)
+            ownership.give = True
+            await rt.rebalance()
+            go.set()
+            await eventually(lambda: owned_at_start, timeout_s=30, what="ada's turn started")
+        finally:
+            go.set()
+            await rt.stop()
+    assert owned_at_start == [True]
