@@ -17,7 +17,7 @@ from crewlet.queue.contract import (
     SubscriptionRef,
     Timings,
 )
-from crewlet.queue.errors import InvalidArgument, NotLive, QueueError, TooLarge, Unavailable
+from crewlet.queue.errors import InvalidArgument, NoAnswer, NotLive, QueueError, TooLarge, Unavailable
 
 __all__ = [
     "MAX_DELIVERIES",
@@ -39,4 +39,5 @@ __all__ = [
     "NotLive",
     "Unavailable",
     "InvalidArgument",
+    "NoAnswer",
 ]

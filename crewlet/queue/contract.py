@@ -376,7 +376,11 @@ class EventQueue(Protocol):
         """Scatter ``request`` to every server of ``subject``; gather up to ``want`` answers by the deadline."""
 
     async def serve(self, subject: str, answer: AnswerFn) -> Closable:
-        """Answer every request on ``subject``; an answer that raises is a missing answer."""
+        """Answer every request on ``subject``; an answer that raises is a missing answer.
+
+        An answer that raises :class:`~crewlet.queue.errors.NoAnswer` declines on
+        purpose and is not logged as a failure.
+        """
 
     async def backlog(self, topic: str, group: str) -> int:
         """Messages the subscription retains that are not yet acked (a seat's mailbox depth).

@@ -37,3 +37,11 @@ class InvalidArgument(QueueError, ValueError):
 class Gone(QueueError):
     """What a verb named no longer exists: an attachment's durable subscription (deleted),
     or a dead letter that is not, or no longer, on CREWLET_DLQ (replayed, or aged out)."""
+
+
+class NoAnswer(QueueError):
+    """Raised by a ``serve`` answer function that gives no answer on purpose (the request is not its to answer).
+
+    The asker sees a missing answer, as for any answer that raises, but the
+    server logs it at debug level only: it is the server's decision, not a fault.
+    """

@@ -22,7 +22,7 @@ from crewlet.aio import keeping_cancel, spawn_kept
 from crewlet.queue import topics
 from crewlet.queue.client import QueueClient
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings, dead_letter_seq
-from crewlet.queue.errors import Gone, TooLarge, Unavailable
+from crewlet.queue.errors import Gone, NoAnswer, TooLarge, Unavailable
 from crewlet.queue.transport import DUPLICATE_WINDOW_S, H_MSG_ID, Transport, dead_letter_from
 
 logger = logging.getLogger(__name__)
@@ -475,6 +475,9 @@ class _MemoryServer:
         async def run() -> None:
             try:
                 answer = await self._answer(bytes(data))
+            except NoAnswer as declined:
+                logger.debug("memory_serve_declined", extra={"subject": self._subject, "reason": str(declined)})
+                return
             except Exception:
                 logger.warning("memory_serve_answer_failed", extra={"subject": self._subject}, exc_info=True)
                 return

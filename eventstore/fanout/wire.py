@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import orjson
 
 from crewlet.events import parse_timestamp
+from crewlet.queue.errors import NoAnswer
 from eventstore import questions as qs
 from eventstore.questions import Question
 
@@ -48,7 +49,7 @@ class UnreadableRequest(ValueError):
     """A request that is not a question this build can read."""
 
 
-class NotAsked(LookupError):
+class NotAsked(NoAnswer):
     """This node serves the subject but is not among the nodes the asker asked: it stays silent."""
 
 

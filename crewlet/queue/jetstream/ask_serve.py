@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from crewlet.aio import keeping_cancel, spawn_kept
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable
-from crewlet.queue.errors import InvalidArgument, TooLarge, Unavailable
+from crewlet.queue.errors import InvalidArgument, NoAnswer, TooLarge, Unavailable
 from crewlet.queue.jetstream.base import TransportBase
 from crewlet.queue.jetstream.wire import _NATS_ERRORS, _status_of, ordered_flush
 
@@ -49,6 +49,9 @@ class _Server:
             reply = await self._answer_fn(msg.data)
         except asyncio.CancelledError:
             raise
+        except NoAnswer as declined:
+            logger.debug("jetstream_serve_declined", extra={"subject": self.subject, "reason": str(declined)})
+            return
         except Exception:
             logger.exception("jetstream_serve_answer_failed", extra={"subject": self.subject})
             return

@@ -7,11 +7,12 @@ answerer that raised, or nobody serving all just mean fewer answers.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
-from crewlet.queue.errors import TooLarge
+from crewlet.queue.errors import NoAnswer, TooLarge
 from crewlet.queue.queuetest.harness import Collector, eventually, state, uniq
 
 #: An ask deadline a case expects to run out.
@@ -130,6 +131,21 @@ async def test_an_answerers_error_is_a_missing_answer(harness, queue):
     assert got == [b"good:r"]
     assert calls == [b"q", b"r"]
     assert await state(queue) == before
+    for srv in servers:
+        await srv.close()
+
+
+async def test_an_answer_declined_with_no_answer_is_missing_and_logged_as_no_failure(harness, queue, caplog):
+    subject = fleet()
+
+    async def declining(request: bytes) -> bytes:
+        raise NoAnswer("not asked")
+
+    servers = [await queue.serve(subject, declining), await queue.serve(subject, tagged(b"good"))]
+    with caplog.at_level(logging.DEBUG):
+        got = await within(harness, queue.ask(subject, b"q", 2, SHORT_S))
+    assert got == [b"good:q"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
     for srv in servers:
         await srv.close()
 
