@@ -284,6 +284,8 @@ class InboxLoop:
         self._turn_task: Optional[asyncio.Task[TurnResult]] = None
         self._turn_trigger: Optional[Trigger] = None
         self._stop_request: Optional[tuple[str, str, str]] = None
+        #: The stopped turn's mail goes back to the broker for the seat's next holder (a lost lease).
+        self._hand_back = False
         self._stop_timer: Optional[asyncio.TimerHandle] = None
         self._retry: Optional[asyncio.Task[None]] = None
         self._handling = 0
@@ -343,7 +345,9 @@ class InboxLoop:
         if stop_running:
             self.stop_turn(by=by, by_seat=by_seat, reason=reason, at_next_round=True)
 
-    def stop_turn(self, *, by: str = "", by_seat: str = "", reason: str = "", at_next_round: bool = False) -> bool:
+    def stop_turn(
+        self, *, by: str = "", by_seat: str = "", reason: str = "", at_next_round: bool = False, hand_back: bool = False
+    ) -> bool:
         """End the running turn (published as stopped, with ``reason``); False when none runs.
 
         ``at_next_round`` (a person's pause): the turn ends at its next round —
@@ -351,11 +355,18 @@ class InboxLoop:
         it is only if that takes longer than ``stop_grace_s``. Without it (a
         lost lease: another node may run the seat already) the turn is
         cancelled at once.
+
+        ``hand_back`` (a lost lease): the work was not this node's to finish,
+        so its mail is deferred to the seat's next holder rather than recorded
+        as worked. A turn that already called a tool wrote its ledger row
+        first, so the next holder skips it: a turn that has acted is never
+        run twice.
         """
         task = self._turn_task
         if task is None or task.done():
             return False
         self._stop_request = (by, by_seat, reason)
+        self._hand_back = self._hand_back or hand_back
         trigger = self._turn_trigger
         if at_next_round and trigger is not None:
             trigger.stop = TurnStop(by=by, by_seat=by_seat, reason=reason)
@@ -653,6 +664,10 @@ class InboxLoop:
                 result = await self._turn(seat, trigger)
 
         turn_id = turn_ids[-1] if turn_ids else ""
+        handed_back, self._hand_back = self._hand_back, False
+        if handed_back and result is not None and result.outcome == OUTCOME_STOPPED:
+            log.info("seat_turn_handed_back", extra={"seat": seat.handle, "turn_id": turn_id, "events": len(fresh)})
+            return Outcome.DEFER
         if result is None or not (result.ok or result.outcome == OUTCOME_STOPPED):
             self.stats.failed += 1
             log.warning(

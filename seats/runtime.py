@@ -280,7 +280,7 @@ class SeatRuntime:
         ending = []
         for handle in handles:
             loop = self.loops.get(handle)
-            if loop is not None and loop.stop_turn(reason=DETACH_LEASE_LOST):
+            if loop is not None and loop.stop_turn(reason=DETACH_LEASE_LOST, hand_back=True):
                 ending.append(loop.turn_finished())
         if ending:
             await asyncio.gather(*ending)
@@ -290,7 +290,7 @@ class SeatRuntime:
         for handle in [h for h in self.loops if not self.ownership.owns(h)]:
             loop = self.loops.get(handle)
             if loop is not None:
-                loop.stop_turn(reason=DETACH_LEASE_LOST)  # another node may run the seat already
+                loop.stop_turn(reason=DETACH_LEASE_LOST, hand_back=True)  # another node may run the seat already
             await self._detach(handle, DETACH_LEASE_LOST, wait_turn=False)
         plan: Plan = await self.ownership.plan(org, frozenset(self.loops))
         for handle in plan.give:

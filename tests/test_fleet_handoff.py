@@ -29,6 +29,7 @@ from crewlet.queue.memory import MemoryBroker
 from seats import runtime as seat_runtime
 from seats.ownership import LeasedOwnership
 from seats.providers import Completion, EchoProvider, ModelRequest
+from seats.ledger import trigger_identity, worked
 from seats.runtime import SeatRuntime
 from seats.turns import TurnRunner
 from seats_support import FAST, company, eventually, holder, send, wake
@@ -209,10 +210,15 @@ async def log_when_lost(lose: Callable[[FleetMember, Clock], Awaitable[None]]) -
     try:
         await running_ada(engine)
         assert engine.queue is not None
-        await send(engine.queue, "ada", wake("ada", "first"))
+        first = await send(engine.queue, "ada", wake("ada", "first"))
         await asyncio.wait_for(model.entered.wait(), timeout=60)
         await lose(member, clock)
-        return list(log)
+        seen = list(log)
+        # The cut turn's wake is handed back for ada's next holder, never recorded here as worked.
+        loops = engine.service(SEAT_RUNTIME).loops
+        await eventually(lambda: "ada" not in loops or not loops["ada"].handling, what="ada's delivery settled on n1")
+        assert await in_store(lambda: worked("ada", [trigger_identity(first)]))() == {}
+        return seen
     finally:
         engine.stop()
         await asyncio.wait_for(serving, timeout=60)
