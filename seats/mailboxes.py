@@ -190,7 +190,8 @@ async def retire_absent(
     ``claim``/``release`` (a fleet's seat lease) are held around each seat's
     deletion, so no node still serving an older revision attaches to the
     mailbox while it is deleted; a seat whose lease another node holds is left
-    for a later sweep.
+    for a later sweep. The retirement's mark is written before the first
+    deletion, as the design orders it.
 
     ``org`` is the active company (read it from the holder per sweep). The
     broker's own listing is consulted too, so a mailbox created by a node that
@@ -220,11 +221,13 @@ async def retire_absent(
             log.warning("seat_retirement_deferred", extra={"seat": handle, "why": "another node holds its lease"})
             continue
         try:
+            # The mark first: a deletion that fails half-way leaves a mailbox the broker still
+            # lists, which makes the seat due again on the next sweep, mark or no mark.
+            await amark_retired(handle, at)
             refs = set(mailbox_refs(handle)) | set(listed.get(handle, []))
             for ref in sorted(refs):
                 if await queue.delete_subscription(ref.topic, ref.group):
                     report.deleted.append(ref)
-            await amark_retired(handle, at)
         finally:
             if release is not None:
                 await release(handle)

@@ -153,3 +153,26 @@ async def test_retirement_holds_the_seats_lease_while_deleting_and_waits_while_a
             assert not ownership.owns("linus")  # given back once the mailboxes are gone
     finally:
         await member.stop()
+
+
+async def test_retirement_marks_the_seat_first_and_a_deletion_that_failed_is_finished_by_the_next_sweep() -> None:
+    async with memory_queues() as (_, [q]):
+        await ensure_mailboxes(q, company(), now=T0)
+        without_linus = company(seats=ADA_ONLY)
+        await retire_absent(q, without_linus, now=T0)
+        real_delete = q.delete_subscription
+        deleted_while_marked: list[bool] = []
+
+        async def failing_after_mark(topic: str, group: str) -> bool:
+            deleted_while_marked.append((await record("linus")).retired_at is not None)
+            raise RuntimeError("the broker went away mid-retirement")
+
+        q.delete_subscription = failing_after_mark  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            await retire_absent(q, without_linus, now=T0 + DAY)
+        assert deleted_while_marked == [True]  # the mark was there before the first deletion
+        assert await seat_mailboxes(q, "linus") == set(mailbox_refs("linus"))
+
+        q.delete_subscription = real_delete  # type: ignore[method-assign]
+        again = await retire_absent(q, without_linus, now=T0 + DAY + timedelta(minutes=5))
+        assert again.retired == ["linus"] and await seat_mailboxes(q, "linus") == set()
