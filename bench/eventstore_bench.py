@@ -313,6 +313,22 @@ def _wsgi_client(token: str) -> Callable[[str], tuple[str, bytes]]:
     return get
 
 
+def alone_in_its_fleet() -> None:
+    """Answer reads as a solo ``up`` does: its own node lease is the roster, read per request, and no other node is asked.
+
+    A process without an engine refuses every history read (it cannot ask
+    the fleet), so the benchmark hands the API the reader an engine of one
+    node would: the same roster query and the same own-store read, with no
+    broker, since a fleet of one scatters to nobody.
+    """
+    from crewlet.fleet import PROTOCOL_VERSION, leases
+    from eventstore import api, fanout
+
+    node = api.node_scope().node_id
+    leases.acquire(leases.NODE, node, node, 3600.0, protocol=PROTOCOL_VERSION)
+    api.fleet = lambda: fanout.FleetReads(api.node_scope(), roster=fanout.live_roster)  # type: ignore[assignment]
+
+
 class ReadRefused(RuntimeError):
     """The API refused the page (a process with no engine answers no fleet read)."""
 
@@ -324,6 +340,7 @@ def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, 
 
     _, token = OperatorToken.mint(f"bench-{time.monotonic_ns()}")
     http_get = _wsgi_client(token)
+    alone_in_its_fleet()
 
     def api_get(cursor: str = "") -> dict[str, Any]:
         status, body = http_get(f"/api/events?limit=100{params}" + (f"&cursor={cursor}" if cursor else ""))

@@ -113,7 +113,7 @@ def test_a_poison_delivery_is_delivered_exactly_25_times_dead_lettered_once_and_
         status, answer = up.post_api("/operator/act", {"tool": "dead_letter_replay", "args": {"ref": letter["ref"]}, "request_id": "fault-1"})
         assert status == 200 and answer["outcome"] == "replayed", answer
         status, again = up.post_api("/operator/act", {"tool": "dead_letter_replay", "args": {"ref": letter["ref"]}, "request_id": "fault-2"})
-        assert status == 404 and again["refusal"] == "gone", (status, again)
+        assert status == 404 and again["error"] == "gone", (status, again)
         after = sender.wait_all_ran(timeout_s=60, deliveries=[poison])
         assert after.runs(poison.key) == 1
         assert up.api("/api/dead-letters")["dead_letters"] == []
