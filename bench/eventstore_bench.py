@@ -326,7 +326,7 @@ def alone_in_its_fleet() -> None:
 
     node = api.node_scope().node_id
     leases.acquire(leases.NODE, node, node, 3600.0, protocol=PROTOCOL_VERSION)
-    api.fleet = lambda: fanout.FleetReads(api.node_scope(), roster=fanout.live_roster)  # type: ignore[assignment]
+    api.fleet = lambda: fanout.FleetReads(api.node_scope(), roster=fanout.live_roster)
 
 
 class ReadRefused(RuntimeError):
