@@ -386,7 +386,7 @@ def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=300_000, help="rows seeded for the read benchmark (1000000 for the issue's figure)")
+    parser.add_argument("--rows", type=int, default=300_000, help="rows seeded for the read benchmark (1000000 for a million-row store)")
     parser.add_argument("--writes", type=int, default=20_000, help="events written per write round")
     parser.add_argument("--rounds", type=int, default=3, help="write rounds (medians are reported)")
     parser.add_argument("--repeat", type=int, default=200, help="timed requests per read figure")
