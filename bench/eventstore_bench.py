@@ -47,6 +47,7 @@ import psycopg  # the baseline is raw psycopg on purpose
 
 import benchdb
 
+#: The bench's two databases (``--databases`` names them otherwise, so two runs on one server never share rows).
 EVENTS_DB = "crewlet_bench"
 DEFAULT_DB = "crewlet_bench_default"
 TARGET = 0.7
@@ -385,15 +386,21 @@ def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, 
 
 
 def main() -> int:
+    global EVENTS_DB, DEFAULT_DB
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=300_000, help="rows seeded for the read benchmark (1000000 for a million-row store)")
-    parser.add_argument("--writes", type=int, default=20_000, help="events written per write round")
+    parser.add_argument("--writes", type=int, default=20_000, help="events written per write round (0: no write rounds)")
     parser.add_argument("--rounds", type=int, default=3, help="write rounds (medians are reported)")
     parser.add_argument("--repeat", type=int, default=200, help="timed requests per read figure")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases afterwards")
     parser.add_argument("--publishers", type=int, default=16, help="concurrent publishers awaiting the writer, for the COPY comparison")
     parser.add_argument("--versus", metavar="DIR", help="first run the same benchmark against the checkout DIR (today's main) and print both")
+    parser.add_argument(
+        "--databases", metavar="NAME", default="crewlet_bench",
+        help=f"the event store's database name; the coordination store's is NAME_default (default crewlet_bench)",
+    )
     args = parser.parse_args()
+    EVENTS_DB, DEFAULT_DB = args.databases, f"{args.databases}_default"
     today = versus.other(__file__, sys.argv[1:], args.versus) if args.versus else None
     summary: dict[str, str] = {}
 
@@ -407,15 +414,16 @@ def main() -> int:
         print(f"event store benchmark on PostgreSQL ({EVENTS_DB}); ratios: target >= {TARGET}x")
 
         print(f"\n1. writes: {args.writes:,} events each way x {args.rounds} rounds")
-        raw_rate, ours_rate, copy_rate, many_rate = bench_writes(args.writes, args.rounds, args.publishers)
-        print(f"  raw psycopg INSERT, one at a time : {raw_rate:10,.0f} rows/s")
-        print(f"  publish listener (EventWriter)    : {ours_rate:10,.0f} events/s (one publisher, each awaited)")
-        print(f"  ratio listener / raw              : {_ratio(ours_rate / raw_rate)}")
-        print(f"  raw psycopg COPY, 250 rows a statement : {copy_rate:10,.0f} rows/s")
-        print(f"  publish listener, {args.publishers} concurrent publishers: {many_rate:10,.0f} events/s")
-        print(f"  ratio listener / COPY             : {many_rate / copy_rate:.2f}x (target 0.5x)")
-        summary["event-store writer vs one-row INSERT (one publisher)"] = f"{ours_rate / raw_rate:.2f}x ({ours_rate:,.0f}/s)"
-        summary[f"event-store writer ({args.publishers} publishers) vs COPY"] = f"{many_rate / copy_rate:.2f}x ({many_rate:,.0f}/s)"
+        if args.writes:
+            raw_rate, ours_rate, copy_rate, many_rate = bench_writes(args.writes, args.rounds, args.publishers)
+            print(f"  raw psycopg INSERT, one at a time : {raw_rate:10,.0f} rows/s")
+            print(f"  publish listener (EventWriter)    : {ours_rate:10,.0f} events/s (one publisher, each awaited)")
+            print(f"  ratio listener / raw              : {_ratio(ours_rate / raw_rate)}")
+            print(f"  raw psycopg COPY, 250 rows a statement : {copy_rate:10,.0f} rows/s")
+            print(f"  publish listener, {args.publishers} concurrent publishers: {many_rate:10,.0f} events/s")
+            print(f"  ratio listener / COPY             : {many_rate / copy_rate:.2f}x (target 0.5x)")
+            summary["event-store writer vs one-row INSERT (one publisher)"] = f"{ours_rate / raw_rate:.2f}x ({ours_rate:,.0f}/s)"
+            summary[f"event-store writer ({args.publishers} publishers) vs COPY"] = f"{many_rate / copy_rate:.2f}x ({many_rate:,.0f}/s)"
 
         with psycopg.connect(**benchdb.conninfo(EVENTS_DB), autocommit=True) as conn:
             conn.execute("TRUNCATE eventstore_event")
