@@ -14,7 +14,7 @@ from django.db import connections
 
 from crewlet.fleet import leases
 from crewlet.fleet.leases import DUTY, NODE, SEAT, LeaseClock
-from crewlet.fleet.roster import NodeInfo, live_nodes
+from crewlet.fleet.roster import NodeInfo, live_node_ids, live_nodes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,6 +100,17 @@ def test_the_roster_lists_unexpired_node_leases_sorted_by_id_with_what_they_say_
         NodeInfo(id="n1", labels=(), protocol=1, store="s1", expires_at=at(15)),
         NodeInfo(id="n2", labels=("gpu",), protocol=1, store="s2", expires_at=at(15)),
     ]
+
+
+def test_the_fleet_reads_roster_is_read_fresh_each_time_a_node_joining_or_leaving_is_seen_by_the_next_read() -> None:
+    assert leases.acquire(NODE, "n2", "n2", 3600, labels=[], protocol=1, store="s2")
+    assert live_node_ids() == ["n2"]
+    assert leases.acquire(NODE, "n1", "n1", 3600, labels=[], protocol=1, store="s1")
+    assert live_node_ids() == ["n1", "n2"] == [node.id for node in live_nodes()]
+    assert leases.release(NODE, ["n2"], "n2") == 1
+    assert live_node_ids() == ["n1"]
+    assert leases.acquire(NODE, "n3", "n3", 1, now=datetime.now(timezone.utc) - timedelta(seconds=5))  # expired already
+    assert live_node_ids() == ["n1"] == [node.id for node in live_nodes()]
 
 
 def test_leases_long_expired_are_pruned_and_live_ones_kept() -> None:

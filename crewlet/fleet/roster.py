@@ -6,10 +6,13 @@ its lease) or not renewed for a whole TTL.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
+from django.db import connections, router
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from crewlet.models import NodeLease
@@ -26,9 +29,14 @@ class NodeInfo:
     expires_at: datetime
 
 
+def _live(now: Optional[datetime] = None) -> "QuerySet[NodeLease]":
+    """The unexpired presences, by id: as of ``now``, else as of the database's own clock when it runs."""
+    return NodeLease.objects.filter(expires_at__gt=now if now is not None else Now()).exclude(holder="").order_by("name")
+
+
 def live_nodes(*, now: Optional[datetime] = None) -> list[NodeInfo]:
     """Every node with an unexpired presence, sorted by id (blocking: a coordination-store read)."""
-    rows = NodeLease.objects.filter(expires_at__gt=now if now is not None else Now()).exclude(holder="").order_by("name")
+    rows = _live(now)
     return [
         NodeInfo(
             id=row.name,
@@ -41,4 +49,32 @@ def live_nodes(*, now: Optional[datetime] = None) -> list[NodeInfo]:
     ]
 
 
-__all__ = ["NodeInfo", "live_nodes"]
+@functools.lru_cache(maxsize=None)
+def _live_ids_sql(alias: str) -> tuple[str, tuple[Any, ...]]:
+    """The SQL (and its constant parameters) of the live ids on ``alias``, compiled by the ORM once per alias.
+
+    The statement holds no instant of its own: "now" is the database's clock
+    (``Now()``) when the statement runs, so the compiled text is the same for
+    every call and only its execution is repeated.
+    """
+    sql, params = _live().values_list("name", flat=True).query.get_compiler(alias).as_sql()
+    return sql, tuple(params)
+
+
+def live_node_ids() -> list[str]:
+    """The ids of every node with an unexpired presence, sorted (blocking: one coordination-store read per call).
+
+    Every history read asks it, on its request thread, before it scatters, so it
+    runs the statement :func:`live_nodes` runs (ids only) without building,
+    compiling and instantiating a queryset per call: the same rows, read fresh
+    from the store each time, so a node that joined or left is seen by the very
+    next read.
+    """
+    alias = router.db_for_read(NodeLease) or "default"
+    sql, params = _live_ids_sql(alias)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return [str(row[0]) for row in cursor.fetchall()]
+
+
+__all__ = ["NodeInfo", "live_node_ids", "live_nodes"]

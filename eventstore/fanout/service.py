@@ -77,10 +77,10 @@ class FleetAway(RuntimeError):
 
 
 def live_roster() -> list[str]:
-    """The fleet's live node leases, by id."""
-    from crewlet.fleet.roster import live_nodes
+    """The fleet's live node leases, by id (read from the coordination store on every call)."""
+    from crewlet.fleet.roster import live_node_ids
 
-    return [node.id for node in live_nodes()]
+    return live_node_ids()
 
 
 # -- one node's part ------------------------------------------------------------------------------
