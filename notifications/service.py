@@ -279,12 +279,15 @@ class NotifyRouter:
         if parsed.filtered:  # concerns nobody, retried or not: no store write for it
             self._filtered(result, parsed, parsed.filtered)
             return
-        if parsed.delivery_id and not await self._claim(f"delivery:{source}:{parsed.delivery_id}", event.id):
-            result.duplicate = True
-            log.info("notification_duplicate_delivery", extra={"source": source, "delivery_id": parsed.delivery_id})
-            return
+        following: Optional[list[str]] = None
+        if parsed.delivery_id:
+            claimed, following = await self._claim_delivery(f"delivery:{source}:{parsed.delivery_id}", event.id, parsed)
+            if not claimed:
+                result.duplicate = True
+                log.info("notification_duplicate_delivery", extra={"source": source, "delivery_id": parsed.delivery_id})
+                return
 
-        candidates, unmatched = await self._candidates(org, parser, parsed)
+        candidates, unmatched = await self._candidates(org, parser, parsed, following)
         for recipient in unmatched:
             await self._skip(result, SKIP_NO_SEAT, detail=f"{recipient.why} {recipient.identity}", parsed=parsed, recipient=recipient.identity)
         if not candidates:
@@ -295,8 +298,13 @@ class NotifyRouter:
         for cand in candidates:
             await self._deliver(org, parsed, event, cand, sender_seat, result)
 
-    async def _candidates(self, org: Organization, parser: Parser, parsed: Parsed) -> tuple[list[_Candidate], list[Recipient]]:
-        """Recipients resolved to seats (direct ones first), and the identities no seat matches."""
+    async def _candidates(
+        self, org: Organization, parser: Parser, parsed: Parsed, following: Optional[list[str]] = None
+    ) -> tuple[list[_Candidate], list[Recipient]]:
+        """Recipients resolved to seats (direct ones first), and the identities no seat matches.
+
+        ``following`` is the conversation's followers when the delivery's claim already read them; else they are read here.
+        """
         by_handle: dict[str, _Candidate] = {}
         unmatched: list[Recipient] = []
         for r in parsed.recipients:
@@ -306,11 +314,12 @@ class NotifyRouter:
             elif seat.handle not in by_handle:
                 by_handle[seat.handle] = _Candidate(seat, r)
         if parsed.conversation_identity:
-            try:
-                following = await store.afollowers(parsed.conversation_identity)
-            except DatabaseError:
-                log.warning("notification_follow_lookup_failed", extra={"conversation": parsed.conversation_identity}, exc_info=True)
-                following = []
+            if following is None:
+                try:
+                    following = await store.afollowers(parsed.conversation_identity)
+                except DatabaseError:
+                    log.warning("notification_follow_lookup_failed", extra={"conversation": parsed.conversation_identity}, exc_info=True)
+                    following = []
             sender_seat = self._seat_of(org, parser, parsed.sender, parsed.sender_aliases)
             for handle in following:
                 seat = org.seat_by_handle(handle)
@@ -437,6 +446,21 @@ class NotifyRouter:
         )
 
     # -- drops ----------------------------------------------------------------
+
+    async def _claim_delivery(self, key: str, event_id: str, parsed: Parsed) -> tuple[bool, Optional[list[str]]]:
+        """The delivery's dedupe claim and, when it is this event's, its conversation's followers: one store trip.
+
+        A store that fails that trip is asked again for each part on its own,
+        each failing open as it does alone; a claim the failed trip did
+        commit is this event's own, so asking again finds it claimed by us.
+        None for the followers means they were not read (no conversation, or
+        the trip failed): :meth:`_candidates` reads them.
+        """
+        try:
+            return await store.aclaim_and_followers(key, event_id, parsed.conversation_identity)
+        except DatabaseError:
+            log.warning("notification_claim_trip_failed", extra={"key": key}, exc_info=True)
+            return await self._claim(key, event_id), None
 
     async def _claim(self, key: str, event_id: str) -> bool:
         """Claim a dedupe key; a store that cannot answer lets the delivery through (the ledger is the second guard)."""

@@ -208,6 +208,95 @@ async def test_another_agents_post_reaches_followers_only_by_mention() -> None:
         only_wake(await r.route("slack", ask), "ada")
 
 
+# -- store trips: what routing waits for -----------------------------------------------------------------
+
+
+def store_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the store's awaitable verbs routing calls, in order (each one trip to the store's thread)."""
+    from notifications import store
+
+    trips: list[str] = []
+    for name in ("aclaim", "aclaim_and_followers", "afollowers", "afollow", "arate_hit"):
+        real = getattr(store, name)
+
+        async def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            trips.append(_name)
+            return await _real(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, counted)
+    return trips
+
+
+async def test_a_followed_thread_reply_claims_its_delivery_and_reads_the_followers_in_one_store_trip(monkeypatch) -> None:
+    async with routing() as r:
+        only_wake(await r.route("slack", fixture_bytes("slack", "event_callback-app_mention.json")), "ada")
+        trips = store_trips(monkeypatch)
+        reply = slack_message("any update?", channel="C111", ts="1595926300.000100", thread_ts="1595926230.009600", event_id="Ev-r1")
+        assert only_wake(await r.route("slack", reply), "ada").payload["why"] == WHY_FOLLOWER
+        assert trips == ["aclaim_and_followers", "aclaim", "afollow"]  # the delivery and its followers, the wake, the follow
+
+
+async def test_a_store_that_fails_the_combined_trip_is_asked_for_each_part_alone_and_the_follower_is_still_woken(monkeypatch, caplog) -> None:
+    from notifications import store
+
+    async with routing() as r:
+        only_wake(await r.route("slack", fixture_bytes("slack", "event_callback-app_mention.json")), "ada")
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise DatabaseError("the store went away for one trip")
+
+        monkeypatch.setattr(store, "aclaim_and_followers", refused)
+        reply = slack_message("any update?", channel="C111", ts="1595926300.000100", thread_ts="1595926230.009600", event_id="Ev-r2")
+        assert only_wake(await r.route("slack", reply), "ada").payload["why"] == WHY_FOLLOWER
+        retry = await r.route("slack", reply)  # the same delivery from the vendor again: the claim asked alone held
+        assert retry.duplicate and retry.woken == []
+        assert any(rec.message == "notification_claim_trip_failed" for rec in caplog.records)
+
+
+async def test_a_redelivered_event_finds_its_own_claim_and_the_followers_again() -> None:
+    async with routing() as r:
+        only_wake(await r.route("slack", fixture_bytes("slack", "event_callback-app_mention.json")), "ada")
+        inbound = raw_delivery("slack", slack_message("any update?", channel="C111", ts="1595926300.000100", thread_ts="1595926230.009600", event_id="Ev-r3"))
+        first = only_wake(await r.router.route(inbound), "ada")
+        again = only_wake(await r.router.route(inbound), "ada")  # the routing node died before its ack
+        assert again.id == first.id and again.payload["why"] == WHY_FOLLOWER
+
+
+def test_a_new_dedupe_key_is_claimed_in_one_statement_and_only_a_taken_key_is_read_back() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from notifications import store
+
+    with CaptureQueriesContext(connection) as new:
+        assert store.claim("delivery:slack:Ev-once", "event-1")
+    with CaptureQueriesContext(connection) as again:
+        assert store.claim("delivery:slack:Ev-once", "event-1")  # the same event (a broker redelivery)
+    with CaptureQueriesContext(connection) as other:
+        assert not store.claim("delivery:slack:Ev-once", "event-2")  # another event: the vendor's retry
+    assert (len(new), len(again), len(other)) == (1, 2, 2)
+    assert list(SeenDelivery.objects.filter(key="delivery:slack:Ev-once").values_list("event_id", flat=True)) == ["event-1"]
+
+
+def test_a_follow_is_one_statement_and_a_second_one_refreshes_the_same_row() -> None:
+    from datetime import datetime, timezone
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from notifications import store
+
+    first, later = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 2, 1, tzinfo=timezone.utc)
+    with CaptureQueriesContext(connection) as once:
+        store.follow("ada", "slack:C1:1.0", "slack", now=first)
+    with CaptureQueriesContext(connection) as twice:
+        store.follow("ada", "slack:C1:1.0", "mattermost", now=later)
+    assert (len(once), len(twice)) == (1, 1)
+    row = ThreadFollow.objects.get(seat="ada", conversation="slack:C1:1.0")
+    assert (row.source, row.followed_at, row.last_woken_at) == ("mattermost", first, later)
+    assert store.followers("slack:C1:1.0") == ["ada"]
+
+
 # -- chat parser filtering is debug, never recorded ----------------------------------------------------
 
 
