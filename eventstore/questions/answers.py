@@ -14,20 +14,12 @@ from django.db import connections
 from crewlet.events import CATEGORIES, format_timestamp
 from eventstore.questions.cursor import EVENTS_CURSOR, decode_cursor, encode_cursor
 from eventstore.questions.listing import list_row, list_sql
+from eventstore.questions import model as kinds
 from eventstore.questions.model import (
-    EVENT,
-    EVENT_SERIES,
-    EVENTS,
-    KINDS,
-    LAST_TURNS,
     MAX_BARS,
     MAX_DETAIL_ROWS,
     MAX_LIMIT,
     PROTOCOL_VERSION,
-    TRACE,
-    TURN,
-    TURN_ROWS,
-    TURNS,
     BadQuestion,
     MissingInstant,
     NodeScope,
@@ -54,7 +46,7 @@ def check(question: Question) -> datetime:
         raise MissingInstant("a question must carry the asker's instant")
     if question.at.tzinfo is None:
         raise BadQuestion("the instant must carry a time zone")
-    if question.kind not in KINDS:
+    if question.kind not in kinds.KINDS:
         raise BadQuestion(f"unknown question kind {question.kind!r}")
     bad = [c for c in question.filters.categories if c not in CATEGORIES]
     if bad:
@@ -271,12 +263,12 @@ def answer_trace(question: Question, at: datetime, scope: NodeScope) -> dict[str
 
 
 _ANSWERERS: dict[str, Callable[[Question, datetime, NodeScope], dict[str, Any]]] = {
-    EVENTS: answer_events,
-    EVENT: answer_event,
-    EVENT_SERIES: answer_series,
-    TRACE: answer_trace,
-    TURNS: answer_turns,
-    TURN: answer_turn,
-    TURN_ROWS: answer_turn_rows,
-    LAST_TURNS: answer_last_turns,
+    kinds.EVENTS: answer_events,
+    kinds.EVENT: answer_event,
+    kinds.EVENT_SERIES: answer_series,
+    kinds.TRACE: answer_trace,
+    kinds.TURNS: answer_turns,
+    kinds.TURN: answer_turn,
+    kinds.TURN_ROWS: answer_turn_rows,
+    kinds.LAST_TURNS: answer_last_turns,
 }
