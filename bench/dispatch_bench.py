@@ -37,11 +37,8 @@ import time
 import uuid
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-import versus  # noqa: E402
+# Run as a script, bench/ is the first path entry: versus puts the measured checkout before it.
+import versus
 
 versus.use_code()
 
