@@ -59,18 +59,41 @@ REPLICA_CHOICES = (1, 3, 5)
 Strings = tuple[str, ...]
 
 
-class SettingsError(ValueError):
-    """A setting that cannot be used: ``<field>=<value>: <what is allowed>``."""
+class FieldValueError(ValueError):
+    """A configured value refused: ``<field>=<value>: <what is allowed> (<where> <source>)``.
 
-    def __init__(self, field: str, value: Any, reason: str, source: Optional[str] = None) -> None:
+    Settings and the company file refuse a value in the same words, so an
+    operator reads one shape whichever file was wrong.
+    """
+
+    #: How the source is introduced in the message ("from" an env var, "in" a file).
+    where = "from"
+
+    def __init__(self, field: str, value: Any, allowed: str, source: Optional[str] = None) -> None:
         self.field = field
         self.value = value
-        self.reason = reason
+        self.allowed = allowed
         self.source = source
-        message = f"{field}={_show(value)}: {reason}"
+        message = f"{field}={self.show(value)}: {allowed}"
         if source:
-            message += f" (from {source})"
+            message += f" ({self.where} {source})"
         super().__init__(message)
+
+    @staticmethod
+    def show(value: Any) -> str:
+        return repr(value)
+
+
+class SettingsError(FieldValueError):
+    """A setting that cannot be used: ``<field>=<value>: <what is allowed>``."""
+
+    @staticmethod
+    def show(value: Any) -> str:
+        return _show(value)
+
+    @property
+    def reason(self) -> str:
+        return self.allowed
 
     def from_source(self, source: Optional[str]) -> SettingsError:
         """The same error, saying where the value came from (a file, an env var, a flag)."""

@@ -21,7 +21,7 @@ from typing import Any, Mapping, NoReturn, Optional, TypedDict
 
 import yaml
 
-from crewlet.conf import NODE_ID_PATTERN
+from crewlet.conf import NODE_ID_PATTERN, FieldValueError
 from crewlet.logfmt import REDACTED, is_secret_name, redact_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -88,16 +88,10 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class CompanyError(ValueError):
+class CompanyError(FieldValueError):
     """A company file that cannot be served; names the field, the value and what is allowed."""
 
-    def __init__(self, field_name: str, value: Any, allowed: str, source: Optional[str] = None) -> None:
-        self.field = field_name
-        self.value = value
-        self.allowed = allowed
-        self.source = source
-        where = f" (in {source})" if source else ""
-        super().__init__(f"{field_name}={value!r}: {allowed}{where}")
+    where = "in"
 
 
 def agent_id_for(org: str, handle: str) -> str:
