@@ -85,6 +85,13 @@ class ReadView(APIView):
     content_negotiation_class = AcceptOnlyNegotiation
 
 
+def _read_schema(operation_id: str, summary: str, parameters: list[OpenApiParameter], serializer: Any) -> Any:
+    """A read over the history: its query parameters, its answer, and the refusals every read shares."""
+    return extend_schema(
+        operation_id=operation_id, summary=summary, parameters=parameters, responses={200: serializer, **_ERRORS},
+    )
+
+
 def _detail_schema(operation_id: str, summary: str, key: OpenApiParameter, serializer: Any) -> Any:
     """A detail read's schema: one path key, its answer, and the 404 :func:`_found_or_404` gives a miss."""
     return extend_schema(
@@ -107,12 +114,7 @@ def _found_or_404(answer: dict[str, Any], found: bool, what: str, param: str) ->
 
 
 class EventsView(ReadView):
-    @extend_schema(
-        operation_id="events_list",
-        summary="A page of events, newest first",
-        parameters=_FILTERS + _paging(qs.EVENTS_CURSOR),
-        responses={200: s.EventPageSerializer, **_ERRORS},
-    )
+    @_read_schema("events_list", "A page of events, newest first", _FILTERS + _paging(qs.EVENTS_CURSOR), s.EventPageSerializer)
     def get(self, request: Request) -> Response:
         return Response(api.events_page(request.query_params))
 
@@ -125,18 +127,13 @@ class EventView(ReadView):
 
 
 class EventSeriesView(ReadView):
-    @extend_schema(
-        operation_id="events_series",
-        summary="Event counts in bars over a window",
-        parameters=[
-            _p("window", "how far back: 15m, 24h, 7d (default 24h; floored at the retained history)",
-               {**_DURATION, "default": api.DEFAULT_WINDOW}),
-            _p("bucket", f"bar width: 1m, 1h, 1d (default 1h); not longer than the window, at most {qs.MAX_BARS} bars",
-               {**_DURATION, "default": api.DEFAULT_BUCKET}),
-            *_FILTERS,
-        ],
-        responses={200: s.SeriesSerializer, **_ERRORS},
-    )
+    @_read_schema("events_series", "Event counts in bars over a window", [
+        _p("window", "how far back: 15m, 24h, 7d (default 24h; floored at the retained history)",
+           {**_DURATION, "default": api.DEFAULT_WINDOW}),
+        _p("bucket", f"bar width: 1m, 1h, 1d (default 1h); not longer than the window, at most {qs.MAX_BARS} bars",
+           {**_DURATION, "default": api.DEFAULT_BUCKET}),
+        *_FILTERS,
+    ], s.SeriesSerializer)
     def get(self, request: Request) -> Response:
         return Response(api.event_series(request.query_params))
 
@@ -149,11 +146,9 @@ class TraceView(ReadView):
 
 
 class TurnsView(ReadView):
-    @extend_schema(
-        operation_id="turns_list",
-        summary="A page of turns, newest first",
-        parameters=[*(p for p in _FILTERS if p.name in api.TURNS_PARAMS), *_paging(qs.TURNS_CURSOR)],
-        responses={200: s.TurnPageSerializer, **_ERRORS},
+    @_read_schema(
+        "turns_list", "A page of turns, newest first",
+        [*(p for p in _FILTERS if p.name in api.TURNS_PARAMS), *_paging(qs.TURNS_CURSOR)], s.TurnPageSerializer,
     )
     def get(self, request: Request) -> Response:
         return Response(api.turns_page(request.query_params))
