@@ -181,10 +181,6 @@ class ConcurrencyGate:
         return self._limit
 
     @property
-    def active(self) -> int:
-        return self._active
-
-    @property
     def waiting(self) -> int:
         return self._waiting
 

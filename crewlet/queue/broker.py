@@ -271,10 +271,6 @@ class EmbeddedBroker:
         return self._server_name
 
     @property
-    def cluster(self) -> Optional[ClusterConfig]:
-        return self._cluster
-
-    @property
     def host(self) -> str:
         return self._host
 

@@ -187,10 +187,6 @@ class QueueClient:
         return self._node
 
     @property
-    def timings(self) -> Timings:
-        return self._timings
-
-    @property
     def transport(self) -> Transport:
         return self._transport
 
