@@ -6,7 +6,7 @@ from typing import Any
 from django.http import Http404
 from django.utils.http import content_disposition_header
 from drf_spectacular.settings import spectacular_settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework import status
 from rest_framework.request import Request
@@ -119,11 +119,24 @@ class EventsView(ReadView):
         return Response(api.events_page(request.query_params))
 
 
-class EventView(ReadView):
-    @_detail_schema("events_get", "One event, whole", _key("event_id", "the event's id"), s.EventDetailSerializer)
-    def get(self, request: Request, event_id: str) -> Response:
-        answer = api.event_detail(request.query_params, event_id)
-        return _found_or_404(answer, answer.get("event") is not None, "such event", "event_id")
+# A read of one thing named by its path key: the answer, or the 404 _found_or_404 gives a miss.
+# (No docstring of its own: the schema describes each operation with ReadView's.)
+class DetailView(ReadView):
+    #: The path key; what a miss says was not found; the answer's key that is empty on a miss.
+    key = what = holds = ""
+
+    @staticmethod
+    def read(query: Any, key: str, /) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def get(self, request: Request, **path: str) -> Response:
+        answer = self.read(request.query_params, path[self.key])
+        return _found_or_404(answer, bool(answer.get(self.holds)), f"such {self.what}", self.key)
+
+
+@extend_schema_view(get=_detail_schema("events_get", "One event, whole", _key("event_id", "the event's id"), s.EventDetailSerializer))
+class EventView(DetailView):
+    key, what, holds, read = "event_id", "event", "event", staticmethod(api.event_detail)
 
 
 class EventSeriesView(ReadView):
@@ -138,11 +151,9 @@ class EventSeriesView(ReadView):
         return Response(api.event_series(request.query_params))
 
 
-class TraceView(ReadView):
-    @_detail_schema("traces_get", "A trace as a tree of spans", _key("trace_id", "the trace's id"), s.TraceSerializer)
-    def get(self, request: Request, trace_id: str) -> Response:
-        answer = api.trace(request.query_params, trace_id)
-        return _found_or_404(answer, bool(answer.get("spans")), "such trace", "trace_id")
+@extend_schema_view(get=_detail_schema("traces_get", "A trace as a tree of spans", _key("trace_id", "the trace's id"), s.TraceSerializer))
+class TraceView(DetailView):
+    key, what, holds, read = "trace_id", "trace", "spans", staticmethod(api.trace)
 
 
 class TurnsView(ReadView):
@@ -154,11 +165,9 @@ class TurnsView(ReadView):
         return Response(api.turns_page(request.query_params))
 
 
-class TurnView(ReadView):
-    @_detail_schema("turns_get", "One turn, folded, with its events", _key("turn_id", "the turn's id"), s.TurnDetailSerializer)
-    def get(self, request: Request, turn_id: str) -> Response:
-        answer = api.turn_detail(request.query_params, turn_id)
-        return _found_or_404(answer, answer.get("turn") is not None, "such turn", "turn_id")
+@extend_schema_view(get=_detail_schema("turns_get", "One turn, folded, with its events", _key("turn_id", "the turn's id"), s.TurnDetailSerializer))
+class TurnView(DetailView):
+    key, what, holds, read = "turn_id", "turn", "turn", staticmethod(api.turn_detail)
 
 
 #: The schema route's own parameters: the schema's version and DRF's format override (json, yaml).
