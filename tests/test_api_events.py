@@ -151,29 +151,41 @@ def test_a_page_with_filters_pages_within_them(api_client: Any, scope: NodeScope
     assert ids(first["events"]) + ids(rest["events"]) == [f"x{i:02d}" for i in range(19, 0, -2)]
 
 
+EVENTS, SERIES = "/api/events", "/api/events/series"
+
+
 @pytest.mark.parametrize(
-    "params, param",
+    "path, params, param",
     [
-        ({"limit": "501"}, "limit"),
-        ({"limit": "0"}, "limit"),
-        ({"limit": "ten"}, "limit"),
-        ({"category": "gossip"}, "category"),
-        ({"since": "yesterday"}, "since"),
-        ({"since": "2025-03-10T10:00:00"}, "since"),  # no time zone
-        ({"until": "2025-02-30T10:00:00Z"}, "until"),
-        ({"since": "2025-03-10T10:00:00Z", "until": "2025-03-10T09:00:00Z"}, "since"),
-        ({"feed_only": "maybe"}, "feed_only"),
-        ({"cursor": "not-a-cursor"}, "cursor"),
-        ({"seat": ""}, "seat"),
-        ({"type": ["a", "b"]}, "type"),
-        ({"categroy": "system"}, "categroy"),
-        ({"window": "1h"}, "window"),
+        (EVENTS, {"limit": "501"}, "limit"),
+        (EVENTS, {"limit": "0"}, "limit"),
+        (EVENTS, {"limit": "ten"}, "limit"),
+        (EVENTS, {"category": "gossip"}, "category"),
+        (EVENTS, {"since": "yesterday"}, "since"),
+        (EVENTS, {"since": "2025-03-10T10:00:00"}, "since"),  # no time zone
+        (EVENTS, {"until": "2025-02-30T10:00:00Z"}, "until"),
+        (EVENTS, {"since": "2025-03-10T10:00:00Z", "until": "2025-03-10T09:00:00Z"}, "since"),
+        (EVENTS, {"feed_only": "maybe"}, "feed_only"),
+        (EVENTS, {"cursor": "not-a-cursor"}, "cursor"),
+        (EVENTS, {"seat": ""}, "seat"),
+        (EVENTS, {"type": ["a", "b"]}, "type"),
+        (EVENTS, {"categroy": "system"}, "categroy"),
+        (EVENTS, {"window": "1h"}, "window"),
+        (SERIES, {"window": "24x"}, "window"),
+        (SERIES, {"window": "0h"}, "window"),
+        (SERIES, {"window": "1.5h"}, "window"),
+        (SERIES, {"window": "-1h"}, "window"),
+        (SERIES, {"bucket": "h"}, "bucket"),
+        (SERIES, {"window": "1h", "bucket": "2h"}, "bucket"),
+        (SERIES, {"window": "30d", "bucket": "1m"}, "bucket"),
+        (SERIES, {"limit": "5"}, "limit"),
+        (SERIES, {"category": "nope"}, "category"),
     ],
 )
-def test_a_bad_query_parameter_is_400_naming_the_parameter_and_the_reason(
-    api_client: Any, scope: NodeScope, params: dict[str, Any], param: str
+def test_a_bad_query_parameter_of_a_page_or_a_series_is_400_naming_the_parameter_and_the_reason(
+    api_client: Any, scope: NodeScope, path: str, params: dict[str, Any], param: str
 ) -> None:
-    response = get(api_client, "/api/events", **params)
+    response = get(api_client, path, **params)
     assert response.status_code == 400
     body = response.json()
     assert body["error"] == "bad_parameter" and body["param"] == param and body["reason"]
