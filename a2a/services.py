@@ -47,7 +47,7 @@ from crewlet.events.types import (
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.tracing import Trace, trace_of
-from seats.ledger import in_store
+from crewlet.db import in_store
 
 log = logging.getLogger("crewlet.a2a")
 

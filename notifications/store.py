@@ -14,7 +14,7 @@ from typing import Optional, TypeVar
 from django.db import connections, router
 from django.utils import timezone
 
-from crewlet.db import in_store as shared_in_store
+from crewlet.db import in_store
 
 from notifications.models import RateCounter, SeenDelivery, ThreadFollow
 
@@ -30,9 +30,6 @@ RATE_KEEP_S = 3600.0
 #: A thread nobody was woken in for this long is no longer followed.
 FOLLOW_KEEP_S = 90 * 86400.0
 KEY_MAX = 400
-
-
-in_store = shared_in_store  # re-exported: callers import it from here
 
 
 def claim(key: str, event_id: str) -> bool:
@@ -155,7 +152,6 @@ __all__ = [
     "claim_and_followers",
     "follow",
     "followers",
-    "in_store",
     "prune",
     "rate_hit",
 ]

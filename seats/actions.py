@@ -41,7 +41,7 @@ from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import InvalidArgument
 from crewlet.tracing import trace_of
 from seats.delivery_models import SeatPause
-from seats.ledger import in_store
+from crewlet.db import in_store
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine import Engine

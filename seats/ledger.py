@@ -32,7 +32,7 @@ from django.db import DataError, IntegrityError, InterfaceError, OperationalErro
 
 from django.utils import timezone
 
-from crewlet.db import in_store as shared_in_store
+from crewlet.db import in_store
 from crewlet.events import Event
 from crewlet.jsontext import holds_unstorable, storable, storable_value
 from seats.delivery_models import LedgerEntry, SeatPause
@@ -49,8 +49,6 @@ LEDGER_KEEP_S = 30 * 86400.0
 
 T = TypeVar("T")
 
-
-in_store = shared_in_store  # re-exported: callers import it from here
 
 #: How a store failure is filed (``seat_store_failed`` ``fault=``).
 FAULT_DOWN = "store_down"
@@ -158,7 +156,6 @@ __all__ = [
     "aprune",
     "arecord",
     "ascreen",
-    "in_store",
     "prune",
     "record",
     "screen",

@@ -30,7 +30,7 @@ from crewlet.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, SubscriptionRef
 from seats.delivery_models import SeatRecord
-from seats.ledger import in_store
+from crewlet.db import in_store
 
 log = logging.getLogger("crewlet.seats.mailboxes")
 

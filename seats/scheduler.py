@@ -34,7 +34,7 @@ from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import start_span, trace_of
 from seats.delivery_models import ScheduleFiring
-from seats.ledger import in_store
+from crewlet.db import in_store
 
 log = logging.getLogger("crewlet.seats.scheduler")
 

@@ -28,8 +28,9 @@ from typing import Any, Mapping, Optional
 
 from django.db import DatabaseError
 
+from crewlet.db import in_store
 from crewlet.org import Organization
-from notifications import actions, store
+from notifications import actions
 from notifications.parsers import WHY_ADDRESSED, DeliveryMeta, Parsed, Parser, Recipient, as_text, need
 from notifications.sources.base import InboundRequest, Source
 
@@ -43,7 +44,7 @@ KEY_MAX = 200
 #: How the route names the seat (a Django path pattern after ``/webhooks/generic/``).
 ROUTE_PATH = "<str:seat>"
 
-acheck_source_token = store.in_store(actions.check_source_token)
+acheck_source_token = in_store(actions.check_source_token)
 
 
 def seat_of_route(route: str) -> str:
