@@ -67,6 +67,7 @@ from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.runtime import NO_ENGINE
 from crewlet.queue import topics
 from eventstore import questions as qs
+from eventstore.questions import TURN_COMPLETED, TURN_STARTED, TURN_STOPPED
 from eventstore.rows import is_failed, row_for
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,12 +112,9 @@ C_TURNS_FAILED = "turns_failed"
 C_TOKENS = "tokens"
 COUNTER_KEYS: tuple[str, ...] = (C_TURNS_COMPLETED, C_TURNS_FAILED, C_TOKENS, C_EVENTS)
 
-# -- the event types that move a seat (each wire name read off its registered class) ----------
+# -- the event types that move a seat (each wire name read off its registered class; a turn's from the fold's) --
 SPAWNED = types.AgentSpawned.event_type
 TERMINATED = types.AgentTerminated.event_type
-TURN_STARTED = types.AgentTurnStarted.event_type
-TURN_COMPLETED = types.AgentTurnCompleted.event_type
-TURN_STOPPED = types.AgentTurnStopped.event_type
 SEAT_PAUSED = types.SeatPaused.event_type
 SEAT_RESUMED = types.SeatResumed.event_type
 LLM_UNAVAILABLE = types.LLMUnavailable.event_type
