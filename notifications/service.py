@@ -279,32 +279,51 @@ class NotifyRouter:
         if parsed.filtered:  # concerns nobody, retried or not: no store write for it
             self._filtered(result, parsed, parsed.filtered)
             return
+        sender_seat = self._seat_of(org, parser, parsed.sender, parsed.sender_aliases)
+        direct, unmatched = self._direct(org, parser, parsed)
+        claims = store.DeliveryClaim(True, [], {})
         following: Optional[list[str]] = None
         if parsed.delivery_id:
-            claimed, following = await self._claim_delivery(f"delivery:{source}:{parsed.delivery_id}", event.id, parsed)
-            if not claimed:
+            upfront = [key for c in direct if (key := self._upfront_wake_key(org, parsed, c.seat, sender_seat))]
+            claims, following = await self._claim_delivery(f"delivery:{source}:{parsed.delivery_id}", event.id, parsed, upfront)
+            if not claims.claimed:
                 result.duplicate = True
                 log.info("notification_duplicate_delivery", extra={"source": source, "delivery_id": parsed.delivery_id})
                 return
 
-        candidates, unmatched = await self._candidates(org, parser, parsed, following)
+        candidates = await self._candidates(org, parser, parsed, direct, following)
         for recipient in unmatched:
             await self._skip(result, SKIP_NO_SEAT, detail=f"{recipient.why} {recipient.identity}", parsed=parsed, recipient=recipient.identity)
         if not candidates:
             if not unmatched:
                 self._filtered(result, parsed, "thread reply not followed" if parsed.thread_reply else "not addressed to a seat")
             return
-        sender_seat = self._seat_of(org, parser, parsed.sender, parsed.sender_aliases)
         for cand in candidates:
-            await self._deliver(org, parsed, event, cand, sender_seat, result)
+            await self._deliver(org, parsed, event, cand, sender_seat, result, claims.wakes)
 
-    async def _candidates(
-        self, org: Organization, parser: Parser, parsed: Parsed, following: Optional[list[str]] = None
-    ) -> tuple[list[_Candidate], list[Recipient]]:
-        """Recipients resolved to seats (direct ones first), and the identities no seat matches.
+    @staticmethod
+    def _wake_key(seat: Seat, parsed: Parsed) -> str:
+        """The dedupe key of waking ``seat`` for this chat message or delivery ("" when it names neither)."""
+        message = parsed.message_id or parsed.delivery_id
+        return f"wake:{seat.handle}:{parsed.source}:{message}" if message else ""
 
-        ``following`` is the conversation's followers when the delivery's claim already read them; else they are read here.
+    def _upfront_wake_key(self, org: Organization, parsed: Parsed, seat: Seat, sender_seat: Optional[Seat]) -> str:
+        """The wake key of a direct recipient that :meth:`_deliver` would claim with nothing to ask first, else "".
+
+        That is an agent seat that did not cause the event, while the rate
+        valve is off: no check between here and its claim reads the store,
+        so its claim may ride on the delivery's trip. With the valve on, the
+        claim waits for the valve's answer, as a follower's waits for the
+        followers.
         """
+        if not seat.is_agent or (sender_seat is not None and sender_seat.handle == seat.handle):
+            return ""
+        if org.rate_limit_per_s and org.rate_limit_per_s > 0:
+            return ""
+        return self._wake_key(seat, parsed)
+
+    def _direct(self, org: Organization, parser: Parser, parsed: Parsed) -> tuple[list[_Candidate], list[Recipient]]:
+        """The recipients resolved to seats (first mention of each seat wins), and the identities no seat matches."""
         by_handle: dict[str, _Candidate] = {}
         unmatched: list[Recipient] = []
         for r in parsed.recipients:
@@ -313,6 +332,16 @@ class NotifyRouter:
                 unmatched.append(r)
             elif seat.handle not in by_handle:
                 by_handle[seat.handle] = _Candidate(seat, r)
+        return list(by_handle.values()), unmatched
+
+    async def _candidates(
+        self, org: Organization, parser: Parser, parsed: Parsed, direct: list[_Candidate], following: Optional[list[str]] = None
+    ) -> list[_Candidate]:
+        """The direct recipients' seats first, then the conversation's followers not among them.
+
+        ``following`` is the conversation's followers when the delivery's claim already read them; else they are read here.
+        """
+        by_handle = {c.seat.handle: c for c in direct}
         if parsed.conversation_identity:
             if following is None:
                 try:
@@ -333,15 +362,23 @@ class NotifyRouter:
                     continue
                 ident = seat.identities.get(parsed.source, "")
                 by_handle[handle] = _Candidate(seat, Recipient(ident or handle, WHY_FOLLOWER))
-        return list(by_handle.values()), unmatched
+        return list(by_handle.values())
 
     @staticmethod
     def _seat_of(org: Organization, parser: Parser, identity: str, aliases: tuple[str, ...] = ()) -> Optional[Seat]:
         return seat_for(org, parser, identity, aliases)
 
     async def _deliver(
-        self, org: Organization, parsed: Parsed, event: Event, cand: _Candidate, sender_seat: Optional[Seat], result: RouteResult
+        self,
+        org: Organization,
+        parsed: Parsed,
+        event: Event,
+        cand: _Candidate,
+        sender_seat: Optional[Seat],
+        result: RouteResult,
+        claimed_wakes: dict[str, bool],
     ) -> None:
+        """Wake one candidate, or say why not; ``claimed_wakes`` are the wake claims the delivery's trip already made."""
         seat, recipient = cand.seat, cand.recipient
         own = sender_seat is not None and sender_seat.handle == seat.handle
         if own and parsed.chat:
@@ -368,9 +405,9 @@ class NotifyRouter:
                 result, SKIP_RATE_LIMITED, detail=f"over {org.rate_limit_per_s:g} per second", parsed=parsed, seat=seat, recipient=recipient.identity
             )
             return
-        message = parsed.message_id or parsed.delivery_id
-        if message and not await self._claim(f"wake:{seat.handle}:{parsed.source}:{message}", event.id):
-            log.info("notification_duplicate_wake", extra={"seat": seat.handle, "source": parsed.source, "message_id": message})
+        key = self._wake_key(seat, parsed)
+        if key and not (claimed_wakes[key] if key in claimed_wakes else await self._claim(key, event.id)):
+            log.info("notification_duplicate_wake", extra={"seat": seat.handle, "source": parsed.source, "message_id": parsed.message_id or parsed.delivery_id})
             return
         wake = self.wake(seat, parsed, event, recipient)
         await self.queue.publish(topics.agent_inbox(seat.handle), wake)
@@ -447,20 +484,23 @@ class NotifyRouter:
 
     # -- drops ----------------------------------------------------------------
 
-    async def _claim_delivery(self, key: str, event_id: str, parsed: Parsed) -> tuple[bool, Optional[list[str]]]:
-        """The delivery's dedupe claim and, when it is this event's, its conversation's followers: one store trip.
+    async def _claim_delivery(
+        self, key: str, event_id: str, parsed: Parsed, wake_keys: list[str]
+    ) -> tuple[store.DeliveryClaim, Optional[list[str]]]:
+        """The delivery's dedupe claim and, when it is this event's, ``wake_keys``' claims and the followers: one store trip.
 
-        A store that fails that trip is asked again for each part on its own,
-        each failing open as it does alone; a claim the failed trip did
+        A store that fails that trip is asked again for the delivery's claim
+        alone, failing open as it does alone; a claim the failed trip did
         commit is this event's own, so asking again finds it claimed by us.
-        None for the followers means they were not read (no conversation, or
-        the trip failed): :meth:`_candidates` reads them.
+        The wakes are then claimed one by one as each is delivered, and the
+        followers read by :meth:`_candidates` (None: not read here).
         """
         try:
-            return await store.aclaim_and_followers(key, event_id, parsed.conversation_identity)
+            claims = await store.aclaim_delivery(key, event_id, parsed.conversation_identity, wake_keys)
         except DatabaseError:
             log.warning("notification_claim_trip_failed", extra={"key": key}, exc_info=True)
-            return await self._claim(key, event_id), None
+            return store.DeliveryClaim(await self._claim(key, event_id), [], {}), None
+        return claims, claims.followers
 
     async def _claim(self, key: str, event_id: str) -> bool:
         """Claim a dedupe key; a store that cannot answer lets the delivery through (the ledger is the second guard)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Optional, TypeVar
+from typing import NamedTuple, Optional, Sequence, TypeVar
 
 from django.db import connections, router
 from django.utils import timezone
@@ -70,16 +70,26 @@ def followers(conversation: str) -> list[str]:
     )
 
 
-def claim_and_followers(key: str, event_id: str, conversation: str) -> tuple[bool, list[str]]:
-    """:func:`claim`, then (when it is this event's) :func:`followers` of ``conversation``, in one call.
+class DeliveryClaim(NamedTuple):
+    """What :func:`claim_delivery` found: the delivery's claim, its conversation's followers, and each wake key's claim."""
 
-    Routing needs both before it can decide whom to wake, one after the
-    other; made as one call they cost one trip to the store's thread instead
-    of two. A lost claim reads no followers: that delivery wakes nobody.
+    claimed: bool
+    followers: list[str]
+    wakes: dict[str, bool]
+
+
+def claim_delivery(key: str, event_id: str, conversation: str, wake_keys: Sequence[str] = ()) -> DeliveryClaim:
+    """:func:`claim` the delivery; when it is this event's, claim ``wake_keys`` too and read ``conversation``'s followers.
+
+    Routing needs all of them before it wakes anyone, one after the other;
+    made as one call they cost one trip to the store's thread instead of one
+    per claim and one for the followers. A lost delivery claim claims and
+    reads nothing more: that delivery wakes nobody.
     """
     if not claim(key, event_id):
-        return False, []
-    return True, followers(conversation)
+        return DeliveryClaim(False, [], {})
+    wakes = {wake: claim(wake, event_id) for wake in wake_keys}
+    return DeliveryClaim(True, followers(conversation), wakes)
 
 
 def follow(seat: str, conversation: str, source: str = "", *, now: Optional[datetime] = None) -> None:
@@ -132,7 +142,7 @@ def prune(*, now: Optional[datetime] = None) -> dict[str, int]:
 
 
 aclaim = in_store(claim)
-aclaim_and_followers = in_store(claim_and_followers)
+aclaim_delivery = in_store(claim_delivery)
 afollowers = in_store(followers)
 afollow = in_store(follow)
 arate_hit = in_store(rate_hit)
@@ -143,13 +153,14 @@ __all__ = [
     "RATE_KEEP_S",
     "SEEN_KEEP_S",
     "aclaim",
-    "aclaim_and_followers",
+    "DeliveryClaim",
+    "aclaim_delivery",
     "afollow",
     "afollowers",
     "aprune",
     "arate_hit",
     "claim",
-    "claim_and_followers",
+    "claim_delivery",
     "follow",
     "followers",
     "prune",

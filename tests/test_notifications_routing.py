@@ -216,7 +216,7 @@ def store_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from notifications import store
 
     trips: list[str] = []
-    for name in ("aclaim", "aclaim_and_followers", "afollowers", "afollow", "arate_hit"):
+    for name in ("aclaim", "aclaim_delivery", "afollowers", "afollow", "arate_hit"):
         real = getattr(store, name)
 
         async def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
@@ -233,7 +233,27 @@ async def test_a_followed_thread_reply_claims_its_delivery_and_reads_the_followe
         trips = store_trips(monkeypatch)
         reply = slack_message("any update?", channel="C111", ts="1595926300.000100", thread_ts="1595926230.009600", event_id="Ev-r1")
         assert only_wake(await r.route("slack", reply), "ada").payload["why"] == WHY_FOLLOWER
-        assert trips == ["aclaim_and_followers", "aclaim", "afollow"]  # the delivery and its followers, the wake, the follow
+        assert trips == ["aclaim_delivery", "aclaim", "afollow"]  # the delivery and its followers, the wake, the follow
+
+
+async def test_a_mentioned_seats_wake_is_claimed_on_the_deliverys_own_store_trip(monkeypatch) -> None:
+    async with routing() as r:
+        trips = store_trips(monkeypatch)
+        only_wake(await r.route("slack", fixture_bytes("slack", "event_callback-app_mention.json")), "ada")
+        assert trips == ["aclaim_delivery", "afollow"]  # the delivery with ada's wake and the thread's followers, then the follow
+        copy = fixture("slack", "event_callback-app_mention.json")
+        copy["event"]["type"], copy["event_id"] = "message", "Ev-message-copy"  # the same chat message under another event id
+        assert (await r.route("slack", copy)).woken == []
+
+
+async def test_with_the_rate_valve_on_a_wake_is_claimed_only_after_the_valve_admitted_it(monkeypatch) -> None:
+    trips = store_trips(monkeypatch)  # before the valve takes its counter
+    async with routing(company(rate_limit=1)) as r:
+        only_wake(await r.route("slack", slack_message("<@W111> one", ts="3.1", event_id="Ev-v1")), "ada")
+        refused = await r.route("slack", slack_message("<@W111> two", ts="3.2", event_id="Ev-v2"))
+        assert refused.woken == [] and refused.reasons == ["rate limit exceeded"]
+        # the second wake, refused by the valve, claimed nothing
+        assert trips == ["aclaim_delivery", "arate_hit", "aclaim", "afollow", "aclaim_delivery", "arate_hit"]
 
 
 async def test_a_store_that_fails_the_combined_trip_is_asked_for_each_part_alone_and_the_follower_is_still_woken(monkeypatch, caplog) -> None:
@@ -245,7 +265,7 @@ async def test_a_store_that_fails_the_combined_trip_is_asked_for_each_part_alone
         async def refused(*args: Any, **kwargs: Any) -> Any:
             raise DatabaseError("the store went away for one trip")
 
-        monkeypatch.setattr(store, "aclaim_and_followers", refused)
+        monkeypatch.setattr(store, "aclaim_delivery", refused)
         reply = slack_message("any update?", channel="C111", ts="1595926300.000100", thread_ts="1595926230.009600", event_id="Ev-r2")
         assert only_wake(await r.route("slack", reply), "ada").payload["why"] == WHY_FOLLOWER
         retry = await r.route("slack", reply)  # the same delivery from the vendor again: the claim asked alone held
