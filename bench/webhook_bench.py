@@ -8,7 +8,10 @@ signed Slack channel messages that mention <@U0ADA>, each in its own channel,
 so each is its own partition and its own turn. It reports deliveries/s
 accepted (202) and p50/p99 from the POST being sent to the matching
 `agent_turn_started` row (matched by the trace_id the 202 carries), beside the
-raw nats-py publish->fetch(1)->ack round trip. `up` does not print its broker
+raw nats-py publish->fetch(1)->ack round trip. The unloaded samples (--idle) are
+posted one at a time, each once the previous turn's end is in `up`'s log (no
+API polling meanwhile, which would load the server being measured); the time
+is still read from the stored row. `up` does not print its broker
 URL (the credential is per boot), so the raw round trip is measured on a
 SEPARATE EmbeddedBroker this script starts itself, in the same run.
 
@@ -54,6 +57,8 @@ CODE = versus.code_root()  # the checkout whose `manage.py up` is measured
 
 SEAT_SLACK_ID = "U0ADA"
 SENDER = "U0HUMAN1"
+#: The log line `up` writes when a turn ends (with the turn's trace_id): what the unloaded samples wait for.
+TURN_FINISHED_LOG = "event=agent_turn_finished"
 
 
 # -- the company and the `up` process --------------------------------------------------
@@ -86,6 +91,7 @@ class Up:
         self.secret = secrets.token_hex(16)
         self.token = secrets.token_hex(24)
         self.lines: list[str] = []
+        self._line_added = threading.Condition()
         #: Settings this run adds to the environment (a fleet bench's databases and broker).
         self.extra_env: dict[str, str] = {}
         self.ready = threading.Event()
@@ -121,7 +127,9 @@ class Up:
         assert self.proc and self.proc.stdout
         for line in self.proc.stdout:
             line = line.rstrip("\n")
-            self.lines.append(line)
+            with self._line_added:
+                self.lines.append(line)
+                self._line_added.notify_all()
             if "Crewlet is up: " in line and not self.ready.is_set():
                 self.url = line.split("Crewlet is up: ", 1)[1].split(" ", 1)[0]
                 self.ready.set()
@@ -151,6 +159,19 @@ class Up:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return float("nan")
+
+    def wait_for_line(self, *needles: str, timeout_s: float, start: int = 0) -> bool:
+        """True once a line at index ``start`` or later of `up`'s output holds every one of ``needles``."""
+        deadline = time.monotonic() + timeout_s
+        seen = start
+        with self._line_added:
+            while True:
+                if any(all(n in line for n in needles) for line in self.lines[seen:]):
+                    return True
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._line_added.wait(left):
+                    return False
 
     def count(self, needle: str) -> int:
         return sum(1 for line in list(self.lines) if needle in line)
@@ -391,9 +412,12 @@ def part1(
             print(f"  raw broker round trip     p50 {rp50:9.3f} ms  p99 {rp99:9.3f} ms  (publish->fetch(1)->ack, separate EmbeddedBroker, same run)")
             print(f"  ratio (ours / raw)        p50 {p50 / rp50:9.1f}x     p99 {p99 / rp99:9.1f}x")
             print("  note: the burst figure includes queueing behind the burst (all K posted at once); event times are the server's clock, same machine")
-        # unloaded: one delivery at a time, each waited for, so no queueing behind a burst
+        # unloaded: one delivery at a time, each waited for, so no queueing behind a burst. The wait is for
+        # `up`'s own log line of the turn's end, not an API poll every few ms: a poll is a request the server
+        # answers on the same loop and CPUs as the delivery it measures. The time is still the stored row's.
         idle = []
         for i in range(idle_n):
+            mark = len(up.lines)
             sent, st, data = post_slack(up, slack_body(f"Ev{run}i{i:05d}", f"C{run.upper()}I{i:05d}", f"{1720000000 + i}.000100", f"<@{SEAT_SLACK_ID}> idle {i}"))
             tid = data.get("trace_id")
             if st != 202 or not tid:
@@ -405,7 +429,8 @@ def part1(
                 got[:] = [t for t in (event_time(r) for r in rows) if t is not None]
                 return bool(got)
 
-            if _wait(seen, 10, 0.005):
+            up.wait_for_line(TURN_FINISHED_LOG, f"trace_id={tid}", timeout_s=10, start=mark)
+            if _wait(seen, 10, 0.05):
                 idle.append(min(got) - sent)
         if idle and raw:
             rp50, rp99 = _pct(raw, 0.5) * 1e3, _pct(raw, 0.99) * 1e3
