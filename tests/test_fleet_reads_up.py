@@ -151,3 +151,31 @@ def test_two_up_nodes_answer_every_read_together_and_a_stopped_one_is_named_with
             assert partial["coverage"]["nodes"][1] == {"id": "ub", "answered": False, "error": f"{fanout.TIMED_OUT}: no answer within 0.5s"}
             assert {row["node"] for row in partial["events"]} == {"ua"}
             assert "history_partial" in ua.wait_for("history_partial")
+
+
+def _sessions(alias: str) -> int:
+    """How many sessions the database behind ``alias`` has had opened (PostgreSQL's own count; a backend counts once it has started)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def test_a_history_read_through_up_reuses_the_nodes_store_connections_instead_of_opening_new_ones_per_request(
+    tmp_path: Path, stores: dict[str, str], broker: str
+) -> None:
+    alias = alias_of("ua")
+    with _up(tmp_path, "ua", broker, stores["ua"]) as ua:  # it migrates its store as it starts
+        store(make_event("org_started", qs.instant() - 60 * S, event_id="ua-read-me", node="ua"), using=alias)
+        for _ in range(5):  # the read threads connect on first use
+            assert "ua-read-me" in [row["id"] for row in _get(ua, "/api/events", node="ua", limit=100)["events"]]
+        before = _sessions(alias)
+        for _ in range(20):
+            page = _get(ua, "/api/events", node="ua", limit=100)
+            assert page["coverage"]["complete"] is True and "ua-read-me" in [row["id"] for row in page["events"]]
+        opened = _sessions(alias) - before
+    # A request thread under ASGI starts every request with no connection: reading the store there
+    # opened one per request (20 here). A read thread's connection lasts; the few a late-counted
+    # warm-up connection may add stay far below one per request.
+    assert opened < 10, f"{opened} sessions opened on the node's store for 20 reads"

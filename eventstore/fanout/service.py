@@ -17,8 +17,10 @@ that cannot be read, or its own read failed. A read that came back without
 every node is logged and published as ``history_partial`` (live only).
 
 A request thread (a DRF view) asks with :meth:`FleetReads.ask`: the scatter
-starts on the engine's loop while the thread reads its own store, and the
-thread then waits for the gather. A coroutine (the projection's seed) asks
+starts on the engine's loop while one of this service's read threads reads
+its own store (and, before, the roster: a read thread keeps its database
+connections, a request thread under ASGI opens new ones every request), and
+the request thread then waits for the gather. A coroutine (the projection's seed) asks
 with :meth:`FleetReads.arun`. Serving runs each node's read on this
 service's own threads, so an asker never waits behind the engine's store
 thread.
@@ -349,19 +351,40 @@ class FleetReads:
         return parts
 
     def _own(self, question: qs.Question) -> tuple[Optional[dict[str, Any]], str]:
-        """This node's own part, read where the asker runs."""
+        """This node's own part (on whichever thread calls it)."""
         return self._part(question, own=True)
 
+    def _on_read_thread(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` run on one of this service's read threads; the request thread waits for it.
+
+        Under ASGI every request runs in a context of its own, so Django opens a
+        new database connection on a request thread each time it is used (the
+        roster and this node's store: two connections a read, several
+        milliseconds each on PostgreSQL). The read threads keep theirs for the
+        engine's life (:meth:`_close_threads` closes them).
+
+        The call runs here instead when this thread is inside a transaction
+        (only its own connection sees what that transaction wrote) or once the
+        threads are stopped (the engine stopping).
+        """
+        if any(connection.in_atomic_block for connection in connections.all(initialized_only=True)):
+            return call(*args)
+        try:
+            job = self._executor.submit(call, *args)
+        except RuntimeError:
+            return call(*args)
+        return job.result()
+
     def _round(self, question: qs.Question, others: list[str], coverage: Coverage) -> Parts:
-        """One scatter from a request thread: the loop gathers while this thread reads its own store."""
+        """One scatter from a request thread: the loop gathers while a read thread reads this node's store."""
         future: Optional[concurrent.futures.Future[Gathered]] = None
         if others and self.queue is not None:
             request = wire.encode_request(question, self.node, others)
             try:
                 future = runtime.start_on_loop(lambda: self._gather(request, others), self.loop)
             except runtime.EngineAway as exc:
-                return self._collect(question, self._own(question), others, Gathered(failure=wire.reason(wire.NOT_ASKED, str(exc))), coverage)
-        own = self._own(question)
+                return self._collect(question, self._on_read_thread(self._own, question), others, Gathered(failure=wire.reason(wire.NOT_ASKED, str(exc))), coverage)
+        own = self._on_read_thread(self._own, question)
         gathered = Gathered()
         if future is not None:
             try:
@@ -380,8 +403,11 @@ class FleetReads:
         return self._collect(question, await own_read, others, gathered, coverage)
 
     def run(self, plan: Plan, at: Any, label: str) -> dict[str, Any]:
-        """Drive ``plan`` from a request thread; the merged answer with its coverage and instant."""
-        others = self._others()
+        """Drive ``plan`` from a request thread; the merged answer with its coverage and instant.
+
+        The roster and this node's own reads run on the read threads (:meth:`_on_read_thread`).
+        """
+        others: list[str] = self._on_read_thread(self._others)
         coverage = Coverage({self.node: ""})
         try:
             question = next(plan)
