@@ -13,7 +13,8 @@ end unless ``--keep``.
    the same rows one statement at a time, autocommit, on the same table.
 2. Reads: over ``--rows`` seeded rows (COPY), the latency of the first and the
    100th page of ``GET /api/events`` through Django's WSGI handler in process
-   (middleware, DRF, operator-token authentication, the per-node answer, JSON)
+   (middleware, DRF, operator-token authentication, the per-node answer, JSON;
+   Django's per-request connection handling kept, as ``up`` has it)
    vs the very SQL that request ran, with its parameters, captured from it and
    re-run on a raw psycopg connection; samples alternate between the two.
 
@@ -33,7 +34,7 @@ import statistics
 import sys
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -280,16 +281,14 @@ def _time_pair(ours: Callable[[], Any], raw: Callable[[], Any], repeat: int) -> 
 def _wsgi_client(token: str) -> Callable[[str], tuple[str, bytes]]:
     """GET through Django's WSGI handler, as a WSGI server calls it (no test client in between).
 
-    The request's database connections persist between requests, as they do
-    under CONN_MAX_AGE or a pool; connecting per request is a deployment
-    choice, not part of what a page costs.
+    Django's own connection handling is kept: a request thread's database
+    connections end with its request (the settings keep none open, and under
+    ASGI, as ``up`` serves, every request runs in a context of its own that
+    never sees the previous one's). Whatever a page reads on the request
+    thread is therefore read over a new connection, as in ``up``.
     """
     from django.core.handlers.wsgi import WSGIHandler
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
 
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
     handler = WSGIHandler()
 
     def get(url: str) -> tuple[str, bytes]:
@@ -327,7 +326,8 @@ def alone_in_its_fleet() -> None:
 
     node = api.node_scope().node_id
     leases.acquire(leases.NODE, node, node, 3600.0, protocol=PROTOCOL_VERSION)
-    api.fleet = lambda: fanout.FleetReads(api.node_scope(), roster=fanout.live_roster)
+    reader = fanout.FleetReads(api.node_scope(), roster=fanout.live_roster)  # one for the process, as an engine holds one
+    api.fleet = lambda: reader
 
 
 class ReadRefused(RuntimeError):
@@ -335,9 +335,8 @@ class ReadRefused(RuntimeError):
 
 
 def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, float]]:
-    from django.db import connections
-
     from crewlet.tokens import OperatorToken
+    from eventstore.questions import NodeScope, answers
 
     _, token = OperatorToken.mint(f"bench-{time.monotonic_ns()}")
     http_get = _wsgi_client(token)
@@ -360,13 +359,20 @@ def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, 
     try:
         for label, page_cursor in (("first page", ""), (f"page {pages}", cursor)):
             captured: list[tuple[str, Any]] = []
+            # The page's statement is run by whichever thread reads the store (a
+            # fleet reader's read thread), so it is captured where every answer
+            # runs its SQL rather than on this thread's connection.
+            fetch = answers.fetch
 
-            def capture(execute: Any, sql: str, args: Any, many: bool, context: Any) -> Any:
-                captured.append((sql, args))
-                return execute(sql, args, many, context)
+            def capture(scope: NodeScope, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+                captured.append((sql, params))
+                return fetch(scope, sql, params)
 
-            with connections["events"].execute_wrapper(capture):
+            answers.fetch = capture
+            try:
                 body = api_get(page_cursor)
+            finally:
+                answers.fetch = fetch
             assert len(body["events"]) == 100
             ((query, query_params),) = captured  # the one statement the page ran
 
