@@ -375,16 +375,32 @@ class FleetReads:
             return call(*args)
         return job.result()
 
-    def _round(self, question: qs.Question, others: list[str], coverage: Coverage) -> Parts:
-        """One scatter from a request thread: the loop gathers while a read thread reads this node's store."""
+    def _scatters(self, others: list[str]) -> bool:
+        return bool(others) and self.queue is not None
+
+    def _first_look(self, question: qs.Question) -> tuple[list[str], Optional[tuple[Optional[dict[str, Any]], str]]]:
+        """The roster; and this node's own part of ``question`` with it when there is nobody to scatter it to.
+
+        One trip to a read thread for a fleet of one. With other nodes the own
+        read waits until the scatter has started, so both run side by side.
+        """
+        others = self._others()
+        return others, (None if self._scatters(others) else self._own(question))
+
+    def _round(
+        self, question: qs.Question, others: list[str], coverage: Coverage,
+        own: Optional[tuple[Optional[dict[str, Any]], str]] = None,
+    ) -> Parts:
+        """One scatter from a request thread: the loop gathers while a read thread reads this node's store (``own``: read already)."""
         future: Optional[concurrent.futures.Future[Gathered]] = None
-        if others and self.queue is not None:
+        if self._scatters(others):
             request = wire.encode_request(question, self.node, others)
             try:
                 future = runtime.start_on_loop(lambda: self._gather(request, others), self.loop)
             except runtime.EngineAway as exc:
                 return self._collect(question, self._on_read_thread(self._own, question), others, Gathered(failure=wire.reason(wire.NOT_ASKED, str(exc))), coverage)
-        own = self._on_read_thread(self._own, question)
+        if own is None:
+            own = self._on_read_thread(self._own, question)
         gathered = Gathered()
         if future is not None:
             try:
@@ -405,12 +421,15 @@ class FleetReads:
     def run(self, plan: Plan, at: Any, label: str) -> dict[str, Any]:
         """Drive ``plan`` from a request thread; the merged answer with its coverage and instant.
 
-        The roster and this node's own reads run on the read threads (:meth:`_on_read_thread`).
+        The roster and this node's own reads run on the read threads (:meth:`_on_read_thread`):
+        for a fleet of one, both in one trip.
         """
-        others: list[str] = self._on_read_thread(self._others)
         coverage = Coverage({self.node: ""})
+        others: list[str] = []
         try:
             question = next(plan)
+            others, own = self._on_read_thread(self._first_look, question)
+            question = plan.send(self._round(question, others, coverage, own))
             while True:
                 question = plan.send(self._round(question, others, coverage))
         except StopIteration as done:
