@@ -51,6 +51,9 @@ class TransportBase(Transport):
         self._api_timeout_s = float(api_timeout_s)
         #: How long provisioning asks again a starting cluster that cannot yet place or answer about a stream.
         self.provision_wait_s = max(float(provision_wait_s), 0.0)
+        #: Until when (the loop's clock) a consumer the cluster cannot answer about yet is asked
+        #: again: ``provision_wait_s`` after provisioning began (0: never).
+        self._settle_until = 0.0
         self._url = redact_url(url)
         self._ready_streams: set[str] = set()
         self._subject_streams: dict[str, topics.StreamSpec] = {}

@@ -63,6 +63,7 @@ class StreamsPart(TransportBase):
         """
         loop = asyncio.get_running_loop()
         started = loop.time()
+        self._settle_until = started + self.provision_wait_s
         next_progress = started + PROVISION_PROGRESS_EVERY_S
         for spec in topics.ENGINE_STREAMS:
             while True:
