@@ -6,6 +6,7 @@ while a cluster elects a stream leader or its meta layer is busy.
 """
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import pytest
@@ -25,8 +26,13 @@ async def broker() -> AsyncIterator[EmbeddedBroker]:
         yield b
 
 
-async def connect(broker: EmbeddedBroker, provision_wait_s: float) -> JetStreamTransport:
-    return await JetStreamTransport.connect(broker.url, memory_storage=True, provision_wait_s=provision_wait_s)
+@asynccontextmanager
+async def member(broker: EmbeddedBroker, provision_wait_s: float) -> AsyncIterator[JetStreamTransport]:
+    transport = await JetStreamTransport.connect(broker.url, memory_storage=True, provision_wait_s=provision_wait_s)
+    try:
+        yield transport
+    finally:
+        await transport.close()
 
 
 def failing_first(transport: JetStreamTransport, error: Exception, times: int = 1) -> list[int]:
@@ -47,33 +53,25 @@ def failing_first(transport: JetStreamTransport, error: Exception, times: int = 
 async def test_a_starting_member_asks_again_about_a_consumer_the_cluster_did_not_answer_about_and_creates_it(
     broker: EmbeddedBroker,
 ) -> None:
-    transport = await connect(broker, provision_wait_s=10.0)
-    try:
+    async with member(broker, provision_wait_s=10.0) as transport:
         asks = failing_first(transport, Unavailable("consumer info: TimeoutError()"), times=2)
         assert await transport.ensure_consumer(TOPIC, GROUP) is True
         assert asks[0] == 3
-    finally:
-        await transport.close()
 
 
-async def test_without_a_settling_window_the_first_timeout_stands(broker: EmbeddedBroker) -> None:
-    transport = await connect(broker, provision_wait_s=0.0)
-    try:
-        asks = failing_first(transport, Unavailable("consumer info: TimeoutError()"))
-        with pytest.raises(Unavailable, match="TimeoutError"):
+@pytest.mark.parametrize(
+    "provision_wait_s, error",
+    [
+        (0.0, Unavailable("consumer info: TimeoutError()")),
+        (10.0, _ApiError("consumer info", 400, ERR_STREAM_NOT_FOUND + 1, "refused")),
+    ],
+    ids=["a timeout with no settling window", "a refusal the broker answered"],
+)
+async def test_the_first_failure_stands_without_a_settling_window_or_when_the_broker_answered(
+    broker: EmbeddedBroker, provision_wait_s: float, error: Exception
+) -> None:
+    async with member(broker, provision_wait_s) as transport:
+        asks = failing_first(transport, error)
+        with pytest.raises(type(error)):
             await transport.ensure_consumer(TOPIC, GROUP)
         assert asks[0] == 1
-    finally:
-        await transport.close()
-
-
-async def test_a_refusal_the_broker_answered_is_not_asked_again(broker: EmbeddedBroker) -> None:
-    transport = await connect(broker, provision_wait_s=10.0)
-    try:
-        refusal = _ApiError("consumer info", 400, ERR_STREAM_NOT_FOUND + 1, "refused")
-        asks = failing_first(transport, refusal)
-        with pytest.raises(_ApiError):
-            await transport.ensure_consumer(TOPIC, GROUP)
-        assert asks[0] == 1
-    finally:
-        await transport.close()
