@@ -64,7 +64,7 @@ def _live_ids_sql(alias: str) -> tuple[str, tuple[Any, ...]]:
 def live_node_ids() -> list[str]:
     """The ids of every node with an unexpired presence, sorted (blocking: one coordination-store read per call).
 
-    Every history read asks it, on its request thread, before it scatters, so it
+    Every history read asks it (on the fleet reader's thread) before it scatters, so it
     runs the statement :func:`live_nodes` runs (ids only) without building,
     compiling and instantiating a queryset per call: the same rows, read fresh
     from the store each time, so a node that joined or left is seen by the very
