@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
@@ -17,6 +18,10 @@ T = TypeVar("T")
 MIGRATE_LOCK_KEY = 0x637265776C6D6967  # "crewlmig"
 
 
+#: What a connection the database dropped (a restart, an idle timeout) raises on its next use.
+DROPPED = (OperationalError, InterfaceError)
+
+
 def in_store(fn: Callable[..., T], *, alias: str = "default") -> Callable[..., Awaitable[T]]:
     """Run a store function off the event loop.
 
@@ -28,7 +33,7 @@ def in_store(fn: Callable[..., T], *, alias: str = "default") -> Callable[..., A
     def guarded(*args: Any, **kwargs: Any) -> T:
         try:
             return fn(*args, **kwargs)
-        except (OperationalError, InterfaceError):
+        except DROPPED:
             try:
                 connections[alias].close()
             except Exception:  # pragma: no cover - best effort
@@ -37,6 +42,28 @@ def in_store(fn: Callable[..., T], *, alias: str = "default") -> Callable[..., A
 
     functools.update_wrapper(guarded, fn)
     return sync_to_async(guarded, thread_sensitive=True)
+
+
+def read_again_if_dropped(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` (a read); if the database dropped a connection this thread kept, again on a new one.
+
+    A thread that keeps its connections for the process's life (a reader
+    pool's) meets a restart as a failure of each one's first use. A read
+    changes nothing, so it is asked once more after this thread's connections
+    are closed (they reconnect on use); a second failure is the database being
+    away, and stands. Inside a transaction the connection is not this code's
+    to close (only it sees what the transaction wrote), so the failure stands
+    at once. A write is not asked again: use :func:`in_store`, which closes
+    the dropped connection and lets the caller decide.
+    """
+    try:
+        return call(*args)
+    except DROPPED:
+        if any(connection.in_atomic_block for connection in connections.all(initialized_only=True)):
+            raise
+        log.info("store_read_reconnecting", extra={"read_thread": threading.current_thread().name})
+        connections.close_all()
+        return call(*args)
 
 
 @contextmanager

@@ -35,9 +35,10 @@ from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Optional
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, connections
 
 from crewlet import runtime
+from crewlet.db import read_again_if_dropped
 from crewlet.events import format_timestamp
 from crewlet.events.types import HistoryPartial
 from crewlet.interfaces import FLEET_READS
@@ -168,26 +169,6 @@ _SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 
-def _once_more_on_a_new_connection(call: Callable[..., Any], *args: Any) -> Any:
-    """``call(*args)``; if the database dropped a connection it kept (a restart, an idle timeout), again on a new one.
-
-    A read thread keeps its connections for the engine's life, so after the
-    database restarts its first use of each fails. A read changes nothing, so
-    it is asked once more after this thread's connections are closed (they
-    reconnect on use); a second failure is the database being away, and
-    stands. Inside a transaction (a test's, on the caller's own thread) the
-    connection is not this code's to close, and the failure stands at once.
-    """
-    try:
-        return call(*args)
-    except (OperationalError, InterfaceError):
-        if any(connection.in_atomic_block for connection in connections.all(initialized_only=True)):
-            raise
-        log.info("fleet_read_reconnecting", extra={"read_thread": threading.current_thread().name})
-        connections.close_all()
-        return call(*args)
-
-
 def _readable(kind: str, answer: Optional[dict[str, Any]]) -> bool:
     if answer is None:
         return False
@@ -309,7 +290,7 @@ class FleetReads:
         at all (a bad field) is the caller's 400 rather than a node's refusal.
         """
         try:
-            return _once_more_on_a_new_connection(node_part, question, self.scope), ""
+            return read_again_if_dropped(node_part, question, self.scope), ""
         except qs.QuestionRefused as exc:
             if own and isinstance(exc, qs.BadQuestion):
                 raise
@@ -321,7 +302,7 @@ class FleetReads:
     # -- asking ------------------------------------------------------------------------------------
 
     def _others(self) -> list[str]:
-        return sorted({str(node) for node in _once_more_on_a_new_connection(self.roster)} - {self.node})
+        return sorted({str(node) for node in read_again_if_dropped(self.roster)} - {self.node})
 
     async def _gather(self, request: bytes, others: list[str]) -> Gathered:
         """Scatter ``request`` and gather the replies of ``others`` until each answered or the budget ran out."""

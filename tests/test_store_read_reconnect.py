@@ -1,4 +1,4 @@
-"""A fleet reader's thread keeps its connections: one the database dropped is replaced, and the read asked once more."""
+"""A thread that keeps its connections (the fleet reader's): one the database dropped is replaced, and the read asked once more."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connections, transaction
 
-from eventstore.fanout.service import _once_more_on_a_new_connection
+from crewlet.db import read_again_if_dropped
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +28,7 @@ class Dropped:
 def test_a_read_that_meets_a_dropped_connection_is_answered_on_a_new_one() -> None:
     connections["default"].ensure_connection()
     read = Dropped(failures=1)
-    assert _once_more_on_a_new_connection(read, "page") == "page"
+    assert read_again_if_dropped(read, "page") == "page"
     assert read.calls == 2
     assert connections["default"].connection is None  # closed; the next use connects afresh
 
@@ -36,7 +36,7 @@ def test_a_read_that_meets_a_dropped_connection_is_answered_on_a_new_one() -> No
 def test_a_database_still_away_on_the_second_try_is_the_reads_failure() -> None:
     read = Dropped(failures=2)
     with pytest.raises(OperationalError):
-        _once_more_on_a_new_connection(read, "page")
+        read_again_if_dropped(read, "page")
     assert read.calls == 2
 
 
@@ -44,7 +44,7 @@ def test_inside_a_transaction_the_failure_stands_at_once_and_the_connection_is_l
     read = Dropped(failures=1)
     with transaction.atomic():
         with pytest.raises(OperationalError):
-            _once_more_on_a_new_connection(read, "page")
+            read_again_if_dropped(read, "page")
         assert connections["default"].connection is not None
     assert read.calls == 1
 
@@ -57,5 +57,5 @@ def test_any_other_error_is_not_retried() -> None:
         raise ValueError("not a connection problem")
 
     with pytest.raises(ValueError):
-        _once_more_on_a_new_connection(refused)
+        read_again_if_dropped(refused)
     assert len(calls) == 1
