@@ -148,7 +148,6 @@ class SurfaceStatus:
     last_error: str = ""
     last_error_at: Optional[float] = None
     hint: str = ""
-    _extra: dict[str, Any] = field(default_factory=dict)
 
     def frame(self) -> None:
         self.frames += 1
@@ -269,8 +268,13 @@ class SocketClient(abc.ABC):
             self.status.connected = False
 
     def healthy(self) -> bool:
-        """Whether its task runs (``/readyz``'s duties): a client with no token runs none."""
-        return self._task is not None and self._task.alive
+        """Whether its task runs (``/readyz``'s duties); a client with no token runs none by design.
+
+        An unset token is reported as ``not configured`` (``/readyz``'s
+        ``degraded``), never as a dead duty: like a socket that cannot reach its
+        vendor, it must not take the node out of service.
+        """
+        return not self.status.configured or (self._task is not None and self._task.alive)
 
     def status_report(self) -> dict[str, Any]:
         return self.status.report()
