@@ -281,17 +281,16 @@ class NotifyRouter:
             return
         sender_seat = self._seat_of(org, parser, parsed.sender, parsed.sender_aliases)
         direct, unmatched = self._direct(org, parser, parsed)
-        claims = store.DeliveryClaim(True, [], {})
-        following: Optional[list[str]] = None
+        claims = store.DeliveryClaim(True, None, {})
         if parsed.delivery_id:
             upfront = [key for c in direct if (key := self._upfront_wake_key(org, parsed, c.seat, sender_seat))]
-            claims, following = await self._claim_delivery(f"delivery:{source}:{parsed.delivery_id}", event.id, parsed, upfront)
+            claims = await self._claim_delivery(f"delivery:{source}:{parsed.delivery_id}", event.id, parsed, upfront)
             if not claims.claimed:
                 result.duplicate = True
                 log.info("notification_duplicate_delivery", extra={"source": source, "delivery_id": parsed.delivery_id})
                 return
 
-        candidates = await self._candidates(org, parser, parsed, direct, following)
+        candidates = await self._candidates(org, parsed, direct, claims.followers, sender_seat)
         for recipient in unmatched:
             await self._skip(result, SKIP_NO_SEAT, detail=f"{recipient.why} {recipient.identity}", parsed=parsed, recipient=recipient.identity)
         if not candidates:
@@ -335,7 +334,7 @@ class NotifyRouter:
         return list(by_handle.values()), unmatched
 
     async def _candidates(
-        self, org: Organization, parser: Parser, parsed: Parsed, direct: list[_Candidate], following: Optional[list[str]] = None
+        self, org: Organization, parsed: Parsed, direct: list[_Candidate], following: Optional[list[str]], sender_seat: Optional[Seat]
     ) -> list[_Candidate]:
         """The direct recipients' seats first, then the conversation's followers not among them.
 
@@ -349,7 +348,6 @@ class NotifyRouter:
                 except DatabaseError:
                     log.warning("notification_follow_lookup_failed", extra={"conversation": parsed.conversation_identity}, exc_info=True)
                     following = []
-            sender_seat = self._seat_of(org, parser, parsed.sender, parsed.sender_aliases)
             for handle in following:
                 seat = org.seat_by_handle(handle)
                 if seat is None or handle in by_handle:
@@ -406,7 +404,10 @@ class NotifyRouter:
             )
             return
         key = self._wake_key(seat, parsed)
-        if key and not (claimed_wakes[key] if key in claimed_wakes else await self._claim(key, event.id)):
+        claimed = claimed_wakes.get(key) if key else True
+        if claimed is None:
+            claimed = await self._claim(key, event.id)
+        if not claimed:
             log.info("notification_duplicate_wake", extra={"seat": seat.handle, "source": parsed.source, "message_id": parsed.message_id or parsed.delivery_id})
             return
         wake = self.wake(seat, parsed, event, recipient)
@@ -486,21 +487,21 @@ class NotifyRouter:
 
     async def _claim_delivery(
         self, key: str, event_id: str, parsed: Parsed, wake_keys: list[str]
-    ) -> tuple[store.DeliveryClaim, Optional[list[str]]]:
+    ) -> store.DeliveryClaim:
         """The delivery's dedupe claim and, when it is this event's, ``wake_keys``' claims and the followers: one store trip.
 
         A store that fails that trip is asked again for the delivery's claim
         alone, failing open as it does alone; a claim the failed trip did
         commit is this event's own, so asking again finds it claimed by us.
         The wakes are then claimed one by one as each is delivered, and the
-        followers read by :meth:`_candidates` (None: not read here).
+        followers read by :meth:`_candidates` (``followers`` None: not read here).
         """
         try:
             claims = await store.aclaim_delivery(key, event_id, parsed.conversation_identity, wake_keys)
         except DatabaseError:
             log.warning("notification_claim_trip_failed", extra={"key": key}, exc_info=True)
-            return store.DeliveryClaim(await self._claim(key, event_id), [], {}), None
-        return claims, claims.followers
+            return store.DeliveryClaim(await self._claim(key, event_id), None, {})
+        return claims
 
     async def _claim(self, key: str, event_id: str) -> bool:
         """Claim a dedupe key; a store that cannot answer lets the delivery through (the ledger is the second guard)."""

@@ -71,10 +71,10 @@ def followers(conversation: str) -> list[str]:
 
 
 class DeliveryClaim(NamedTuple):
-    """What :func:`claim_delivery` found: the delivery's claim, its conversation's followers, and each wake key's claim."""
+    """What :func:`claim_delivery` found: the delivery's claim, its conversation's followers (None: not read), and each wake key's claim."""
 
     claimed: bool
-    followers: list[str]
+    followers: Optional[list[str]]
     wakes: dict[str, bool]
 
 
@@ -87,7 +87,7 @@ def claim_delivery(key: str, event_id: str, conversation: str, wake_keys: Sequen
     reads nothing more: that delivery wakes nobody.
     """
     if not claim(key, event_id):
-        return DeliveryClaim(False, [], {})
+        return DeliveryClaim(False, None, {})
     wakes = {wake: claim(wake, event_id) for wake in wake_keys}
     return DeliveryClaim(True, followers(conversation), wakes)
 
