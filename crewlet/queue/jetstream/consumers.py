@@ -11,7 +11,7 @@ from crewlet.queue.contract import SubscriptionRef
 from crewlet.queue.errors import Unavailable
 from crewlet.queue.jetstream.configs import META_GROUP, META_TOPIC, consumer_config, durable_name
 from crewlet.queue.jetstream.pull import JetStreamPuller
-from crewlet.queue.jetstream.streams import PROVISION_ASK_EVERY_S, StreamsPart
+from crewlet.queue.jetstream.streams import StreamsPart
 from crewlet.queue.jetstream.wire import (
     _NATS_ERRORS,
     _NS,
@@ -32,25 +32,18 @@ class ConsumersPart(StreamsPart):
     async def ensure_consumer(self, topic: str, group: str) -> bool:
         """Create the durable for (topic, group) unless it exists (aligning its ack window); True when this call made it.
 
-        A clustered member starting (``provision_wait_s``) may ask before the
-        cluster can answer about its consumers (their stream's leader being
-        elected, the meta layer busy with every node's consumers at once): a
-        timed-out or unanswered ask is made again every
-        ``PROVISION_ASK_EVERY_S`` until provisioning's own deadline, as
-        provisioning does for the streams. Past it, or for a refusal the
-        broker did answer, the first failure stands.
+        A clustered member starting may ask before the cluster can answer
+        about its consumers: an ask that timed out or went unanswered is made
+        again within provisioning's window (:meth:`_asked_until_settled`); a
+        refusal the broker did answer stands at once.
         """
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                return await self._ensure_consumer_once(topic, group)
-            except _ApiError:
-                raise
-            except Unavailable as e:
-                if loop.time() >= self._settle_until or self._closed:
-                    raise
-                logger.info("jetstream_consumer_waiting", extra={"topic": topic, "group": group, "reason": str(e)})
-            await asyncio.sleep(PROVISION_ASK_EVERY_S)
+        return await self._asked_until_settled(
+            lambda: self._ensure_consumer_once(topic, group),
+            "jetstream_consumer_waiting",
+            {"topic": topic, "group": group},
+            since=asyncio.get_running_loop().time(),
+            answered_refusals_stand=True,
+        )
 
     async def _ensure_consumer_once(self, topic: str, group: str) -> bool:
         spec = self._stream_of(topic)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Mapping, Optional
+from typing import Any, Awaitable, Callable, Mapping, Optional, TypeVar
 
 import nats.errors
 
@@ -27,6 +27,7 @@ from crewlet.queue.jetstream.wire import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: While a starting cluster cannot place or answer about a stream yet: how often it is asked again, and said so.
 PROVISION_ASK_EVERY_S = 0.5
@@ -61,28 +62,50 @@ class StreamsPart(TransportBase):
         ``PROVISION_ASK_EVERY_S`` until that deadline: members announce
         themselves only on the system account, so there is no event to wait on.
         """
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = asyncio.get_running_loop().time()
         self._settle_until = started + self.provision_wait_s
-        next_progress = started + PROVISION_PROGRESS_EVERY_S
         for spec in topics.ENGINE_STREAMS:
-            while True:
-                try:
-                    await self._ensure_stream(spec)
-                    break
-                except Unavailable as e:
-                    now = loop.time()
-                    if now - started >= self.provision_wait_s:
-                        if isinstance(e, ReplicasUnplaceable):
-                            logger.error("jetstream_stream_replicas_unplaceable", extra={"stream": spec.name, "error": str(e)})
-                        raise
-                    if now >= next_progress:
-                        next_progress = now + PROVISION_PROGRESS_EVERY_S
-                        logger.info(
-                            "jetstream_provision_waiting",
-                            extra={"stream": spec.name, "waited_s": round(now - started, 1), "reason": str(e)},
-                        )
-                await asyncio.sleep(PROVISION_ASK_EVERY_S)
+            try:
+                await self._asked_until_settled(
+                    lambda: self._ensure_stream(spec), "jetstream_provision_waiting", {"stream": spec.name}, since=started
+                )
+            except ReplicasUnplaceable as e:
+                logger.error("jetstream_stream_replicas_unplaceable", extra={"stream": spec.name, "error": str(e)})
+                raise
+
+    async def _asked_until_settled(
+        self,
+        ask: Callable[[], Awaitable[T]],
+        waiting: str,
+        about: dict[str, Any],
+        *,
+        since: float,
+        answered_refusals_stand: bool = False,
+    ) -> T:
+        """``ask()``, made again every ``PROVISION_ASK_EVERY_S`` while it fails and provisioning's window is open.
+
+        The window (``provision_wait_s`` from provisioning's start) is a
+        clustered member starting: the cluster may not yet place or answer
+        about a stream or a consumer (members arriving, a leader being
+        elected, the meta layer busy with every node at once), and members
+        announce themselves only on the system account, so there is no event
+        to wait on. Past the window the failure stands; with
+        ``answered_refusals_stand`` so does a refusal the broker did answer.
+        Every ``PROVISION_PROGRESS_EVERY_S`` logs ``waiting`` with ``about``.
+        """
+        loop = asyncio.get_running_loop()
+        next_progress = loop.time() + PROVISION_PROGRESS_EVERY_S
+        while True:
+            try:
+                return await ask()
+            except Unavailable as e:
+                now = loop.time()
+                if now >= self._settle_until or self._closed or (answered_refusals_stand and isinstance(e, _ApiError)):
+                    raise
+                if now >= next_progress:
+                    next_progress = now + PROVISION_PROGRESS_EVERY_S
+                    logger.info(waiting, extra={**about, "waited_s": round(now - since, 1), "reason": str(e)})
+            await asyncio.sleep(PROVISION_ASK_EVERY_S)
 
     async def _ensure_stream(self, spec: topics.StreamSpec, *, force: bool = False) -> None:
         """Create the stream, or align an existing one with the topology; then remember it.
