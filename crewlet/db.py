@@ -44,6 +44,11 @@ def in_store(fn: Callable[..., T], *, alias: str = "default") -> Callable[..., A
     return sync_to_async(guarded, thread_sensitive=True)
 
 
+def in_transaction() -> bool:
+    """Whether this thread holds an open transaction on any of its connections (only they see its writes)."""
+    return any(connection.in_atomic_block for connection in connections.all(initialized_only=True))
+
+
 def read_again_if_dropped(call: Callable[..., T], *args: Any) -> T:
     """``call(*args)`` (a read); if the database dropped a connection this thread kept, again on a new one.
 
@@ -59,7 +64,7 @@ def read_again_if_dropped(call: Callable[..., T], *args: Any) -> T:
     try:
         return call(*args)
     except DROPPED:
-        if any(connection.in_atomic_block for connection in connections.all(initialized_only=True)):
+        if in_transaction():
             raise
         log.info("store_read_reconnecting", extra={"read_thread": threading.current_thread().name})
         connections.close_all()

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Optional
 from django.db import DatabaseError, connections
 
 from crewlet import runtime
-from crewlet.db import read_again_if_dropped
+from crewlet.db import in_transaction, read_again_if_dropped
 from crewlet.events import format_timestamp
 from crewlet.events.types import HistoryPartial
 from crewlet.interfaces import FLEET_READS
@@ -368,7 +368,7 @@ class FleetReads:
         (only its own connection sees what that transaction wrote) or once the
         threads are stopped (the engine stopping).
         """
-        if any(connection.in_atomic_block for connection in connections.all(initialized_only=True)):
+        if in_transaction():
             return call(*args)
         try:
             job = self._executor.submit(call, *args)
