@@ -28,9 +28,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied, ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from rest_framework import exceptions, serializers, status
 from rest_framework.parsers import BaseParser
@@ -152,8 +151,7 @@ class StrictCharField(serializers.CharField):
             pattern, pattern_says = STORABLE_PATTERN, "must not contain a NUL character"
         kwargs.setdefault("trim_whitespace", False)
         super().__init__(**kwargs)
-        if pattern is not None:
-            self.validators.append(WholeMatch(pattern, pattern_says or f"must match {pattern}"))
+        self.validators.append(WholeMatch(pattern, pattern_says or f"must match {pattern}"))
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):

@@ -91,15 +91,11 @@ class SettingsError(FieldValueError):
     def show(value: Any) -> str:
         return _show(value)
 
-    @property
-    def reason(self) -> str:
-        return self.allowed
-
     def from_source(self, source: Optional[str]) -> SettingsError:
         """The same error, saying where the value came from (a file, an env var, a flag)."""
         if not source or self.source:
             return self
-        return SettingsError(self.field, self.value, self.reason, source)
+        return SettingsError(self.field, self.value, self.allowed, source)
 
 
 def _show(value: Any) -> str:

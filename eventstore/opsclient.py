@@ -63,7 +63,7 @@ class Node:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise OpsError(f"--url must be an http:// or https:// URL of a node, not {self.url!r}")
         if not self.token:
-            raise OpsError("no operator token: pass --token or set CREWLET_OPERATOR_TOKEN")
+            raise OpsError(f"no operator token: pass --token or set {OPERATOR_TOKEN_ENV}")
 
     @property
     def base(self) -> str:
@@ -147,14 +147,15 @@ def follow(node: Node, limit: int = DEFAULT_LIMIT, *, emit: Callable[[str], None
     except (OSError, WebSocketException, TimeoutError) as exc:
         raise OpsError(f"cannot open the live feed at {node.base}: {type(exc).__name__}") from None
     with socket:
-        seen: set[str] = set()
+        # Only the page's rows can come again (the feed may start before the page's newest);
+        # the feed's own rows are each sent once, so the set stays the page's size.
+        on_page: set[str] = set()
         for row in latest_events(node, limit):
-            seen.add(str(row.get(K_ID)))
+            on_page.add(str(row.get(K_ID)))
             emit(event_line(row))
         ready()
         for row in _feed_rows(socket):
-            if str(row.get(K_ID)) not in seen:
-                seen.add(str(row.get(K_ID)))
+            if str(row.get(K_ID)) not in on_page:
                 emit(event_line(row))
 
 

@@ -191,7 +191,7 @@ async def retire_absent(
     deletion, so no node still serving an older revision attaches to the
     mailbox while it is deleted; a seat whose lease another node holds is left
     for a later sweep. The retirement's mark is written before the first
-    deletion, as the design orders it.
+    deletion.
 
     ``org`` is the active company (read it from the holder per sweep). The
     broker's own listing is consulted too, so a mailbox created by a node that

@@ -182,14 +182,14 @@ def test_retention_edges_accepted(value: float) -> None:
 def test_retention_out_of_range(value: float, shown: str) -> None:
     e = error({"stream": {"event_retention_hours": value}})
     assert str(e) == f"stream.event_retention_hours={shown}: must be between 1 and 8760"
-    assert (e.field, e.reason) == ("stream.event_retention_hours", "must be between 1 and 8760")
+    assert (e.field, e.allowed) == ("stream.event_retention_hours", "must be between 1 and 8760")
 
 
 @pytest.mark.parametrize("value", ["720", True, None, [720], math.nan, math.inf])
 def test_retention_bad_types(value: Any) -> None:
     e = error({"stream": {"event_retention_hours": value}})
     assert e.field == "stream.event_retention_hours"
-    assert e.reason == "must be a number between 1 and 8760"
+    assert e.allowed == "must be a number between 1 and 8760"
 
 
 def test_the_message_format_from_the_brief() -> None:
