@@ -57,6 +57,10 @@ URL_SCHEMES = ("nats", "tls")
 REPLICA_CHOICES = (1, 3, 5)
 #: The type of a list setting (a YAML list, or a comma-separated environment variable).
 Strings = tuple[str, ...]
+#: How long a turn a person stopped may take to reach its next round before it is cancelled where it is
+#: (``node.stop_grace_s``): longer than a tool call may take (``tools.call_timeout_s``), so only a round
+#: that would never end — a hung provider — is cut.
+STOP_GRACE_S = 120.0
 
 
 class FieldValueError(ValueError):
@@ -352,7 +356,7 @@ class NodeSettings(_Section):
         doc="turns this node runs at the same time",
     )
     stop_grace_s: float = setting(
-        120.0, env="CREWLET_NODE_STOP_GRACE_S", bounds=(0.1, 3600),
+        STOP_GRACE_S, env="CREWLET_NODE_STOP_GRACE_S", bounds=(0.1, 3600),
         doc="how long a turn a person stopped may take to reach its next round before it is cancelled where it is",
     )
     labels: Strings = setting(

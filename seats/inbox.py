@@ -62,6 +62,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Optional, Protocol, Sequence
 
+from crewlet.conf import STOP_GRACE_S
 from crewlet.events import Event
 from crewlet.events.types import NotificationsCoalesced, TurnTriggerSkipped
 from crewlet.logfmt import REASON_CHARS, short_reason
@@ -113,10 +114,6 @@ STORE_RETRY_S = 1.0
 STATS_KEEP = 256
 #: How many isolated event ids a loop remembers (see ``InboxLoop`` on poison).
 ISOLATED_KEEP = 4096
-#: How long a turn a person stopped may take to reach its next round before it is cancelled where it is
-#: (``node.stop_grace_s``): longer than a tool call may take (``tools.call_timeout_s``), so only a round
-#: that would never end — a hung provider — is cut.
-STOP_GRACE_S = 120.0
 
 
 def partition_key_of(event: Event) -> str:
@@ -775,7 +772,6 @@ __all__ = [
     "GateClosed",
     "InboxLoop",
     "LoopStats",
-    "STOP_GRACE_S",
     "batch_options",
     "partition_key_of",
 ]

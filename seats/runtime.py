@@ -27,6 +27,7 @@ from crewlet.events import Event
 from crewlet.events.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
 from crewlet.db import in_store
+from crewlet.conf import STOP_GRACE_S
 from crewlet.fleet.leases import prune_all as prune_leases
 from crewlet.fleet.placement import Unplaceable
 from crewlet.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow
@@ -36,7 +37,7 @@ from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import trace_of
 from seats import actions
-from seats.inbox import STOP_GRACE_S, STORE_RETRY_S, ConcurrencyGate, InboxLoop, Merge, batch_options
+from seats.inbox import STORE_RETRY_S, ConcurrencyGate, InboxLoop, Merge, batch_options
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
