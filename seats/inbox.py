@@ -276,7 +276,7 @@ class InboxLoop:
         self._pause_version = -1
         self._turn_task: Optional[asyncio.Task[TurnResult]] = None
         self._turn_trigger: Optional[Trigger] = None
-        self._stop_request: Optional[tuple[str, str, str]] = None
+        self._stop_request: Optional[TurnStop] = None
         #: The stopped turn's mail goes back to the broker for the seat's next holder (a lost lease).
         self._hand_back = False
         self._stop_timer: Optional[asyncio.TimerHandle] = None
@@ -358,11 +358,11 @@ class InboxLoop:
         task = self._turn_task
         if task is None or task.done():
             return False
-        self._stop_request = (by, by_seat, reason)
+        self._stop_request = TurnStop(by=by, by_seat=by_seat, reason=reason)
         self._hand_back = self._hand_back or hand_back
         trigger = self._turn_trigger
         if at_next_round and trigger is not None:
-            trigger.stop = TurnStop(by=by, by_seat=by_seat, reason=reason)
+            trigger.stop = self._stop_request
             if self._stop_timer is None:
                 self._stop_timer = asyncio.get_running_loop().call_later(self.stop_grace_s, self._stop_overdue, task)
         else:
@@ -729,8 +729,7 @@ class InboxLoop:
             if stop is None or not task.cancelled() or (me is not None and me.cancelling()):
                 task.cancel()
                 raise
-            by, by_seat, reason = stop
-            return await self.runner.stopped(seat, trigger, by=by, by_seat=by_seat, reason=reason)
+            return await self.runner.stopped(seat, trigger, by=stop.by, by_seat=stop.by_seat, reason=stop.reason)
         except Exception as exc:
             self._failure("seat_turn_crashed", exc, trigger.first_delivery, turn_id=trigger.turn_id)
             return TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, error=short_reason(exc, 1000), error_kind=ERR_CRASHED)
