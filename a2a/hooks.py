@@ -48,7 +48,8 @@ async def owed_channel(seat: Seat, ev: Event) -> Optional[str]:
     if isinstance(ev.data, A2ARequest) and ev.data.channel_id and ev.data.to_seat in ("", seat.handle):
         return ev.data.channel_id
     if isinstance(ev.data, A2AMessage) and ev.data.channel_id:
-        return await services.owed_through(ev.data.channel_id)
+        owed = ev.data.owed()  # the answer carries the ask it serves, read from the store when it was sent
+        return owed.channel_id if owed is not None and owed.channel_id else None
     return None
 
 

@@ -173,16 +173,6 @@ def _get(channel_id: str) -> Optional[Channel]:
 
 
 @in_store
-def owed_through(channel_id: str) -> Optional[str]:
-    """The channel whose answer waits on ``channel_id``'s (its ``on_behalf_of``), or None."""
-    try:
-        owed = Channel.objects.filter(pk=uuid.UUID(str(channel_id))).values_list("on_behalf_of", flat=True).first()
-    except (ValueError, TypeError):
-        return None
-    return str(owed) if owed else None
-
-
-@in_store
 def asked_on_behalf(channel_id: str, asker: str, turn_id: str) -> bool:
     """Whether ``asker``'s turn ``turn_id`` asked on behalf of ``channel_id``: then that turn was not its answer."""
     try:
@@ -502,6 +492,5 @@ __all__ = [
     "ask_channel_id",
     "asked_on_behalf",
     "conversation_key",
-    "owed_through",
     "sweep",
 ]
