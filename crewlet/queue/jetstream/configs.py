@@ -69,6 +69,10 @@ def stream_config(
         "max_msg_size": MAX_MESSAGE_BYTES,
         "discard": "old",
         "num_replicas": max(int(replicas), 1),
+        # Direct gets count a subject's stored messages from a sequence on
+        # (``Nats-Num-Pending``): what a backlog read needs to see its own
+        # writes before the consumer's running count has caught up with them.
+        "allow_direct": True,
     }
     if max_age_s > 0:
         # The broker refuses a duplicate window longer than the age bound.

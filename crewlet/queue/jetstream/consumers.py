@@ -6,6 +6,9 @@ import logging
 import secrets
 from typing import Any, Optional
 
+import nats.errors
+
+from crewlet.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import SubscriptionRef
 from crewlet.queue.errors import Unavailable
@@ -18,7 +21,11 @@ from crewlet.queue.jetstream.wire import (
     ERR_CONSUMER_EXISTS,
     ERR_CONSUMER_NOT_FOUND,
     ERR_STREAM_NOT_FOUND,
+    NUM_PENDING_HEADER,
     _ApiError,
+    _status_of,
+    count_request,
+    direct_get_subject,
 )
 
 logger = logging.getLogger(__name__)
@@ -195,10 +202,50 @@ class ConsumersPart(StreamsPart):
             raise
 
     async def backlog(self, topic: str, group: str) -> int:
+        """What waits for (topic, group): the mail not yet delivered plus the mail delivered and not yet settled.
+
+        The consumer's own ``num_pending`` is a running count the broker
+        moves after it has acknowledged a publish (its stream signals its
+        consumers from a queue of its own), so a read right behind a publish
+        can miss it. The undelivered part is therefore also counted in the
+        stream's store from the consumer's delivered sequence on, and the
+        larger of the two stands: a publish that returned is always counted.
+        """
         info = await self.consumer_info(topic, group)
         if info is None:
             return 0
-        return int(info.get("num_pending", 0) or 0) + int(info.get("num_ack_pending", 0) or 0)
+        running = int(info.get("num_pending", 0) or 0)
+        delivered = int((info.get("delivered") or {}).get("stream_seq", 0) or 0)
+        stored = await self._stored_from(self._stream_of(topic).name, topic, delivered + 1)
+        return max(running, stored) + int(info.get("num_ack_pending", 0) or 0)
+
+    async def _stored_from(self, stream: str, subject: str, from_seq: int) -> int:
+        """How many messages on ``subject`` ``stream`` holds from ``from_seq`` on, counted in its store.
+
+        One batched direct get: the first such message plus its
+        ``Nats-Num-Pending``; a 404 is none. A stream that does not answer
+        direct gets (provisioned by an older build, its update refused)
+        counts 0, leaving the consumer's running count to stand.
+        """
+        self._require_connected()
+        try:
+            msg = await keeping_cancel(
+                self._nc.request(direct_get_subject(stream), count_request(subject, from_seq), timeout=self._api_timeout_s)
+            )
+        except nats.errors.NoRespondersError:
+            return 0
+        except _NATS_ERRORS as e:
+            raise Unavailable(f"counting the stored mail of {subject!r} failed: {e!r}") from e
+        status, description = _status_of(msg)
+        if status == "404":
+            return 0
+        if status:
+            raise Unavailable(f"counting the stored mail of {subject!r}: {status} {description}")
+        try:
+            after = int((msg.headers or {}).get(NUM_PENDING_HEADER, "0") or 0)
+        except ValueError as e:
+            raise Unavailable(f"counting the stored mail of {subject!r}: unreadable {NUM_PENDING_HEADER}") from e
+        return 1 + after
 
     async def open_puller(self, topic: str, group: str) -> JetStreamPuller:
         spec = self._stream_of(topic)

@@ -35,7 +35,17 @@ PROVISION_PROGRESS_EVERY_S = 3.0
 
 #: Stream settings provisioning keeps aligned with the topology (others are the broker's defaults).
 _ALIGNED_KEYS = frozenset(
-    {"subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msg_size", "num_replicas", "discard"}
+    {
+        "subjects",
+        "retention",
+        "storage",
+        "max_age",
+        "max_msgs_per_subject",
+        "max_msg_size",
+        "num_replicas",
+        "discard",
+        "allow_direct",
+    }
 )
 
 

@@ -99,6 +99,25 @@ def next_subject(stream: str, consumer: str) -> str:
     return f"{API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
 
+def direct_get_subject(stream: str) -> str:
+    """The subject a direct get on ``stream`` is asked on (answered by the stream, not the API queue)."""
+    return f"{API_PREFIX}.DIRECT.GET.{stream}"
+
+
+def count_request(subject: str, from_seq: int) -> bytes:
+    """A direct get asking for the first message on ``subject`` at or after ``from_seq``, as a batch of one.
+
+    As a batch, the answer carries ``Nats-Num-Pending``: how many more
+    messages on ``subject`` the stream holds after that one, counted in the
+    store when the request is served.
+    """
+    return json.dumps({"seq": max(int(from_seq), 1), "next_by_subj": subject, "batch": 1}).encode()
+
+
+#: The header of a batched direct get's answer that counts the messages after it.
+NUM_PENDING_HEADER = "Nats-Num-Pending"
+
+
 def pull_request(batch: int, expires_s: float = 0.0, *, no_wait: bool = False) -> bytes:
     """A pull request's body: up to ``batch`` messages, held ``expires_s`` at most (0: no expiry).
 

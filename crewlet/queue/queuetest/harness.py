@@ -78,6 +78,10 @@ class Harness:
         await eventually(lambda: not client.connected, self.wait_s, "the severed connection seen as down")
         await client.close(grace_s=0.0)
 
+    async def flood(self, queue: EventQueue, topic: str, messages: int) -> None:
+        """Store ``messages`` events on ``topic`` as fast as the backend takes them (a busy broker)."""
+        await asyncio.gather(*(queue.publish(topic, ev(i)) for i in range(messages)))
+
     async def with_timings(self, timings: Timings) -> "Harness":
         """A second harness of the same backend with other durations (e.g. a short ack clock)."""
         other = type(self)(timings)
@@ -88,6 +92,8 @@ class Harness:
 class MemoryHarness(Harness):
     name = "memory"
     quiet_s = 0.15
+    #: The most messages a flood stores on the twin.
+    flood_cap = 500
     capabilities = frozenset({"outage", "ack_clock"})
 
     async def start(self) -> None:
@@ -97,6 +103,10 @@ class MemoryHarness(Harness):
 
     async def new_client(self, node: str) -> EventQueue:
         return self.broker.client(node=node)
+
+    async def flood(self, queue: EventQueue, topic: str, messages: int) -> None:
+        """A few hundred publishes stand for any flood: the twin's publish is its whole delivery, it is never behind."""
+        await super().flood(queue, topic, min(messages, self.flood_cap))
 
     async def go_away(self) -> None:
         self.broker.go_away()
@@ -124,6 +134,24 @@ class JetStreamHarness(Harness):
         from crewlet.queue.jetstream import JetStreamQueue
 
         return await JetStreamQueue.connect(self.broker.url, node=node, timings=self.timings)
+
+    async def flood(self, queue: EventQueue, topic: str, messages: int) -> None:
+        """Core publishes on a connection of its own, no acknowledgement awaited: the broker stores them at its own pace.
+
+        A client's acknowledged publishes go one round trip at a time; these
+        reach the stream as fast as the socket carries them, so it is still
+        storing and signalling them while a case's own writes arrive.
+        """
+        import nats
+
+        data = ev(0).to_json()
+        nc = await nats.connect(self.broker.url)
+        try:
+            for _ in range(messages):
+                await nc.publish(topic, data)
+            await nc.flush()
+        finally:
+            await nc.close()
 
     async def go_away(self) -> None:
         await self.broker.stop()
