@@ -303,6 +303,12 @@ class _EngineState(Collector):
         backlog = _gauge("crewlet_eventstore_writer_backlog_rows", "Rows published and not yet written to the event store.")
         backlog.add_metric([], float(getattr(writer, "backlog", 0)))
         yield backlog
+        refused = CounterMetricFamily(
+            "crewlet_eventstore_rows_refused",
+            "Rows the event store refused for what they held, set aside so the rows behind them were written.",
+        )
+        refused.add_metric([], float(getattr(writer, "refused", 0)))
+        yield refused
         lag = _gauge(
             "crewlet_eventstore_writer_lag_seconds",
             "Age of the oldest event whose row is still owed to the event store (0 when none is).",

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, Optional
 
 from crewlet.events import Event, category_of, is_stored, store_label
+from crewlet.jsontext import storable
 from crewlet.queue import topics
 
 #: Columns of ``eventstore_event`` in insert order (the model declares the same).
@@ -76,10 +77,14 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+#: The largest count a BIGINT column holds: a body that claims more is clamped, not refused by the store.
+COUNT_MAX = 2**63 - 1
+
+
 def _count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         return 0
-    return max(value, 0)
+    return min(max(value, 0), COUNT_MAX)
 
 
 def is_failed(event: Event) -> bool:
@@ -140,7 +145,7 @@ def row_for(topic: str, event: Event) -> Optional[tuple[Any, ...]]:
     if len(summary) > SUMMARY_MAX:
         summary = summary[: SUMMARY_MAX - 1] + "…"
     ts: datetime = event.timestamp
-    return (
+    row = (
         event.id,
         ts,
         store_label(event),
@@ -160,3 +165,7 @@ def row_for(topic: str, event: Event) -> Optional[tuple[Any, ...]]:
         summary,
         event.to_json().decode("utf-8"),
     )
+    # Any text column may hold what came from outside (a model's answer, a
+    # provider's error, a vendor's field): a NUL or a lone surrogate is written
+    # as its escape, since PostgreSQL refuses the one and no driver encodes the other.
+    return tuple(storable(value) if type(value) is str else value for value in row)

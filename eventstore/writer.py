@@ -26,7 +26,13 @@ queueing behind every other ``sync_to_async`` caller in the process. Elsewhere
 (SQLite, solo) it runs the insert on a thread of its own with Django's
 connection.
 
-A row whose insert fails is kept, not dropped: the event was published and the
+A row the store refuses for what it holds (it would fail however often it
+were tried) is set aside, counted (``refused``, on ``/metrics``) and logged
+once, and the rows around it are written: one such row must not hold every
+later row behind it. :func:`eventstore.rows.row_for` already writes the
+characters PostgreSQL refuses as escapes, so this is the last line.
+
+A row whose insert fails otherwise is kept, not dropped: the event was published and the
 broker has it, so its row is owed. It waits in the writer's backlog, and a
 retry task writes the backlog oldest first, backing off while the store stays
 away; while a backlog waits, new rows join it behind the old ones rather than
@@ -69,6 +75,20 @@ def insert_sql(table: str = TABLE) -> str:
 
 class StoreUnavailable(RuntimeError):
     """The writer could not reach its store a moment ago and is not trying again yet."""
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether the store answered and refused what the rows hold, rather than being away.
+
+    Such a row fails the same way however often it is tried, so it must not
+    wait at the head of the backlog with every later row behind it. Anything
+    else (a connection, a timeout, a missing table) is the store's state and
+    passes.
+    """
+    import psycopg
+    from django.db import DataError, IntegrityError
+
+    return isinstance(exc, (UnicodeError, DataError, IntegrityError, psycopg.DataError, psycopg.IntegrityError))
 
 
 class _PostgresSink:
@@ -218,6 +238,7 @@ class EventWriter:
         self._queued: list[tuple[str, Sequence[Any], asyncio.Future[None]]] = []
         self._writing = False
         self._draining: Optional[asyncio.Task[None]] = None
+        self._refused = 0
 
     @property
     def threaded(self) -> bool:
@@ -227,6 +248,11 @@ class EventWriter:
     def backlog(self) -> int:
         """Rows published and not yet written (the store was away when they came)."""
         return len(self._backlog)
+
+    @property
+    def refused(self) -> int:
+        """Rows the store refused for what they hold, set aside so the rows behind them were written."""
+        return self._refused
 
     def lag_s(self, now: datetime) -> float:
         """How old the oldest row still owed is, by its event's time (0 when nothing is owed): the writer's lag."""
@@ -273,12 +299,42 @@ class EventWriter:
         try:
             await sink.insert([row for _, row in batch])
         except Exception as exc:
+            if refused(exc):
+                rest = await self._write_each(sink, batch)
+                if not rest:
+                    return
+                batch, exc = rest
             log.warning(
                 "eventstore_row_deferred",
                 extra={"event_id": batch[0][0], "rows": len(batch), "error": type(exc).__name__},
             )
             for event_id, row in batch:
                 self._keep(event_id, row)
+
+    async def _write_each(
+        self, sink: _PostgresSink | _ThreadSink, batch: Sequence[tuple[str, Sequence[Any]]]
+    ) -> Optional[tuple[Sequence[tuple[str, Sequence[Any]]], Exception]]:
+        """Write a refused batch's rows one at a time, setting aside each row the store refuses on its own.
+
+        Returns None once every row was written or set aside; otherwise the
+        rows from the first that failed for another reason (the store went
+        away meanwhile), with that failure, for the caller to keep.
+        """
+        for i, (event_id, row) in enumerate(batch):
+            try:
+                await sink.insert([row])
+            except Exception as exc:
+                if not refused(exc):
+                    return batch[i:], exc
+                self._set_aside(event_id, row, exc)
+        return None
+
+    def _set_aside(self, event_id: str, row: Sequence[Any], exc: BaseException) -> None:
+        self._refused += 1
+        log.error(
+            "eventstore_row_refused",
+            extra={"event_id": event_id, "type": row[COLUMNS.index("type")], "error": type(exc).__name__, "refused": self._refused},
+        )
 
     async def _drain(self, sink: _PostgresSink | _ThreadSink) -> None:
         """Commit the queued rows, MAX_BATCH at a time, releasing each batch's publishers as it commits."""
@@ -308,8 +364,18 @@ class EventWriter:
         if sink is None:
             raise StoreUnavailable("the writer is closed")
         while self._backlog:
-            batch = [row for _, row in itertools.islice(self._backlog, MAX_BATCH)]
-            await sink.insert(batch)
+            batch = list(itertools.islice(self._backlog, MAX_BATCH))
+            try:
+                await sink.insert([row for _, row in batch])
+            except Exception as exc:
+                if not refused(exc):
+                    raise
+                rest = await self._write_each(sink, batch)
+                for _ in range(len(batch) - (len(rest[0]) if rest else 0)):
+                    self._backlog.popleft()
+                if rest:
+                    raise rest[1]
+                continue
             for _ in batch:
                 self._backlog.popleft()
 

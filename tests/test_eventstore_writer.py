@@ -476,3 +476,58 @@ async def test_across_a_broker_kill_and_restart_every_event_reported_published_o
     assert not missing_stored, (
         f"{len(missing_stored)} events on the stream have no row ({len(refused)} publishes were refused)"
     )
+
+
+async def test_a_row_holding_a_nul_or_a_lone_surrogate_is_written_with_both_escaped(either_queue: Any) -> None:
+    odd = _publishable(make_event("seat_paused", T0, seat="gr\x00ace", reason="out \ud800 today"))
+    after = _publishable(make_event("seat_resumed", T0 + timedelta(seconds=1), seat="grace"))
+    await either_queue.publish(topics.event(odd.type), odd)
+    await either_queue.publish(topics.event(after.type), after)
+    await until_rows([odd.id, after.id], "the odd row and the one behind it")
+    stored = await row(odd.id)
+    assert stored.seat == "gr\\u0000ace"
+    assert json.loads(stored.body)["reason"] == "out \ud800 today"  # the body's escape decodes back to what was published
+
+
+@sync_to_async
+def _refuse_seat(seat: str, refuse: bool) -> None:
+    """A CHECK constraint on the real table: the store itself refuses a row naming ``seat``."""
+    from django.db import connections
+
+    with connections["events"].cursor() as cursor:
+        if refuse:
+            assert seat.isalnum()  # spelled into the statement: DDL takes no parameters
+            cursor.execute(f"ALTER TABLE {writer_module.TABLE} ADD CONSTRAINT test_refuses_seat CHECK (seat <> '{seat}')")
+        else:
+            cursor.execute(f"ALTER TABLE {writer_module.TABLE} DROP CONSTRAINT IF EXISTS test_refuses_seat")
+
+
+async def test_a_row_the_store_refuses_is_set_aside_counted_and_logged_and_the_rows_around_it_are_written(
+    threaded: bool, caplog: Any
+) -> None:
+    await _refuse_seat("poison", True)
+    client = MemoryBroker().client(node=NODE)
+    writer = eventstore.attach(client, threaded=threaded, **FAST_RETRY)
+    try:
+        events = [
+            _publishable(make_event("seat_paused", T0 + timedelta(seconds=i), seat=seat))
+            for i, seat in enumerate(["grace", "poison", "linus", "ada"])
+        ]
+        with caplog.at_level(logging.WARNING):
+            await asyncio.gather(*(client.publish(topics.event(e.type), e) for e in events))
+            await until_rows([events[0].id, events[2].id, events[3].id], "every row but the refused one")
+        assert writer.refused == 1 and writer.backlog == 0
+        refusals = [r for r in caplog.records if r.getMessage() == "eventstore_row_refused"]
+        assert [getattr(r, "event_id", "") for r in refusals] == [events[1].id]
+    finally:
+        await writer.aclose()
+        await client.close()
+        await _refuse_seat("poison", False)
+
+
+def test_a_token_count_past_what_the_column_holds_is_clamped_not_refused() -> None:
+    event = make_event("agent_turn_completed", T0, seat="ada", turn_id="t1", input_tokens=2**80, output_tokens=-5)
+    stored = row_for(topics.event(event.type), event)
+    assert stored is not None
+    assert stored[writer_module.COLUMNS.index("input_tokens")] == 2**63 - 1
+    assert stored[writer_module.COLUMNS.index("output_tokens")] == 0

@@ -163,7 +163,14 @@ class Event:
         return out
 
     def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        """The event as UTF-8 JSON; never fails on what a string holds.
+
+        A lone surrogate (a model's or a vendor's broken text) has no UTF-8
+        form: it is written as its ``\\uXXXX`` escape, which is valid JSON
+        and decodes back to the same string, where the plain encode would
+        raise and cost the publish.
+        """
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "Event":
