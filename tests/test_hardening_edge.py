@@ -460,6 +460,9 @@ def test_up_refuses_unstorable_and_too_deep_bodies_with_400_and_runs_a_deep_adf_
         assert _http(url + "webhooks/mattermost", nested(5000), jira)[0] == 401
         status, answer = _http(url + "webhooks/mattermost", nested(5000), {**jira, "Authorization": f"Token {UP_MM_TOKEN}"})
         assert status == 400 and "deeper than" in answer["error"], answer
+        # a body token that is a lone surrogate is a token that does not match: 401, never a 500
+        status, answer = _http(url + "webhooks/mattermost", b'{"token":"\\ud800"}', jira)
+        assert status == 401 and "does not match" in answer["error"], answer
 
         # 2. a deep ADF comment: 5,000 levels is refused, 200 levels runs ada's turn
         status, answer = _http(url + "webhooks/jira", jira_comment_json(deep_adf_json(5000)), jira)
@@ -482,3 +485,10 @@ def test_up_refuses_unstorable_and_too_deep_bodies_with_400_and_runs_a_deep_adf_
         text = up.stop()
         assert "Traceback" not in text and "status=500" not in text, text[-6000:]
         assert UP_SLACK_SECRET not in text and UP_MM_TOKEN not in text and UP_TOKEN not in text
+
+
+def test_a_token_holding_a_lone_surrogate_is_a_token_that_does_not_match_never_a_crash() -> None:
+    from notifications.sources.base import same
+
+    assert same("\ud800", "up-mattermost-token-4711") is False
+    assert same("tok\ud800", "tok\ud800") is True

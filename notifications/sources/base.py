@@ -111,8 +111,13 @@ def hmac_sha256_hex(secret: str, message: bytes) -> str:
 
 
 def same(a: str, b: str) -> bool:
-    """Constant-time string equality, so a signature check leaks nothing through its timing."""
-    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+    """Constant-time string equality, so a signature check leaks nothing through its timing.
+
+    Either side may be a sender's text with a lone surrogate (a JSON
+    ``\\ud800``), which has no UTF-8: it is compared by its escape, so such a
+    token is simply a token that does not match, never a crash.
+    """
+    return hmac.compare_digest(a.encode("utf-8", "backslashreplace"), b.encode("utf-8", "backslashreplace"))
 
 
 @dataclass(frozen=True)
