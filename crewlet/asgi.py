@@ -14,6 +14,16 @@ joining an inbound W3C ``traceparent``). The one ``traceparent`` rule of this
 code base applies there too: a header that :func:`crewlet.events.trace.traceparent_from_headers`
 refuses (malformed, or sent twice) is dropped before the instrumentation sees
 it, so the request starts a fresh trace rather than joining a bogus one.
+
+No credential in a request's query reaches the collector: the
+instrumentation copies the query into the span (``http.url``, ``url.query``,
+and ``http.target``/``url.full`` where a convention puts it there), so a Jira
+or Confluence webhook's ``?secret=`` or an API call's ``?token=`` would be
+exported verbatim. :func:`redact_query_attributes`, the instrumentation's
+server request hook, rewrites those attributes from the raw query with every
+credential parameter's value replaced (:func:`crewlet.redact.redact_query`)
+before the app runs, so the span that ends — and is exported — never held one
+past its first instant.
 """
 from __future__ import annotations
 
@@ -21,8 +31,11 @@ import os
 from typing import Any
 
 from django.core.asgi import get_asgi_application
+from opentelemetry.semconv._incubating.attributes.http_attributes import HTTP_TARGET, HTTP_URL
+from opentelemetry.semconv.attributes.url_attributes import URL_FULL, URL_QUERY
 
 from crewlet.events.trace import TRACEPARENT_HEADER, traceparent_from_headers
+from crewlet.redact import redact, redact_query
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
 
@@ -66,6 +79,37 @@ def _span_details(scope: dict[str, Any]) -> tuple[str, dict[str, str]]:
     return f"{method} {route}", {"http.route": route}
 
 
+#: The span attributes (the old and the stable HTTP conventions) holding a URL or a target, query included.
+URL_ATTRIBUTES = (HTTP_URL, URL_FULL, HTTP_TARGET)
+
+
+def redact_query_attributes(span: Any, scope: dict[str, Any]) -> None:
+    """The instrumentation's ``server_request_hook``: the span's URL attributes with each credential query value replaced.
+
+    Rebuilt from the scope's raw ``query_string`` rather than from the
+    attribute, which the instrumentation writes percent-decoded: there an
+    encoded ``&`` inside a secret would split it, and half of it would pass
+    for a parameter of its own. The part before the query goes through
+    :func:`crewlet.redact.redact` as well.
+    """
+    if not span.is_recording():
+        return
+    attributes = getattr(span, "attributes", None) or {}
+    raw = scope.get("query_string") or b""
+    query = redact_query(raw.decode("latin-1") if isinstance(raw, (bytes, bytearray)) else str(raw))
+    rewritten: dict[str, str] = {}
+    for name in URL_ATTRIBUTES:
+        value = attributes.get(name)
+        if isinstance(value, str):
+            base, mark, _ = value.partition("?")
+            rewritten[name] = redact(base) + (f"?{query}" if mark else "")
+    if isinstance(attributes.get(URL_QUERY), str):
+        rewritten[URL_QUERY] = query
+    for name, value in rewritten.items():
+        if value != attributes.get(name):
+            span.set_attribute(name, value)
+
+
 #: Header names (regular expressions) whose values a span never carries, whatever the capture variables ask.
 CREDENTIAL_HEADERS = (".*authorization.*", ".*cookie.*", ".*signature.*", ".*token.*", ".*secret.*")
 
@@ -77,7 +121,8 @@ def traced(app: Any) -> Any:
     (or ``OTEL_PYTHON_EXCLUDED_URLS``) leaves paths untraced, and
     ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST``/``_RESPONSE``
     capture headers — with a credential header's value always replaced, as the
-    logs replace it.
+    logs replace it — and a credential query value never reaches a span
+    (:func:`redact_query_attributes`).
     """
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
     from opentelemetry.util.http import (
@@ -97,6 +142,7 @@ def traced(app: Any) -> Any:
             default_span_details=_span_details,
             exclude_spans=["receive", "send"],
             http_capture_headers_sanitize_fields=sanitized,
+            server_request_hook=redact_query_attributes,
         )
     )
 

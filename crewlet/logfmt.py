@@ -5,16 +5,23 @@ interpolate values into the message, so a line can be grepped by event name
 and parsed by key. Two renderings of the same record: key=value for people
 (default) and JSON for collectors (``CREWLET_LOG_FORMAT=json``).
 
+One record is one line in either rendering, whatever its fields hold: the
+key=value line escapes every value that is not plain printable ASCII as a
+JSON string (newlines, NUL and every other control character, quotes,
+separators; :func:`kv_value`), its traceback included, and the JSON line is
+ASCII-only JSON. A provider's error quoting ``\nlevel=critical …`` is data
+inside one field, never a forged record.
+
 No credential reaches a line in either rendering. Libraries log what they
 were given — Django's ``django.request`` puts the whole request (its query
 string included) on every 4xx/5xx record, an exception message may quote a
-URL or a header — so redaction is done on the record, not left to callers:
-:class:`RedactSecrets` (a filter on every handler) and both formatters blank
-the value of any field named like a credential, and in every text (message,
-field values, traceback) the values of credential query parameters
-(``?secret=``, ``token``, ``signature``, …), credential headers
-(``Authorization``, ``Cookie``, ``X-…-Signature``, ``X-…-Token``), bearer
-tokens, session/CSRF cookies and the password of a URL.
+URL, a header or a vendor's key — so redaction is done on the record, not
+left to callers: :class:`RedactSecrets` (a filter on every handler) and both
+formatters blank the value of any field named like a credential, and run
+every text (message, field values, traceback) through the one redaction of
+the code base, :func:`crewlet.redact.redact` (credential query parameters and
+``name=value`` pairs, credential headers, bearer tokens, ``sk-…``/``xoxb-…``-shaped
+keys, session/CSRF cookies, the password of a URL).
 
 A record emitted inside an OpenTelemetry span carries that span's ``trace_id``
 and ``span_id`` (:class:`TraceContext`, a filter on every handler, read where
@@ -25,58 +32,25 @@ from __future__ import annotations
 import json
 import logging
 import re
+import unicodedata
 from datetime import datetime, timezone
 from typing import Any
 
 from opentelemetry import trace as otel_trace
 
 from crewlet.jsontext import storable_text
+from crewlet.redact import REDACTED, is_secret_name, redact
 
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys() | {"message", "asctime", "taskName"}
 )
 
-#: What a credential's value is replaced with.
-REDACTED = "[redacted]"
 #: Set on a record once it has been redacted (redaction is idempotent; this saves the second pass).
 _REDACTED_FLAG = "_crewlet_redacted"
 
-_CREDENTIAL_WORDS = r"(?:secret|token|signature|sig|password|passwd|pwd|api[_-]?key|authorization|cookie|sessionid|csrftoken|credentials?)"
-#: A field (or dict key) named like a credential: the word ends the name (``access_token``, ``x-hub-signature-256``).
-_SECRET_NAME = re.compile(rf"(?i)(?:^|[_.\-]){_CREDENTIAL_WORDS}(?:[_-]?256)?$|^{_CREDENTIAL_WORDS}$")
-_TEXT_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
-    # A header rendered as text, a dict item or an ASGI (name, value) pair: Authorization: …, (b'cookie', b'…').
-    (
-        re.compile(
-            r"(?i)\b((?:proxy-)?authorization|(?:set-)?cookie|x-[\w-]*?(?:signature|token|secret)(?:-256)?)"
-            r"(\s*['\"]?\s*[:=,]\s*(?:b?['\"])?)(?!\[redacted\])[^'\"\r\n]+"
-        ),
-        rf"\1\2{REDACTED}",
-    ),
-    # A credential query parameter or form field: ?secret=…, &access_token=…, &signature=….
-    (
-        re.compile(rf"(?i)([?&;][\w.\-]*{_CREDENTIAL_WORDS}=)(?!\[redacted\])[^&#\s'\"<>]+"),
-        rf"\1{REDACTED}",
-    ),
-    # Session and CSRF cookies wherever they appear, and a bearer token in free text.
-    (re.compile(r"(?i)\b(sessionid|csrftoken|csrfmiddlewaretoken)=(?!\[redacted\])[^;&\s'\"]+"), rf"\1={REDACTED}"),
-    (re.compile(r"\b((?i:bearer)|Token)(\s+)(?!\[redacted\])[A-Za-z0-9._~+/=\-]{12,}"), rf"\1\2{REDACTED}"),
-    # The password of a URL: scheme://user:password@host (one already masked as *** stays so).
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@'\"]*:)(?!\[redacted\]@|\*+@)[^@\s/'\"]+@"), rf"\1{REDACTED}@"),
-)
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a field, parameter or header called ``name`` holds a credential."""
-    return bool(_SECRET_NAME.search(name))
-
-
-def redact_text(text: str) -> str:
-    """``text`` with every credential value it quotes replaced by :data:`REDACTED`."""
-    for pattern, replacement in _TEXT_RULES:
-        text = pattern.sub(replacement, text)
-    return text
+#: The one redaction of text (:func:`crewlet.redact.redact`), under the name this module's callers know.
+redact_text = redact
 
 
 def redact_value(value: Any) -> Any:
@@ -189,8 +163,20 @@ def short_reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
     return storable_text(text, limit)
 
 
+#: The field a record's traceback is written under, and the one it takes when the record has its own ``error``.
+ERROR_FIELD = "error"
+TRACEBACK_FIELD = "traceback"
+#: The field of a record's ``stack_info``.
+STACK_FIELD = "stack"
+
+
 def record_fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The ordered fields of one record: time, level, logger, event, then extras, then the error — redacted."""
+    """The ordered fields of one record: time, level, logger, event, then extras, then the traceback — redacted.
+
+    The traceback is :data:`ERROR_FIELD`, or :data:`TRACEBACK_FIELD` when the
+    record carries an ``error`` of its own (a failure's short reason), so
+    neither hides the other.
+    """
     redact_record(record)
     fields: dict[str, Any] = {
         "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
@@ -202,30 +188,75 @@ def record_fields(record: logging.LogRecord) -> dict[str, Any]:
         if key not in _STANDARD_ATTRS and not key.startswith("_"):
             fields[key] = value
     if record.exc_text:
-        fields["error"] = record.exc_text
+        fields[TRACEBACK_FIELD if ERROR_FIELD in fields else ERROR_FIELD] = record.exc_text
+    if record.stack_info:
+        fields[STACK_FIELD] = record.stack_info
     return fields
 
 
-def _kv_value(value: Any) -> str:
+#: A value written bare: printable ASCII other than space, ``"``, ``=`` and ``\\`` (anything else is quoted).
+_KV_BARE = re.compile(r'[!#-<>-\[\]-~]+')
+#: A key written as it is; any other character of a key becomes ``_`` (a key is never quoted, so it cannot hold one).
+_KV_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/:@]")
+#: After ``json.dumps(..., ensure_ascii=False)``: the characters it leaves raw that may still be unprintable.
+_NON_ASCII = re.compile(r"[^\x00-\x7e]")
+#: Unicode categories never written raw: controls, format characters (bidi overrides, zero-width), surrogates,
+#: private-use and unassigned code points, and the line and paragraph separators a reader splits lines on.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def _escape_char(char: str) -> str:
+    """``char`` as the JSON escape that spells it (a surrogate pair above the BMP)."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def _printable(match: re.Match[str]) -> str:
+    char = match.group()
+    return _escape_char(char) if unicodedata.category(char) in _UNPRINTABLE else char
+
+
+def kv_value(value: Any) -> str:
+    """One key=value field's value, always on one line: bare when it is plain, else a JSON string.
+
+    Quoted values are JSON strings (``"two words"``, ``"a\\nb"``), with every
+    control character, NUL, quote, backslash, line or paragraph separator,
+    format character and lone surrogate escaped; other non-ASCII text (``café``)
+    is kept readable. So whatever a field holds — a provider's error with
+    ``\\nlevel=critical`` in it, a NUL — it cannot end the line or forge another.
+    """
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text == "" or any(c in text for c in ' "=\n\t\\'):
-        return json.dumps(text)
-    return text
+    if _KV_BARE.fullmatch(text):
+        return text
+    return _NON_ASCII.sub(_printable, json.dumps(text, ensure_ascii=False))
+
+
+def kv_key(key: str) -> str:
+    """A field's name as key=value writes it: unsafe characters as ``_``, never empty."""
+    return _KV_KEY_UNSAFE.sub("_", key) or "_"
 
 
 class KeyValueFormatter(logging.Formatter):
-    """``ts=… level=info logger=crewlet.engine event=engine_started node=n1`` on one line (a traceback follows it)."""
+    """``ts=… level=info logger=crewlet.engine event=engine_started node=n1``: one record, one line, always.
+
+    Every field is escaped by :func:`kv_value`, the traceback included (as
+    ``error="Traceback …\\n…"``), so a record can never spill onto a second line
+    that a reader or a collector would take for a record of its own.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = record_fields(record)
-        error = fields.pop("error", None)
-        line = " ".join(f"{key}={_kv_value(value)}" for key, value in fields.items())
-        # A traceback is for a person reading it: below the line, not escaped inside it.
-        return f"{line}\n{error}" if error else line
+        return " ".join(f"{kv_key(key)}={kv_value(value)}" for key, value in record_fields(record).items())
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line with the same fields as :class:`KeyValueFormatter`."""
+    """One JSON object per line with the same fields as :class:`KeyValueFormatter`.
+
+    ASCII-only JSON: every control character, separator and non-ASCII character
+    is a ``\\u`` escape, so a record is one line whatever its fields hold.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(record_fields(record), default=str)
+        return json.dumps(record_fields(record), default=str, ensure_ascii=True)

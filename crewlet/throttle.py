@@ -1,13 +1,29 @@
-"""Failed sign-ins are throttled per client address and per username: a password cannot be guessed at speed.
+"""Failed sign-ins are throttled per account and client address, and per address: a password cannot be guessed at speed.
 
 Both sign-in forms — the dashboard's ``/login/`` and the admin's
 ``/admin/login/`` — post to views that answer a failure by showing the form
 again (200) and a success by redirecting (302). :class:`SignInThrottleMiddleware`
-counts the failures of each client address and of each username over a fixed
-window (``LOGIN_FAILURE_WINDOW_S``, from the first failure); once either has
-``LOGIN_FAILURE_LIMIT`` failures, every sign-in from that address or for that
-username — a right password included — is answered ``429`` with
-``Retry-After`` until the window ends, without checking the password.
+counts failures over a fixed window (``LOGIN_FAILURE_WINDOW_S``, from the first
+failure) on two counters:
+
+* **the account from this address** — a (username, client address) pair —
+  locked after ``LOGIN_FAILURE_LIMIT`` failures: guessing one account's
+  password from one address is held to that many tries a window;
+* **the address** — every username it tries — locked after
+  ``LOGIN_ADDRESS_FAILURE_LIMIT`` failures (by default
+  :data:`ADDRESS_LIMIT_FACTOR` times the first limit, so a person who forgot
+  which username they have is not locked out by the second one they try):
+  spraying guesses across accounts from one address is held too.
+
+Once either counter of an attempt is locked, the attempt — a right password
+included — is answered ``429`` with ``Retry-After`` until its window ends,
+without checking the password. There is deliberately no counter of a username
+alone: with one, anybody who knows the admin's username could keep the admin
+locked out from everywhere with a few wrong passwords a minute. A stranger's
+failures lock only the stranger's address; the owner signing in from their own
+address is let through. A right password clears its account-from-this-address
+count (never the address's, so signing in to one's own account does not reset
+a spray).
 
 Counts live in Django's default cache: per process for the default local-memory
 cache (``manage.py up`` is one process); a fleet that serves the web from several
@@ -19,6 +35,7 @@ import hashlib
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional, Union
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -34,57 +51,95 @@ log = logging.getLogger("crewlet.throttle")
 SIGN_IN_VIEWS = ("dash-login", "admin:login")
 DEFAULT_LIMIT = 5
 DEFAULT_WINDOW_S = 60.0
+#: By default an address may fail this many times ``LOGIN_FAILURE_LIMIT`` (across usernames) before it is refused.
+ADDRESS_LIMIT_FACTOR = 4
 KEY_PREFIX = "crewlet:signin"
 TEMPLATE = "dashboard/login.html"
+#: Which counter locked, as ``sign_in_locked`` and ``sign_in_throttled`` name it.
+SCOPE_ACCOUNT = "account_from_address"
+SCOPE_ADDRESS = "address"
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One failure count an attempt moves: its cache key, how many failures lock it, and which counter it is."""
+
+    key: str
+    limit: int
+    scope: str
 
 
 class SignInThrottle:
-    """Failure counts per key over a fixed window, in a Django cache; ``clock`` is injectable."""
+    """Failure counts per (username, address) and per address over a fixed window, in a Django cache; ``clock`` is injectable."""
 
     def __init__(
-        self, cache: Any, limit: int, window_s: float, clock: Callable[[], float] = time.time
+        self,
+        cache: Any,
+        limit: int,
+        window_s: float,
+        clock: Callable[[], float] = time.time,
+        address_limit: Optional[int] = None,
     ) -> None:
         self.cache = cache
         self.limit = limit
         self.window_s = window_s
         self.clock = clock
+        self.address_limit = address_limit if address_limit is not None else limit * ADDRESS_LIMIT_FACTOR
 
-    @staticmethod
-    def keys(address: str, username: str) -> list[str]:
-        """The cache keys of one attempt: its client address and, when it names one, its username (hashed)."""
-        keys = [f"{KEY_PREFIX}:addr:{hashlib.sha256(address.encode()).hexdigest()[:32]}"]
+    def counters(self, address: str, username: str) -> list[Counter]:
+        """The counters of one attempt: its client address's and, when it names a username, that account's from that address.
+
+        Usernames are compared case-insensitively and stripped, as a person
+        types them; both are hashed, so the cache holds neither.
+        """
+        found = [Counter(f"{KEY_PREFIX}:addr:{_digest(address)}", self.address_limit, SCOPE_ADDRESS)]
         name = username.strip().lower()
         if name:
-            keys.append(f"{KEY_PREFIX}:user:{hashlib.sha256(name.encode()).hexdigest()[:32]}")
-        return keys
+            found.append(Counter(f"{KEY_PREFIX}:acct:{_digest(address, name)}", self.limit, SCOPE_ACCOUNT))
+        return found
 
-    def retry_after_s(self, keys: list[str]) -> float:
-        """Seconds until none of ``keys`` is locked; 0 when none is."""
+    def retry_after_s(self, address: str, username: str) -> float:
+        """Seconds until no counter of this attempt is locked; 0 when none is."""
         now = self.clock()
         wait = 0.0
-        for count, until in filter(None, (self.cache.get(key) for key in keys)):
-            if count >= self.limit and until > now:
-                wait = max(wait, until - now)
+        for counter in self.counters(address, username):
+            entry = self.cache.get(counter.key)
+            if entry and entry[0] >= counter.limit and entry[1] > now:
+                wait = max(wait, entry[1] - now)
         return wait
 
-    def failed(self, keys: list[str]) -> bool:
-        """Count one failure on each key; True when that locked one of them."""
+    def failed(self, address: str, username: str) -> list[Counter]:
+        """Count one failure on each counter of this attempt; the counters that this failure locked."""
         now = self.clock()
-        locked = False
-        for key in keys:
-            entry = self.cache.get(key)
+        locked = []
+        for counter in self.counters(address, username):
+            entry = self.cache.get(counter.key)
             count, until = entry if entry and entry[1] > now else (0, now + self.window_s)
             count += 1
-            self.cache.set(key, (count, until), timeout=max(1, math.ceil(until - now)))
-            locked = locked or count == self.limit
+            self.cache.set(counter.key, (count, until), timeout=max(1, math.ceil(until - now)))
+            if count == counter.limit:
+                locked.append(counter)
         return locked
+
+    def succeeded(self, address: str, username: str) -> None:
+        """A right password: forget this account's failures from this address (the address's own count stays)."""
+        for counter in self.counters(address, username):
+            if counter.scope == SCOPE_ACCOUNT:
+                self.cache.delete(counter.key)
 
 
 def _throttle() -> SignInThrottle:
+    limit = int(getattr(settings, "LOGIN_FAILURE_LIMIT", DEFAULT_LIMIT))
+    address_limit = getattr(settings, "LOGIN_ADDRESS_FAILURE_LIMIT", None)
     return SignInThrottle(
         caches["default"],
-        int(getattr(settings, "LOGIN_FAILURE_LIMIT", DEFAULT_LIMIT)),
+        limit,
         float(getattr(settings, "LOGIN_FAILURE_WINDOW_S", DEFAULT_WINDOW_S)),
+        address_limit=int(address_limit) if address_limit is not None else None,
     )
 
 
@@ -131,15 +186,15 @@ class SignInThrottleMiddleware:
         return response
 
 
-def _attempt(request: HttpRequest) -> tuple[str, str, list[str]]:
+def _attempt(request: HttpRequest) -> tuple[str, str]:
     address = request.META.get("REMOTE_ADDR") or ""
     username = str(request.POST.get("username", ""))[:150]
-    return address, username, SignInThrottle.keys(address, username)
+    return address, username
 
 
 def _before(request: HttpRequest) -> Optional[HttpResponse]:
-    address, username, keys = _attempt(request)
-    wait_s = _throttle().retry_after_s(keys)
+    address, username = _attempt(request)
+    wait_s = _throttle().retry_after_s(address, username)
     if wait_s <= 0:
         return None
     retry_after = max(1, math.ceil(wait_s))
@@ -150,15 +205,32 @@ def _before(request: HttpRequest) -> Optional[HttpResponse]:
 
 
 def _after(request: HttpRequest, response: HttpResponse) -> None:
-    if response.status_code != 200:  # 302: signed in; 403: refused before any password was checked
-        return
-    address, username, keys = _attempt(request)
+    address, username = _attempt(request)
     throttle = _throttle()
-    if throttle.failed(keys):
+    if response.status_code == 302:  # signed in
+        throttle.succeeded(address, username)
+        return
+    if response.status_code != 200:  # 403: refused before any password was checked
+        return
+    for counter in throttle.failed(address, username):
         log.warning(
             "sign_in_locked",
-            extra={"client": address, "username": username, "failures": throttle.limit, "window_s": throttle.window_s},
+            extra={
+                "client": address,
+                "username": username,
+                "scope": counter.scope,
+                "failures": counter.limit,
+                "window_s": throttle.window_s,
+            },
         )
 
 
-__all__ = ["SIGN_IN_VIEWS", "SignInThrottle", "SignInThrottleMiddleware"]
+__all__ = [
+    "ADDRESS_LIMIT_FACTOR",
+    "SCOPE_ACCOUNT",
+    "SCOPE_ADDRESS",
+    "SIGN_IN_VIEWS",
+    "Counter",
+    "SignInThrottle",
+    "SignInThrottleMiddleware",
+]

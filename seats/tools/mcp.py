@@ -28,6 +28,13 @@ anyio scopes must be entered and left by one task):
   an applied company no longer grants the server or changed it, and when the
   node stops.
 
+A stdio server's stderr is not the node's: it goes to a pipe read line by
+line into ``tool_server_stderr`` records (the seat, the server, the line), each
+line redacted (:func:`crewlet.redact.redact`) and cut to
+:data:`STDERR_LINE_MAX_CHARS`, so what a server prints — its own config with a
+key in it, half a line, binary — reaches the log as one structured, safe
+record per line, in whichever format the node logs, never as raw text in it.
+
 A call never raises for a tool's failure: an error the tool reports, a
 protocol error, a server that is down, or a call past ``tools.call_timeout_s``
 is a :class:`~seats.tools.base.ToolResult` with ``ok=False`` and the reason,
@@ -44,7 +51,7 @@ import re
 import time
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, TextIO
 
 import anyio
 import mcp_types
@@ -59,8 +66,9 @@ from crewlet.engine import Service
 from crewlet.events.emit import Emitter
 from crewlet.events.types import ToolServerRestarted, ToolServerUnavailable
 from crewlet.interfaces import EVENT_STORE
-from crewlet.logfmt import redact_text, short_reason
+from crewlet.logfmt import short_reason
 from crewlet.org import CompanyHolder, McpServer, Seat
+from crewlet.redact import redact
 from crewlet.tracing import trace_of
 from seats.tools.base import SEAT_TOOLS, ToolCall, ToolResult, ToolSpec
 
@@ -82,6 +90,16 @@ RESTART_BACKOFF_CAP_S = 60.0
 RESULT_MAX_BYTES = 100_000
 #: How long the liveness check after a failed call may take before the session counts as gone.
 PING_TIMEOUT_S = 5.0
+
+#: A stdio server's stderr line longer than this (characters, after redaction) is cut in its log record.
+STDERR_LINE_MAX_CHARS = 2000
+#: How much of one stderr line is held (bytes) while waiting for its newline; past it the line is logged cut
+#: and the rest of it, up to its newline, is read and dropped, so a server writing no newline cannot fill memory.
+STDERR_LINE_MAX_BYTES = 64 * 1024
+#: How much is read from a stderr pipe at once.
+_STDERR_CHUNK_BYTES = 64 * 1024
+#: How long a closed session waits for the last of its server's stderr once the server is stopped.
+STDERR_DRAIN_S = 2.0
 
 # Why a session ended, as its restart event says.
 ENDED_OUTPUT_CLOSED = "the server's output closed (it exited)"
@@ -133,10 +151,10 @@ def clip(text: str, max_bytes: int) -> str:
 def _reason(exc: BaseException) -> str:
     """A failure in one storable line with no credential in it (an SDK error may quote a URL or a header)."""
     if isinstance(exc, MCPError):
-        return redact_text(exc.error.message or short_reason(exc))
+        return redact(exc.error.message or short_reason(exc))
     if isinstance(exc, ExceptionGroup) and exc.exceptions:
         return _reason(exc.exceptions[0])
-    return redact_text(short_reason(exc))
+    return redact(short_reason(exc))
 
 
 class _WatchedRead:
@@ -208,13 +226,92 @@ def unset_variables(server: McpServer) -> list[str]:
     return sorted({name for name in named if name not in os.environ})
 
 
+def _log_stderr_line(seat: str, server: str, raw: bytes, cut: bool) -> None:
+    """One stderr line as a ``tool_server_stderr`` record: decoded, redacted, then cut; a blank line says nothing."""
+    text = raw.decode("utf-8", errors="replace").rstrip("\r")
+    if not text.strip():
+        return
+    # Redacted before it is cut, so a credential the cut would halve is still recognised whole.
+    text = redact(text)
+    if len(text) > STDERR_LINE_MAX_CHARS:
+        text, cut = text[:STDERR_LINE_MAX_CHARS], True
+    fields: dict[str, Any] = {"seat": seat, "server": server, "line": text}
+    if cut:
+        fields["cut"] = True
+    log.info("tool_server_stderr", extra=fields)
+
+
+async def _read_stderr(stream: asyncio.StreamReader, seat: str, server: str) -> None:
+    """Log each line the server writes to ``stream`` until it closes, holding at most :data:`STDERR_LINE_MAX_BYTES`."""
+    pending = b""
+    dropping = False  # inside a line already logged cut: the rest of it, up to its newline, is dropped
+    while chunk := await stream.read(_STDERR_CHUNK_BYTES):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if not dropping:
+                _log_stderr_line(seat, server, line, cut=False)
+            dropping = False
+        if len(pending) > STDERR_LINE_MAX_BYTES:
+            if not dropping:
+                _log_stderr_line(seat, server, pending[:STDERR_LINE_MAX_BYTES], cut=True)
+            dropping, pending = True, b""
+    if pending and not dropping:
+        _log_stderr_line(seat, server, pending, cut=False)
+
+
 @asynccontextmanager
-async def open_transport(server: McpServer, ended: asyncio.Event) -> AsyncIterator["TransportStreams"]:
-    """The SDK transport to ``server`` (stdio child or streamable HTTP), its read side watched for its end."""
+async def server_stderr(seat: str, server: str) -> AsyncIterator[TextIO]:
+    """A pipe for a stdio server's stderr (the file to hand the SDK as ``errlog``), read into ``tool_server_stderr`` records.
+
+    Inherited, a server's stderr would be the node's own: raw bytes with no
+    redaction, no length bound and no structure, in the middle of a JSON log
+    stream. The write end is this process's until the block ends (the child
+    holds its own copy); then it is closed, and what the stopped server wrote
+    last is read for at most :data:`STDERR_DRAIN_S` — a descendant still
+    holding the pipe open cannot keep the session from closing.
+    """
+    read_fd, write_fd = os.pipe()
+    errlog = os.fdopen(write_fd, "w", encoding="utf-8")
+    try:
+        pipe = os.fdopen(read_fd, "rb", buffering=0)
+    except BaseException:
+        os.close(read_fd)
+        errlog.close()
+        raise
+    loop = asyncio.get_running_loop()
+    stream = asyncio.StreamReader()
+    try:
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), pipe)
+    except BaseException:
+        pipe.close()
+        errlog.close()
+        raise
+    reader = asyncio.create_task(_read_stderr(stream, seat, server), name=f"mcp-stderr:{seat}:{server}")
+    try:
+        yield errlog
+    finally:
+        errlog.close()
+        # Shielded and bounded: the session may be closing because it was cancelled.
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(STDERR_DRAIN_S):
+                await asyncio.wait({reader})
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        transport.close()
+
+
+@asynccontextmanager
+async def open_transport(server: McpServer, ended: asyncio.Event, *, seat: str = "") -> AsyncIterator["TransportStreams"]:
+    """The SDK transport to ``server`` (stdio child or streamable HTTP), its read side watched for its end.
+
+    A stdio child's stderr is read into ``tool_server_stderr`` records under
+    ``seat`` and the server's name (:func:`server_stderr`), never inherited.
+    """
     if server.command:
         params = StdioServerParameters(command=server.command[0], args=list(server.command[1:]), env=_env_of(server))
-        async with _watched(stdio_client(params), ended) as streams:
-            yield streams
+        async with server_stderr(seat, server.name) as errlog:
+            async with _watched(stdio_client(params, errlog=errlog), ended) as streams:
+                yield streams
         return
     async with AsyncExitStack() as stack:
         http = await stack.enter_async_context(create_mcp_http_client(headers=_headers_of(server)))
@@ -313,7 +410,7 @@ class _Session:
             )
         deadline = anyio.current_time() + self.box.settings.start_timeout_s
         with anyio.CancelScope(deadline=deadline) as scope:
-            async with Client(open_transport(self.server, self._ended)) as client:
+            async with Client(open_transport(self.server, self._ended, seat=self.seat.handle)) as client:
                 listed = await self._list(client)
                 scope.deadline = math.inf
                 self.tools = listed
@@ -463,7 +560,7 @@ class McpToolbox:
             server=tool.server,
             tool=tool.name,
             duration_s=time.monotonic() - started,
-            error=redact_text(error)[:2000] if error else None,
+            error=redact(error)[:2000] if error else None,
         )
 
     def _failed(self, call: ToolCall, server: str, tool: str, started: float, error: str) -> ToolResult:
@@ -520,12 +617,15 @@ __all__ = [
     "McpToolbox",
     "NAME_SEPARATOR",
     "SEAT_TOOLS",
+    "STDERR_LINE_MAX_BYTES",
+    "STDERR_LINE_MAX_CHARS",
     "TOOL_NAME_RULE",
     "ToolServerError",
     "clip",
     "exposed_name",
     "open_transport",
     "result_text",
+    "server_stderr",
     "services",
     "unset_variables",
 ]
