@@ -658,7 +658,7 @@ class InboxLoop:
 
         turn_id = turn_ids[-1] if turn_ids else ""
         handed_back, self._hand_back = self._hand_back, False
-        if handed_back and result is not None and result.outcome == OUTCOME_STOPPED:
+        if result is not None and result.outcome == OUTCOME_STOPPED and (handed_back or result.fenced):
             log.info("seat_turn_handed_back", extra={"seat": seat.handle, "turn_id": turn_id, "events": len(fresh)})
             return Outcome.DEFER
         if result is None or not (result.ok or result.outcome == OUTCOME_STOPPED):

@@ -27,13 +27,14 @@ one needs no restart, and a key never appears in an error or a log line.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import os
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Optional, Protocol, Sequence, TypeVar
 
 from crewlet.events.types import (
     STOP_CONTEXT_EXCEEDED,
@@ -43,7 +44,9 @@ from crewlet.events.types import (
     STOP_REFUSAL,
     STOP_TOOL_USE,
 )
+from crewlet.jsontext import holds_unstorable, storable, storable_value
 from crewlet.org import Provider as ProviderConfig
+from crewlet.redact import REDACTED, redact
 from seats.tools.base import ToolCall, ToolResult, ToolSpec
 
 if TYPE_CHECKING:
@@ -65,6 +68,8 @@ ERR_UNAVAILABLE = "unavailable"
 KEYLESS = "unused"
 #: The Messages API requires ``max_tokens``; this is it when the company names none.
 ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
+
+T = TypeVar("T")
 
 ROLE_USER = "user"
 ROLE_ASSISTANT = "assistant"
@@ -258,30 +263,93 @@ async def load_sdk(name: str) -> ModuleType:
     every process would pay at start — ``manage.py`` commands included —
     though most companies use one vendor or none. The import runs off the
     engine's loop so the first model call does not stall every other seat.
+    A module in ``sys.modules`` may still be executing in another thread
+    (concurrent first turns): only a finished one is taken as it is;
+    otherwise the import is asked for too, which waits for the import in
+    flight (the interpreter's lock per module) instead of handing out a
+    half-built module.
     """
     module = sys.modules.get(name)
-    if module is None:
+    if module is None or not _imported(module):
         module = await asyncio.to_thread(importlib.import_module, name)
     return module
 
 
+def _imported(module: ModuleType) -> bool:
+    """Whether ``module`` finished executing (the import system marks a spec while its module runs)."""
+    return not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
 def _loaded_errors(attribute: str) -> tuple[type[BaseException], ...]:
-    """The SDK error class ``attribute`` of each SDK imported so far (one never imported raised nothing)."""
-    return tuple(getattr(sys.modules[name], attribute) for name in SDKS if name in sys.modules)
+    """The SDK error class ``attribute`` of each SDK imported so far (one never imported, or still importing, raised nothing)."""
+    loaded = (sys.modules.get(name) for name in SDKS)
+    return tuple(getattr(m, attribute) for m in loaded if m is not None and _imported(m) and hasattr(m, attribute))
 
 
-def translate(exc: Exception, where: str) -> ProviderError:
-    """An SDK's exception as the seats' :class:`ProviderError`, filed under its kind."""
+#: How much of a provider's error message is kept (it is stored, shown and logged).
+ERROR_MESSAGE_MAX = 1000
+
+
+def error_text(text: str, *secrets: str) -> str:
+    """A provider's words about a failure, fit to store, show and log.
+
+    They come from outside: bounded, with NUL and lone surrogates escaped,
+    every ``secrets`` value (the key the call was made with) and anything
+    that looks like a credential redacted — a vendor that quotes the key it
+    refused (``Incorrect API key provided: sk-…``) must not put it in the
+    record.
+    """
+    for secret in secrets:
+        if secret and secret != KEYLESS:
+            text = text.replace(secret, REDACTED)
+    text = storable(redact(text))
+    return text if len(text) <= ERROR_MESSAGE_MAX else text[: ERROR_MESSAGE_MAX - 1] + "…"
+
+
+def translate(exc: Exception, where: str, *secrets: str) -> ProviderError:
+    """An SDK's exception as the seats' :class:`ProviderError`, filed under its kind, its words made :func:`error_text`."""
     if isinstance(exc, ProviderError):
-        return exc
+        return ProviderError(exc.kind, error_text(str(exc), *secrets))
     if isinstance(exc, _loaded_errors("APITimeoutError")):
-        return ProviderError(ERR_TIMEOUT, f"{where}: no answer before the timeout")
+        return ProviderError(ERR_TIMEOUT, error_text(f"{where}: no answer before the timeout"))
     if isinstance(exc, _loaded_errors("APIConnectionError")):
-        return ProviderError(ERR_UNREACHABLE, f"{where}: {exc}")
+        return ProviderError(ERR_UNREACHABLE, error_text(f"{where}: {exc}", *secrets))
     if isinstance(exc, _loaded_errors("APIStatusError")):
         status = getattr(exc, "status_code", 0)
-        return ProviderError(_status_kind(status), f"HTTP {status} from {where}: {getattr(exc, 'message', exc)}"[:1000])
-    return ProviderError(ERR_BAD_RESPONSE, f"{where}: {exc}"[:1000])
+        return ProviderError(_status_kind(status), error_text(f"HTTP {status} from {where}: {getattr(exc, 'message', exc)}", *secrets))
+    return ProviderError(ERR_BAD_RESPONSE, error_text(f"{where}: {exc}", *secrets))
+
+
+def admitted(completion: Completion) -> Completion:
+    """A model's answer made storable where it enters: NUL and lone surrogates in its text, calls and refusal escaped.
+
+    Everything a turn records and publishes is built from this, so neither
+    the event store (PostgreSQL refuses NUL) nor the wire (a lone surrogate
+    has no UTF-8) nor a tool such as ``a2a_ask`` is handed what it refuses.
+    """
+    if not holds_unstorable([completion.text, completion.model, completion.refusal, [
+        [c.id, c.name, c.arguments] for c in completion.calls
+    ], dict(completion.invalid)]):
+        return completion
+    return dataclasses.replace(
+        completion,
+        text=storable(completion.text),
+        model=storable(completion.model),
+        calls=tuple(
+            ToolCall(id=storable(c.id), name=storable(c.name), arguments=storable_value(c.arguments)) for c in completion.calls
+        ),
+        refusal=storable_value(completion.refusal),
+        invalid={storable(k): storable(v) for k, v in completion.invalid.items()},
+    )
+
+
+async def within(timeout_s: float, call: Awaitable[T], where: str) -> T:
+    """``call`` with a whole-call deadline: the SDKs' own timeout is per read, so a server trickling its answer never hits it."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await call
+    except TimeoutError:
+        raise ProviderError(ERR_TIMEOUT, f"{where}: no whole answer within {timeout_s:g} s") from None
 
 
 def _secret(api_key_env: str) -> str:
@@ -337,6 +405,8 @@ class _VendorProvider:
         self.max_tokens = max_tokens or self.default_max_tokens
         self.key = key or f"{self.vendor}:{model}"
         self._client: Any = None
+        #: The API key the client was made with: redacted from every error it causes.
+        self._key = ""
 
     def _open(self, api_key: str) -> Any:
         raise NotImplementedError
@@ -347,7 +417,8 @@ class _VendorProvider:
     def _connect(self) -> Any:
         """The SDK client, made on first use with the key read then; no retries of its own."""
         if self._client is None:
-            self._client = self._open(_secret(self.api_key_env))
+            self._key = _secret(self.api_key_env)
+            self._client = self._open(self._key)
         return self._client
 
     async def aclose(self) -> None:
@@ -397,10 +468,10 @@ class OpenAIProvider(_VendorProvider):
             body["user"] = request.seat
         openai = await load_sdk("openai")
         try:
-            answer = await self._connect().chat.completions.create(**body)
+            answer = await within(self.timeout_s, self._connect().chat.completions.create(**body), where)
             choice = answer.choices[0]
         except (openai.OpenAIError, ProviderError, IndexError, TypeError) as exc:
-            raise translate(exc, where) from None
+            raise translate(exc, where, self._key) from None
         message = choice.message
         calls: list[ToolCall] = []
         invalid: dict[str, str] = {}
@@ -419,7 +490,7 @@ class OpenAIProvider(_VendorProvider):
         elif stop == STOP_REFUSAL:
             refusal = {"category": "content_filter", "explanation": ""}
         usage = answer.usage
-        return Completion(
+        return admitted(Completion(
             text=str(message.content or ""),
             calls=tuple(calls),
             input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
@@ -428,7 +499,7 @@ class OpenAIProvider(_VendorProvider):
             model=str(answer.model or self.model),
             refusal=refusal,
             invalid=invalid,
-        )
+        ))
 
 
 
@@ -493,9 +564,9 @@ class AnthropicProvider(_VendorProvider):
             body["metadata"] = {"user_id": request.seat}
         anthropic = await load_sdk("anthropic")
         try:
-            answer = await self._connect().messages.create(**body)
+            answer = await within(self.timeout_s, self._connect().messages.create(**body), where)
         except (anthropic.AnthropicError, ProviderError, TypeError) as exc:
-            raise translate(exc, where) from None
+            raise translate(exc, where, self._key) from None
         texts: list[str] = []
         calls: list[ToolCall] = []
         invalid: dict[str, str] = {}
@@ -510,7 +581,7 @@ class AnthropicProvider(_VendorProvider):
         text = "".join(texts)
         stop = _ANTHROPIC_STOP.get(str(answer.stop_reason or "end_turn"), STOP_END)
         usage = answer.usage
-        return Completion(
+        return admitted(Completion(
             text=text,
             calls=tuple(calls),
             input_tokens=int(getattr(usage, "input_tokens", 0) or 0),
@@ -519,7 +590,7 @@ class AnthropicProvider(_VendorProvider):
             model=str(answer.model or self.model),
             refusal={"category": "", "explanation": text} if stop == STOP_REFUSAL else None,
             invalid=invalid,
-        )
+        ))
 
 
 

@@ -125,6 +125,7 @@ class SeatRuntime:
         self._owns_emitter = runner is None and emitter is None
         self.runner = runner or TurnRunner(queue, holder, emitter=emitter, toolbox=toolbox)
         self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
+        self.runner.owns = self.ownership.owns  # the turn's fence: no call once the seat is another node's
         self.hold_duty: HoldDuty = hold_duty or _always
         self.placement_every_s = placement_every_s
         self._placement = Periodic("seat_placement", placement_every_s, self.rebalance, logger=log, first_after_s=placement_every_s)

@@ -43,6 +43,7 @@ ledger that cannot be written fails the turn before anything acted.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -72,7 +73,7 @@ from crewlet.events.types import (
     TaskAssigned,
 )
 from crewlet.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
-from crewlet.queue.contract import EventQueue
+from crewlet.queue.contract import MAX_PAYLOAD_BYTES, EventQueue
 from crewlet.tracing import trace_of
 from seats.hooks import BuiltinCall, BuiltinToolError, builtin_tools
 from seats.ledger import storable
@@ -96,8 +97,10 @@ from seats.providers import (
     ModelRequest,
     OpenAIProvider,
     ProviderError,
+    admitted,
     approx_tokens,
     build_provider,
+    error_text,
 )
 from seats.tools.base import ToolCall, ToolResult, ToolSpec, Toolbox
 
@@ -116,6 +119,8 @@ ERR_CRASHED = "crashed"
 ERR_LEDGER = "ledger_unavailable"
 #: The seat's ``max_rounds`` ended the turn (an ``agent_turn_stopped`` reason and the phase's ``error_kind``).
 STOP_MAX_ROUNDS = "max_rounds"
+#: A turn fenced off its seat: the lease was gone (the node froze, the store was away) before its next call.
+STOP_LEASE_LOST = "lease_lost"
 #: Who ``agent_turn_stopped`` names when the engine, not a person, ended a turn.
 STOPPED_BY_ENGINE = "engine"
 
@@ -212,8 +217,10 @@ class TurnResult:
     duration_ms: int = 0
     #: Every tool call the turn made, in order, as the phase records it (arguments included).
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    #: Why the loop ended: a STOP_REASONS value, or STOP_MAX_ROUNDS / budget_exhausted on a stopped turn.
+    #: Why the loop ended: a STOP_REASONS value, or STOP_MAX_ROUNDS / budget_exhausted / STOP_LEASE_LOST on a stopped turn.
     stop_reason: str = ""
+    #: The seat stopped being this node's mid-turn: its mail goes back to the seat's next holder.
+    fenced: bool = False
 
     @property
     def ok(self) -> bool:
@@ -245,6 +252,50 @@ class NoTools:
 
     async def call(self, handle: str, call: ToolCall) -> ToolResult:
         return ToolResult(ok=False, content="", bytes=0, server="", tool=call.name, duration_s=0.0, error=f"no tool {call.name!r}")
+
+
+def admitted_result(res: ToolResult) -> ToolResult:
+    """A tool's result made storable where it enters the turn: NUL and lone surrogates in its words escaped."""
+    content, error = storable(res.content), storable(res.error or "")
+    if content is res.content and error == (res.error or ""):
+        return res
+    return dataclasses.replace(res, content=content, error=error)
+
+
+#: The most a phase record may weigh on the wire before its largest parts are cut
+#: (the broker refuses a message over MAX_PAYLOAD_BYTES; headers and the envelope need room too).
+PHASE_RECORD_MAX_BYTES = MAX_PAYLOAD_BYTES // 2
+#: How much of a cut text is kept, from its start.
+CUT_KEEP_CHARS = 64 * 1024
+#: What marks where a text was cut.
+CUT_MARK = "\n…[cut]"
+#: The name ``truncated`` gives the tool calls' arguments once they were dropped.
+CUT_ARGUMENTS = "tool_calls.arguments"
+
+
+def _weight(phase: AgentPhaseCompleted) -> int:
+    return len(json.dumps(dataclasses.asdict(phase), ensure_ascii=False, default=str).encode("utf-8", "backslashreplace"))
+
+
+def fit_phase(phase: AgentPhaseCompleted) -> AgentPhaseCompleted:
+    """``phase`` cut to fit the wire: its largest texts (and then the calls' arguments) give way, each named in ``truncated``.
+
+    A model that answered megabytes must still leave its turn's record, as a
+    fleet read's reply gives up rows rather than fail: dropped by the broker
+    (``TooLarge``), the whole record would be missing.
+    """
+    if _weight(phase) <= PHASE_RECORD_MAX_BYTES:
+        return phase
+    cut: list[str] = []
+    for name in sorted(("response", "user_prompt", "system_prompt"), key=lambda n: -len(getattr(phase, n))):
+        text = getattr(phase, name)
+        if len(text) > CUT_KEEP_CHARS:
+            phase = dataclasses.replace(phase, **{name: text[:CUT_KEEP_CHARS] + CUT_MARK})
+            cut.append(name)
+            if _weight(phase) <= PHASE_RECORD_MAX_BYTES:
+                return dataclasses.replace(phase, truncated=cut)
+    calls = [{k: v for k, v in c.items() if k != "arguments"} for c in phase.tool_calls]
+    return dataclasses.replace(phase, tool_calls=calls, truncated=[*cut, CUT_ARGUMENTS])
 
 
 def _refused(call: ToolCall, why: str, *, server: str = "") -> ToolResult:
@@ -286,10 +337,15 @@ class TurnRunner:
         provider_factory: Callable[[ProviderConfig], ModelProvider] = build_provider,
         emitter: Optional[Emitter] = None,
         toolbox: Optional[Toolbox] = None,
+        owns: Callable[[str], bool] = lambda handle: True,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.provider_factory = provider_factory
+        #: Whether this node may still do a seat's work at this instant (its lease, on its own clock):
+        #: asked before every provider call and every tool call, so a node that wakes after its
+        #: lease moved to another node makes no call for a seat that is no longer its own.
+        self.owns = owns
         #: The seat runtime's telemetry publisher, shared by its inbox loops.
         self.emitter = emitter or Emitter(queue)
         self.toolbox: Toolbox = toolbox or NoTools()
@@ -333,6 +389,16 @@ class TurnRunner:
         result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED)
         try:
             await self._rounds(loop, result, tags)
+        except Exception as exc:
+            # The turn may already have acted (its triggers are in the ledger
+            # before its first tool call), so it must still end on record:
+            # a failure the operator sees, never a silent skip on redelivery.
+            log.error(
+                "agent_turn_crashed",
+                extra={"seat": seat.handle, "turn_id": trigger.turn_id, "error": short_reason(exc)},
+                exc_info=trigger.first_delivery,
+            )
+            result.outcome, result.error_kind, result.error = OUTCOME_FAILED, ERR_CRASHED, error_text(short_reason(exc, 1000))
         finally:
             for provider in loop.providers.values():
                 try:
@@ -385,6 +451,8 @@ class TurnRunner:
                     f"the seat's turn_token_budget is {budget}"
                 )
                 return
+            if self._fenced(loop, result):
+                return
             number += 1
             answer = await self._call_chain(loop, result, tags, number)
             if answer is None:
@@ -412,14 +480,28 @@ class TurnRunner:
             for call in answer.calls:
                 if loop.trigger.stop is not None:
                     break  # nothing new starts once a person asked the turn to stop
+                if self._fenced(loop, result):
+                    break
                 results.append((call.id, await self._act(loop, call, answer)))
             self._record_calls(result, round_record, number, answer.calls, results)
+            if result.fenced:
+                return
             loop.messages.append(Message(role=ROLE_ASSISTANT, text=answer.text, calls=answer.calls))
             loop.messages.append(Message(role=ROLE_TOOL, results=tuple(results)))
             if loop.ended_by_tool:
                 result.outcome = OUTCOME_COMPLETED
                 result.error = result.error_kind = ""
                 return
+
+    def _fenced(self, loop: _Loop, result: TurnResult) -> bool:
+        """End the turn here, as stopped and handed back, when its seat is no longer this node's."""
+        if self.owns(loop.seat.handle):
+            return False
+        result.outcome, result.stop_reason, result.error_kind = OUTCOME_STOPPED, STOP_LEASE_LOST, STOP_LEASE_LOST
+        result.error = "the seat's lease was no longer this node's before the turn's next call"
+        result.fenced = True
+        log.warning("agent_turn_fenced", extra={"seat": loop.seat.handle, "turn_id": loop.trigger.turn_id})
+        return True
 
     @staticmethod
     def _stopped(loop: _Loop, result: TurnResult, number: int) -> bool:
@@ -458,9 +540,9 @@ class TurnRunner:
                     provider = loop.providers[config.key] = self.provider_factory(config)
                 answer = await provider.complete(request)
             except ProviderError as exc:
-                kind, message = exc.kind, str(exc)
+                kind, message = exc.kind, error_text(str(exc))
             except (ValueError, TypeError) as exc:  # a provider that cannot even be built is a hand-off too
-                kind, message = ERR_BAD_REQUEST, str(exc)
+                kind, message = ERR_BAD_REQUEST, error_text(str(exc))
             except Exception as exc:  # a provider's own bug still hands off; its traceback once per message
                 log.warning(
                     "provider_call_crashed",
@@ -469,8 +551,9 @@ class TurnRunner:
                 )
                 if not loop.trigger.first_delivery:
                     log.debug("provider_call_crashed_traceback", extra={"seat": loop.seat.handle}, exc_info=True)
-                kind, message = ERR_UNAVAILABLE, short_reason(exc, 1000)
+                kind, message = ERR_UNAVAILABLE, error_text(short_reason(exc, 1000))
             else:
+                answer = admitted(answer)
                 entry: dict[str, Any] = {
                     "round": number,
                     "provider_key": config.key,
@@ -533,16 +616,20 @@ class TurnRunner:
         started = time.monotonic()
         if builtin is None:
             try:
-                return await self.toolbox.call(loop.seat.handle, call)
+                return admitted_result(await self.toolbox.call(loop.seat.handle, call))
             except Exception as exc:  # the toolbox promises results; one that raised is still only a failed call
                 log.warning("seat_tool_call_raised", extra={"seat": loop.seat.handle, "tool": call.name, "error": short_reason(exc)})
-                return _refused(call, short_reason(exc, 1000))
+                return _refused(call, storable(short_reason(exc, 1000)))
         try:
             content = await builtin.run(BuiltinCall(queue=self.queue, org=loop.org, seat=loop.seat, trigger=loop.trigger, call=call))
         except BuiltinToolError as exc:
             return ToolResult(
-                ok=False, content="", bytes=0, server="", tool=call.name, duration_s=time.monotonic() - started, error=str(exc)
+                ok=False, content="", bytes=0, server="", tool=call.name, duration_s=time.monotonic() - started,
+                error=storable(str(exc)),
             )
+        except Exception as exc:  # a built-in's own failure (its store, its publish) is a failed call the model reads
+            log.warning("seat_builtin_raised", extra={"seat": loop.seat.handle, "tool": call.name, "error": short_reason(exc)})
+            return _refused(call, storable(short_reason(exc, 1000)))
         loop.ended_by_tool = loop.ended_by_tool or builtin.ends_turn
         return ToolResult(
             ok=True,
@@ -584,7 +671,7 @@ class TurnRunner:
         failed = result.outcome == OUTCOME_FAILED
         refusal = next((r["refusal"] for r in reversed(result.rounds) if "refusal" in r), None)
         await self._emit(
-            AgentPhaseCompleted(
+            fit_phase(AgentPhaseCompleted(
                 **tags,
                 phase=PHASE_RESPOND,
                 iteration=1,
@@ -600,7 +687,7 @@ class TurnRunner:
                 error_kind=result.error_kind,
                 error=result.error[:1000],
                 refusal=refusal if result.error_kind == STOP_REFUSAL else None,
-            )
+            ))
         )
         stop = loop.trigger.stop
         if stopped and result.stop_reason == STOP_PAUSED and stop is not None:
@@ -665,6 +752,7 @@ __all__ = [
     "ERR_BAD_REQUEST",
     "ERR_BAD_RESPONSE",
     "ERR_CRASHED",
+    "STOP_LEASE_LOST",
     "ERR_LEDGER",
     "ERR_RATE_LIMITED",
     "ERR_SERVER",

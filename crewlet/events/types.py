@@ -1169,6 +1169,9 @@ class AgentPhaseCompleted(_TurnBody):
     error_kind: str = ""
     error: str = ""
     refusal: Optional[dict[str, Any]] = None
+    #: The parts cut to fit the record on the wire (``response``, ``user_prompt``,
+    #: ``system_prompt``, ``tool_calls.arguments``), largest first; empty when whole.
+    truncated: list[str] = field(default_factory=list)
 
     def summary(self, event: Optional[Event] = None) -> str:
         who = self.actor(event)

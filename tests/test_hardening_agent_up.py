@@ -1,0 +1,191 @@
+"""What a model says cannot lose history, drop a request or leak a key: through a real `manage.py up`, on both databases.
+
+A local OpenAI-compatible server stands in for the vendor and answers by the
+trigger's words: an auth error that quotes the key (with a NUL and a forged
+log line in it), an answer holding a NUL and a lone surrogate, and an
+``a2a_ask`` whose brief holds both. Each DM is its own conversation; what is
+asserted is read back as an operator reads it, through ``/api/events`` and the
+node's own log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import psycopg
+import pytest
+
+from tests.browser_support import slack_message
+from tests.up_support import UpProcess, http_call, http_json, up_env
+from waiting_support import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TOKEN = "hardening-agent-operator-token-0123456789abcdef"
+API_KEY = "sk-test-Zq8TnWm4yKp2Lr7Vx1Hc9Bd3Fg6Js0Qa"
+FORGED = "level=critical event=forged_by_the_provider"
+#: What the vendor answers a wrong key with, the key quoted, a NUL and a line of its own inside.
+KEY_ERROR = f"Incorrect API key provided: {API_KEY}.\x00 You can find your key at https://example.invalid\n{FORGED}"
+ODD_ANSWER = "the build is green \x00 and \ud800 that is all"
+ODD_BRIEF = "is the deploy \x00 green \ud800 today?"
+COMPANY = """\
+org: acme
+providers:
+  llm:
+    - {kind: openai, base_url: "BASE_URL", model: gpt-test, api_key_env: HARDENING_OPENAI_KEY, timeout_s: 20}
+surfaces:
+  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
+seats:
+  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [a2a_ask], max_rounds: 4}
+  - {handle: linus, kind: agent, role: reviewer, identities: {slack: U0LINUS}}
+  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
+"""
+
+
+def _completion(content: Optional[str], calls: list[tuple[str, dict[str, Any]]] = ()) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+            for i, (n, a) in enumerate(calls)
+        ]
+    return {
+        "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-test",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
+    }
+
+
+def answer_for(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The vendor's answer, by what the conversation says (json.dumps escapes NUL and the surrogate on the wire)."""
+    texts = " ".join(str(m.get("content") or "") for m in body.get("messages", []) if m.get("role") in ("user", "tool"))
+    if "wrong key" in texts:
+        return 401, {"error": {"message": KEY_ERROR, "type": "invalid_request_error", "code": "invalid_api_key"}}
+    if "odd answer" in texts:
+        return 200, _completion(ODD_ANSWER)
+    if "deploy" in texts and "linus says" in texts:
+        return 200, _completion("thanks, linus")
+    if "deploy" in texts and any(m.get("role") == "tool" for m in body.get("messages", [])):
+        return 200, _completion("asked linus")
+    if "ask linus" in texts:
+        return 200, _completion(None, [("a2a_ask", {"to": "linus", "brief": ODD_BRIEF})])
+    if "deploy" in texts:
+        return 200, _completion("linus says the deploy is green")
+    return 200, _completion("hello")
+
+
+@pytest.fixture
+def vendor() -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            status, payload = answer_for(body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _pg_env(name: str) -> dict[str, str]:
+    """A fresh pair of PostgreSQL databases for one `up`, on the server bin/test started."""
+    conn = {
+        "host": os.environ.get("CREWLET_PG_HOST", "/var/run/postgresql"),
+        "port": os.environ.get("CREWLET_PG_PORT") or None,
+        "user": os.environ.get("CREWLET_PG_USER") or None,
+        "password": os.environ.get("CREWLET_PG_PASSWORD") or None,
+    }
+    base = os.environ.get("CREWLET_PG_DBNAME", "crewlet") + "_" + name
+    with psycopg.connect(dbname="postgres", autocommit=True, **conn) as admin:
+        for db in (base, base + "_events"):
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{db}"')
+    env = {"CREWLET_DATABASE": "postgres", "CREWLET_PG_DBNAME": base, "CREWLET_PG_EVENTS_DBNAME": base + "_events"}
+    for key in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD"):
+        if os.environ.get(key):
+            env[key] = os.environ[key]
+    return env
+
+
+def _api(up: UpProcess, path: str) -> Any:
+    status, answer = http_json("GET", up.url + path, None, {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200, (path, status, answer)
+    return answer
+
+
+def _dm(up: UpProcess, text: str) -> str:
+    """A Slack DM from grace to ada in a channel of its own; the delivery's trace."""
+    channel = "D" + uuid.uuid4().hex[:10].upper()
+    payload = slack_message(f"Ev{uuid.uuid4().hex[:12]}", text)
+    payload["event"]["channel"] = channel
+    status, answer = http_json("POST", up.url + "/webhooks/slack", json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    assert status == 202, answer
+    return str(answer["trace_id"])
+
+
+def _events(up: UpProcess, **filters: str) -> list[dict[str, Any]]:
+    query = "&".join(f"{k}={v}" for k, v in filters.items())
+    return list(_api(up, f"/api/events?{query}")["events"])
+
+
+def _wire(up: UpProcess, row: dict[str, Any]) -> dict[str, Any]:
+    return dict(_api(up, f"/api/events/{row['id']}")["event"]["wire"])
+
+
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_odd_bytes_and_a_quoted_key_from_the_model_lose_no_record_and_leak_nothing(
+    database: str, vendor: str, tmp_path: Path
+) -> None:
+    (tmp_path / "acme.yaml").write_text(COMPANY.replace("BASE_URL", vendor))
+    env = up_env(CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused-signing-secret", HARDENING_OPENAI_KEY=API_KEY)
+    if database == "postgres":
+        env.update(_pg_env("hardening_agent"))
+    with UpProcess(tmp_path, "--data-dir", str(tmp_path / "data"), "--company", str(tmp_path / "acme.yaml"), node="agent1", env=env) as up:
+        wrong = _dm(up, "wrong key please")
+        wait_until(lambda: _events(up, trace_id=wrong, type="llm_unavailable"), timeout_s=60, what="the failed turn on record")
+        odd = _dm(up, "odd answer please")
+        done = wait_until(lambda: _events(up, trace_id=odd, type="agent_turn_completed"), timeout_s=60, what="the odd answer's turn")
+        assert done[0]["failed"] is False
+        phase = _wire(up, _events(up, trace_id=odd, type="agent_phase_completed")[0])
+        assert phase["response"] == ODD_ANSWER.replace("\x00", "\\u0000").replace("\ud800", "\\ud800")
+
+        ask = _dm(up, "ask linus about the deploy")
+        wait_until(
+            lambda: any(r["seat"] == "ada" and not r["failed"] for r in _events(up, type="agent_turn_completed"))
+            and len(_events(up, type="a2a_channel_closed")) == 1,
+            timeout_s=90, what="linus answered ada's ask and ada's answer turn closed it",
+        )
+        opened = [_wire(up, r) for r in _events(up, type="a2a_channel_opened")]
+        assert [o["brief"] for o in opened] == [ODD_BRIEF.replace("\x00", "\\u0000").replace("\ud800", "\\ud800")]
+        assert _events(up, type="message_dead_lettered") == []
+
+        # The failed turn's record names the failure, never the key; the store kept writing behind it.
+        failure = _wire(up, _events(up, trace_id=wrong, type="llm_unavailable")[0])
+        assert "Incorrect API key provided" in failure["error"] and API_KEY not in failure["error"]
+        pages = json.dumps([_api(up, "/api/events?limit=500"), [_wire(up, r) for r in _events(up, trace_id=wrong)]])
+        assert API_KEY not in pages
+        status, _, metrics = http_call("GET", up.url + "/metrics", None, {"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200 and b"crewlet_eventstore_rows_refused_total 0.0" in metrics
+        wait_until(lambda: _events(up, trace_id=wrong, type="agent_turn_completed"), timeout_s=60, what="the failed turn closed")
+    log = up.output()
+    assert API_KEY not in log
+    assert not any(line.startswith(FORGED) for line in log.splitlines()), "a provider's words forged a log line"
+    assert "\x00" not in log
