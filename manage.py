@@ -24,11 +24,22 @@ def apply_data_dir(argv: list[str], environ: "os._Environ[str] | dict[str, str]"
 
 
 def main() -> None:
+    """Run the command; a setting Django cannot start with ends it in one line on stderr, never a traceback.
+
+    Django reads its settings while it looks the command up, so a bad
+    variable (``CREWLET_HTTP_HEADER_TIMEOUT_S=abc``) is an ImproperlyConfigured
+    raised through the whole import machinery; its message already names the
+    variable, its value and what is allowed, and is all an operator needs.
+    """
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
     apply_data_dir(sys.argv)
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as exc:
+        sys.exit(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 if __name__ == "__main__":

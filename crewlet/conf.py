@@ -19,6 +19,15 @@ One secret is not a setting: ``CREWLET_CLUSTER_SECRET``, which authenticates
 the routes between clustered members, is read from the environment only, is
 never part of :class:`EngineSettings` (whose repr reaches logs and tracebacks),
 and is required when ``stream.cluster.peers`` is set.
+
+The settings file and the company file are read by one guarded YAML loader
+(:func:`read_yaml_text`, :func:`load_yaml`): a file past :data:`YAML_MAX_BYTES`
+or not UTF-8 is refused before it is parsed, and a document nesting deeper than
+:data:`YAML_MAX_DEPTH`, holding more than :data:`YAML_MAX_VALUES` values once
+its aliases are expanded, or giving one key twice in a mapping is refused while
+it is composed, before anything is built from it. A refusal quotes at most
+:data:`~crewlet.jsontext.QUOTE_LIMIT` characters of a value (:func:`quote_value`),
+so no value, however large or however aliased, makes a large message.
 """
 from __future__ import annotations
 
@@ -28,15 +37,17 @@ import logging
 import math
 import os
 import re
+import reprlib
 import socket
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 from urllib.parse import urlsplit
 
 import yaml
 
+from crewlet.jsontext import QUOTE_LIMIT, storable_text
 from crewlet.queue.contract import Timings
 
 log = logging.getLogger(__name__)
@@ -61,13 +72,84 @@ Strings = tuple[str, ...]
 #: (``node.stop_grace_s``): longer than a tool call may take (``tools.call_timeout_s``), so only a round
 #: that would never end — a hung provider — is cut.
 STOP_GRACE_S = 120.0
+#: The shortest spacing a retry may be given (a redelivery, an MCP server's restart): a spacing of
+#: zero doubles to zero, and a failing message or server would spin at full speed.
+MIN_BACKOFF_S = 0.01
+#: The most bytes a settings or company file may hold; a larger one is refused before it is parsed.
+YAML_MAX_BYTES = 1024 * 1024
+#: How deep a settings or company file may nest (a mapping's value or a list's item is one level down).
+#: PyYAML composes a document recursively, so a deeper one would exhaust the interpreter's stack.
+YAML_MAX_DEPTH = 64
+#: How many values (scalars, lists and mappings) a settings or company file may hold once every alias
+#: is expanded: an alias costs what it names, so nine levels of nine aliases count as 9**9, not 81.
+YAML_MAX_VALUES = 100_000
+#: How much of what is allowed, and of a field's name, one refusal message carries.
+ALLOWED_LIMIT = 1000
+#: The tag PyYAML gives a merge key (``<<: *defaults``), whose overrides are not duplicate keys.
+_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
+#: A character that would end a one-line message, or hide in one.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+class _Quoting(reprlib.Repr):
+    """reprlib's repr sized for one line of a refusal: a few levels, a few items, and text clipped before it is quoted.
+
+    The standard ``repr`` of a refused value is built whole before anything
+    could clip it — a YAML alias bomb's expansion, a 5 MB string — so a
+    refusal quotes through this instead, which never looks past its limits.
+    """
+
+    #: How much of a string nested in a list or a mapping is quoted (the value itself gets QUOTE_LIMIT).
+    NESTED_STRING = 40
+    #: Integers wider than this are named by their width: the repr of a huge one is slow, and refused past
+    #: ``sys.get_int_max_str_digits()``.
+    MAX_INT_BITS = 256
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxdict = 4
+        self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdeque = 6
+        self.maxstring = self.maxother = QUOTE_LIMIT
+        self.maxlong = 60
+
+    def repr_str(self, x: str, level: int) -> str:
+        limit = self.maxstring if level == self.maxlevel else self.NESTED_STRING
+        if len(x) <= limit:
+            return repr(x)
+        return repr(x[:limit]) + "…"
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x) if len(x) <= self.NESTED_STRING else repr(x[: self.NESTED_STRING]) + "…"
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > self.MAX_INT_BITS:
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_QUOTING = _Quoting()
+
+
+def quote_value(value: Any) -> str:
+    """``value`` as a refusal quotes it: its repr, bounded to QUOTE_LIMIT characters, storable and on one line."""
+    return one_line(_QUOTING.repr(value), QUOTE_LIMIT)
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` clipped to ``limit`` characters, with every line break and control character written as its escape."""
+    clipped = storable_text(text, limit)
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), clipped)
 
 
 class FieldValueError(ValueError):
     """A configured value refused: ``<field>=<value>: <what is allowed> (<where> <source>)``.
 
     Settings and the company file refuse a value in the same words, so an
-    operator reads one shape whichever file was wrong.
+    operator reads one shape whichever file was wrong. The message is one
+    line and bounded whatever was refused (:func:`quote_value`): the admin's
+    revision form shows it, and a value crafted to make it large must not
+    take the node's memory.
     """
 
     #: How the source is introduced in the message ("from" an env var, "in" a file).
@@ -78,14 +160,14 @@ class FieldValueError(ValueError):
         self.value = value
         self.allowed = allowed
         self.source = source
-        message = f"{field}={self.show(value)}: {allowed}"
+        message = f"{one_line(field, QUOTE_LIMIT)}={self.show(value)}: {one_line(allowed, ALLOWED_LIMIT)}"
         if source:
-            message += f" ({self.where} {source})"
+            message += f" ({self.where} {one_line(source, QUOTE_LIMIT)})"
         super().__init__(message)
 
     @staticmethod
     def show(value: Any) -> str:
-        return repr(value)
+        return quote_value(value)
 
 
 class SettingsError(FieldValueError):
@@ -103,10 +185,20 @@ class SettingsError(FieldValueError):
 
 
 def _show(value: Any) -> str:
-    """How a value reads in a message: numbers plainly (0, 720.5), everything else as repr."""
+    """How a value reads in a message: numbers plainly (0, 720.5), everything else as its bounded repr."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
-    return repr(value)
+    return quote_value(value)
+
+
+def is_finite_number(value: Any) -> bool:
+    """An int or a finite float, never a bool: NaN passes every range check by failing every comparison.
+
+    An int is finite however large (``math.isfinite`` would overflow converting one past a float's range).
+    """
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def redact_url(url: str) -> str:
@@ -167,7 +259,7 @@ def _check_field(section: str, f: dataclasses.Field, cls: type, value: Any) -> A
         if isinstance(value, bool) or not isinstance(value, int):
             raise SettingsError(name, value, f"must be an integer{span}")
     elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_finite_number(value):
             raise SettingsError(name, value, f"must be a number{span}")
         value = float(value)
     elif kind is str:
@@ -219,7 +311,7 @@ def _check_items(name: str, values: Strings, valid: typing.Callable[[str], bool]
     """Each of a list setting's values ``valid`` (else "'x' is not <what>"), and none twice."""
     for value in values:
         if not valid(value):
-            raise SettingsError(name, list(values), f"{value!r} is not {what}")
+            raise SettingsError(name, list(values), f"{quote_value(value)} is not {what}")
     if len(set(values)) != len(values):
         raise SettingsError(name, list(values), f"must not name a {noun} twice")
 
@@ -264,6 +356,14 @@ class ClusterSettings(_Section):
         _check_name("stream.cluster.name", self.name)
         if self.peers and not self.name:
             raise SettingsError("stream.cluster.name", self.name, "required when stream.cluster.peers is set")
+        if self.name and not self.peers:
+            # nats-server itself refuses a JetStream cluster with no route to another member, but only once
+            # started, and in its own words; a lone broker is the empty name.
+            raise SettingsError(
+                "stream.cluster.name", self.name,
+                "needs stream.cluster.peers: a JetStream cluster has at least one other member to route to "
+                "(leave stream.cluster.name empty for a lone broker)",
+            )
         if not self.host or any(c.isspace() for c in self.host):
             raise SettingsError("stream.cluster.host", self.host, "must be an address to listen on (0.0.0.0, 127.0.0.1, a host name)")
         _check_items("stream.cluster.peers", self.peers, lambda p: _peer(p) is not None, "host:port (a port from 1 to 65535)", "peer")
@@ -386,11 +486,11 @@ class DeliverySettings(_Section):
     SECTION = "delivery"
 
     backoff_base_s: float = setting(
-        Timings.backoff_base_s, env="CREWLET_DELIVERY_BACKOFF_BASE_S", bounds=(0, 3600),
+        Timings.backoff_base_s, env="CREWLET_DELIVERY_BACKOFF_BASE_S", bounds=(MIN_BACKOFF_S, 3600),
         doc="spacing before the first redelivery of a failed message; doubles per failure",
     )
     backoff_cap_s: float = setting(
-        Timings.backoff_cap_s, env="CREWLET_DELIVERY_BACKOFF_CAP_S", bounds=(0, 3600),
+        Timings.backoff_cap_s, env="CREWLET_DELIVERY_BACKOFF_CAP_S", bounds=(MIN_BACKOFF_S, 3600),
         doc="the most a redelivery's spacing grows to",
     )
 
@@ -417,7 +517,7 @@ class ToolSettings(_Section):
         doc="the longest an MCP server may take to start and list its tools",
     )
     restart_backoff_s: float = setting(
-        1.0, env="CREWLET_TOOLS_RESTART_BACKOFF_S", bounds=(0, 3600),
+        1.0, env="CREWLET_TOOLS_RESTART_BACKOFF_S", bounds=(MIN_BACKOFF_S, 3600),
         doc="wait before restarting an MCP server that died or would not start; doubles per failed start, to a minute",
     )
 
@@ -510,6 +610,11 @@ def _parse_env(name: str, kind: type, raw: str, bounds: Optional[tuple[float, fl
     """Turn an environment string into the field's type; the range is checked later, with the rest."""
     span = _span(bounds)
     text = raw.strip()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # os.environ holds undecodable bytes as lone surrogates, which no store, path or log line can carry.
+        raise SettingsError(name, raw, "is not UTF-8 text") from None
     if kind is int:
         if not re.fullmatch(r"[+-]?\d+", text):
             raise SettingsError(name, raw, f"must be an integer{span}")
@@ -527,15 +632,209 @@ def _parse_env(name: str, kind: type, raw: str, bounds: Optional[tuple[float, fl
     return text
 
 
-def _read_file(path: str) -> Mapping[str, Any]:
+# ---------------------------------------------------------------------------
+# YAML files: the settings file and the company file
+
+
+class YAMLRefused(yaml.YAMLError):
+    """What :class:`GuardedLoader` will not build: the dotted ``field`` ("" for the whole document), its value and why."""
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        super().__init__(allowed)
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+
+
+class _Elided(str):
+    """A value shown as itself rather than quoted (``{…}`` for a mapping a refusal does not spell out)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+_YAMLPath = list[Union[str, int, None]]
+
+
+def _dotted(path: _YAMLPath) -> str:
+    """``seats[0].handle`` from the parts of a path (None, a mapping key being composed, is left out)."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part is not None:
+            out += f".{part}" if out else part
+    return out
+
+
+class GuardedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing what the safe loader takes silently or cannot survive.
+
+    The checks run while the document is composed into nodes, before any
+    Python value is built, so a refused document costs no more than its text:
+
+    * depth — past :data:`YAML_MAX_DEPTH` levels (the composer recurses once
+      per level, and 20,000 levels were a ``RecursionError``);
+    * aliases — an alias counts as every value it names, so a document whose
+      expansion passes :data:`YAML_MAX_VALUES` is refused however few
+      characters it is (nine levels of nine aliases are 387 million values),
+      and an alias inside the value it names (a value containing itself) is
+      refused outright;
+    * duplicate keys — the safe loader keeps the last of two equal keys without
+      a word; here the second is refused, naming its path and both lines (a
+      merge key's overrides, ``<<: *defaults``, are not duplicates);
+    * unreadable scalars — a date like ``2024-13-45`` or a decimal integer past
+      Python's digit limit is a ``ValueError`` inside PyYAML, refused here as
+      invalid YAML at its line.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._path: _YAMLPath = []
+        self._values = 0
+        #: id(anchored node) -> how many values it expands to, known once it is composed.
+        self._expanded: dict[int, int] = {}
+
+    def _spend(self, values: int, mark: Any) -> None:
+        self._values += values
+        if self._values > YAML_MAX_VALUES:
+            raise YAMLRefused(
+                "", None, f"holds more than {YAML_MAX_VALUES} values once its aliases are expanded (line {mark.line + 1})"
+            )
+
+    @staticmethod
+    def _part(parent: Optional[yaml.Node], index: Any) -> Union[str, int, None]:
+        if isinstance(index, int):
+            return index
+        if isinstance(index, yaml.ScalarNode):
+            return str(index.value)
+        if isinstance(index, yaml.Node):
+            return "?"  # a mapping key that is itself a collection
+        return None
+
+    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> Optional[yaml.Node]:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            target = self.anchors.get(event.anchor)
+            if target is not None:  # an undefined alias is PyYAML's own error
+                expanded = self._expanded.get(id(target))
+                if expanded is None:
+                    raise YAMLRefused(
+                        _dotted([*self._path, self._part(parent, index)]), _Elided(f"*{event.anchor}"),
+                        f"is an alias inside the value it names (line {event.start_mark.line + 1}); a value cannot contain itself",
+                    )
+                self._spend(expanded, event.start_mark)
+            return super().compose_node(parent, index)
+        event = self.peek_event()
+        if len(self._path) >= YAML_MAX_DEPTH:
+            raise YAMLRefused("", None, f"nests deeper than {YAML_MAX_DEPTH} levels (line {event.start_mark.line + 1})")
+        self._path.append(self._part(parent, index))
+        before = self._values
+        self._spend(1, event.start_mark)
+        node = super().compose_node(parent, index)
+        self._path.pop()
+        if event.anchor is not None and node is not None:
+            self._expanded[id(node)] = self._values - before
+        return node
+
+    def compose_mapping_node(self, anchor: Any) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)
+        first: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == _YAML_MERGE_TAG:
+                continue
+            line, same = key.start_mark.line + 1, (key.tag, key.value)
+            if same not in first:
+                first[same] = line
+                continue
+            if isinstance(value, yaml.ScalarNode):
+                shown: Any = value.value
+            else:
+                shown = _Elided("[…]" if isinstance(value, yaml.SequenceNode) else "{…}")
+            raise YAMLRefused(
+                _dotted([*self._path, str(key.value)]), shown,
+                f"is given twice, on line {first[same]} and again on line {line}; a key may appear once in a mapping",
+            )
+        return node
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read this value ({exc})", node.start_mark) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line for PyYAML's own error: what it found and where (its str is several lines, with snippets)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        parts = [
+            f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else str(what)
+            for what, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark))
+            if what
+        ]
+        return "; ".join(parts) or type(exc).__name__
+    if isinstance(exc, yaml.reader.ReaderError):
+        char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        return f"{exc.reason}: character {char} at position {exc.position}"
+    return str(exc) or type(exc).__name__
+
+
+def load_yaml(
+    text: str, *, document: str, name: Optional[str], error: type[FieldValueError], where: Optional[str] = None
+) -> Any:
+    """The one YAML document in ``text``, read by :class:`GuardedLoader`; anything refused raises ``error``.
+
+    A refusal about the whole document (too large, too deep, not YAML) names
+    ``document`` and the file (``name``, or "text"); a refusal about one key (a
+    duplicate) names its dotted path and says the file was ``where`` (default
+    ``name``), the way a bad value of that key would.
+    """
+    shown = name or "text"
+    if len(text) > YAML_MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > YAML_MAX_BYTES:
+        raise error(document, shown, f"is larger than {YAML_MAX_BYTES} bytes, the most a YAML file here may be")
+    loader: Optional[GuardedLoader] = None
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise SettingsError(SETTINGS_FILE_ENV, path, f"cannot be read ({exc.strerror or exc})") from None
-    try:
-        data = yaml.safe_load(text)
+        loader = GuardedLoader(text)  # its reader refuses a character YAML does not allow here already
+        return loader.get_single_data()
+    except YAMLRefused as exc:
+        if exc.field:
+            raise error(exc.field, exc.value, exc.allowed, where if where is not None else name) from None
+        raise error(document, shown, exc.allowed) from None
     except yaml.YAMLError as exc:
-        raise SettingsError(SETTINGS_FILE_ENV, path, f"is not valid YAML ({exc})") from None
+        raise error(document, shown, f"is not valid YAML: {_yaml_problem(exc)}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def read_yaml_text(path: Union[str, Path], *, document: str, error: type[FieldValueError]) -> str:
+    """A YAML file's text: refused (``error`` naming ``document`` and the path) when unreadable, too large or not UTF-8.
+
+    At most one byte past :data:`YAML_MAX_BYTES` is read, so a huge file is
+    refused without being read into memory. Line ends come back as LF, as a
+    file opened in text mode reads them, so the text stored as a revision is
+    the same whichever line ends the file was saved with.
+    """
+    shown = str(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(YAML_MAX_BYTES + 1)
+    except OSError as exc:
+        raise error(document, shown, f"cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > YAML_MAX_BYTES:
+        raise error(document, shown, f"is larger than {YAML_MAX_BYTES} bytes, the most a YAML file here may be")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(
+            document, shown, f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8"
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _read_file(path: str) -> Mapping[str, Any]:
+    text = read_yaml_text(path, document=SETTINGS_FILE_ENV, error=SettingsError)
+    data = load_yaml(text, document=SETTINGS_FILE_ENV, name=path, error=SettingsError)
     return {} if data is None else data
 
 

@@ -8,10 +8,14 @@ which seats this node runs. Agent ids are derived, not assigned
 computes the same id with no database.
 
 A bad company file is refused at load with the field, the value and what is
-allowed, exactly like a bad engine setting.
+allowed, exactly like a bad engine setting, in one bounded line: the file is
+read by the settings' guarded YAML loader (:func:`crewlet.conf.load_yaml`:
+size, encoding, depth, alias expansion and duplicate keys), every number is
+finite and inside its range, and every interval has a floor.
 """
 from __future__ import annotations
 
+import math
 import re
 import threading
 import uuid
@@ -19,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Optional, TypedDict
 
-import yaml
-
-from crewlet.conf import NODE_ID_PATTERN, FieldValueError
+from crewlet.conf import NODE_ID_PATTERN, FieldValueError, is_finite_number, load_yaml, read_yaml_text
+from crewlet.jsontext import dotted
 from crewlet.logfmt import REDACTED, is_secret_name, redact_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -62,6 +65,16 @@ MAX_ROUNDS_RANGE = (1, 100)
 ECHO_STEP_KEYS = ("tool", "arguments", "calls", "answer")
 COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
 COALESCE_MAX_BATCH_RANGE = (1, 100)
+#: ``notification_rate_limit``, wakes per seat per second, when it is not 0 (off). A rate below one per
+#: second widens the valve's window to 1/rate seconds, so the floor bounds that window (10,000 s); above
+#: the ceiling the valve would never shut.
+RATE_LIMIT_RANGE = (0.0001, 1000.0)
+#: A schedule's ``every``, in seconds: each firing is a whole turn of a seat and a row in the
+#: coordination store, so a minute is the shortest cadence (cron's own); a year the longest.
+SCHEDULE_EVERY_RANGE_S = (60.0, 365 * 86400.0)
+#: A model provider's ``timeout_s`` and the echo model's ``delay_s``, in seconds.
+PROVIDER_TIMEOUT_RANGE_S = (0.1, 3600.0)
+ECHO_DELAY_RANGE_S = (0.0, 3600.0)
 MAX_CONCURRENT_RANGE = (1, 64)
 EXAMPLE_COMPANY = Path(__file__).resolve().parent / "companies" / "example.yaml"
 
@@ -99,14 +112,34 @@ def agent_id_for(org: str, handle: str) -> str:
     return str(uuid.uuid5(AGENT_ID_NAMESPACE, f"{org}/{handle}"))
 
 
-def parse_duration_s(text: Any, field_name: str) -> float:
-    """``90s``, ``15m``, ``24h``, ``7d`` as float seconds."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and text > 0:
-        return float(text)
-    m = _DURATION.match(str(text).strip()) if isinstance(text, str) else None
-    if not m or float(m.group(1)) <= 0:
-        raise CompanyError(field_name, text, "must be a positive duration like 90s, 15m, 24h or 7d")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
+def parse_duration_s(
+    text: Any, field_name: str, source: Optional[str] = None, bounds_s: tuple[float, float] = SCHEDULE_EVERY_RANGE_S
+) -> float:
+    """``90s``, ``15m``, ``24h``, ``7d`` (or a number of seconds) as float seconds within ``bounds_s``.
+
+    Finite only: ``.inf`` or a number of digits no float holds would be a
+    schedule that never fires, and a wait the scheduler cannot compute.
+    """
+    lo, hi = bounds_s
+    allowed = f"must be a duration like 90s, 15m, 24h or 7d, between {_duration_text(lo)} and {_duration_text(hi)}"
+    if is_finite_number(text):
+        seconds = float(text) if abs(text) <= hi else math.inf  # an int too large for a float is past the range anyway
+    else:
+        m = _DURATION.match(text.strip()) if isinstance(text, str) else None
+        if not m:
+            raise CompanyError(field_name, text, allowed, source)
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if not math.isfinite(seconds) or not lo <= seconds <= hi:
+        raise CompanyError(field_name, text, allowed, source)
+    return seconds
+
+
+def _duration_text(seconds: float) -> str:
+    """A number of seconds in the largest unit that divides it (``60.0`` -> ``1m``), as the file writes one."""
+    for unit, size in sorted(_UNIT_S.items(), key=lambda item: -item[1]):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 @dataclass(frozen=True)
@@ -296,15 +329,30 @@ def _known(body: Mapping[str, Any], prefix: str, allowed: tuple[str, ...], sourc
 
 
 def _number(value: Any, name: str, lo: float, hi: Optional[float], integer: bool, source: Optional[str]) -> Any:
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    """A whole number or a finite number within [lo, hi] (no upper bound when ``hi`` is None).
+
+    NaN compares false with every bound, so it is refused as not a number
+    rather than let through a range check; infinity is refused the same way.
+    """
+    ok = isinstance(value, int) if integer else is_finite_number(value)
+    bound = f"between {lo:g} and {hi:g}" if hi is not None else f">= {lo:g}"
     if isinstance(value, bool) or not ok:
         what = "a whole number" if integer else "a number"
-        bound = f"between {lo:g} and {hi:g}" if hi is not None else f">= {lo:g}"
         raise CompanyError(name, value, f"must be {what} {bound}", source)
     if value < lo or (hi is not None and value > hi):
-        bound = f"between {lo:g} and {hi:g}" if hi is not None else f">= {lo:g}"
         raise CompanyError(name, value, f"must be {bound}", source)
     return int(value) if integer else float(value)
+
+
+def _rate(value: Any, name: str, source: Optional[str]) -> float:
+    """``notification_rate_limit``: 0 (off), or a finite rate within :data:`RATE_LIMIT_RANGE`."""
+    lo, hi = RATE_LIMIT_RANGE
+    allowed = f"must be 0 (off) or a number of wakes per second between {lo:g} and {hi:g}"
+    if not is_finite_number(value):
+        raise CompanyError(name, value, allowed, source)
+    if value != 0 and not lo <= value <= hi:
+        raise CompanyError(name, value, allowed, source)
+    return float(value)
 
 
 def _string(value: Any, name: str, source: Optional[str], pattern: Optional[re.Pattern[str]] = None, what: str = "") -> str:
@@ -414,7 +462,7 @@ def _echo_options(options: dict[str, Any], name: str, source: Optional[str]) -> 
     if "match" in options:
         _string(options["match"], f"{name}.match", source)
     if "delay_s" in options:
-        options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", 0.0, 3600.0, False, source)
+        options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", *ECHO_DELAY_RANGE_S, False, source)
     for flag in ("fail", "repeat"):
         if flag in options and not isinstance(options[flag], bool):
             raise CompanyError(f"{name}.{flag}", options[flag], "must be true or false", source)
@@ -441,10 +489,28 @@ def _echo_options(options: dict[str, Any], name: str, source: Optional[str]) -> 
             _known(call, f"{cwhere}.", ("tool", "arguments"), source)
             tool = _string(call.get("tool"), f"{cwhere}.tool", source)
             arguments = _mapping(call.get("arguments"), f"{cwhere}.arguments", source)
+            _refuse_non_finite(arguments, f"{cwhere}.arguments", source)
             checked.append({"tool": tool, "arguments": dict(arguments)})
         steps.append({"calls": checked})
     if script:
         options["script"] = steps
+
+
+def _refuse_non_finite(value: Any, name: str, source: Optional[str]) -> None:
+    """Refuse NaN or infinity anywhere in ``value`` (a tool call's arguments): JSON has neither, so every call would fail.
+
+    Walked with an explicit stack: the loader bounds how many values there
+    are, not how deep a walk of them would recurse.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise CompanyError(dotted(at, name), item, "must be a finite number: JSON has no NaN or infinity", source)
+        if isinstance(item, Mapping):
+            stack.extend((child, (*at, str(key))) for key, child in item.items())
+        elif isinstance(item, list):
+            stack.extend((child, (*at, i)) for i, child in enumerate(item))
 
 
 def _model_options(kind: str, options: dict[str, Any], name: str, source: Optional[str]) -> None:
@@ -463,7 +529,7 @@ def _model_options(kind: str, options: dict[str, Any], name: str, source: Option
             _refuse_inline_secret(f"{name}.api_key_env", "must name the environment variable holding the key, not the key", source)
         _string(env, f"{name}.api_key_env", source, _ENV, "must be an environment variable name")
     if "timeout_s" in options:
-        options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", 0.1, 3600.0, False, source)
+        options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", *PROVIDER_TIMEOUT_RANGE_S, False, source)
     if "max_tokens" in options:
         options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
 
@@ -611,7 +677,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
         True,
         source,
     )
-    rate = _number(data.get("notification_rate_limit", 0), "notification_rate_limit", 0.0, None, False, source)
+    rate = _rate(data.get("notification_rate_limit", 0), "notification_rate_limit", source)
 
     mcp_servers = _mcp_servers(data.get("mcp_servers"), source)
 
@@ -717,7 +783,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
             Schedule(
                 name=sname,
                 seat=seat_handle,
-                every_s=parse_duration_s(entry.get("every"), f"{name}.every"),
+                every_s=parse_duration_s(entry.get("every"), f"{name}.every", source),
                 task=_string(entry.get("task"), f"{name}.task", source),
             )
         )
@@ -738,20 +804,18 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
 
 
 def parse_company_text(text: str, *, source: Optional[str] = None) -> Organization:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CompanyError("company", (source or "text"), f"is not valid YAML ({exc})", source) from None
+    """Validate the company file's text (a file's, or a revision's when ``source`` is None); raises :class:`CompanyError`."""
+    data = load_yaml(text, document="company", name=source, error=CompanyError)
     return parse_company(data, source=source, text=text)
 
 
+def read_company_text(path: str | Path) -> str:
+    """The company file's text; unreadable, larger than the loader takes, or not UTF-8 is a :class:`CompanyError`."""
+    return read_yaml_text(path, document="company", error=CompanyError)
+
+
 def load_company(path: str | Path = EXAMPLE_COMPANY) -> Organization:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CompanyError("company", str(p), f"cannot be read ({exc.strerror})") from None
-    return parse_company_text(text, source=str(p))
+    return parse_company_text(read_company_text(path), source=str(path))
 
 
 class CompanyHolder:

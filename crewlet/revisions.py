@@ -39,7 +39,7 @@ from crewlet.events.emit import Emitter
 from crewlet.engine import Periodic, Service
 from crewlet.events.types import ConfigRevisionActivated, ConfigRevisionApplied
 from crewlet.interfaces import CONFIG_POLLER, SEAT_RUNTIME, SeatLoops
-from crewlet.org import CompanyError, Organization, parse_company_text
+from crewlet.org import CompanyError, Organization, parse_company_text, read_company_text
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
@@ -178,10 +178,7 @@ def import_first_revision(path: str | Path, author: str = "up") -> Any:
     from crewlet.models import ConfigRevision
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CompanyError("company", str(p), f"cannot be read ({exc.strerror})") from None
+    text = read_company_text(p)
     parse_company_text(text, source=str(p))
     with transaction.atomic(using="default"):
         if ConfigRevision.objects.exists():

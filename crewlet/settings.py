@@ -9,9 +9,16 @@ Environment:
   CREWLET_VAR_DIR       where SQLite files and local state live (default ./var)
   CREWLET_SECRET_KEY    required to be shared by every node of a fleet
   CREWLET_DEBUG, CREWLET_ALLOWED_HOSTS, CREWLET_LOG_LEVEL, CREWLET_LOG_FORMAT (kv|json)
+
+Every variable read here is checked as it is read: a bad one is an
+:class:`EnvironmentValueError` (``<VAR>=<value>: <what is allowed>``, one
+line, never a secret's value), which stops Django loading its settings and
+which ``manage.py`` prints as that one line.
 """
 from __future__ import annotations
 
+import logging
+import math
 import os
 import secrets
 from pathlib import Path
@@ -19,33 +26,101 @@ from typing import Any, Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
+from crewlet.conf import FieldValueError
+from crewlet.redact import REDACTED
+from crewlet.web import DEFAULT_MAX_BODY_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES, WEBHOOK_MAX_BODY_SETTING
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("CREWLET_VAR_DIR") or BASE_DIR / "var").resolve()
+
+#: What a boolean variable may say; empty (or unset) is its default.
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+DATABASE_KINDS = ("sqlite", "postgres")
+LOG_FORMATS = ("kv", "json")
+#: The level names the logging module knows (CREWLET_LOG_LEVEL, any case).
+LOG_LEVELS = tuple(logging.getLevelNamesMapping())
+
+
+class EnvironmentValueError(FieldValueError, ImproperlyConfigured):
+    """A Django-side environment variable refused: ``<VAR>=<value>: <what is allowed>``.
+
+    An ImproperlyConfigured, so Django stops loading its settings on it, and a
+    FieldValueError, so it reads like every engine setting and company file
+    refusal (bounded, one line).
+    """
+
+
+def _env(name: str, env: Mapping[str, str] = os.environ, *, default: str = "", secret: bool = False) -> str:
+    """A variable's text (``default`` when unset); one that is not UTF-8 is refused, a secret's never quoted.
+
+    os.environ holds undecodable bytes as lone surrogates, which fail later and
+    far away: in a SQLite path, a signing key, a log line.
+    """
+    value = env.get(name, default)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EnvironmentValueError(name, REDACTED if secret else value, "is not UTF-8 text") from None
+    return value
 
 
 def _flag(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
+    """A boolean variable: one of TRUE_WORDS or FALSE_WORDS (any case); anything else is refused, never read as false."""
+    raw = _env(name)
+    value = raw.strip().lower()
+    if value == "":
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value not in TRUE_WORDS + FALSE_WORDS:
+        raise EnvironmentValueError(name, raw, f"must be one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+    return value in TRUE_WORDS
 
 
 def _number(name: str, default: float, low: float, high: float) -> float:
-    """A numeric environment variable within [low, high]; a bad one stops start-up naming it."""
-    value = os.environ.get(name, "").strip()
+    """A finite numeric variable within [low, high]; a bad one stops start-up naming it."""
+    value = _env(name).strip()
     if not value:
         return default
+    allowed = f"must be a number between {low:g} and {high:g}"
     try:
         number = float(value)
     except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r}: must be a number between {low:g} and {high:g}") from None
-    if not low <= number <= high:  # NaN fails this too
-        raise ImproperlyConfigured(f"{name}={value!r}: must be a number between {low:g} and {high:g}")
+        raise EnvironmentValueError(name, value, allowed) from None
+    if not math.isfinite(number) or not low <= number <= high:
+        raise EnvironmentValueError(name, value, allowed)
     return number
 
 
+def _integer(name: str, default: int, low: int, high: int, env: Mapping[str, str] = os.environ) -> int:
+    """A whole-number variable within [low, high] (``2.5e6`` is one; ``2.5`` is refused, never cut to 2)."""
+    value = _env(name, env).strip()
+    if not value:
+        return default
+    allowed = f"must be a whole number between {low} and {high}"
+    try:
+        number = float(value)
+    except ValueError:
+        raise EnvironmentValueError(name, value, allowed) from None
+    if not math.isfinite(number) or not number.is_integer() or not low <= number <= high:
+        raise EnvironmentValueError(name, value, allowed)
+    return int(number)
+
+
+def _choice(name: str, default: str, choices: tuple[str, ...], env: Mapping[str, str] = os.environ, *, fold: bool = False) -> str:
+    """One of ``choices`` (compared upper-cased when ``fold``); unset or empty is ``default``."""
+    value = _env(name, env).strip()
+    if not value:
+        return default
+    chosen = value.upper() if fold else value
+    if chosen not in choices:
+        raise EnvironmentValueError(name, value, f"must be one of {', '.join(choices)}")
+    return chosen
+
+
 def _list(name: str, default: str = "") -> list[str]:
-    return [item.strip() for item in (os.environ.get(name) or default).split(",") if item.strip()]
+    return [item.strip() for item in (_env(name) or default).split(",") if item.strip()]
+
+
+VAR_DIR = Path(_env("CREWLET_VAR_DIR") or BASE_DIR / "var").resolve()
 
 
 def _secret_key() -> str:
@@ -54,7 +129,7 @@ def _secret_key() -> str:
     Never a constant in the repository: that would sign every laptop's
     sessions with a key anyone can read.
     """
-    key = os.environ.get("CREWLET_SECRET_KEY", "")
+    key = _env("CREWLET_SECRET_KEY", secret=True)
     if key:
         return key
     path = VAR_DIR / "secret_key"
@@ -90,7 +165,7 @@ def database_settings(env: Mapping[str, str], var_dir: Path) -> dict[str, dict[s
     PostgreSQL: one server, two databases, each with its own test database
     name so pytest-django creates both.
     """
-    kind = env.get("CREWLET_DATABASE", "") or "sqlite"
+    kind = _choice("CREWLET_DATABASE", "sqlite", DATABASE_KINDS, env)
     if kind == "sqlite":
         def sqlite(name: str) -> dict[str, Any]:
             return {
@@ -108,25 +183,29 @@ def database_settings(env: Mapping[str, str], var_dir: Path) -> dict[str, dict[s
 
         return {"default": sqlite("crewlet.sqlite3"), "events": sqlite("events.sqlite3")}
     if kind == "postgres":
+        # Unset means libpq's default port; a given one must be a port, not whatever libpq makes of it.
+        port_number = _integer("CREWLET_PG_PORT", 0, 1, 65535, env)
+        port = str(port_number) if port_number else ""
+
         def postgres(name: str) -> dict[str, Any]:
             return {
                 "ENGINE": "django.db.backends.postgresql",
-                "HOST": env.get("CREWLET_PG_HOST", "/var/run/postgresql"),
-                "PORT": env.get("CREWLET_PG_PORT", ""),
+                "HOST": _env("CREWLET_PG_HOST", env, default="/var/run/postgresql"),
+                "PORT": port,
                 # Empty means libpq's default: the OS user (root on these machines).
-                "USER": env.get("CREWLET_PG_USER", ""),
-                "PASSWORD": env.get("CREWLET_PG_PASSWORD", ""),
+                "USER": _env("CREWLET_PG_USER", env),
+                "PASSWORD": _env("CREWLET_PG_PASSWORD", env, secret=True),
                 "NAME": name,
                 "CONN_HEALTH_CHECKS": True,
                 "TEST": {"NAME": f"test_{name}"},
             }
 
-        events = postgres(env.get("CREWLET_PG_EVENTS_DBNAME", "") or "crewlet_events")
+        events = postgres(_env("CREWLET_PG_EVENTS_DBNAME", env) or "crewlet_events")
         # The event store runs a few fixed statements very often (the writer's insert,
         # a page of events): parameters bound server-side, so psycopg can prepare them.
         events["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
-        return {"default": postgres(env.get("CREWLET_PG_DBNAME", "") or "crewlet"), "events": events}
-    raise ImproperlyConfigured(f"CREWLET_DATABASE={kind!r}: must be one of sqlite, postgres")
+        return {"default": postgres(_env("CREWLET_PG_DBNAME", env) or "crewlet"), "events": events}
+    raise EnvironmentValueError("CREWLET_DATABASE", kind, f"must be one of {', '.join(DATABASE_KINDS)}")
 
 
 SECRET_KEY = _secret_key()
@@ -142,11 +221,13 @@ CSRF_TRUSTED_ORIGINS = _list("CREWLET_TRUSTED_ORIGINS")
 # is refused with 413 as soon as that many bytes have arrived.
 HTTP_HEADER_TIMEOUT_S = _number("CREWLET_HTTP_HEADER_TIMEOUT_S", 10.0, 0.1, 3600.0)
 HTTP_IDLE_TIMEOUT_S = _number("CREWLET_HTTP_IDLE_TIMEOUT_S", 30.0, 0.1, 3600.0)
-DATA_UPLOAD_MAX_MEMORY_SIZE = int(_number("CREWLET_HTTP_MAX_BODY_BYTES", 2.5 * 1024 * 1024, 1024, 1024**3))
+DATA_UPLOAD_MAX_MEMORY_SIZE = _integer("CREWLET_HTTP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3)
+#: The webhook routes' own body limit (crewlet.web reads it from here, and the edge checks it again).
+CREWLET_WEBHOOK_MAX_BODY_BYTES = _integer(WEBHOOK_MAX_BODY_SETTING, DEFAULT_WEBHOOK_MAX_BODY_BYTES, 1024, 1024**3)
 #: An open /ws/stream checks its credential again this often (a revoked one closes it).
 WS_CREDENTIAL_RECHECK_S = _number("CREWLET_WS_RECHECK_S", 10.0, 0.1, 3600.0)
 #: Failed sign-ins allowed per client address and per username in LOGIN_FAILURE_WINDOW_S, then 429.
-LOGIN_FAILURE_LIMIT = int(_number("CREWLET_LOGIN_FAILURES", 5, 1, 1000))
+LOGIN_FAILURE_LIMIT = _integer("CREWLET_LOGIN_FAILURES", 5, 1, 1000)
 LOGIN_FAILURE_WINDOW_S = _number("CREWLET_LOGIN_WINDOW_S", 60.0, 1.0, 86400.0)
 #: /healthz waits this long for the broker to answer a round trip before calling it unresponsive.
 HEALTH_BROKER_TIMEOUT_S = _number("CREWLET_HEALTH_BROKER_TIMEOUT_S", 1.5, 0.05, 30.0)
@@ -158,7 +239,7 @@ SURFACE_SOCKET_RETRY_MIN_S = _number("CREWLET_SOCKET_RETRY_MIN_S", 1.0, 0.01, 60
 SURFACE_SOCKET_RETRY_MAX_S = _number("CREWLET_SOCKET_RETRY_MAX_S", 60.0, 0.01, 3600.0)
 SURFACE_SOCKET_PING_S = _number("CREWLET_SOCKET_PING_S", 10.0, 0.1, 600.0)
 #: A bearer token that may read GET /metrics and nothing else (an operator token may too); "" = none.
-METRICS_TOKEN = os.environ.get("CREWLET_METRICS_TOKEN", "").strip()
+METRICS_TOKEN = _env("CREWLET_METRICS_TOKEN", secret=True).strip()
 if METRICS_TOKEN and (len(METRICS_TOKEN) < 16 or not METRICS_TOKEN.isascii() or any(c.isspace() for c in METRICS_TOKEN)):
     raise ImproperlyConfigured("CREWLET_METRICS_TOKEN must be at least 16 ASCII characters with no spaces")
 
@@ -168,7 +249,7 @@ LOGIN_REDIRECT_URL = "dash-overview"
 # Production behind TLS (what `manage.py check --deploy` asks for; README "Production").
 # Off by default: `up` on a laptop is plain http, where secure-only cookies would never be sent back.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _flag("CREWLET_SECURE_COOKIES")
-SECURE_HSTS_SECONDS = int(_number("CREWLET_HSTS_SECONDS", 0, 0, 10 * 365 * 86400))
+SECURE_HSTS_SECONDS = _integer("CREWLET_HSTS_SECONDS", 0, 0, 10 * 365 * 86400)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("CREWLET_HSTS_INCLUDE_SUBDOMAINS")
 SECURE_HSTS_PRELOAD = _flag("CREWLET_HSTS_PRELOAD")
 SECURE_SSL_REDIRECT = _flag("CREWLET_SSL_REDIRECT")
@@ -291,11 +372,11 @@ LOGGING: dict[str, Any] = {
     "handlers": {
         "stderr": {
             "class": "logging.StreamHandler",
-            "formatter": "json" if os.environ.get("CREWLET_LOG_FORMAT", "kv") == "json" else "kv",
+            "formatter": _choice("CREWLET_LOG_FORMAT", "kv", LOG_FORMATS),
             "filters": ["trace", "redact"],
         },
     },
-    "root": {"handlers": ["stderr"], "level": os.environ.get("CREWLET_LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["stderr"], "level": _choice("CREWLET_LOG_LEVEL", "INFO", LOG_LEVELS, fold=True)},
     "loggers": {
         # Django logs request errors itself; keep its chatter at WARNING.
         "django": {"level": "WARNING", "propagate": True},

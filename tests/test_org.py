@@ -67,7 +67,7 @@ def test_an_empty_provider_list_is_a_valid_company_with_no_model_provider():
         ({"notification_coalesce_max_batch": 0}, "notification_coalesce_max_batch=0: must be between 1 and 100"),
         ({"notification_coalesce_max_batch": 101}, "notification_coalesce_max_batch=101: must be between 1 and 100"),
         ({"notification_coalesce_max_batch": 2.5}, "notification_coalesce_max_batch=2.5: must be a whole number between 1 and 100"),
-        ({"notification_rate_limit": -1}, "notification_rate_limit=-1: must be >= 0"),
+        ({"notification_rate_limit": -1}, "notification_rate_limit=-1: must be 0 (off) or a number of wakes per second between 0.0001 and 1000"),
         ({"node": {"max_concurrent": 0}}, "node.max_concurrent=0: must be between 1 and 64"),
         ({"providers": {"llm": [{"kind": "magic"}]}}, "providers.llm[0].kind='magic': must be one of echo, openai"),
         ({"providers": {"llm": [{"kind": "openai", "model": "m"}]}}, "providers.llm[0].base_url=None: must be a non-empty string"),
@@ -77,7 +77,7 @@ def test_an_empty_provider_list_is_a_valid_company_with_no_model_provider():
         ({"seats": [{"handle": "ada", "kind": "robot"}]}, "seats[0].kind='robot': must be one of agent, human"),
         ({"seats": [{"handle": "ada"}, {"handle": "ada"}]}, "seats[1].handle='ada': must be unique"),
         ({"schedules": [{"name": "s", "seat": "nobody", "every": "1h", "task": "t"}]}, "schedules[0].seat='nobody': must be an agent seat"),
-        ({"schedules": [{"name": "s", "seat": "ada", "every": "often", "task": "t"}]}, "schedules[0].every='often': must be a positive duration"),
+        ({"schedules": [{"name": "s", "seat": "ada", "every": "often", "task": "t"}]}, "schedules[0].every='often': must be a duration like 90s, 15m, 24h or 7d, between 1m and 365d"),
         ({"colour": "blue"}, "colour='blue': unknown key"),
     ],
 )
