@@ -112,9 +112,8 @@ def receiver() -> Iterator[Receiver]:
     found.server.server_close()
 
 
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[UpProcess]:
-    tmp = tmp_path_factory.mktemp("operability")
+def _observed_up(tmp: Path, receiver: Receiver) -> UpProcess:
+    """``up`` exporting its spans to ``receiver`` (held until it stops), with a scrape token and a short broker probe."""
     env = up_env(
         CREWLET_VAR_DIR=str(tmp / "data"),
         CREWLET_OPERATOR_TOKEN=TOKEN,
@@ -129,7 +128,12 @@ def up(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator
         OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4096",
         OTEL_BSP_MAX_QUEUE_SIZE="16384",
     )
-    yield from serve(UpProcess(tmp, node=NODE, env=env))
+    return UpProcess(tmp, node=NODE, env=env)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[UpProcess]:
+    yield from serve(_observed_up(tmp_path_factory.mktemp("operability"), receiver))
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -300,13 +304,32 @@ def test_a_frozen_broker_makes_readyz_503_naming_the_broker_while_livez_stays_20
     wait_until(lambda: _json(up, "/readyz")[0] == 200, WAIT_S, "/readyz back to 200 after SIGCONT")
 
 
-# -- OpenTelemetry, through the standard variables (last: it stops ``up``) -----------------------------
+# -- OpenTelemetry, through the standard variables (its own `up`: the case stops it) ----------------
+
+
+@pytest.fixture
+def own_receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    found.thread.start()
+    yield found
+    found.server.shutdown()
+    found.server.server_close()
+
+
+@pytest.fixture
+def stopping_up(tmp_path: Path, own_receiver: Receiver) -> Iterator[UpProcess]:
+    yield from serve(_observed_up(tmp_path, own_receiver))
 
 
 @pytest.mark.timeout(180)
 def test_a_webhooks_spans_reach_the_collector_under_otel_service_name_with_its_trace_id_when_up_stops(
-    up: UpProcess, receiver: Receiver
+    stopping_up: UpProcess, own_receiver: Receiver
 ) -> None:
+    up, receiver = stopping_up, own_receiver
+    # What the instrumentation's own variables decide about: a probe it excludes, one it keeps, credentials it captures.
+    assert _json(up, "/readyz")[0] == 200 and http_call("GET", up.url + "/livez")[0] == 200
+    assert http_call("GET", up.url + "/metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"})[0] == 200
+    assert http_call("GET", up.url + "/api/events", headers={"Authorization": f"Bearer {TOKEN}"})[0] == 200
     trace_id, parent_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     answer = _post_webhook(up, "trace me", {"traceparent": f"00-{trace_id}-{parent_id}-01"})
     assert answer["trace_id"] == trace_id
