@@ -28,7 +28,15 @@ from django.core.exceptions import ImproperlyConfigured
 
 from crewlet.conf import FieldValueError
 from crewlet.redact import REDACTED
-from crewlet.web import DEFAULT_MAX_BODY_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES, WEBHOOK_MAX_BODY_SETTING
+from crewlet.web import (
+    BODY_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_WEBHOOK_MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_CLIENT,
+    MAX_STREAMS,
+    WEBHOOK_MAX_BODY_SETTING,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -224,11 +232,21 @@ HTTP_IDLE_TIMEOUT_S = _number("CREWLET_HTTP_IDLE_TIMEOUT_S", 30.0, 0.1, 3600.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = _integer("CREWLET_HTTP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3)
 #: The webhook routes' own body limit (crewlet.web reads it from here, and the edge checks it again).
 CREWLET_WEBHOOK_MAX_BODY_BYTES = _integer(WEBHOOK_MAX_BODY_SETTING, DEFAULT_WEBHOOK_MAX_BODY_BYTES, 1024, 1024**3)
+#: A request body must be whole this long after its head, however slowly it trickles (then 408).
+HTTP_BODY_TIMEOUT_S = _number(BODY_TIMEOUT.env, BODY_TIMEOUT.default, BODY_TIMEOUT.low, BODY_TIMEOUT.high)
+#: Open connections in total and per client address; 0 derives each from RLIMIT_NOFILE (crewlet.web).
+HTTP_MAX_CONNECTIONS, HTTP_MAX_CONNECTIONS_PER_CLIENT = (
+    _integer(s.env, int(s.default), int(s.low), int(s.high)) for s in (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_CLIENT)
+)
 #: An open /ws/stream checks its credential again this often (a revoked one closes it).
 WS_CREDENTIAL_RECHECK_S = _number("CREWLET_WS_RECHECK_S", 10.0, 0.1, 3600.0)
-#: Failed sign-ins allowed per client address and per username in LOGIN_FAILURE_WINDOW_S, then 429.
+#: Live /ws/stream sockets one node serves (each holds a broker consumer); past it, 4013.
+WS_MAX_STREAMS = _integer(MAX_STREAMS.env, int(MAX_STREAMS.default), int(MAX_STREAMS.low), int(MAX_STREAMS.high))
+#: Failed sign-ins allowed for one account from one client address in LOGIN_FAILURE_WINDOW_S, then 429;
+#: one address may fail LOGIN_ADDRESS_FAILURE_LIMIT times across every username.
 LOGIN_FAILURE_LIMIT = _integer("CREWLET_LOGIN_FAILURES", 5, 1, 1000)
 LOGIN_FAILURE_WINDOW_S = _number("CREWLET_LOGIN_WINDOW_S", 60.0, 1.0, 86400.0)
+LOGIN_ADDRESS_FAILURE_LIMIT = _integer("CREWLET_LOGIN_ADDRESS_FAILURES", 4 * LOGIN_FAILURE_LIMIT, 1, 10_000)
 #: /healthz waits this long for the broker to answer a round trip before calling it unresponsive.
 HEALTH_BROKER_TIMEOUT_S = _number("CREWLET_HEALTH_BROKER_TIMEOUT_S", 1.5, 0.05, 30.0)
 #: /readyz gives each store this long to answer a query before calling it unreachable.

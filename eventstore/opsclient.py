@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import requests
-from websockets.exceptions import InvalidStatus, WebSocketException
+from websockets.exceptions import ConnectionClosedError, InvalidStatus, WebSocketException
 from websockets.sync.client import connect
 
 from crewlet.auth import OPERATOR_TOKEN_ENV
@@ -161,18 +161,24 @@ def follow(node: Node, limit: int = DEFAULT_LIMIT, *, emit: Callable[[str], None
 
 def _feed_rows(socket: Any) -> Iterator[dict[str, Any]]:
     """The feed rows of the socket's event frames (the snapshot is the page already printed)."""
+    closed: Optional[ConnectionClosedError] = None
     try:
         for text in socket:
             frame = json.loads(text)
             if frame.get(stream.K_KIND) == stream.KIND_EVENT and isinstance(frame.get(stream.K_EVENT), dict):
                 yield frame[stream.K_EVENT]
+    except ConnectionClosedError as exc:  # closed with a code other than 1000/1001: the code says why, below
+        closed = exc
     except WebSocketException as exc:
         raise OpsError(f"the live feed closed: {exc}") from None
     code = socket.close_code
     if code == stream.CLOSE_UNAUTHORIZED:
         raise OpsError("the node closed the live feed: the operator token was revoked")
     if code == stream.CLOSE_TRY_AGAIN_LATER:
-        raise OpsError("the node has no live feed to give (no engine runs there); try again later")
+        why = socket.close_reason or "no engine runs there"
+        raise OpsError(f"the node has no live feed to give ({why}); try again later")
+    if closed is not None:
+        raise OpsError(f"the live feed closed: {closed}") from None
 
 
 # -- dead letters --------------------------------------------------------------------------------------

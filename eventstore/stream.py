@@ -34,9 +34,25 @@ The protocol, JSON text frames (the dashboard's script depends on it exactly):
 * then per event, ``{"kind": "event", "event": <feed row or null>, "fed": bool,
   "seat": <seat row or null>, "counters": {...}}`` — ``event`` null for a type
   the feed never holds, which then carries only its seat's change, if any;
-* no queue or no live projection in this process (no engine runs here), or
-  the broker refuses the stream: the socket is accepted and closed at once
-  with 1013, "try again later".
+* no queue or no live projection in this process (no engine runs here), the
+  broker refuses the stream, or this node already serves its maximum of live
+  sockets: the socket is accepted and closed at once with
+  :data:`CLOSE_TRY_AGAIN_LATER` (4013, "try again later") and a reason
+  saying which.
+
+Why 4013 and not RFC 6455's 1013: a server may send only 1000 and
+3000-4999 itself (autobahn, under Daphne, refuses the rest — a 1013 ended as
+1011 and an error), so "try again later" is 1013's private-range twin,
+4000 + 13, beside 4401 (HTTP's 401).
+
+How many sockets a node serves at once: each live one holds an ephemeral
+JetStream consumer on ``CREWLET_EVENTS``, and the broker allows an account
+1000 consumers by default (the engines' own among them), past which a tab
+would get no stream at all. So a node serves at most ``WS_MAX_STREAMS``
+(200; ``CREWLET_WS_MAX_STREAMS``) live sockets; one more is told to try
+again later (:data:`UNAVAILABLE_FULL`), logged as ``ws_stream_shed`` once
+per burst (:class:`crewlet.web.ShedLog`). In a fleet the nodes share the
+account: nodes x ``WS_MAX_STREAMS`` must stay under its consumer limit.
 """
 from __future__ import annotations
 
@@ -53,14 +69,17 @@ from crewlet import runtime
 from crewlet.events import Event
 from crewlet.queue import topics
 from crewlet.queue.errors import QueueError
+from crewlet.web import MAX_STREAMS, ShedLog, configured
 from eventstore import projection
 
 log = logging.getLogger("crewlet.eventstore.stream")
 
 #: Where the socket is served.
 STREAM_PATH = "/ws/stream"
-#: The close code of a socket with no queue behind it (RFC 6455 "Try Again Later").
-CLOSE_TRY_AGAIN_LATER = 1013
+#: The close code of a socket this node cannot serve now: RFC 6455's 1013 "Try Again Later" in the range a
+#: server may send (4000 + 13; see the module's docstring).
+CLOSE_TRY_AGAIN_LATER = 4013
+#: Live sockets per node (each holds a broker consumer): the setting, its variable, default and range.
 #: The close code of a socket whose credential was revoked while it was open (HTTP's 401, in the 4xxx range).
 CLOSE_UNAUTHORIZED = 4401
 #: How often an open socket's credential is checked again when the settings name no interval.
@@ -81,6 +100,13 @@ REFUSED_NOT_STAFF = "session user is not active staff"
 REFUSED_BAD_TOKEN = "unknown operator token"
 REFUSED_BAD_AUTHORIZATION = "malformed Authorization header"
 REFUSED_ORIGIN = "cross-origin session"
+# Why a socket was told to try again later (its close reason, and the log's ``reason``).
+UNAVAILABLE_NO_QUEUE = "no queue"
+UNAVAILABLE_DISCONNECTED = "broker disconnected"
+UNAVAILABLE_REFUSED = "the broker refused the stream"
+UNAVAILABLE_FULL = "this node serves its maximum of live streams"
+#: The record of sockets shed past ``WS_MAX_STREAMS``.
+SHED_EVENT = "ws_stream_shed"
 # Why an open socket was closed (the log's ``reason``).
 REVOKED_TOKEN = "operator token revoked"
 REVOKED_SESSION = "session signed out, or its user is no longer active staff"
@@ -255,10 +281,41 @@ async def authenticate(scope: dict[str, Any]) -> tuple[Optional[str], str]:
     return f"staff:{user.get_username()}", ""
 
 
+def max_streams() -> int:
+    """``settings.WS_MAX_STREAMS`` (else ``CREWLET_WS_MAX_STREAMS``, else 200): live sockets this node serves at once."""
+    return int(configured(MAX_STREAMS))
+
+
+class StreamSlots:
+    """The live sockets of this process, against :func:`max_streams`: a slot is taken before a socket's consumer opens.
+
+    The count is the process's (one node), on its one loop; a slot is held
+    from before the broker consumer is asked for until the socket is gone.
+    """
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.shed_log = ShedLog(log, SHED_EVENT)
+
+    def take(self, limit: int) -> bool:
+        if self.live >= limit:
+            return False
+        self.live += 1
+        return True
+
+    def give(self) -> None:
+        self.live = max(0, self.live - 1)
+
+
+#: This process's live sockets.
+SLOTS = StreamSlots()
+
+
 class StreamConsumer(AsyncWebsocketConsumer):
     """One tab: its own broadcast stream, forwarded frame by frame after the snapshot."""
 
     who: str = ""
+    _slot: bool = False
     _stream: Any = None
     _ready: bool = False
     _send_lock: Optional[asyncio.Lock] = None
@@ -286,12 +343,18 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.who = who
         queue = runtime.current_queue()
         if queue is None or not queue.connected:
-            await self._unavailable("no queue" if queue is None else "broker disconnected")
+            await self._unavailable(UNAVAILABLE_NO_QUEUE if queue is None else UNAVAILABLE_DISCONNECTED)
             return
         live = self._live = projection.current()
         if live is None:  # no engine's projection here: no company to show, rather than some other one
             await self._unavailable(projection.NO_ENGINE)
             return
+        limit = max_streams()
+        if not SLOTS.take(limit):  # before the broker is asked for a consumer it may no longer have
+            SLOTS.shed_log.shed(reason=UNAVAILABLE_FULL, who=who, client=self._client(), live=SLOTS.live, limit=limit)
+            await self._try_again_later(UNAVAILABLE_FULL)
+            return
+        self._slot = True
         self._send_lock = asyncio.Lock()
         await self.accept()
         try:
@@ -299,7 +362,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             # before the snapshot is in it (applied first), and is not sent again.
             self._stream = await queue.subscribe_stream(topics.EVENTS_ALL, self._on_event)
         except QueueError as exc:
-            await self._unavailable(f"stream refused: {exc}", accepted=True)
+            await self._unavailable(UNAVAILABLE_REFUSED, accepted=True, detail=str(exc))
             return
         async with self._send_lock:
             frame = snapshot_frame(live)
@@ -336,11 +399,18 @@ class StreamConsumer(AsyncWebsocketConsumer):
                 await self.close(code=CLOSE_UNAUTHORIZED)
                 return
 
-    async def _unavailable(self, why: str, *, accepted: bool = False) -> None:
-        log.warning("ws_stream_unavailable", extra={"who": self.who, "reason": why, "client": self._client()})
+    async def _unavailable(self, why: str, *, accepted: bool = False, detail: str = "") -> None:
+        log.warning(
+            "ws_stream_unavailable", extra={"who": self.who, "reason": why, "detail": detail, "client": self._client()}
+        )
+        await self._try_again_later(why, accepted=accepted)
+
+    async def _try_again_later(self, why: str, *, accepted: bool = False) -> None:
+        """Accepted (so the code reaches the client, not a 403) and closed "try again later", saying ``why``."""
         if not accepted:
             await self.accept()
-        await self.close(code=CLOSE_TRY_AGAIN_LATER)
+        await self._close_stream("unavailable", CLOSE_TRY_AGAIN_LATER)
+        await self.close(code=CLOSE_TRY_AGAIN_LATER, reason=why)
 
     async def _on_event(self, topic: str, event: Event) -> None:
         live = self._live
@@ -364,6 +434,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
             recheck.cancel()
         stream, self._stream = self._stream, None
         self._ready = False
+        slot, self._slot = self._slot, False
+        if slot:
+            SLOTS.give()
         counted, self._counted = self._counted, None
         if counted is not None:
             counted.metrics.ws_clients.dec()
@@ -383,10 +456,19 @@ __all__ = [
     "CLOSE_UNAUTHORIZED",
     "KIND_EVENT",
     "KIND_SNAPSHOT",
+    "MAX_STREAMS",
+    "SHED_EVENT",
+    "SLOTS",
     "STREAM_PATH",
     "StreamConsumer",
+    "StreamSlots",
+    "UNAVAILABLE_DISCONNECTED",
+    "UNAVAILABLE_FULL",
+    "UNAVAILABLE_NO_QUEUE",
+    "UNAVAILABLE_REFUSED",
     "authenticate",
     "event_frame",
+    "max_streams",
     "snapshot_frame",
     "websocket_urlpatterns",
 ]

@@ -291,9 +291,11 @@ async def _accepted_then_told_to_try_again_later(caplog: pytest.LogCaptureFixtur
     connected, _ = await ws.connect(timeout=FRAME_TIMEOUT_S)
     assert connected is True
     closed = await ws.receive_output(timeout=FRAME_TIMEOUT_S)
-    assert closed == {"type": "websocket.close", "code": stream.CLOSE_TRY_AGAIN_LATER}  # no snapshot frame first
+    assert closed["type"] == "websocket.close" and closed["code"] == stream.CLOSE_TRY_AGAIN_LATER  # no snapshot frame first
     await ws.disconnect(code=stream.CLOSE_TRY_AGAIN_LATER, timeout=FRAME_TIMEOUT_S)
-    return [r.reason for r in caplog.records if r.getMessage() == "ws_stream_unavailable"]
+    reasons = [r.reason for r in caplog.records if r.getMessage() == "ws_stream_unavailable"]
+    assert [closed["reason"]] == reasons  # the close frame says why, as the log does
+    return reasons
 
 
 async def test_with_no_queue_in_the_process_the_socket_is_accepted_then_closed_try_again_later(

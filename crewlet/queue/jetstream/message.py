@@ -1,7 +1,8 @@
 """One fetched JetStream message and how it is settled (ack, nak, term, in progress)."""
 from __future__ import annotations
 
-from typing import Awaitable
+import asyncio
+from typing import Awaitable, Callable
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -29,13 +30,25 @@ async def _settle(verb: str, call: Awaitable[None]) -> bool:
 class JetStreamMessage:
     """One fetched, unsettled JetStream message (a :class:`~crewlet.queue.transport.RawMessage`)."""
 
-    __slots__ = ("_msg", "_nc", "data", "delivered")
+    __slots__ = ("_msg", "_nc", "_unsubscribing", "data", "delivered")
 
-    def __init__(self, msg: Msg, nc: NatsClient) -> None:
+    def __init__(self, msg: Msg, nc: NatsClient, unsubscribing: Callable[[], bool] = lambda: False) -> None:
         self._msg = msg
         self._nc = nc
+        self._unsubscribing = unsubscribing
         self.data: bytes = msg.data
         self.delivered: int = _num_delivered(msg.reply)
+
+    async def _behind_unsubscribes(self) -> None:
+        """Let a puller's UNSUB reach the wire before this hand-back.
+
+        A Nak makes the message available at once; a pull request that a
+        hold or a quiesce just gave up is still live on the broker until its
+        UNSUB arrives, and would be handed the message again (an orphan,
+        Nak'ed once more: a delivery the message never had a turn for).
+        """
+        if self._unsubscribing():
+            await asyncio.sleep(0)
 
     @property
     def subject(self) -> str:
@@ -49,6 +62,7 @@ class JetStreamMessage:
         await _settle("ack", self._msg.ack())
 
     async def nak(self, delay_s: float) -> None:
+        await self._behind_unsubscribes()
         await _settle("nak", self._msg.nak(delay=delay_s if delay_s and delay_s > 0 else None))
 
     async def nak_head(self) -> None:
@@ -64,6 +78,7 @@ class JetStreamMessage:
         if msg._ackd:
             return
         msg._ackd = True
+        await self._behind_unsubscribes()
         if not self._nc.is_connected:
             await _settle("nak", self._nc.publish(msg.reply, Msg.Ack.Nak))
             return  # buffered; it goes out on reconnect

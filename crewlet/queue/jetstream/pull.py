@@ -109,7 +109,7 @@ class JetStreamPuller:
             f.finish()
             return
         if f is not None and gen == self._gen and not f.done:
-            f.msgs.append(JetStreamMessage(msg, self._nc))
+            f.msgs.append(JetStreamMessage(msg, self._nc, lambda: self._t._unsub_pending > 0))
             if len(f.msgs) >= f.max_n:
                 f.terminated = True  # the batch is complete: the broker sends nothing more for it
                 f.finish()
