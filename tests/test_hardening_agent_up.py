@@ -19,6 +19,7 @@ from typing import Any, Iterator, Optional
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from tests.browser_support import slack_message
 from tests.up_support import UpProcess, http_call, http_json, up_env
@@ -189,3 +190,101 @@ def test_odd_bytes_and_a_quoted_key_from_the_model_lose_no_record_and_leak_nothi
     assert API_KEY not in log
     assert not any(line.startswith(FORGED) for line in log.splitlines()), "a provider's words forged a log line"
     assert "\x00" not in log
+
+
+# -- a fuzzing pass: what a model or its vendor may say, through a real `up` ----------------------------
+
+#: Characters that have cost a record before: NUL, lone surrogates of both halves, line breaks, a log line's shape.
+NASTY = st.sampled_from(["\x00", "\ud800", "\udfff", "\n", "\r\n", "\u2028", '"', "\\", "level=critical ", API_KEY, "\x1b[31m"])
+TEXT = st.lists(st.one_of(NASTY, st.text(max_size=40)), max_size=30).map("".join)
+#: Padding: none, a long answer, or a JSON-looking nest (the store and the wire must take all three).
+PAD = st.one_of(
+    st.just(""),
+    st.integers(min_value=100_000, max_value=2_000_000).map(lambda n: "z" * n),
+    st.integers(min_value=1, max_value=400).map(lambda n: "[" * n + "]" * n),
+)
+#: What the model or its vendor says: free text around at least two of the characters that cost a record.
+SAID = st.tuples(TEXT, st.lists(NASTY, min_size=2, max_size=6), PAD).map(lambda t: t[0] + "".join(t[1]) + t[2])
+CASE = st.one_of(
+    st.tuples(st.just("answer"), SAID),
+    st.tuples(st.just("tool"), SAID),
+    st.tuples(st.sampled_from(["401", "429", "500", "400"]), SAID),
+)
+#: The fuzz cases the vendor answers, by the marker each DM carries.
+FUZZ: dict[str, tuple[str, str]] = {}
+
+
+def fuzz_answer(body: dict[str, Any]) -> Optional[tuple[int, dict[str, Any]]]:
+    texts = " ".join(str(m.get("content") or "") for m in body.get("messages", []) if m.get("role") == "user")
+    marker = next((w for w in texts.split() if w.startswith("fuzz-")), "")
+    if marker not in FUZZ:
+        return None
+    kind, said = FUZZ[marker]
+    if kind == "answer":
+        return 200, _completion(said)
+    if kind == "tool":
+        if any(m.get("role") == "tool" for m in body.get("messages", [])):
+            return 200, _completion(said[:1000])  # the tool's error read, the turn ends
+        return 200, _completion(None, [("no_such_tool", {"said": said})])
+    return int(kind), {"error": {"message": said, "type": "fuzz", "code": kind}}
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fuzzed_up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            status, payload = fuzz_answer(body) or answer_for(body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    tmp = tmp_path_factory.mktemp(f"fuzz-{request.param}")
+    (tmp / "acme.yaml").write_text(COMPANY.replace("BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/v1"))
+    env = up_env(
+        CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused-signing-secret", HARDENING_OPENAI_KEY=API_KEY,
+        # A failing delivery spends its whole budget in about a second, so its dead letter is part of the case.
+        CREWLET_DELIVERY_BACKOFF_BASE_S="0.01", CREWLET_DELIVERY_BACKOFF_CAP_S="0.02",
+    )
+    if request.param == "postgres":
+        env.update(_pg_env("hardening_fuzz"))
+    try:
+        with UpProcess(tmp, "--data-dir", str(tmp / "data"), "--company", str(tmp / "acme.yaml"), node="fuzz1", env=env) as up:
+            yield up
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(600)
+@hsettings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=CASE)
+def test_fuzzed_model_answers_and_errors_are_answered_once_or_dead_lettered_with_their_reason_and_leak_nothing(
+    fuzzed_up: UpProcess, case: tuple[str, str]
+) -> None:
+    up = fuzzed_up
+    marker = f"fuzz-{uuid.uuid4().hex[:10]}"
+    FUZZ[marker] = case
+    trace = _dm(up, marker)
+    if case[0] in ("answer", "tool"):
+        done = wait_until(lambda: _events(up, trace_id=trace, type="agent_turn_completed"), timeout_s=60, what=f"{case[0]} answered")
+        assert [r["failed"] for r in done] == [False], done
+    else:
+        buried = wait_until(
+            lambda: _events(up, trace_id=trace, type="message_dead_lettered"), timeout_s=90, what="the failing delivery's dead letter"
+        )
+        assert [_wire(up, r)["reason"] for r in buried] == ["max_deliveries"]
+    rows = _api(up, f"/api/events?trace_id={trace}&limit=500")["events"]
+    assert rows and all(_wire(up, r) for r in rows[:5])  # every row reads back
+    log = up.output_so_far()
+    assert API_KEY not in log and API_KEY not in json.dumps(rows)
+    assert not any(line.startswith("level=critical ") for line in log.splitlines())
