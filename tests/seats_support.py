@@ -316,16 +316,39 @@ def model_server(
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.port = server.server_address[1]
+    with loopback_http(Handler) as port:
+        state.port = port
+        yield state
+
+
+@contextlib.contextmanager
+def loopback_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """``handler`` served on a free loopback port on a thread of its own; the port, until the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
-        yield state
+        yield server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def json_vendor(answer: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]) -> Iterator[str]:
+    """A vendor on loopback whose every POST is answered ``answer(body)`` as JSON; the OpenAI SDK's ``base_url``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            send_json(self, *answer(body))
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with loopback_http(Handler) as port:
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 # -- shared by the seat, a2a, notifications and config tests -----------------------

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator
 
 import pytest
@@ -20,6 +20,7 @@ from crewlet.queue.contract import MAX_PAYLOAD_BYTES
 from seats.providers import ERR_AUTH, ERR_TIMEOUT, Completion, Message, ModelRequest, OpenAIProvider, ProviderError, translate
 from seats.tools.base import ToolCall, ToolResult
 from seats.turns import CUT_ARGUMENTS, PHASE_RECORD_MAX_BYTES, admitted_result, fit_phase
+from seats_support import loopback_http
 from tests.process_support import REPO_ROOT
 
 ANSWER = {
@@ -65,15 +66,11 @@ def trickle() -> Iterator[tuple[Trickle, str]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        state.cut.set()
-        server.shutdown()
-        server.server_close()
+    with loopback_http(Handler) as port:
+        try:
+            yield state, f"http://127.0.0.1:{port}/v1"
+        finally:
+            state.cut.set()  # before the server stops: the handler is still trickling
 
 
 async def test_a_server_trickling_its_answer_is_a_timeout_at_the_whole_calls_deadline(trickle: tuple[Trickle, str]) -> None:

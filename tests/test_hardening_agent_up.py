@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from tests.browser_support import slack_message
+from seats_support import json_vendor
 from tests.up_support import UpProcess, http_call, http_json, up_env
 from waiting_support import wait_until
 
@@ -82,28 +82,8 @@ def answer_for(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 @pytest.fixture
 def vendor() -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            status, payload = answer_for(body)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with json_vendor(answer_for) as base_url:
+        yield base_url
 
 
 def _pg_env(name: str) -> dict[str, str]:
@@ -231,25 +211,7 @@ def fuzz_answer(body: dict[str, Any]) -> Optional[tuple[int, dict[str, Any]]]:
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def fuzzed_up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            status, payload = fuzz_answer(body) or answer_for(body)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
     tmp = tmp_path_factory.mktemp(f"fuzz-{request.param}")
-    (tmp / "acme.yaml").write_text(COMPANY.replace("BASE_URL", f"http://127.0.0.1:{server.server_address[1]}/v1"))
     env = up_env(
         CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused-signing-secret", HARDENING_OPENAI_KEY=API_KEY,
         # A failing delivery spends its whole budget in about a second, so its dead letter is part of the case.
@@ -257,12 +219,10 @@ def fuzzed_up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     )
     if request.param == "postgres":
         env.update(_pg_env("hardening_fuzz"))
-    try:
+    with json_vendor(lambda body: fuzz_answer(body) or answer_for(body)) as base_url:
+        (tmp / "acme.yaml").write_text(COMPANY.replace("BASE_URL", base_url))
         with UpProcess(tmp, "--data-dir", str(tmp / "data"), "--company", str(tmp / "acme.yaml"), node="fuzz1", env=env) as up:
             yield up
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.timeout(600)

@@ -67,6 +67,14 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def __enter__(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
     def keep(self, path: str, request: Any) -> None:
         found = []
         for resource_spans in request.resource_spans:
@@ -105,11 +113,8 @@ def _value(value: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    found = Receiver()
-    found.thread.start()
-    yield found
-    found.server.shutdown()
-    found.server.server_close()
+    with Receiver() as found:
+        yield found
 
 
 def _observed_up(tmp: Path, receiver: Receiver) -> UpProcess:
@@ -309,11 +314,8 @@ def test_a_frozen_broker_makes_readyz_503_naming_the_broker_while_livez_stays_20
 
 @pytest.fixture
 def own_receiver() -> Iterator[Receiver]:
-    found = Receiver()
-    found.thread.start()
-    yield found
-    found.server.shutdown()
-    found.server.server_close()
+    with Receiver() as found:
+        yield found
 
 
 @pytest.fixture

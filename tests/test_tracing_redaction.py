@@ -136,11 +136,8 @@ def test_the_hook_rewrites_the_stable_conventions_url_attributes_from_the_raw_qu
 
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    found = Receiver()
-    found.thread.start()
-    yield found
-    found.server.shutdown()
-    found.server.server_close()
+    with Receiver() as found:
+        yield found
 
 
 @pytest.fixture(scope="module")
