@@ -91,4 +91,14 @@ def is_running(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-__all__ = ["REPO_ROOT", "ProcessOutput", "descendants", "is_running", "proc_table"]
+def is_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` stopped by a signal: a SIGSTOP has taken effect (``kill`` returns before it has)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        states = [(t / "stat").read_text() for t in tasks]
+    except OSError:
+        return False
+    return bool(states) and all(stat[stat.rindex(")") + 2] in "Tt" for stat in states)
+
+
+__all__ = ["REPO_ROOT", "ProcessOutput", "descendants", "is_running", "is_stopped", "proc_table"]

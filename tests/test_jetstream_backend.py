@@ -37,6 +37,7 @@ from crewlet.queue.jetstream import (
 )
 from crewlet.queue.natsclient import LOG_READ_LOOP_ENDED, LatePongClient
 from crewlet.queue.transport import H_DLQ_DELIVERIES, H_DLQ_GROUP, H_DLQ_TOPIC
+from tests.process_support import is_stopped
 from waiting_support import eventually
 
 
@@ -709,6 +710,7 @@ async def test_round_trips_that_timed_out_on_a_frozen_broker_leave_the_connectio
     assert broker.pid is not None
     os.kill(broker.pid, signal.SIGSTOP)
     try:
+        await eventually(lambda: is_stopped(broker.pid or 0), 10, "every thread of the broker stopped")
         for _ in range(3):
             with pytest.raises(Unavailable):
                 await transport.round_trip(0.2)
