@@ -48,7 +48,7 @@ from crewlet.queue.contract import (
     Timings,
     remaining_after,
 )
-from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, TooLarge, Unavailable
+from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, TooLarge, Unavailable, Unconfirmed
 from crewlet.queue.transport import (
     DUPLICATE_WINDOW_S,
     H_MSG_ID,
@@ -222,8 +222,11 @@ class QueueClient:
         _, data = self.encode(topic, event)
         try:
             await self._transport.publish(topic, data)
-        except Exception:
+        except Exception as exc:
             self._observe_publish(topic, event, PUBLISHED_FAILED)
+            if isinstance(exc, Unconfirmed):
+                # The event may be on the stream with no publish listener run for it: named, so it can be found.
+                logger.warning("queue_publish_unconfirmed", extra={"topic": topic, "event_id": event.id, "type": event.type})
             raise
         self._observe_publish(topic, event, PUBLISHED_OK)
         if self._listeners:

@@ -26,6 +26,12 @@ class Unavailable(QueueError):
     """The broker cannot be reached right now. Retryable (a webhook edge answers 503)."""
 
 
+class Unconfirmed(Unavailable):
+    """A publish was sent but its acknowledgement never came (the connection was lost on the way back,
+    or the broker did not answer in time), and sending it again under the same id did not settle it
+    either: the event may be stored. Retryable like any ``Unavailable``."""
+
+
 class ReplicasUnplaceable(Unavailable):
     """The broker cannot keep a stream at the replicas asked for: fewer servers up than copies (or a lone server)."""
 

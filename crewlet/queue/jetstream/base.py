@@ -61,6 +61,8 @@ class TransportBase(Transport):
         self._pullers: set[JetStreamPuller] = set()
         self._closables: set[Any] = set()
         self._connected = asyncio.Event()
+        #: Connections lost so far: an answer awaited across a change of it was lost with its connection.
+        self._disconnects = 0
         #: Reply subscriptions of abandoned pull requests whose UNSUB is not yet confirmed.
         self._unsub_pending = 0
         self._closed = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from typing import Any, Awaitable, Callable, Mapping, Optional, TypeVar
 
 import nats.errors
@@ -11,7 +12,7 @@ import nats.errors
 from crewlet.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
-from crewlet.queue.errors import InvalidArgument, ReplicasUnplaceable, TooLarge, Unavailable
+from crewlet.queue.errors import InvalidArgument, ReplicasUnplaceable, TooLarge, Unavailable, Unconfirmed
 from crewlet.queue.jetstream.base import TransportBase
 from crewlet.queue.jetstream.configs import stream_config
 from crewlet.queue.jetstream.wire import (
@@ -25,6 +26,7 @@ from crewlet.queue.jetstream.wire import (
     _acked_seq,
     _ApiError,
 )
+from crewlet.queue.transport import H_MSG_ID
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -234,9 +236,16 @@ class StreamsPart(TransportBase):
         spec = self._stream_of(subject)
         if spec.name not in self._ready_streams:
             await self._ensure_stream(spec)
-        hdrs = dict(headers) if headers else None
-        for attempt in (1, 2):
+        hdrs = dict(headers) if headers else {}
+        # One id for every send of this publish: a send whose answer was lost
+        # may have been stored, and the stream's duplicate window drops the
+        # resend then, so the event is stored once either way.
+        hdrs.setdefault(H_MSG_ID, secrets.token_hex(12))
+        provisioned = False
+        resend_until: Optional[float] = None
+        while True:
             self._require_connected()
+            disconnects = self._disconnects
             try:
                 msg = await keeping_cancel(self._nc.request(subject, data, timeout=self._api_timeout_s, headers=hdrs))
             except nats.errors.MaxPayloadError as e:
@@ -244,14 +253,18 @@ class StreamsPart(TransportBase):
             except nats.errors.NoRespondersError as e:
                 # No stream listens there (deleted, or a new broker): provision it once and retry.
                 self._ready_streams.discard(spec.name)
-                if attempt == 2:
+                if provisioned:
                     raise Unavailable(f"no stream stores {subject!r}") from e
+                provisioned = True
                 await self._ensure_stream(spec)
                 continue
             except nats.errors.BadSubjectError as e:
                 raise InvalidArgument(f"subject={subject!r}: {e!r}") from e
             except _NATS_ERRORS as e:
-                raise Unavailable(f"publish to {subject!r} failed: {e!r}") from e
+                if resend_until is None:
+                    resend_until = asyncio.get_running_loop().time() + self._api_timeout_s
+                await self._resend_after_lost_answer(subject, hdrs[H_MSG_ID], disconnects, resend_until, e)
+                continue
             body = msg.data
             if b'"error"' in body:
                 try:
@@ -263,4 +276,19 @@ class StreamsPart(TransportBase):
                     raise TooLarge(f"publish to {subject!r}: {desc}")
                 raise Unavailable(f"publish to {subject!r}: {desc or body[:200]!r}")
             return _acked_seq(body)
-        return 0
+
+    async def _resend_after_lost_answer(
+        self, subject: str, msg_id: str, disconnects: int, resend_until: float, error: BaseException
+    ) -> None:
+        """Return when a publish whose answer was lost should be sent again; raise ``Unconfirmed`` when not.
+
+        Only an answer lost with its connection is sent for again, once the
+        connection is back, and within one API timeout of the first loss: a
+        broker that is up and silent (frozen, overloaded) is not asked twice
+        as long, and the caller hears ``Unconfirmed`` instead.
+        """
+        wait_s = resend_until - asyncio.get_running_loop().time()
+        if self._disconnects != disconnects and not self._closed and await self._wait_connected(wait_s):
+            logger.info("jetstream_publish_resent", extra={"subject": subject, "msg_id": msg_id, "error": type(error).__name__})
+            return
+        raise Unconfirmed(f"publish to {subject!r} sent and not acknowledged: {error!r}") from error

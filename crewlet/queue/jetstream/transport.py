@@ -140,6 +140,7 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
 
     async def _on_disconnected(self) -> None:
         self._connected.clear()
+        self._disconnects += 1
         if not self._closed:
             logger.warning("jetstream_disconnected", extra={"url": self._url})
         self._kick_all()
