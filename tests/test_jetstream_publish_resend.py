@@ -174,3 +174,27 @@ async def test_two_publishes_of_the_same_bytes_are_two_events_since_each_send_ha
         first, second = await transport.publish(TOPIC, data), await transport.publish(TOPIC, data)
         assert second == first + 1
         assert await stored(raw, stream) == before + 2
+
+
+async def test_the_client_names_an_unconfirmed_event_by_its_id_in_the_log_and_runs_no_publish_listener(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from crewlet.events import Event
+    from crewlet.queue.client import QueueClient
+
+    async with relayed() as (relay, transport, _):
+        client = QueueClient(transport, node="n1", timings=transport.timings)
+        heard: list[str] = []
+
+        async def listener(topic: str, ev: Event) -> None:
+            heard.append(ev.id)
+
+        client.add_publish_listener(listener)
+        await transport.ensure_consumer(TOPIC, GROUP)
+        relay.swallow_to_client = True
+        ev = Event(type="test_event", payload={"n": 1})
+        with caplog.at_level(logging.WARNING, logger="crewlet.queue.client"), pytest.raises(Unconfirmed):
+            await client.publish(TOPIC, ev)
+        unconfirmed = [r for r in caplog.records if r.getMessage() == "queue_publish_unconfirmed"]
+        assert [getattr(r, "event_id", None) for r in unconfirmed] == [ev.id]
+        assert heard == []
