@@ -1,8 +1,9 @@
 """A real MCP server the tool tests run, written with the ``mcp`` SDK: over stdio by default, ``--http PORT`` for streamable HTTP.
 
 Its tools are what the tests need of a server: ``write`` really writes a file,
-``fail`` reports a tool error, ``sleep`` outlives a call timeout, ``pid``
-names the process so a test can kill it, and ``read.file`` has a name the
+``fail`` reports a tool error, ``sleep`` outlives a call timeout, ``gate``
+says it started and answers once a test opens it, ``pid`` names the
+process so a test can kill it, and ``read.file`` has a name the
 model vendors would refuse until it is sanitised. Over HTTP it refuses every
 request whose ``Authorization`` header is not ``--require-auth``'s value, so
 a session that starts proves the header went through.
@@ -44,6 +45,16 @@ def build() -> MCPServer:
         """Answers after ``seconds``."""
         await asyncio.sleep(seconds)
         return "awake"
+
+    @server.tool()
+    async def gate(path: str) -> str:
+        """Writes ``path``.started, then answers once a file at ``path`` exists (at most 120 s)."""
+        Path(path + ".started").write_text(str(os.getpid()), encoding="utf-8")
+        for _ in range(2400):
+            if Path(path).exists():
+                return "opened"
+            await asyncio.sleep(0.05)
+        raise ToolError(f"{path} was not opened within 120 s")
 
     @server.tool()
     def pid() -> int:

@@ -75,7 +75,7 @@ def call(name: str, **arguments: Any) -> ToolCall:
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_stdio_servers_tools_are_listed_under_server_prefixed_names_within_the_vendors_rule(shared: McpToolbox, tmp_path: Path) -> None:
     specs = {spec.name: spec for spec in await shared.specs("ada")}
-    assert set(specs) == {"tt__write", "tt__fail", "tt__sleep", "tt__pid", "tt__read_file"}
+    assert set(specs) == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file"}
     assert all(TOOL_NAME_RULE.match(name) for name in specs)
     assert specs["tt__write"].input_schema["required"] == ["path", "text"]
     assert "Write" in specs["tt__write"].description
@@ -146,7 +146,7 @@ async def test_a_server_that_cannot_start_is_reported_once_and_the_seat_keeps_it
             assert {s.name for s in await box.specs("ada")} == names
         result = await box.call("ada", call("broken__anything"))
         reports = published(recorder, "tool_server_unavailable")
-    assert names == {"tt__write", "tt__fail", "tt__sleep", "tt__pid", "tt__read_file"}
+    assert names == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file"}
     assert not result.ok and result.error == "tool server broken is not running; try again later"
     (report,) = reports
     assert (report.seat, report.server, report.transport) == ("ada", "broken", "stdio")
