@@ -322,11 +322,11 @@ def alone_in_its_fleet() -> None:
     broker, since a fleet of one scatters to nobody.
     """
     from crewlet.fleet import PROTOCOL_VERSION, leases
-    from eventstore import api, fanout
+    from eventstore import api, fanout, here
 
-    node = api.node_scope().node_id
+    node = here.node_scope().node_id
     leases.acquire(leases.NODE, node, node, 3600.0, protocol=PROTOCOL_VERSION)
-    reader = fanout.FleetReads(api.node_scope(), roster=fanout.live_roster)  # one for the process, as an engine holds one
+    reader = fanout.FleetReads(here.node_scope(), roster=fanout.live_roster)  # one for the process, as an engine holds one
     api.fleet = lambda: reader
 
 

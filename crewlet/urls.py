@@ -1,5 +1,5 @@
 """URL routes: /healthz, /livez, /readyz, /metrics, the admin, each app's routes (the /api/ reads, OpenAPI at /api/schema/ with Swagger UI at /api/docs/ and Redoc at /api/redoc/; the webhooks);
-and the dashboard's pages and ``/operator/act`` at the root (``eventstore.dashboard_urls``).
+and the dashboard's pages and ``/operator/act`` at the root (``eventstore.console.urls``).
 
 The project's top: it mounts each app's URL module by name and imports none.
 """
@@ -28,5 +28,5 @@ urlpatterns = [
     path("api/a2a/", include("a2a.urls")),
     path("api/", include("eventstore.urls")),
     path(WEBHOOKS_PREFIX, include("notifications.urls")),
-    path("", include("eventstore.dashboard_urls")),
+    path("", include("eventstore.console.urls")),
 ]

@@ -1,7 +1,7 @@
 """The HTTP side of the history reads: query parameters in, a question asked, the answer out.
 
-The HTTP layer is the asker: it reads the clock once per request (the
-question's ``at``), turns the query string into a :class:`~eventstore.questions.Question`
+The HTTP layer is the asker: it reads the clock (:func:`eventstore.here.clock`)
+once per request (the question's ``at``), turns the query string into a :class:`~eventstore.questions.Question`
 — refusing a bad or unknown parameter with 400, the parameter and the reason
 — and asks the fleet (:mod:`eventstore.fanout`: this node's store read here,
 every other live node asked over the broker, the parts merged, the coverage
@@ -12,21 +12,18 @@ Nothing here touches SQL; the answers are :mod:`eventstore.questions`'.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
-from django.core.exceptions import ImproperlyConfigured
 from django.http import QueryDict
 from rest_framework import exceptions, status
 
 from crewlet.bodies import ERROR_BAD_PARAMETER, bad_request_body
-from crewlet.conf import SettingsError, load_settings
 from crewlet.events import CATEGORIES, parse_timestamp
-from eventstore import fanout
+from eventstore import fanout, here
 from eventstore import questions as qs
-from eventstore.questions import Filters, NodeScope, Question
+from eventstore.questions import Filters, Question
 
 #: Filters every events read and series takes.
 EVENT_FILTERS: frozenset[str] = frozenset(
@@ -65,26 +62,7 @@ class BadParameter(exceptions.APIException):
         self.detail = bad_request_body(ERROR_BAD_PARAMETER, param, reason)
 
 
-# -- the asker's instant and this node ---------------------------------------------------
-
-
-def clock() -> datetime:
-    """The wall clock, read once per question (tests replace it)."""
-    return datetime.now(timezone.utc)
-
-
-@functools.lru_cache(maxsize=1)
-def _scope_from_settings() -> NodeScope:
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        raise ImproperlyConfigured(f"engine settings: {exc}") from None
-    return NodeScope(node_id=settings.node.id, retention_hours=settings.stream.event_retention_hours)
-
-
-def node_scope() -> NodeScope:
-    """This node as the per-node answers see it: its id and its retention bound."""
-    return _scope_from_settings()
+# -- the fleet this process asks -----------------------------------------------------------
 
 
 class FleetUnavailable(exceptions.APIException):
@@ -264,7 +242,7 @@ def _page(
     check_params(query, allowed, multi=multi)
     question = Question(
         kind=kind,
-        at=qs.instant(clock()),
+        at=qs.instant(here.clock()),
         filters=filters_from(query, turns=turns),
         limit=_limit(query),
         cursor=_cursor(query, cursor_prefix),
@@ -276,7 +254,7 @@ def _one(query: QueryDict, kind: str, name: str, key: str) -> dict[str, Any]:
     """A route about the one thing its path names (``name``): no query parameters, a key that can be stored."""
     check_params(query, ())
     check_text(name, key)
-    return ask(Question(kind=kind, at=qs.instant(clock()), key=key))
+    return ask(Question(kind=kind, at=qs.instant(here.clock()), key=key))
 
 
 def events_page(query: QueryDict) -> dict[str, Any]:
@@ -293,8 +271,8 @@ def event_series(query: QueryDict) -> dict[str, Any]:
     bucket_text, bucket_us = _duration(query, "bucket", DEFAULT_BUCKET)
     if bucket_us > window_us:
         raise BadParameter("bucket", "must not be longer than the window")
-    at = qs.instant(clock())
-    _, _, bars = qs.series_grid(at, window_us, bucket_us, node_scope().retention_hours)
+    at = qs.instant(here.clock())
+    _, _, bars = qs.series_grid(at, window_us, bucket_us, here.node_scope().retention_hours)
     if bars > qs.MAX_BARS:
         raise BadParameter("bucket", f"makes {bars} bars over the window; at most {qs.MAX_BARS}")
     question = Question(

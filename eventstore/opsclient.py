@@ -29,7 +29,7 @@ from websockets.sync.client import connect
 from crewlet.auth import OPERATOR_TOKEN_ENV
 from crewlet.bodies import K_ERROR, K_PARAM, K_REASON
 from eventstore import actions as ops
-from eventstore import operator_views as opv
+from eventstore.console import operator_views as opv
 from eventstore import stream
 
 class OpsError(Exception):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from eventstore import operator_views, views
+from eventstore import views
+from eventstore.console import operator_views
 
 urlpatterns = [
     path("events", views.EventsView.as_view(), name="api-events"),

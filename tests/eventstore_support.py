@@ -66,14 +66,14 @@ def ids(rows: Iterable[dict[str, Any]]) -> list[str]:
 @pytest.fixture
 def scope(monkeypatch: pytest.MonkeyPatch) -> NodeScope:
     """The API answers as node n1, alone in its fleet, 720 h of history, at AT."""
-    from eventstore import api
+    from eventstore import api, here
     from eventstore.fanout import FleetReads
 
     node = NodeScope(node_id=NODE, retention_hours=720.0)
-    monkeypatch.setattr(api, "node_scope", lambda: node)
+    monkeypatch.setattr(here, "node_scope", lambda: node)
     # Read per question, as the engine's is: a test that narrows node_scope narrows what the fleet answers from.
-    monkeypatch.setattr(api, "fleet", lambda: FleetReads(api.node_scope(), roster=lambda: [NODE]))
-    monkeypatch.setattr(api, "clock", lambda: AT)
+    monkeypatch.setattr(api, "fleet", lambda: FleetReads(here.node_scope(), roster=lambda: [NODE]))
+    monkeypatch.setattr(here, "clock", lambda: AT)
     return node
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from crewlet.events import Event
 from crewlet.queue import topics
-from eventstore import api
+from eventstore import here
 from eventstore import questions as qs
 from eventstore.questions import Filters, NodeScope, Question
 from eventstore_support import AT, NODE, US, ids, make_event, store, trace
@@ -284,7 +284,7 @@ def test_the_per_node_function_answers_a_question_directly(scope: NodeScope) -> 
     answer = qs.answer(question, scope)
     assert ids(answer["events"]) == ["e06"]
     assert answer["at"] == "2025-03-10T12:30:00.000500Z"
-    assert api.node_scope() is scope
+    assert here.node_scope() is scope
 
 
 # -- the listing's formatting: fast, and the same bytes as the datetime-based way ------------

@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from eventstore import api
+from eventstore import here
 from eventstore import questions as qs
 from eventstore.questions import NodeScope, Question
 from eventstore_support import AT, NODE, US, make_event, store
@@ -83,7 +83,7 @@ def test_the_node_counts_the_partial_first_bar_above_its_edge_and_the_asker_drop
 
 def test_a_window_whose_edge_is_on_the_grid_keeps_its_first_bar(api_client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
     noon = utc(2025, 3, 10, 12, 0)
-    monkeypatch.setattr(api, "clock", lambda: noon)
+    monkeypatch.setattr(here, "clock", lambda: noon)
     store(
         make_event("org_started", utc(2025, 3, 10, 10, 0), event_id="at-the-edge"),
         make_event("org_started", utc(2025, 3, 10, 9, 59, 59, 999999), event_id="before-the-edge"),
@@ -115,7 +115,7 @@ def test_a_window_longer_than_the_history_is_floored_at_it_and_begins_at_the_fir
 
 
 def test_a_shorter_retention_floors_the_window_too(api_client: Any, scope: NodeScope, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api, "node_scope", lambda: NodeScope(NODE, retention_hours=5))
+    monkeypatch.setattr(here, "node_scope", lambda: NodeScope(NODE, retention_hours=5))
     store(make_event("org_started", utc(2025, 3, 10, 7, 45), event_id="above-horizon-in-partial-bar"))
     store(make_event("org_started", utc(2025, 3, 10, 8, 15), event_id="first-whole-bar"))
     bars = series(api_client, window="24h", bucket="1h")["bars"]

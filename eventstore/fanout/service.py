@@ -31,7 +31,6 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Optional
 
@@ -94,13 +93,6 @@ def _turns_part(question: qs.Question, at: Any, scope: qs.NodeScope) -> dict[str
     return {"turns": [list(entry) for entry in listed], "more": more}
 
 
-def _counts_part(question: qs.Question, at: Any, scope: qs.NodeScope) -> dict[str, Any]:
-    from eventstore.projection import count_rows
-
-    counters, per_seat = count_rows(scope, at - timedelta(microseconds=question.window_us), at)
-    return {"counters": counters, "per_seat": per_seat}
-
-
 #: What a node answers each question the fleet scatters with: JSON-ready, merged by :mod:`.merge`.
 NODE_PARTS: dict[str, Callable[[qs.Question, Any, qs.NodeScope], dict[str, Any]]] = {
     qs.EVENTS: qs.answer_events,
@@ -110,7 +102,7 @@ NODE_PARTS: dict[str, Callable[[qs.Question, Any, qs.NodeScope], dict[str, Any]]
     qs.TURNS: _turns_part,
     qs.TURN_ROWS: qs.answer_turn_rows,
     qs.LAST_TURNS: qs.answer_last_turns,
-    qs.COUNTS: _counts_part,
+    qs.COUNTS: qs.answer_counts,
 }
 
 

@@ -26,8 +26,9 @@ The package, by seam: :mod:`.model` (the question, the node's scope, the
 refusals), :mod:`.timefmt` (exact microseconds and their wire spelling),
 :mod:`.cursor` (the page position), :mod:`.sql` (the WHERE builder over the
 table), :mod:`.listing` (a listing row), :mod:`.answers` (the checks, the
-dispatch and the events, series and trace answers) and :mod:`.turns` (the
-turn fold and the turn answers). Callers import from the package.
+dispatch and the events, series and trace answers), :mod:`.turns` (the
+turn fold and the turn answers) and :mod:`.counts` (the row counters the
+overview and the live projection's seed read). Callers import from the package.
 """
 from __future__ import annotations
 
@@ -44,6 +45,18 @@ from eventstore.questions.answers import (
     span_tree,
     trace_answer,
     trace_rows,
+)
+from eventstore.questions.counts import (
+    AUXILIARY_SPEND,
+    COUNTER_KEYS,
+    C_EVENTS,
+    C_TOKENS,
+    C_TURNS_COMPLETED,
+    C_TURNS_FAILED,
+    SPEND_TYPES,
+    answer_counts,
+    count_rows,
+    new_counters,
 )
 from eventstore.questions.cursor import CURSOR_PATTERN, EVENTS_CURSOR, TURNS_CURSOR, cursor_format, decode_cursor, encode_cursor
 from eventstore.questions.listing import LIST_COLUMNS, list_row, listing_of
@@ -103,7 +116,17 @@ from eventstore.questions.turns import (
 )
 
 __all__ = [
+    "AUXILIARY_SPEND",
     "BadQuestion",
+    "COUNTER_KEYS",
+    "C_EVENTS",
+    "C_TOKENS",
+    "C_TURNS_COMPLETED",
+    "C_TURNS_FAILED",
+    "SPEND_TYPES",
+    "answer_counts",
+    "count_rows",
+    "new_counters",
     "COUNTS",
     "LAST_TURNS",
     "TURN_ROWS",

@@ -1,7 +1,9 @@
 """The dashboard's pages: server-rendered Django templates over the same reads as ``/api/``.
 
 The dashboard belongs to the event store: it shows the store, its reads and
-the live projection, and the seats' pause state beside them. Each page asks the
+the live projection, and the seats' pause state beside them (which is why it
+lives in the store's console room, :mod:`eventstore.console`, the one part of
+the store that may import ``seats``). Each page asks the
 function its ``/api/`` twin asks (``eventstore.api``, ``seats.api``, the queue), so a page and the API can never disagree about a
 row; the small script in ``templates/dashboard/base.html`` then keeps the page
 live over ``/ws/stream`` and pages on through ``/api/events``. Only active
@@ -25,7 +27,7 @@ from crewlet.events import categories
 from crewlet.queue import topics
 from eventstore import api as store_api
 from eventstore import projection
-from eventstore.operator_views import dead_letter_row
+from eventstore.console.operator_views import dead_letter_row
 from seats import actions
 from seats.api import state
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from eventstore import dashboard
-from eventstore.operator_views import OperatorActView
+from eventstore.console import dashboard
+from eventstore.console.operator_views import OperatorActView
 
 urlpatterns = [
     path("", dashboard.overview, name="dash-overview"),

@@ -1,55 +1,10 @@
-"""The live projection: every seat's state, its last turn, the feed ring and the overview's counters.
+"""The live model: every seat's live facts, the feed ring and the counters, moved by each event applied.
 
-Design (Broadcast Streams; Stored, not fed; the seat states): one projection
-per process, fed by the broadcast stream of ``crewlet.events.>`` — the
-engine's own :class:`ProjectionService` opens one, and every ``/ws/stream``
-tab applies what its own stream delivers before forwarding it, so
-:meth:`LiveProjection.apply` is idempotent by event id. A restarted node
-seeds it from its event store (:meth:`LiveProjection.seed`), so its screens
-show the company rather than an empty page.
-
-What enters the feed. The feed is "a ring of the whole company's last few
-hundred events", the rows a reader scrolls on from in ``GET /api/events``
-with ``feed_only``: so it holds exactly the rows the store would hold and the
-feed would show — a stored type (``is_stored``) that is fed (``is_fed``),
-each row built by the store's own rule (``rows.row_for`` then
-``questions.listing_of``). A live-only type (``agent_spawned``,
-``agent_terminated``...) is never a row anywhere, so it never takes a place in
-the ring either, yet it still moves its seat's state — those types exist to
-"drive the live projection". ``auxiliary_spend`` is stored and NOT fed: it
-never enters the ring and moves no seat's state; its tokens still count in
-the spend counter, which is accounting, not a seat.
-
-The seat states, by precedence (the first that holds wins):
-
-* ``absent`` — no node is known to run it: nothing has shown it alive yet
-  (``agent_spawned``, a turn of it, this process's runtime holding it, a turn
-  of it in the store) or ``agent_terminated`` released it. ``reason`` is the
-  release's reason.
-* ``paused`` — a person paused it (``seat_paused`` until ``seat_resumed``);
-  ``reason`` and ``paused_by`` are the pause's.
-* ``queued`` — a turn runs and more work arrived for it meanwhile (a wake's
-  record: ``external_notification``, ``scheduled_task_fired``, an A2A ask or
-  answer); ``queued`` counts it, and each next turn or skipped trigger takes
-  one off (a digest of N wakes takes N-1 more).
-* ``running`` — a turn started (``agent_turn_started``) and has not ended
-  (``agent_turn_completed`` / ``agent_turn_stopped``); ``turn_id`` is it.
-* ``held`` — the inbox holds: the company names no model provider
-  (``reason`` ``no_provider``, the hold's own key).
-* ``stopped`` — the provider chain was exhausted (``llm_unavailable``:
-  ``reason`` ``provider``) or the token budget refused (``budget_exhausted``:
-  ``reason`` ``budget``), until a turn of it completes without failing.
-* ``idle`` — none of the above. A person's seat (kind ``human``) is never run
-  by the engine and always reads ``idle``.
-
-The counters (the overview's): ``turns_completed`` (a completion that did not
-fail; a stopped or parked one included), ``turns_failed``, ``tokens`` (input
-plus output of turn completions — the sum of their phases, so phases are not
-added again — and of ``auxiliary_spend``) and ``events`` (every event
-applied). They count from ``counters_since``: a seeded projection starts from
-its store's rows of the last 24 hours and counts on from there; an event of a
-stored type stamped at or before the seed's instant is taken as counted by the
-store already.
+:class:`LiveProjection` is what the engine's service and every ``/ws/stream``
+tab feed (the rules it keeps are :mod:`eventstore.projection`'s docstring):
+:meth:`~LiveProjection.apply` moves a seat by the event's type, puts a fed
+event's row in the ring and counts it; :meth:`~LiveProjection.seed` fills it
+from what :mod:`.seed` reads, merged under what the stream already said.
 """
 from __future__ import annotations
 
@@ -57,81 +12,62 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Deque, Optional
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable, Deque, Optional
 
 from crewlet.events import Event, format_timestamp, is_fed, is_stored
-from crewlet.events import types
-from crewlet.interfaces import FLEET_READS, LIVE_PROJECTION, SeatLoops, seat_loops
-from crewlet.org import CompanyHolder, Organization, Seat
-from crewlet.runtime import NO_ENGINE
-from crewlet.queue import topics
+from crewlet.interfaces import SeatLoops
+from crewlet.org import Organization, Seat
 from eventstore import questions as qs
-from eventstore.questions import TURN_COMPLETED, TURN_STARTED, TURN_STOPPED
+from eventstore.projection.seed import SeedData, fleet_seed, read_seed, seat_holders
+from eventstore.projection.states import (
+    ABSENT,
+    BUDGET_EXHAUSTED,
+    COALESCED,
+    COUNTER_WINDOW,
+    FEED_SIZE,
+    HELD,
+    HELD_NO_PROVIDER,
+    IDLE,
+    K_COUNTERS,
+    K_COUNTERS_SINCE,
+    K_FEED,
+    K_SEATS,
+    K_SEEDED,
+    LLM_UNAVAILABLE,
+    PAUSED,
+    QUEUED,
+    RUNNING,
+    SEAT_PAUSED,
+    SEAT_RESUMED,
+    SEAT_TYPES,
+    SEEN_SIZE,
+    SPAWNED,
+    STOPPED,
+    STOPPED_BUDGET,
+    STOPPED_PROVIDER,
+    TERMINATED,
+    TRIGGER_SKIPPED,
+    WORK_ARRIVED,
+)
+from eventstore.questions import (
+    COUNTER_KEYS,
+    C_EVENTS,
+    C_TOKENS,
+    C_TURNS_COMPLETED,
+    C_TURNS_FAILED,
+    SPEND_TYPES,
+    TURN_COMPLETED,
+    TURN_STARTED,
+    TURN_STOPPED,
+    new_counters,
+)
 from eventstore.rows import is_failed, row_for
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
-    from crewlet.queue.contract import Closable, EventQueue
     from eventstore.fanout import FleetReads
 
 log = logging.getLogger("crewlet.eventstore.projection")
-
-#: The feed ring's size: "the company's last few hundred events".
-FEED_SIZE = 300
-#: How many applied event ids are remembered, so a second feeder's copy changes nothing.
-SEEN_SIZE = 4096
-#: How far back a seeded projection counts turns and tokens from the store.
-COUNTER_WINDOW = timedelta(hours=24)
-
-# -- the seat states (wire strings the dashboard styles on) ---------------------------------
-IDLE = "idle"
-RUNNING = "running"
-QUEUED = "queued"
-HELD = "held"
-PAUSED = "paused"
-STOPPED = "stopped"
-ABSENT = "absent"
-STATES: tuple[str, ...] = (IDLE, RUNNING, QUEUED, HELD, PAUSED, STOPPED, ABSENT)
-
-#: ``reason`` of a held seat (the inbox hold's own key, seats.inbox.HOLD_NO_PROVIDER).
-HELD_NO_PROVIDER = "no_provider"
-#: ``reason`` of a stopped seat.
-STOPPED_PROVIDER = "provider"
-STOPPED_BUDGET = "budget"
-
-# -- snapshot / seat row / counter keys -----------------------------------------------------
-K_SEATS = "seats"
-K_FEED = "feed"
-K_COUNTERS = "counters"
-K_SEEDED = "seeded"
-K_COUNTERS_SINCE = "counters_since"
-C_EVENTS = "events"
-C_TURNS_COMPLETED = "turns_completed"
-C_TURNS_FAILED = "turns_failed"
-C_TOKENS = "tokens"
-COUNTER_KEYS: tuple[str, ...] = (C_TURNS_COMPLETED, C_TURNS_FAILED, C_TOKENS, C_EVENTS)
-
-# -- the event types that move a seat (each wire name read off its registered class; a turn's from the fold's) --
-SPAWNED = types.AgentSpawned.event_type
-TERMINATED = types.AgentTerminated.event_type
-SEAT_PAUSED = types.SeatPaused.event_type
-SEAT_RESUMED = types.SeatResumed.event_type
-LLM_UNAVAILABLE = types.LLMUnavailable.event_type
-BUDGET_EXHAUSTED = types.BudgetExhausted.event_type
-COALESCED = types.NotificationsCoalesced.event_type
-TRIGGER_SKIPPED = types.TurnTriggerSkipped.event_type
-AUXILIARY_SPEND = types.AuxiliarySpend.event_type
-#: Records of work put in a seat's inbox, and the body field naming that seat.
-WORK_ARRIVED: dict[str, str] = {
-    types.ExternalNotification.event_type: "seat",
-    types.ScheduledTaskFired.event_type: "seat",
-    types.A2AChannelOpened.event_type: "target",
-    types.A2AMessageSent.event_type: "to_seat",
-}
-#: Types whose tokens are spend: a turn's completion (the sum of its phases,
-#: which are therefore not added again) and the auxiliary model's.
-SPEND_TYPES: tuple[str, ...] = (TURN_COMPLETED, AUXILIARY_SPEND)
 
 
 def _text(value: Any) -> str:
@@ -169,10 +105,6 @@ def turn_outcome(event: Event) -> str:
     return qs.OUTCOME_OK
 
 
-def _new_counters() -> dict[str, int]:
-    return {name: 0 for name in COUNTER_KEYS}
-
-
 @dataclass
 class SeatLive:
     """One seat's live facts; its state is derived from them (:meth:`LiveProjection._row`)."""
@@ -206,21 +138,8 @@ class Applied:
         return self.row is not None
 
 
-class NoEngineHere(LookupError):
-    """No engine runs in this process, so no projection does: its seats and their live state are not known here.
-
-    A web-only process serves the store's reads but not the company: which
-    seats there are is the running engine's company file (or its active
-    revision), so a page says so rather than guess with some other company.
-    ``str()`` is :data:`NO_ENGINE`, the words the dashboard's other reads use.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(NO_ENGINE)
-
-
 class LiveProjection:
-    """The in-process live state of the company (see the module docstring).
+    """The in-process live state of the company (see :mod:`eventstore.projection`).
 
     Mutated on the engine's loop by :meth:`apply`; :meth:`snapshot` may be
     called from any thread (a sync view), so every read and write holds one
@@ -247,7 +166,7 @@ class LiveProjection:
         self._feed: Deque[dict[str, Any]] = deque(maxlen=feed_size)
         self._seen: OrderedDict[str, Optional[dict[str, Any]]] = OrderedDict()
         self._seen_size = seen_size
-        self._counters = _new_counters()
+        self._counters = new_counters()
         self._since = clock()
         self._seeded = False
         self._seed_at: Optional[datetime] = None
@@ -367,7 +286,7 @@ class LiveProjection:
         etype = event.type
         if etype in WORK_ARRIVED:
             return _text(event.field(WORK_ARRIVED[etype]))
-        if etype in _SEAT_TYPES:
+        if etype in SEAT_TYPES:
             return _text(event.field("seat"))
         return ""
 
@@ -470,7 +389,7 @@ class LiveProjection:
     # -- the seed -------------------------------------------------------------------------------
 
     async def seed(
-        self, scope: Optional[qs.NodeScope] = None, *, at: Optional[datetime] = None, fleet: Optional["FleetReads"] = None
+        self, scope: Optional[qs.NodeScope] = None, *, at: Optional[datetime] = None, fleet: Optional[FleetReads] = None
     ) -> bool:
         """Fill the feed, each seat's last turn and state, and the counters from the store — the fleet's, given ``fleet``.
 
@@ -495,16 +414,16 @@ class LiveProjection:
         seats = self.seats()
         try:
             if fleet is not None:
-                data = await _fleet_seed(fleet, org, instant, seats, self._feed.maxlen or FEED_SIZE)
+                data = await fleet_seed(fleet, org, instant, seats, self._feed.maxlen or FEED_SIZE)
             else:
-                data = await sync_to_async(_read_seed, thread_sensitive=True)(org, scope, instant, seats)
+                data = await sync_to_async(read_seed, thread_sensitive=True)(org, scope, instant, seats)
         except (DatabaseError, qs.QuestionRefused):
             log.exception("projection_seed_failed")
             self._drain()
             return False
         held = seats.held_locally() if seats is not None else {}
         try:
-            holders = await sync_to_async(_seat_holders, thread_sensitive=True)()
+            holders = await sync_to_async(seat_holders, thread_sensitive=True)()
         except DatabaseError:
             log.warning("projection_seat_holders_unavailable", exc_info=True)
             holders = {}
@@ -525,7 +444,7 @@ class LiveProjection:
                 self._apply_locked(topic, event, feed_row(topic, event))
 
     def _merge_seed(
-        self, data: "SeedData", held: dict[str, bool], at: datetime, holders: Optional[dict[str, str]] = None
+        self, data: SeedData, held: dict[str, bool], at: datetime, holders: Optional[dict[str, str]] = None
     ) -> None:
         merged = {row["id"]: row for row in data.feed}
         for row in self._feed:
@@ -569,243 +488,4 @@ class LiveProjection:
         self._seeded = True
 
 
-# -- reading the seed (in a worker thread) --------------------------------------------------------
-
-
-@dataclass
-class SeedTurn:
-    last_turn: dict[str, Any]
-    running: str
-    stopped: str
-    counters: dict[str, int]
-
-
-@dataclass
-class SeedData:
-    feed: list[dict[str, Any]]
-    turns: dict[str, SeedTurn]
-    pauses: dict[str, dict[str, Any]]
-    counters: dict[str, int]
-
-
-def _seat_holders() -> dict[str, str]:
-    """Which node holds each seat's lease right now (the fleet's roster of who runs what)."""
-    from crewlet.fleet.leases import SEAT, holders
-
-    return holders(SEAT)
-
-
-def _scope() -> qs.NodeScope:
-    from eventstore.api import node_scope
-
-    return node_scope()
-
-
-def _read_seed(org: Organization, scope: Optional[qs.NodeScope], at: datetime, seats: Optional[SeatLoops] = None) -> SeedData:
-    """Every read a seed makes, asked as the store's own questions at one instant (the pauses through ``seats``)."""
-    from django.db import connections
-
-    scope = scope or _scope()
-    try:
-        feed = qs.answer(qs.Question(kind=qs.EVENTS, at=at, filters=qs.Filters(feed_only=True), limit=FEED_SIZE), scope)
-        turns: dict[str, SeedTurn] = {}
-        handles = [s.handle for s in org.agent_seats()]
-        for handle in handles:
-            turn = _latest_turn(handle, scope, at)
-            if turn is not None:
-                turns[handle] = turn
-        pauses = _pauses(handles, seats)
-        counters, per_seat = count_rows(scope, at - COUNTER_WINDOW, at)
-        for handle, turn in turns.items():
-            turn.counters = per_seat.get(handle, turn.counters)
-        return SeedData(feed=feed["events"], turns=turns, pauses=pauses, counters=counters)
-    finally:
-        connections[scope.using].close()
-
-
-def _latest_turn(handle: str, scope: qs.NodeScope, at: datetime) -> Optional[SeedTurn]:
-    page = qs.answer(qs.Question(kind=qs.TURNS, at=at, filters=qs.Filters(seat=handle), limit=1), scope)["turns"]
-    if not page:
-        return None
-    turn = qs.answer(qs.Question(kind=qs.TURN, at=at, key=page[0]["turn_id"]), scope)["turn"]
-    return _seed_turn(turn) if turn is not None else None
-
-
-def _seed_turn(turn: dict[str, Any]) -> SeedTurn:
-    """A seat's newest turn (folded, with its events) as the seed holds it."""
-    rows = turn["events"]
-    outcome = turn["outcome"]
-    # The row that says how it ended (or that it began), newest first.
-    closing = next(
-        (r for r in reversed(rows) if r["type"] in (TURN_COMPLETED, TURN_STOPPED, LLM_UNAVAILABLE, BUDGET_EXHAUSTED, TURN_STARTED)),
-        rows[-1] if rows else None,
-    )
-    stopped = ""
-    if outcome == qs.OUTCOME_FAILED:
-        types = {r["type"] for r in rows}
-        stopped = STOPPED_BUDGET if BUDGET_EXHAUSTED in types else STOPPED_PROVIDER if LLM_UNAVAILABLE in types else ""
-    return SeedTurn(
-        last_turn={
-            "turn_id": turn["turn_id"],
-            "outcome": outcome,
-            "timestamp": turn["ended"] or turn["started"] or (closing["timestamp"] if closing else None),
-            "summary": closing["summary"] if closing else "",
-            "trace_id": turn["trace_id"],
-        },
-        running=turn["turn_id"] if outcome == qs.OUTCOME_RUNNING else "",
-        stopped=stopped,
-        counters={C_TURNS_COMPLETED: 0, C_TURNS_FAILED: 0, C_TOKENS: 0},
-    )
-
-
-def _pauses(handles: list[str], seats: Optional[SeatLoops]) -> dict[str, dict[str, Any]]:
-    return {
-        handle: {"paused": row.paused, "reason": row.reason, "paused_by": row.paused_by}
-        for handle, row in (seats.pause_rows(handles) if seats is not None else {}).items()
-    }
-
-
-async def _fleet_seed(fleet: "FleetReads", org: Organization, at: datetime, seats: Optional[SeatLoops], feed_size: int) -> SeedData:
-    """The seed as one fleet read (``eventstore.fanout.seed_plan``), the pauses from the coordination store."""
-    from asgiref.sync import sync_to_async
-
-    from eventstore.fanout import seed_plan
-
-    handles = [s.handle for s in org.agent_seats()]
-    window_us = COUNTER_WINDOW // timedelta(microseconds=1)
-    answer = await fleet.arun(seed_plan(at, handles, feed_size=feed_size, window_us=window_us), at, "seed")
-    turns = {handle: _seed_turn(turn) for handle, turn in answer["turns"].items()}
-    for handle, turn in turns.items():
-        turn.counters = {**turn.counters, **answer["per_seat"].get(handle, {})}
-    counters = {name: int(answer["counters"].get(name, 0)) for name in COUNTER_KEYS}
-    pauses = await sync_to_async(_pauses, thread_sensitive=True)(handles, seats)
-    return SeedData(feed=answer["feed"], turns=turns, pauses=pauses, counters=counters)
-
-
-def count_rows(scope: qs.NodeScope, since: datetime, at: datetime) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """The counters over ``[since, at]`` from the store: every row, completed and failed turns, spend."""
-    from django.db import connections
-
-    connection = connections[scope.using]
-    adapt = connection.ops.adapt_datetimefield_value
-    marks = ", ".join(["%s"] * len(SPEND_TYPES))
-    sql = (
-        f"SELECT type, seat, COUNT(*), SUM(CASE WHEN failed THEN 1 ELSE 0 END),"
-        f" SUM(input_tokens + output_tokens) FROM {qs.TABLE}"
-        f" WHERE ts >= %s AND ts <= %s AND type IN ({marks}) GROUP BY type, seat"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*) FROM {qs.TABLE} WHERE ts >= %s AND ts <= %s", [adapt(since), adapt(at)])
-        (total,) = cursor.fetchone()
-        cursor.execute(sql, [adapt(since), adapt(at), *SPEND_TYPES])
-        grouped = cursor.fetchall()
-    counters = _new_counters()
-    counters[C_EVENTS] = int(total or 0)
-    per_seat: dict[str, dict[str, int]] = {}
-    for etype, seat, count, failed, tokens in grouped:
-        count, failed, tokens = int(count or 0), int(failed or 0), int(tokens or 0)
-        counters[C_TOKENS] += tokens
-        if etype != TURN_COMPLETED:
-            continue
-        counters[C_TURNS_FAILED] += failed
-        counters[C_TURNS_COMPLETED] += count - failed
-        if seat:
-            mine = per_seat.setdefault(seat, {C_TURNS_COMPLETED: 0, C_TURNS_FAILED: 0, C_TOKENS: 0})
-            mine[C_TURNS_FAILED] += failed
-            mine[C_TURNS_COMPLETED] += count - failed
-            mine[C_TOKENS] += tokens
-    return counters, per_seat
-
-
-#: Types that name the seat they move in their ``seat`` field (work arrivals have their own field).
-_SEAT_TYPES: frozenset[str] = frozenset(
-    {
-        SPAWNED,
-        TERMINATED,
-        SEAT_PAUSED,
-        SEAT_RESUMED,
-        TURN_STARTED,
-        TURN_COMPLETED,
-        TURN_STOPPED,
-        LLM_UNAVAILABLE,
-        BUDGET_EXHAUSTED,
-        COALESCED,
-        TRIGGER_SKIPPED,
-    }
-)
-
-
-# -- the engine's one ---------------------------------------------------------------------------
-
-
-def current() -> Optional[LiveProjection]:
-    """The running engine's projection, or None when none runs in this process."""
-    from crewlet import runtime
-
-    running = runtime.current_engine()
-    service = running.lookup(LIVE_PROJECTION) if running is not None else None
-    return service.projection if service is not None else None
-
-
-def running() -> LiveProjection:
-    """The running engine's projection; :class:`NoEngineHere` when none runs here (a web-only process)."""
-    found = current()
-    if found is None:
-        raise NoEngineHere()
-    return found
-
-
-async def subscribe(queue: "EventQueue", projection: LiveProjection) -> "Closable":
-    """The one broadcast consumer that feeds ``projection`` everything under ``crewlet.events.>``."""
-    return await queue.subscribe_stream(topics.EVENTS_ALL, projection.handler)
-
-
-class ProjectionService:
-    """The engine's projection of its company (``engine.company``), as an engine service.
-
-    The company is the engine's, so the seed reads the seats the engine
-    serves even before the seat runtime is up. The stream opens first (so
-    nothing falls between), then the seed reads the store; what the stream
-    delivers meanwhile waits for it.
-    """
-
-    def __init__(self, engine: "Engine", projection: Optional[LiveProjection] = None) -> None:
-        self.engine = engine
-        holder: CompanyHolder = engine.company
-        self.projection = projection or LiveProjection(holder.current, seats=lambda: seat_loops(engine))
-        self._stream: Optional["Closable"] = None
-
-    async def start(self) -> None:
-        assert self.engine.queue is not None
-        projection = self.projection
-        with projection._lock:
-            projection._pending = []  # what the stream delivers while the seed reads waits for it
-        self._stream = await subscribe(self.engine.queue, projection)
-        await projection.seed(fleet=self.engine.lookup(FLEET_READS))
-
-    async def stop(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            await stream.close()
-
-
-__all__ = [
-    "ABSENT",
-    "Applied",
-    "FEED_SIZE",
-    "HELD",
-    "IDLE",
-    "LiveProjection",
-    "PAUSED",
-    "QUEUED",
-    "RUNNING",
-    "STATES",
-    "STOPPED",
-    "NO_ENGINE",
-    "NoEngineHere",
-    "current",
-    "feed_row",
-    "ProjectionService",
-    "running",
-    "subscribe",
-]
+__all__ = ["Applied", "LiveProjection", "SeatLive", "feed_row", "turn_outcome"]

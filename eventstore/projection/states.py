@@ -1,0 +1,78 @@
+"""The live projection's vocabulary: its sizes, the seat states, the snapshot's keys and the event types that move a seat.
+
+The wire strings here are what the dashboard styles on and what a tab's
+frames carry, so every module of the projection (and :mod:`eventstore.stream`)
+names them from one place. The counters' keys are the row counters'
+(:mod:`eventstore.questions.counts`): the live count and the store's count
+must agree on them.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from crewlet.events import types
+from eventstore.questions import TURN_COMPLETED, TURN_STARTED, TURN_STOPPED
+
+#: The feed ring's size: "the company's last few hundred events".
+FEED_SIZE = 300
+#: How many applied event ids are remembered, so a second feeder's copy changes nothing.
+SEEN_SIZE = 4096
+#: How far back a seeded projection counts turns and tokens from the store.
+COUNTER_WINDOW = timedelta(hours=24)
+
+# -- the seat states (wire strings the dashboard styles on) ---------------------------------
+IDLE = "idle"
+RUNNING = "running"
+QUEUED = "queued"
+HELD = "held"
+PAUSED = "paused"
+STOPPED = "stopped"
+ABSENT = "absent"
+STATES: tuple[str, ...] = (IDLE, RUNNING, QUEUED, HELD, PAUSED, STOPPED, ABSENT)
+
+#: ``reason`` of a held seat (the inbox hold's own key, seats.inbox.HOLD_NO_PROVIDER).
+HELD_NO_PROVIDER = "no_provider"
+#: ``reason`` of a stopped seat.
+STOPPED_PROVIDER = "provider"
+STOPPED_BUDGET = "budget"
+
+# -- snapshot / seat row keys --------------------------------------------------------------
+K_SEATS = "seats"
+K_FEED = "feed"
+K_COUNTERS = "counters"
+K_SEEDED = "seeded"
+K_COUNTERS_SINCE = "counters_since"
+
+# -- the event types that move a seat (each wire name read off its registered class; a turn's from the fold's) --
+SPAWNED = types.AgentSpawned.event_type
+TERMINATED = types.AgentTerminated.event_type
+SEAT_PAUSED = types.SeatPaused.event_type
+SEAT_RESUMED = types.SeatResumed.event_type
+LLM_UNAVAILABLE = types.LLMUnavailable.event_type
+BUDGET_EXHAUSTED = types.BudgetExhausted.event_type
+COALESCED = types.NotificationsCoalesced.event_type
+TRIGGER_SKIPPED = types.TurnTriggerSkipped.event_type
+#: Records of work put in a seat's inbox, and the body field naming that seat.
+WORK_ARRIVED: dict[str, str] = {
+    types.ExternalNotification.event_type: "seat",
+    types.ScheduledTaskFired.event_type: "seat",
+    types.A2AChannelOpened.event_type: "target",
+    types.A2AMessageSent.event_type: "to_seat",
+}
+
+#: Types that name the seat they move in their ``seat`` field (work arrivals have their own field).
+SEAT_TYPES: frozenset[str] = frozenset(
+    {
+        SPAWNED,
+        TERMINATED,
+        SEAT_PAUSED,
+        SEAT_RESUMED,
+        TURN_STARTED,
+        TURN_COMPLETED,
+        TURN_STOPPED,
+        LLM_UNAVAILABLE,
+        BUDGET_EXHAUSTED,
+        COALESCED,
+        TRIGGER_SKIPPED,
+    }
+)

@@ -1,0 +1,92 @@
+"""The row counters: how many rows, turns and tokens this node's store holds over a window.
+
+The overview's counters (``turns_completed``, ``turns_failed``, ``tokens``,
+``events``) are counted live by the projection and, for what happened before
+it started, read from the store here. Both sides count by the same keys and
+the same rule, so they live with the questions rather than with either
+counter: the ``COUNTS`` question the fleet scatters is answered by
+:func:`answer_counts`, and the live projection counts on with these keys.
+
+``tokens`` is input plus output of turn completions — the sum of their
+phases, so phases are not added again — and of ``auxiliary_spend``.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+
+from crewlet.events import types
+from eventstore.questions.model import NodeScope, Question
+from eventstore.questions.sql import TABLE
+from eventstore.questions.turns import TURN_COMPLETED
+
+C_EVENTS = "events"
+C_TURNS_COMPLETED = "turns_completed"
+C_TURNS_FAILED = "turns_failed"
+C_TOKENS = "tokens"
+COUNTER_KEYS: tuple[str, ...] = (C_TURNS_COMPLETED, C_TURNS_FAILED, C_TOKENS, C_EVENTS)
+
+AUXILIARY_SPEND = types.AuxiliarySpend.event_type
+#: Types whose tokens are spend: a turn's completion (the sum of its phases,
+#: which are therefore not added again) and the auxiliary model's.
+SPEND_TYPES: tuple[str, ...] = (TURN_COMPLETED, AUXILIARY_SPEND)
+
+
+def new_counters() -> dict[str, int]:
+    """Every counter at zero, so a live count and a stored one always carry the same keys."""
+    return {name: 0 for name in COUNTER_KEYS}
+
+
+def count_rows(scope: NodeScope, since: datetime, at: datetime) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """The counters over ``[since, at]`` from the store: every row, completed and failed turns, spend."""
+    connection = connections[scope.using]
+    adapt = connection.ops.adapt_datetimefield_value
+    marks = ", ".join(["%s"] * len(SPEND_TYPES))
+    sql = (
+        f"SELECT type, seat, COUNT(*), SUM(CASE WHEN failed THEN 1 ELSE 0 END),"
+        f" SUM(input_tokens + output_tokens) FROM {TABLE}"
+        f" WHERE ts >= %s AND ts <= %s AND type IN ({marks}) GROUP BY type, seat"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*) FROM {TABLE} WHERE ts >= %s AND ts <= %s", [adapt(since), adapt(at)])
+        (total,) = cursor.fetchone()
+        cursor.execute(sql, [adapt(since), adapt(at), *SPEND_TYPES])
+        grouped = cursor.fetchall()
+    counters = new_counters()
+    counters[C_EVENTS] = int(total or 0)
+    per_seat: dict[str, dict[str, int]] = {}
+    for etype, seat, count, failed, tokens in grouped:
+        count, failed, tokens = int(count or 0), int(failed or 0), int(tokens or 0)
+        counters[C_TOKENS] += tokens
+        if etype != TURN_COMPLETED:
+            continue
+        counters[C_TURNS_FAILED] += failed
+        counters[C_TURNS_COMPLETED] += count - failed
+        if seat:
+            mine = per_seat.setdefault(seat, {C_TURNS_COMPLETED: 0, C_TURNS_FAILED: 0, C_TOKENS: 0})
+            mine[C_TURNS_FAILED] += failed
+            mine[C_TURNS_COMPLETED] += count - failed
+            mine[C_TOKENS] += tokens
+    return counters, per_seat
+
+
+def answer_counts(question: Question, at: Any, scope: NodeScope) -> dict[str, Any]:
+    """This node's part of a ``COUNTS`` question: the counters over the ``window_us`` before ``at``, and per seat."""
+    counters, per_seat = count_rows(scope, at - timedelta(microseconds=question.window_us), at)
+    return {"counters": counters, "per_seat": per_seat}
+
+
+__all__ = [
+    "AUXILIARY_SPEND",
+    "COUNTER_KEYS",
+    "C_EVENTS",
+    "C_TOKENS",
+    "C_TURNS_COMPLETED",
+    "C_TURNS_FAILED",
+    "SPEND_TYPES",
+    "answer_counts",
+    "count_rows",
+    "new_counters",
+]
