@@ -5,7 +5,9 @@ each subscription it attaches runs one ``_Attachment`` here, over the
 transport's puller for its durable (topic, group) (``_Pair``). The loop
 delivers one message at a time, or drains a batch and hands it to the
 handler partition by partition (``partition_drain``), and settles through
-the client, which owns the delivery budget and the dead-letter decision.
+the client's :class:`~crewlet.queue.settler.Settler`, which owns the delivery
+budget and the dead-letter decision. Of the client itself a loop needs only
+what :class:`AttachmentHost` names.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Optional, Protocol, Sequence, Union
 
 from crewlet.aio import close_each
 from crewlet.events import Event
@@ -31,7 +33,7 @@ from crewlet.queue.errors import Gone, Unavailable
 from crewlet.queue.transport import Puller, RawMessage
 
 if TYPE_CHECKING:
-    from crewlet.queue.client import QueueClient
+    from crewlet.queue.settler import Settler
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,48 @@ class _Pair:
         self.holds: set[str] = set()
         self.attachments: list[_Attachment] = []
 
+    def detach(self, atts: list[_Attachment]) -> bool:
+        """Detach each of ``atts`` not detached yet; the pair's holds go with them. Whether any was."""
+        found = False
+        for att in atts:
+            if att.detached:
+                continue
+            found = True
+            att.detached = True
+            att.poke()
+            if att in self.attachments:
+                self.attachments.remove(att)
+        if found:
+            self.holds.clear()
+        return found
+
+
+class AttachmentHost(Protocol):
+    """What a consume loop needs of the client that attached it (:class:`~crewlet.queue.client.QueueClient`).
+
+    The gate's client-wide half, where background work and handlers run, and
+    the ack clock: the rest of the client's semantics stay the client's.
+    """
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def delivery_paused(self) -> bool: ...
+
+    @property
+    def poll_s(self) -> float: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    def keep_alive(self) -> None: ...
+
+    async def call_handler(self, fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Outcome: ...
+
+    def loop_started(self, attachment: _Attachment) -> None: ...
+
+    def loop_ended(self, attachment: _Attachment) -> None: ...
+
 
 class _Attachment:
     """One consume loop: fetch when the gate is open, dispatch, settle.
@@ -67,13 +111,15 @@ class _Attachment:
 
     def __init__(
         self,
-        client: "QueueClient",
+        client: AttachmentHost,
+        settler: Settler,
         pair: _Pair,
         puller: Puller,
         handler: Union[Handler, BatchHandler],
         options: Optional[BatchOptions],
     ) -> None:
         self.client = client
+        self.settler = settler
         self.pair = pair
         self.puller = puller
         self.handler = handler
@@ -89,12 +135,12 @@ class _Attachment:
 
     def ready(self) -> bool:
         c = self.client
-        return not (self.detached or self.quiesced or self.pair.holds or c._paused or c._closed)
+        return not (self.detached or self.quiesced or self.pair.holds or c.delivery_paused or c.closed)
 
     def stopping(self) -> bool:
         """Closed for this process rather than for this seat: all delivery paused, detached, or closed."""
         c = self.client
-        return self.detached or c._paused or c._closed
+        return self.detached or c.delivery_paused or c.closed
 
     def poke(self) -> None:
         """The gate may have changed: wake the loop, and end a waiting fetch if it closed.
@@ -110,7 +156,7 @@ class _Attachment:
             if self.stopping():
                 waiting = [msg for msg in self.held if msg not in self.running]
                 if waiting:
-                    self.client._spawn(self._give_back(waiting))
+                    self.client.spawn(self._give_back(waiting))
 
     # -- what this loop holds -------------------------------------------------
 
@@ -118,7 +164,7 @@ class _Attachment:
         now = time.monotonic()
         for msg in msgs:
             self.held[msg] = now
-        self.client._keep_alive()
+        self.client.keep_alive()
 
     def _forget(self, msg: RawMessage) -> bool:
         """Stop holding ``msg``; False when it was settled or handed back already."""
@@ -128,10 +174,10 @@ class _Attachment:
         """Hand back at the head each of ``msgs`` this loop still holds."""
         for msg in msgs:
             if self._forget(msg):
-                await self.client._hand_back(self.pair, msg)
+                await self.settler.hand_back(self.pair, msg)
 
     def start(self) -> None:
-        self.client._attachments.add(self)
+        self.client.loop_started(self)
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"queue-consume:{self.pair.topic}:{self.pair.group}"
         )
@@ -141,7 +187,7 @@ class _Attachment:
     async def _run(self) -> None:
         topic, group = self.pair.topic, self.pair.group
         try:
-            while not self.detached and not self.client._closed:
+            while not self.detached and not self.client.closed:
                 if not self.ready():
                     self.wake.clear()
                     if not self.ready():
@@ -149,13 +195,13 @@ class _Attachment:
                     continue
                 max_n = 1 if self.options is None else self.options.effective_max_batch()
                 try:
-                    msgs = await self.puller.fetch(max_n, self.client._transport.poll_s, self.ready)
+                    msgs = await self.puller.fetch(max_n, self.client.poll_s, self.ready)
                 except Unavailable:
                     await asyncio.sleep(_UNAVAILABLE_RETRY_S)
                     continue
                 except Gone:
                     logger.warning("queue_subscription_gone", extra={"topic": topic, "group": group})
-                    self.client._detach_attachments(self.pair, [self])
+                    self.pair.detach([self])
                     break
                 if not msgs:
                     continue
@@ -179,14 +225,14 @@ class _Attachment:
                     await self._give_back(left)
                 except Exception:
                     logger.warning("queue_hand_back_on_stop_failed", extra={"topic": topic, "group": group}, exc_info=True)
-            self.client._attachments.discard(self)
+            self.client.loop_ended(self)
             await close_each([self.puller], logger, "queue_puller_close_failed")
 
     async def _handle(self, msgs: list[RawMessage], fn: Any, arg: Any) -> Outcome:
         """Run the handler with ``msgs`` marked as being worked on (a stop leaves them to it)."""
         self.running = frozenset(msgs)
         try:
-            return await self.client._call(fn, arg)
+            return await self.client.call_handler(fn, arg)
         finally:
             self.running = frozenset()
 
@@ -197,10 +243,10 @@ class _Attachment:
                 return
             if msg not in self.held:
                 continue  # handed back by a stop meanwhile
-            event = self.client._decode_or_bury(self.pair, msg)
+            event = self.settler.decode_or_bury(self.pair, msg)
             if event is None:
                 if self._forget(msg):
-                    await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
+                    await self.settler.bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             delivery = Delivery(event=event, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
             outcome = await self._handle([msg], self.handler, delivery)
@@ -221,7 +267,7 @@ class _Attachment:
             if left <= 0:
                 break
             try:
-                more = await self.puller.fetch(cap - len(msgs), min(left, self.client._transport.poll_s), self.ready)
+                more = await self.puller.fetch(cap - len(msgs), min(left, self.client.poll_s), self.ready)
             except (Unavailable, Gone):
                 break
             self._take(more)
@@ -234,10 +280,10 @@ class _Attachment:
 
         decoded: list[tuple[int, RawMessage, Event]] = []
         for idx, msg in enumerate(msgs):
-            event = self.client._decode_or_bury(self.pair, msg)
+            event = self.settler.decode_or_bury(self.pair, msg)
             if event is None:
                 if self._forget(msg):
-                    await self.client._bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
+                    await self.settler.bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             decoded.append((idx, msg, event))
         partitions = partition_drain(opts, decoded)
@@ -260,18 +306,18 @@ class _Attachment:
             await self._settle([msg for _, msg, _ in items], outcome)
 
     async def _settle(self, msgs: list[RawMessage], outcome: Outcome) -> None:
-        client = self.client
+        settler = self.settler
         mine = [msg for msg in msgs if self._forget(msg)]
         if outcome is Outcome.ACK:
             for msg in mine:
-                await client._ack(self.pair, msg)
+                await settler.ack(self.pair, msg)
         elif outcome is Outcome.NAK:
             for msg in mine:
-                await client._nak(self.pair, msg)
+                await settler.nak(self.pair, msg)
         else:  # DEFER: back at the head, and this attachment stops taking work
             self.quiesced = True
             for msg in mine:
-                await client._hand_back(self.pair, msg)
+                await settler.hand_back(self.pair, msg)
 
 
 def partition_drain(

@@ -7,7 +7,9 @@ exactly one place. A backend cannot model them differently because it does not
 model them at all.
 
 Each subscription's consume loop (fetch, dispatch, the batch drain) is
-``crewlet.queue.attachment``; it settles through this client.
+``crewlet.queue.attachment``; it settles through this client's
+:class:`~crewlet.queue.settler.Settler`, and asks the client itself only what
+:class:`~crewlet.queue.attachment.AttachmentHost` names.
 """
 from __future__ import annotations
 
@@ -17,10 +19,8 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
-from crewlet import events
 from crewlet.aio import close_each, keeping_cancel, spawn_kept
-from crewlet.events import Event, Trace
-from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
+from crewlet.events import Event
 from crewlet.logfmt import short_reason
 from crewlet.queue import topics
 from crewlet.queue.attachment import _Attachment, _Pair
@@ -37,40 +37,17 @@ from crewlet.queue.contract import (
     Partition,
     PUBLISHED_FAILED,
     PUBLISHED_OK,
-    SETTLED_ACK,
-    SETTLED_DEAD_LETTER,
-    SETTLED_DEFER,
-    SETTLED_NAK,
     PublishListener,
     QueueObserver,
     StreamHandler,
     SubscriptionRef,
     Timings,
-    remaining_after,
 )
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, QueueError, TooLarge, Unavailable, Unconfirmed
-from crewlet.queue.transport import (
-    DUPLICATE_WINDOW_S,
-    H_MSG_ID,
-    RawMessage,
-    Transport,
-    dead_letter_headers,
-    replay_msg_id,
-)
+from crewlet.queue.settler import Settler
+from crewlet.queue.transport import DUPLICATE_WINDOW_S, H_MSG_ID, Transport, replay_msg_id
 
 logger = logging.getLogger(__name__)
-
-#: The envelope ``source`` of what the queue itself publishes (a burial's record).
-_QUEUE_SOURCE = "queue"
-
-
-def _agent_inbox_or_empty(handle: str) -> str:
-    """The inbox subject of seat ``handle``, or "" when ``handle`` cannot be a seat's."""
-    try:
-        return topics.agent_inbox(handle)
-    except InvalidArgument:
-        return ""
-
 
 #: How long close() waits for a running handler before cancelling its loop.
 _CLOSE_GRACE_S = 10.0
@@ -128,7 +105,7 @@ class _SubscriptionHandle:
 
     async def detach(self) -> bool:
         self._client._live()
-        return self._client._detach_attachments(self._att.pair, [self._att])
+        return self._att.pair.detach([self._att])
 
     async def hold(self, key: str) -> None:
         await self._client.hold(self.ref.topic, self.ref.group, key)
@@ -163,6 +140,7 @@ class QueueClient:
         self._timings = timings
         self._listeners: list[PublishListener] = []
         self._observers: list[QueueObserver] = []
+        self._settler = Settler(self._transport, self._timings, self._observers, self.publish)
         self._pairs: dict[tuple[str, str], _Pair] = {}
         self._paused = False
         self._closed = False
@@ -194,6 +172,16 @@ class QueueClient:
     def connected(self) -> bool:
         """Open, and the transport's broker connection is up (``/healthz``)."""
         return not self._closed and self._transport.is_connected
+
+    @property
+    def closed(self) -> bool:
+        """Closed: every consume loop ends, and every verb but ``close`` raises NotLive."""
+        return self._closed
+
+    @property
+    def poll_s(self) -> float:
+        """How long one fetch of a consume loop waits before it looks at its gate again (the transport's)."""
+        return self._transport.poll_s
 
     async def round_trip(self, timeout_s: float) -> None:
         """The broker answers within ``timeout_s`` (a frozen broker keeps its socket, so ``connected`` cannot tell)."""
@@ -252,13 +240,6 @@ class QueueClient:
             except Exception:  # counting must not be able to fail a publish
                 logger.exception("queue_observer_failed", extra={"topic": topic})
 
-    def _observe_settled(self, topic: str, outcome: str, reason: str = "") -> None:
-        for observer in self._observers:
-            try:
-                observer.settled(topic, outcome, reason)
-            except Exception:  # counting must not be able to fail a settlement
-                logger.exception("queue_observer_failed", extra={"topic": topic})
-
     def held_count(self, topic: str, group: str) -> int:
         pair = self._pairs.get((topic, group))
         if pair is None:
@@ -279,7 +260,7 @@ class QueueClient:
         _validate_group(group)
         pair = self._pairs.get((topic, group))
         if pair is not None:
-            self._detach_attachments(pair, list(pair.attachments))
+            pair.detach(list(pair.attachments))
         return await self._transport.delete_consumer(topic, group)
 
     async def list_subscriptions(self, pattern: str) -> list[SubscriptionRef]:
@@ -363,7 +344,7 @@ class QueueClient:
             await puller.close()
             raise NotLive()
         pair = self._pair(topic, group)
-        att = _Attachment(self, pair, puller, handler, options)
+        att = _Attachment(self, self._settler, pair, puller, handler, options)
         pair.attachments.append(att)
         att.start()
         return _SubscriptionHandle(self, att)
@@ -376,26 +357,12 @@ class QueueClient:
 
     # -- letting go -------------------------------------------------------------
 
-    def _detach_attachments(self, pair: _Pair, atts: list[_Attachment]) -> bool:
-        found = False
-        for att in atts:
-            if att.detached:
-                continue
-            found = True
-            att.detached = True
-            att.poke()
-            if att in pair.attachments:
-                pair.attachments.remove(att)
-        if found:
-            pair.holds.clear()
-        return found
-
     async def detach(self, topic: str, group: str) -> bool:
         self._live()
         pair = self._pairs.get((topic, group))
         if pair is None:
             return False
-        return self._detach_attachments(pair, list(pair.attachments))
+        return pair.detach(list(pair.attachments))
 
     async def quiesce(self, topic: str, group: str) -> bool:
         self._live()
@@ -449,6 +416,11 @@ class QueueClient:
         self._paused = False
         self._poke_all()
 
+    @property
+    def delivery_paused(self) -> bool:
+        """All delivery paused (``pause_delivery``): no consume loop of this client starts a handler."""
+        return self._paused
+
     def _poke_all(self) -> None:
         for pair in self._pairs.values():
             for att in pair.attachments:
@@ -456,10 +428,19 @@ class QueueClient:
 
     # -- the ack clock, kept running while mail is held -------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` (a stop's hand-back) as a task this client keeps, and awaits as it closes."""
         spawn_kept(self._background, coro)
 
-    def _keep_alive(self) -> None:
+    def loop_started(self, attachment: _Attachment) -> None:
+        """``attachment``'s loop runs: its held mail is kept alive, and close waits for it."""
+        self._attachments.add(attachment)
+
+    def loop_ended(self, attachment: _Attachment) -> None:
+        """``attachment``'s loop is over: it holds nothing any more."""
+        self._attachments.discard(attachment)
+
+    def keep_alive(self) -> None:
         """Start the in-progress signaller, once, when this client first holds mail."""
         if self._closed or (self._keepalive is not None and not self._keepalive.done()):
             return
@@ -499,7 +480,8 @@ class QueueClient:
             return self._in_flight == 0
         return True
 
-    async def _call(self, fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Outcome:
+    async def call_handler(self, fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Outcome:
+        """Run a subscription's handler on ``arg``, counted in flight; what it returned or raised as an Outcome."""
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -516,125 +498,6 @@ class QueueClient:
             self._in_flight = max(self._in_flight - 1, 0)
             if self._in_flight == 0:
                 self._idle.set()
-
-    # -- settling (the delivery budget lives here) -------------------------------
-
-    def _decode_or_bury(self, pair: _Pair, msg: RawMessage) -> Optional[Event]:
-        try:
-            return Event.from_json(msg.data)
-        except Exception:
-            logger.error(
-                "queue_message_undecodable",
-                extra={"topic": pair.topic, "group": pair.group, "bytes": len(msg.data)},
-            )
-            return None
-
-    async def _ack(self, pair: _Pair, msg: RawMessage) -> None:
-        try:
-            await msg.ack()
-        except QueueError:
-            logger.warning("queue_ack_failed", exc_info=True)
-            return
-        self._observe_settled(pair.topic, SETTLED_ACK)
-
-    async def _nak(self, pair: _Pair, msg: RawMessage) -> None:
-        """A failure: behind the waiting mail after the backoff, or the dead letter."""
-        await self._redeliver_or_bury(
-            pair, msg, lambda: msg.nak(self._timings.backoff_s(msg.delivered)), "queue_nak_failed", SETTLED_NAK
-        )
-
-    async def _hand_back(self, pair: _Pair, msg: RawMessage) -> None:
-        """A hand-back: at the head at once; it spent a delivery like any other."""
-        await self._redeliver_or_bury(pair, msg, msg.nak_head, "queue_hand_back_failed", SETTLED_DEFER)
-
-    async def _redeliver_or_bury(
-        self,
-        pair: _Pair,
-        msg: RawMessage,
-        redeliver: Callable[[], Awaitable[None]],
-        failed_event: str,
-        outcome: str,
-    ) -> None:
-        """A delivery that did not end in an ack: the dead letter once none remain, else ``redeliver``.
-
-        A redelivery the transport refuses is logged (``failed_event``), not raised:
-        the handler's outcome is settled and the consumer goes on.
-        """
-        if remaining_after(msg.delivered) == 0:
-            await self._bury(pair, msg, reason=DEAD_LETTER_MAX_DELIVERIES)
-            return
-        try:
-            await redeliver()
-        except QueueError:
-            logger.warning(failed_event, exc_info=True)
-            return
-        self._observe_settled(pair.topic, outcome)
-
-    async def _bury(self, pair: _Pair, msg: RawMessage, *, reason: str) -> None:
-        """Copy to CREWLET_DLQ, then terminate; if the copy fails, keep the message.
-
-        Once the copy is stored, the burial is recorded as a
-        ``message_dead_lettered`` event, so it is a row in this node's history
-        and in the trace of the work it belonged to, not only an entry on a
-        stream that ages out.
-        """
-        headers = dead_letter_headers(pair.topic, pair.group, msg.delivered)
-        try:
-            seq = await self._transport.publish(topics.dlq(pair.topic, pair.group), msg.data, headers)
-        except QueueError:
-            logger.error("queue_dead_letter_failed", extra={"topic": pair.topic, "group": pair.group})
-            try:
-                await msg.nak(self._timings.backoff_cap_s)
-            except QueueError:
-                pass
-            return
-        logger.warning(
-            "queue_dead_lettered",
-            extra={"topic": pair.topic, "group": pair.group, "deliveries": msg.delivered, "reason": reason},
-        )
-        try:
-            await msg.term()
-        except QueueError:
-            logger.warning("queue_term_failed", exc_info=True)
-        self._observe_settled(pair.topic, SETTLED_DEAD_LETTER, reason)
-        await self._record_burial(pair, msg, reason=reason, ref=str(seq) if seq else "")
-
-    async def _record_burial(self, pair: _Pair, msg: RawMessage, *, reason: str, ref: str) -> None:
-        """Publish the ``message_dead_lettered`` of one burial; a failure is logged, never raised.
-
-        Under the buried event's own trace (a child span of it), so the row
-        lands in the trace of the delivery that failed; an undecodable
-        message has no trace and starts one. A buried record of a burial is
-        not recorded again, so a consumer failing everything on the event
-        stream cannot feed itself a chain of them.
-        """
-        try:
-            original: Optional[Event] = Event.from_json(msg.data)
-        except Exception:
-            original = None
-        if original is not None and original.type == MessageDeadLettered.event_type:
-            return
-        parent = Trace.of(original) if original is not None else None
-        parts = pair.topic.split(".")
-        body = MessageDeadLettered(
-            topic=pair.topic,
-            group=pair.group,
-            seat=parts[2] if len(parts) == 4 and _agent_inbox_or_empty(parts[2]) == pair.topic else "",
-            ref=ref,
-            deliveries=msg.delivered,
-            reason=reason,
-            original_id=original.id if original is not None else "",
-            original_type=original.type if original is not None else "",
-        )
-        event = events.new(body, parent.child() if parent is not None else Trace.root(), source=_QUEUE_SOURCE)
-        try:
-            await self.publish(topics.event(event.type), event)
-        except (QueueError, OSError):
-            logger.error(
-                "queue_dead_letter_unrecorded",
-                extra={"topic": pair.topic, "group": pair.group, "ref": ref, "reason": reason},
-                exc_info=True,
-            )
 
     # -- broadcast and scatter ---------------------------------------------------
 
