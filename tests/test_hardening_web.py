@@ -557,7 +557,7 @@ def test_healthz_says_the_broker_is_unresponsive_while_it_is_frozen_and_connecte
 
 # -- production settings ---------------------------------------------------------------------------------
 
-#: The environment README's "Production" section gives for a deployment behind TLS.
+#: The environment docs/operating.md's "Production: behind TLS" section gives for a deployment behind TLS.
 PRODUCTION_ENV = {
     "CREWLET_SECURE_COOKIES": "1",
     "CREWLET_HSTS_SECONDS": "31536000",
@@ -584,9 +584,9 @@ def test_check_deploy_reports_nothing_with_the_documented_production_environment
     production = _check_deploy(tmp_path, PRODUCTION_ENV)
     assert production.returncode == 0, production.stderr
     assert "System check identified no issues" in production.stdout
-    readme = (REPO_ROOT / "README.md").read_text()
+    doc = (REPO_ROOT / "docs" / "operating.md").read_text()
     for name in PRODUCTION_ENV:
-        assert f"`{name}=" in readme, f"{name} is not documented"
+        assert f"`{name}=" in doc, f"{name} is not documented in docs/operating.md"
 
 
 @pytest.mark.timeout(180)
