@@ -6,8 +6,8 @@ handler here decides, per partition, in this order (design: Inbox Batching,
 
 1. the right to work — a seat this node no longer owns, or that is no longer
    an agent seat, is handed back (DEFER) rather than worked;
-2. same-id duplicates dropped before anything else (an at-least-once edge and
-   the requeue machinery both produce them);
+2. duplicates dropped before anything else (``coalescer.dedupe``: an
+   at-least-once edge and the requeue machinery both produce them);
 3. the local holds — a paused seat, or a company with no model provider —
    take the hold on the inbox FIRST and then hand the delivery back, so the
    mail waits on the broker with its order intact and nothing is fetched
@@ -19,23 +19,26 @@ handler here decides, per partition, in this order (design: Inbox Batching,
 5. the per-node concurrency gate: past ``node.max_concurrent`` a turn waits
    here, in this process, holding its delivery — never handed back;
 6. the turn, under the first event's restored trace, so its span is a child
-   of the delivery's; its triggers go to the ledger when it completes (or a
-   person stopped it), and a failed turn NAKs its partition, which returns
-   behind newer mail of the same conversation.
+   of the delivery's. ``coalescer.plan`` decides what ONE trigger the
+   partition is and what must happen before it runs, and the loop carries
+   that out; the turn runs in its :class:`~seats.turn_task.TurnTask`. Its
+   triggers go to the ledger when it completes (or a person stopped it), and
+   a failed turn NAKs its partition, which returns behind newer mail of the
+   same conversation.
 
-One poison event never takes its batch-mates down with it (design: The
-digest trigger, the degraded per-event dispatch). Every wake is first made
-storable (``seats.ledger.storable_event``: a NUL or a lone surrogate becomes
-its ``\\uXXXX`` escape), so such a value runs its turn instead of failing every
-store call. What still breaks a multi-event partition because of one event —
-a store that refuses one of its values, a merge that fails, a turn that
-crashes (a model that answered with a failure is not put down to an event) —
-degrades it: the tail is requeued as independent inbox messages FIRST, then
-the first event is worked alone in the current ack scope. The partition's
-event ids are remembered as isolated, so the batch layer keys each of them
-(copies and originals alike) as a partition of its own from then on: the good
-ones run their own turns (or are skipped by the ledger, once their copy ran)
-and only the poison one keeps failing, alone, toward the dead-letter stream.
+One poison event never takes its batch-mates down with it. Every wake is
+first made storable (``seats.ledger.storable_event``: a NUL or a lone
+surrogate becomes its ``\\uXXXX`` escape), so such a value runs its turn
+instead of failing every store call. What still breaks a multi-event
+partition because of one event — a store that refuses one of its values, a
+merge that fails, a turn that crashes (a model that answered with a failure
+is not put down to an event) — degrades it (``coalescer.degrade``): the tail
+is requeued as independent inbox messages FIRST, then the first event is
+worked alone in the current ack scope. The partition's event ids are
+remembered as isolated, so the batch layer keys each of them (copies and
+originals alike) as a partition of its own from then on: the good ones run
+their own turns (or are skipped by the ledger, once their copy ran) and only
+the poison one keeps failing, alone, toward the dead-letter stream.
 
 Two store failures, two answers. A database this node cannot reach
 (``OperationalError``/``InterfaceError``, or any fault not caused by a value)
@@ -56,15 +59,14 @@ traceback, not 25.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Optional, Protocol, Sequence
+from typing import Awaitable, Callable, Optional, Sequence
 
 from crewlet.conf import STOP_GRACE_S
 from crewlet.events import Event
-from crewlet.events.types import NotificationsCoalesced, TurnTriggerSkipped
+from crewlet.events.types import TurnTriggerSkipped
 from crewlet.logfmt import REASON_CHARS, short_reason
 from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
@@ -80,26 +82,15 @@ from crewlet.queue.contract import (
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
 from django.db import DatabaseError
+from seats import coalescer
+from seats.coalescer import Degrade, Merge, partition_key_of
+from seats.gate import ConcurrencyGate, GateClosed
 from seats.hooks import run_after_turn
-from seats.ledger import (
-    FAULT_VALUE,
-    SKIP_ALREADY_WORKED,
-    arecord,
-    ascreen,
-    storable_event,
-    store_fault,
-    trigger_identity,
-)
+from seats.ledger import FAULT_VALUE, SKIP_ALREADY_WORKED, arecord, ascreen, storable_event, store_fault
 from seats.ownership import Ownership
-from seats.turns import (
-    ERR_CRASHED,
-    OUTCOME_FAILED,
-    OUTCOME_STOPPED,
-    Trigger,
-    TurnResult,
-    TurnRunner,
-    TurnStop,
-)
+from seats.turn_task import TurnTask, log_failure
+from seats.turns import ERR_CRASHED, OUTCOME_STOPPED, Trigger, TurnRunner
+from seats.wake import Wake
 
 log = logging.getLogger("crewlet.seats.inbox")
 
@@ -116,115 +107,6 @@ STATS_KEEP = 256
 ISOLATED_KEEP = 4096
 
 
-def partition_key_of(event: Event) -> str:
-    """The wake's ``partition_key`` field, else its own id: a wake naming no conversation is never coalesced."""
-    key = event.field("partition_key")
-    return key if isinstance(key, str) and key else unique_partition_key(event)
-
-
-def batch_options(org: Organization) -> BatchOptions:
-    """The coalesce knobs as the batch layer reads them (mutated in place on apply)."""
-    return BatchOptions(
-        partition_key=partition_key_of, linger_s=org.coalesce_window_s, max_batch=org.coalesce_max_batch
-    )
-
-
-class Merge(Protocol):
-    """The digest seam: ``seats.coalescer.dispatch`` has this shape.
-
-    Given a multi-event partition, it merges the wakes and calls ``run`` once —
-    with the merged trigger, or (degraded, after requeueing the tail) with the
-    first event alone — and returns what ``run`` returned. Without one, the
-    loop runs the partition's events as one trigger, each as its own line.
-    """
-
-    def __call__(
-        self,
-        queue: EventQueue,
-        handle: str,
-        evs: Sequence[Event],
-        run: Callable[[Event], Awaitable[Optional[TurnResult]]],
-        *,
-        role: str = "",
-        agent_id: str = "",
-    ) -> Awaitable[Optional[TurnResult]]: ...
-
-
-class GateClosed(Exception):
-    """The node is stopping: the concurrency gate admits no new turn."""
-
-
-class ConcurrencyGate:
-    """The per-node gate: at most ``limit`` turns at once, the rest wait here.
-
-    Resizable while work waits (an applied company changes
-    ``node.max_concurrent``): growing it lets waiters in at once, shrinking
-    it lets running turns finish and admits nobody until below the new size.
-    Closed when the node stops: every waiter, and anyone arriving later, gets
-    :class:`GateClosed` instead of a slot, so its delivery goes back to the
-    broker at once rather than starting a turn during the drain.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._limit = max(int(limit), 1)
-        self._active = 0
-        self._waiting = 0
-        self._peak = 0
-        self._closed = False
-        self._cond: Optional[asyncio.Condition] = None
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    @property
-    def waiting(self) -> int:
-        return self._waiting
-
-    @property
-    def peak(self) -> int:
-        """The most turns that ever ran at once (a gauge for the dashboard and the tests)."""
-        return self._peak
-
-    def _condition(self) -> asyncio.Condition:
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        return self._cond
-
-    async def resize(self, limit: int) -> None:
-        cond = self._condition()
-        async with cond:
-            self._limit = max(int(limit), 1)
-            cond.notify_all()
-
-    async def close(self) -> None:
-        """Admit nobody from now on; turns already running keep their slots."""
-        cond = self._condition()
-        async with cond:
-            self._closed = True
-            cond.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        cond = self._condition()
-        async with cond:
-            self._waiting += 1
-            try:
-                await cond.wait_for(lambda: self._closed or self._active < self._limit)
-            finally:
-                self._waiting -= 1
-            if self._closed:
-                raise GateClosed()
-            self._active += 1
-            self._peak = max(self._peak, self._active)
-        try:
-            yield
-        finally:
-            async with cond:
-                self._active -= 1
-                cond.notify_all()
-
-
 @dataclass
 class LoopStats:
     """What one loop saw, for health, the dashboard and the tests."""
@@ -239,7 +121,11 @@ class LoopStats:
 
 
 class InboxLoop:
-    """One claimed seat's attachment to its inbox, and the handler it runs."""
+    """One claimed seat's attachment to its inbox, and the handler it runs.
+
+    ``merge`` is the digest seam (``coalescer.Merge``); without one, a
+    partition's events run as one trigger, each as its own line.
+    """
 
     def __init__(
         self,
@@ -267,19 +153,13 @@ class InboxLoop:
         self._isolated: OrderedDict[str, None] = OrderedDict()
         options.partition_key = self._partition_key
         self.store_retry_s = store_retry_s
-        self.stop_grace_s = stop_grace_s
+        self.turn = TurnTask(runner, handle, stop_grace_s=stop_grace_s, log=log)
         self.topic = topics.agent_inbox(handle)
         self.group = topics.agent_inbox_group(handle)
         self.stats = LoopStats()
         self._sub: Optional[Subscription] = None
         self._paused = False
         self._pause_version = -1
-        self._turn_task: Optional[asyncio.Task[TurnResult]] = None
-        self._turn_trigger: Optional[Trigger] = None
-        self._stop_request: Optional[TurnStop] = None
-        #: The stopped turn's mail goes back to the broker for the seat's next holder (a lost lease).
-        self._hand_back = False
-        self._stop_timer: Optional[asyncio.TimerHandle] = None
         self._retry: Optional[asyncio.Task[None]] = None
         self._handling = 0
 
@@ -300,7 +180,22 @@ class InboxLoop:
 
     @property
     def turn_running(self) -> bool:
-        return self._turn_task is not None and not self._turn_task.done()
+        return self.turn.running
+
+    @property
+    def stopping(self) -> bool:
+        """A stop of the running turn was asked for and the turn has not ended yet."""
+        return self.turn.stopping
+
+    def stop_turn(
+        self, *, by: str = "", by_seat: str = "", reason: str = "", at_next_round: bool = False, hand_back: bool = False
+    ) -> bool:
+        """End the running turn (:meth:`TurnTask.stop`: at its next round, or at once); False when none runs."""
+        return self.turn.stop(by=by, by_seat=by_seat, reason=reason, at_next_round=at_next_round, hand_back=hand_back)
+
+    async def turn_finished(self) -> None:
+        """Return once no turn of this loop runs (at once when none does)."""
+        await self.turn.finished()
 
     async def start(self) -> None:
         """Take whatever holds apply BEFORE attaching, so not even one delivery is spent on them."""
@@ -337,57 +232,6 @@ class InboxLoop:
         await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
         if stop_running:
             self.stop_turn(by=by, by_seat=by_seat, reason=reason, at_next_round=True)
-
-    def stop_turn(
-        self, *, by: str = "", by_seat: str = "", reason: str = "", at_next_round: bool = False, hand_back: bool = False
-    ) -> bool:
-        """End the running turn (published as stopped, with ``reason``); False when none runs.
-
-        ``at_next_round`` (a person's pause): the turn ends at its next round —
-        what is in flight finishes, nothing new starts — and is cancelled where
-        it is only if that takes longer than ``stop_grace_s``. Without it (a
-        lost lease: another node may run the seat already) the turn is
-        cancelled at once.
-
-        ``hand_back`` (a lost lease): the work was not this node's to finish,
-        so its mail is deferred to the seat's next holder rather than recorded
-        as worked. A turn that already called a tool wrote its ledger row
-        first, so the next holder skips it: a turn that has acted is never
-        run twice.
-        """
-        task = self._turn_task
-        if task is None or task.done():
-            return False
-        self._stop_request = TurnStop(by=by, by_seat=by_seat, reason=reason)
-        self._hand_back = self._hand_back or hand_back
-        trigger = self._turn_trigger
-        if at_next_round and trigger is not None:
-            trigger.stop = self._stop_request
-            if self._stop_timer is None:
-                self._stop_timer = asyncio.get_running_loop().call_later(self.stop_grace_s, self._stop_overdue, task)
-        else:
-            task.cancel()
-        log.info(
-            "seat_turn_stop_requested", extra={"seat": self.handle, "by": by, "reason": reason, "at_next_round": at_next_round}
-        )
-        return True
-
-    def _stop_overdue(self, task: asyncio.Task[TurnResult]) -> None:
-        """The grace is over and the stopped turn has not reached its next round: cancel it where it is."""
-        if task is self._turn_task and not task.done():
-            log.warning("seat_turn_stop_overdue", extra={"seat": self.handle, "grace_s": self.stop_grace_s})
-            task.cancel()
-
-    @property
-    def stopping(self) -> bool:
-        """A stop of the running turn was asked for and the turn has not ended yet."""
-        return self.turn_running and self._stop_request is not None
-
-    async def turn_finished(self) -> None:
-        """Return once no turn of this loop runs (at once when none does)."""
-        task = self._turn_task
-        if task is not None and not task.done():
-            await asyncio.wait({task})
 
     async def resume(self, *, version: int = -1) -> None:
         self._paused = False
@@ -460,10 +304,8 @@ class InboxLoop:
     def _failure(
         self, event: str, exc: BaseException, first_delivery: bool, *, level: int = logging.WARNING, **fields: object
     ) -> None:
-        """One line per failed delivery; the traceback only on a first delivery (and at DEBUG after)."""
-        log.log(level, event, extra={"seat": self.handle, "error": short_reason(exc), **fields}, exc_info=first_delivery)
-        if not first_delivery:
-            log.debug(f"{event}_traceback", extra={"seat": self.handle}, exc_info=exc)
+        """One line per failed delivery, under this loop's seat (``log_failure``)."""
+        log_failure(log, self.handle, event, exc, first_delivery, level=level, **fields)
 
     async def _counted(self, partition: Partition) -> Outcome:
         """The handler, counted while it runs (:attr:`handling`)."""
@@ -508,18 +350,11 @@ class InboxLoop:
 
     async def _work(self, seat: Seat, partition: Partition, evs: list[Event], first_delivery: bool) -> Outcome:
         """Steps 2-6 of the module docstring for ``evs`` (all of the partition, or its first event when degraded)."""
-        fresh_events: list[Event] = []
-        identities: dict[str, str] = {}
-        seen_ids: set[str] = set()
-        for ev in evs:
-            ident = trigger_identity(ev)
-            if ev.id in seen_ids or ident in identities.values():
-                self.stats.duplicates += 1
-                log.debug("seat_duplicate_dropped", extra={"seat": self.handle, "event_id": ev.id, "trigger": ident})
-                continue
-            seen_ids.add(ev.id)
-            identities[ev.id] = ident
-            fresh_events.append(ev)
+        deduped = coalescer.dedupe(evs)
+        for ev, ident in deduped.dropped:
+            self.stats.duplicates += 1
+            log.debug("seat_duplicate_dropped", extra={"seat": self.handle, "event_id": ev.id, "trigger": ident})
+        fresh_events, identities = deduped.events, deduped.identities
 
         refusal = await self._refusal()
         if refusal is not None:
@@ -565,8 +400,8 @@ class InboxLoop:
         except GateClosed:
             return self._defer(NODE_STOPPING, partition)  # at the head, for whoever runs the seat next
 
-    async def _requeue_tail(self, partition: Partition, ordered: Sequence[Event], why: str) -> bool:
-        """The degraded path's first step: every event but the first back on the inbox, as its own message.
+    async def _requeue_tail(self, partition: Partition, degraded: Degrade) -> bool:
+        """The degraded path's first step, carried out: ``degraded.tail`` back on the inbox, each as its own message.
 
         The partition's events are isolated first, so neither these copies nor
         the originals (should this delivery fail after all) are batched with
@@ -574,14 +409,14 @@ class InboxLoop:
         dedupe. False when a publish failed: then nothing has run, and the
         caller hands the whole partition back.
         """
+        ordered = degraded.events
         self._isolate([*(d.event.id for d in partition.deliveries), *(ev.id for ev in ordered)])
         log.warning(
             "seat_partition_degraded",
-            extra={"seat": self.handle, "events": len(ordered), "why": why, "first": ordered[0].id},
+            extra={"seat": self.handle, "events": len(ordered), "why": degraded.why, "first": degraded.first.id},
         )
         try:
-            for ev in ordered[1:]:
-                await self.queue.publish(self.topic, ev)
+            await coalescer.requeue_tail(self.queue, self.handle, degraded)
         except Exception as exc:
             log.warning("seat_requeue_failed", extra={"seat": self.handle, "error": short_reason(exc)})
             return False
@@ -590,17 +425,16 @@ class InboxLoop:
     async def _degrade(
         self, seat: Seat, partition: Partition, fresh: list[Event], first_delivery: bool, *, why: str
     ) -> Outcome:
-        """Per-event dispatch for a partition one of whose events broke it (design: The digest trigger).
+        """Per-event dispatch for a partition one of whose values the store refused (``coalescer.degrade``).
 
-        The tail goes back to the inbox as independent messages FIRST, then
-        the first event is worked alone in this delivery's ack scope: a
-        requeue failure NAKs before any turn ran, and a completed turn is
-        never replayed by a later event's failure.
+        A requeue failure NAKs before any turn ran; the first event is then
+        worked alone in this delivery's ack scope, from the top.
         """
-        if not await self._requeue_tail(partition, fresh, why):
+        degraded = coalescer.degrade(fresh, why)
+        if not await self._requeue_tail(partition, degraded):
             self.stats.failed += 1
             return Outcome.NAK
-        return await self._work(seat, partition, fresh[:1], first_delivery)
+        return await self._work(seat, partition, [degraded.first], first_delivery)
 
     async def _run_turn(
         self, seat: Seat, partition: Partition, fresh: list[Event], identities: dict[str, str], first_delivery: bool
@@ -613,71 +447,53 @@ class InboxLoop:
         failing toward the dead-letter stream.
         """
         key = partition.key
-        covered: list[Event] = list(fresh)
-        turn_ids: list[str] = []
-        degraded = False
-
-        async def run_one(trigger_event: Event) -> Optional[TurnResult]:
-            """One trigger's turn; what it covers is the partition, or that one event on a degraded merge."""
-            nonlocal covered, degraded
-            if trigger_event.id in identities and len(fresh) > 1:  # the merge degraded and requeued the rest
-                degraded = True
-                self._isolate([*(d.event.id for d in partition.deliveries), *identities])
-            covered = [trigger_event] if trigger_event.id in identities else list(fresh)
-            trigger = self._trigger([trigger_event], key, first_delivery)
-            trigger.before_tools = self._recorder(seat, trigger.turn_id, covered, identities)
-            turn_ids.append(trigger.turn_id)
-            return await self._turn(seat, trigger)
-
         self.stats.turns += 1
         attributes = {"crewlet.seat": seat.handle, "crewlet.partition": key}
         attributes.update(messaging_attributes(OPERATION_PROCESS, self.topic, group=self.group, message_id=fresh[0].id))
         with child_span(fresh[0], "seat.turn", attributes=attributes):
-            if self.merge is not None and len(fresh) > 1:
-                try:
-                    result = await self.merge(self.queue, seat.handle, fresh, run_one, role=seat.role, agent_id=seat.agent_id)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # e.g. the degrade path's requeue failed: nothing ran, so all of it goes back
-                    self._failure("seat_merge_failed", exc, first_delivery, events=len(fresh))
-                    return self._nak_isolated(partition, fresh)
-            else:
-                trigger = self._trigger(fresh, key, first_delivery)
-                trigger.before_tools = self._recorder(seat, trigger.turn_id, covered, identities)
-                turn_ids.append(trigger.turn_id)
-                if len(fresh) > 1:
-                    await self._emit(
-                        NotificationsCoalesced(
-                            **seat.labels(),
-                            partition_key=key,
-                            count=len(fresh),
-                            event_ids=[ev.id for ev in fresh],
-                        )
-                    )
-                result = await self._turn(seat, trigger)
+            chosen = coalescer.plan(
+                fresh,
+                self.merge,
+                partition_key=key,
+                seat=seat.handle,
+                role=seat.role,
+                agent_id=seat.agent_id,
+                trace=trace_of(),
+            )
+            if chosen.degraded is not None and not await self._requeue_tail(partition, chosen.degraded):
+                self.stats.failed += 1
+                return Outcome.NAK  # nothing ran: all of it goes back
+            if chosen.record is not None:
+                await coalescer.publish_record(self.runner.emitter, chosen.record, seat=seat.handle)
+            covered = chosen.covers
+            trigger = self._trigger(chosen.trigger, key, first_delivery)
+            trigger.before_tools = self._recorder(seat, trigger.turn_id, covered, identities)
+            result = await self.turn.run(seat, trigger)
 
-        turn_id = turn_ids[-1] if turn_ids else ""
-        handed_back, self._hand_back = self._hand_back, False
-        if result is not None and result.outcome == OUTCOME_STOPPED and (handed_back or result.fenced):
+        turn_id = trigger.turn_id
+        handed_back = self.turn.take_hand_back()
+        if result.outcome == OUTCOME_STOPPED and (handed_back or result.fenced):
             log.info("seat_turn_handed_back", extra={"seat": seat.handle, "turn_id": turn_id, "events": len(fresh)})
             return Outcome.DEFER
-        if result is None or not (result.ok or result.outcome == OUTCOME_STOPPED):
+        if not (result.ok or result.outcome == OUTCOME_STOPPED):
             self.stats.failed += 1
             log.warning(
                 "seat_turn_failed",
                 extra={
                     "seat": seat.handle,
                     "turn_id": turn_id,
-                    "error_kind": result.error_kind if result else ERR_CRASHED,
-                    "error": (result.error[:REASON_CHARS] if result else ""),
+                    "error_kind": result.error_kind,
+                    "error": result.error[:REASON_CHARS],
                     "events": len(fresh),
                 },
             )
-            crashed = result is None or result.error_kind == ERR_CRASHED
-            if crashed and len(fresh) > 1 and not degraded:
-                if not await self._requeue_tail(partition, fresh, ERR_CRASHED):
+            crashed = result.error_kind == ERR_CRASHED
+            if crashed and len(covered) > 1:  # one of the events it covers is why: each is worked alone
+                degraded = coalescer.degrade(covered, ERR_CRASHED)
+                if not await self._requeue_tail(partition, degraded):
                     return Outcome.NAK
-                return await self._run_turn(seat, partition, fresh[:1], {fresh[0].id: identities[fresh[0].id]}, first_delivery)
+                first = degraded.first
+                return await self._run_turn(seat, partition, [first], {first.id: identities[first.id]}, first_delivery)
             if crashed and len(partition.deliveries) > 1:
                 self._isolate([d.event.id for d in partition.deliveries])
             return Outcome.NAK
@@ -707,49 +523,23 @@ class InboxLoop:
 
     @staticmethod
     def _trigger(evs: list[Event], key: str, first_delivery: bool = True) -> Trigger:
-        conversation = evs[0].field("conversation_identity")
         return Trigger(
             events=evs,
             partition_key=key,
-            conversation_key=conversation if isinstance(conversation, str) else "",
+            conversation_key=Wake(evs[0]).conversation_identity,
             first_delivery=first_delivery,
         )
-
-    async def _turn(self, seat: Seat, trigger: Trigger) -> TurnResult:
-        """The runner in its own task, so a person's stop_running can end it; a crash is a failed ``crashed`` result."""
-        task = asyncio.get_running_loop().create_task(
-            self.runner.run(seat, trigger), name=f"seat-turn:{seat.handle}:{trigger.turn_id}"
-        )
-        self._turn_task, self._turn_trigger = task, trigger
-        try:
-            return await task
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            stop = self._stop_request
-            if stop is None or not task.cancelled() or (me is not None and me.cancelling()):
-                task.cancel()
-                raise
-            return await self.runner.stopped(seat, trigger, by=stop.by, by_seat=stop.by_seat, reason=stop.reason)
-        except Exception as exc:
-            self._failure("seat_turn_crashed", exc, trigger.first_delivery, turn_id=trigger.turn_id)
-            return TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, error=short_reason(exc, 1000), error_kind=ERR_CRASHED)
-        finally:
-            if self._stop_timer is not None:
-                self._stop_timer.cancel()
-            self._turn_task = self._turn_trigger = self._stop_timer = None
-            self._stop_request = None
 
     async def _skipped(self, seat: Seat, ev: Event, identity: str, worked_by: str) -> None:
         """Ack without a turn, and say so under the skipped event's own trace."""
         self.stats.skipped += 1
-        conversation = ev.field("conversation_identity")
         with child_span(ev, "seat.trigger_skipped", attributes={"crewlet.seat": seat.handle}):
             await self._emit(
                 TurnTriggerSkipped(
                     **seat.labels(),
                     trigger_event_id=ev.id,
                     turn_id=worked_by,
-                    conversation_key=conversation if isinstance(conversation, str) else "",
+                    conversation_key=Wake(ev).conversation_identity,
                     reason=SKIP_ALREADY_WORKED,
                     detail=f"{identity} was worked by turn {worked_by}",
                 )
@@ -764,13 +554,8 @@ class InboxLoop:
 
 
 __all__ = [
-    "Merge",
     "HOLD_NO_PROVIDER",
     "HOLD_PAUSED",
-    "ConcurrencyGate",
-    "GateClosed",
     "InboxLoop",
     "LoopStats",
-    "batch_options",
-    "partition_key_of",
 ]

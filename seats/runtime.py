@@ -37,7 +37,9 @@ from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.tracing import trace_of
 from seats import actions
-from seats.inbox import STORE_RETRY_S, ConcurrencyGate, InboxLoop, Merge, batch_options
+from seats.coalescer import Merge, batch_options, coalesce
+from seats.gate import ConcurrencyGate
+from seats.inbox import STORE_RETRY_S, InboxLoop
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
@@ -461,12 +463,10 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
     publishes is stored) and the seats' toolbox runs (:data:`SEAT_TOOLS`,
     which its turns call and which stops after it), and publishes telemetry
     through the engine's emitter. In production a multi-wake partition is merged by the
-    digest (``seats.coalescer.dispatch``) into ONE trigger.
+    digest (``seats.coalescer.coalesce``) into ONE trigger.
     """
     if "merge" not in options:
-        from seats.coalescer import dispatch
-
-        options["merge"] = dispatch
+        options["merge"] = coalesce
 
     def make(engine: "Engine") -> SeatRuntime:
         assert engine.queue is not None

@@ -25,7 +25,7 @@ from crewlet.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
 from crewlet.tracing import Trace
-from seats.coalescer import dispatch
+from seats.coalescer import coalesce, dispatch
 from seats import inbox as inbox_module
 from seats.delivery_models import LedgerEntry
 from seats.ledger import (
@@ -170,7 +170,7 @@ async def test_a_nul_in_a_dm_channel_runs_its_turn_and_the_good_dm_drained_with_
         good = dm("are you there?", channel="D0GOOD", n=2)
         await put(q, poison, good)  # waiting together: one drain, the poison's partition first
 
-        async with running(q, org, merge=dispatch, store_retry_s=0.01):
+        async with running(q, org, merge=coalesce, store_retry_s=0.01):
             await eventually(lambda: ran(rec, good), what="the good DM's turn")
             await eventually(lambda: ran(rec, poison), what="the escaped DM's turn")
             await drained(q, "ada")
@@ -190,7 +190,7 @@ async def test_a_lone_surrogate_in_a_wake_from_another_producer_runs_its_turn_an
         poison = dm("caf\ud800 menu?", channel="D0SUR", n=1)
         # Another build's encoder escapes the surrogate as JSON allows; this one's decoder gives it back raw.
         broker.publish(topics.agent_inbox("ada"), json.dumps(poison.to_dict()).encode("ascii"))
-        async with running(q, org, merge=dispatch):
+        async with running(q, org, merge=coalesce):
             await eventually(lambda: ran(rec, poison), what="the surrogate DM's turn")
             await drained(q, "ada")
         [phase] = rec.of("agent_phase_completed", seat="ada")
@@ -238,7 +238,7 @@ async def test_a_value_the_store_refuses_is_naked_alone_and_never_parks_the_good
         poison = dm("poison", channel="D0POISON", n=1)
         good = dm("good", channel="D0GOOD", n=2)
         await put(q, poison, good)
-        async with running(q, org, merge=dispatch, store_retry_s=0.01) as rt:
+        async with running(q, org, merge=coalesce, store_retry_s=0.01) as rt:
             await eventually(lambda: ran(rec, good), what="the good DM's turn")
             await eventually(lambda: dead_letter_ids(q), what="the poison's dead letter")
             await drained(q, "ada")
@@ -257,7 +257,7 @@ async def test_a_refused_value_inside_a_conversations_batch_degrades_it_and_only
     async with screened_by(monkeypatch, _refusing_screen("1718000000.000001")) as (q, rec, org):
         poison, second, third = (dm(f"message {n}", channel="D0ONE", n=n) for n in (1, 2, 3))
         await put(q, poison, second, third)  # one partition: the same DM channel
-        async with running(q, org, merge=dispatch, store_retry_s=0.01):
+        async with running(q, org, merge=coalesce, store_retry_s=0.01):
             await eventually(lambda: ran(rec, second) and ran(rec, third), what="the good messages' turns")
             await eventually(lambda: dead_letter_ids(q), what="the poison's dead letter")
             await drained(q, "ada")
@@ -286,7 +286,7 @@ async def test_a_store_that_is_down_still_defers_the_drain_and_retries_rather_th
     async with screened_by(monkeypatch, in_store(flaky)) as (q, rec, org):
         first, second = dm("one", channel="D0A", n=1), dm("two", channel="D0B", n=2)
         await put(q, first, second)
-        async with running(q, org, merge=dispatch, store_retry_s=0.01) as rt:
+        async with running(q, org, merge=coalesce, store_retry_s=0.01) as rt:
             await eventually(lambda: ran(rec, first) and ran(rec, second), what="both turns after the outage")
             await drained(q, "ada")
             stats = rt.loops["ada"].stats
@@ -323,7 +323,7 @@ async def test_a_merged_turn_that_crashes_on_one_event_degrades_and_the_others_r
         await ensure_mailboxes(q, org)
         first, poison, last = dm("hi", channel="D0ONE", n=1), dm("BOOM", channel="D0ONE", n=2), dm("bye", channel="D0ONE", n=3)
         await put(q, first, poison, last)
-        async with running(q, org, merge=dispatch, runner=CrashingOn(q, h, "BOOM")):
+        async with running(q, org, merge=coalesce, runner=CrashingOn(q, h, "BOOM")):
             await eventually(lambda: ran(rec, first) and ran(rec, last), what="the good messages' turns")
             await eventually(lambda: dead_letter_ids(q), what="the poison's dead letter")
             await drained(q, "ada")

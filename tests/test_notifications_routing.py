@@ -564,7 +564,7 @@ async def test_a_burst_posted_to_the_edge_becomes_one_digest_trigger_on_the_real
     from crewlet.queue.contract import BatchOptions, Partition
     from seats.coalescer import dispatch
     from notifications.runtime import NotifyService
-    from seats.inbox import partition_key_of
+    from seats.coalescer import partition_key_of
     from seats_support import drained, jetstream_queues
 
     async with jetstream_queues("n1") as (q,):

@@ -12,15 +12,8 @@ from crewlet.events.types import ExternalNotification, TaskAssigned
 from crewlet.queue import topics
 from crewlet.queue.contract import BatchOptions, Partition
 from crewlet.tracing import Trace
-from seats.coalescer import (
-    COLLAPSED_DUPLICATE,
-    COLLAPSED_SUPERSEDED,
-    MalformedConstituent,
-    coalesce,
-    coalesced_record,
-    dispatch,
-    publish_coalesced,
-)
+from seats.coalescer import coalesce, coalesced_record, dispatch, publish_coalesced
+from seats.digest import COLLAPSED_DUPLICATE, COLLAPSED_SUPERSEDED, MalformedConstituent
 from seats_support import Recorder, eventually, jetstream_queues, memory_queues
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)

@@ -396,13 +396,12 @@ async def test_a_merged_partition_is_one_turn_and_every_constituent_is_recorded_
     from crewlet import events as ev_module
     from crewlet.events.types import ExternalNotification
 
-    async def merge(queue: Any, handle: str, evs: Any, run: Any, *, role: str = "", agent_id: str = "") -> Any:
-        digest = ev_module.new(
-            ExternalNotification(seat=handle, body=" / ".join(e.payload["body"] for e in evs)),
+    def merge(evs: Any) -> Any:
+        return ev_module.new(
+            ExternalNotification(seat="ada", body=" / ".join(e.payload["body"] for e in evs)),
             Trace.of(evs[0]) or Trace.root(),
             extras={"conversation_identity": "jira:POC-7", "body": "digest"},
         )
-        return await run(digest)
 
     async with memory_queues() as (_, [q]):
         rec, org = await recording_with_mailboxes(q)
@@ -412,16 +411,13 @@ async def test_a_merged_partition_is_one_turn_and_every_constituent_is_recorded_
             await drained(q, "ada")
         [started] = rec.of("agent_turn_started")
         assert started.data.conversation_key == "jira:POC-7"
-        assert rec.of("notifications_coalesced") == []  # the merge records itself
+        assert [r.data.seat for r in rec.of("notifications_coalesced")] == ["ada"]  # one record, whatever merged
         assert {t for t, _ in await ledger_rows("ada")} == {f"event:{e.id}" for e in sent}
 
 
 async def test_a_degraded_merge_records_only_the_event_it_ran_and_the_requeued_tail_still_gets_its_turns() -> None:
-    async def degrade(queue: Any, handle: str, evs: Any, run: Any, *, role: str = "", agent_id: str = "") -> Any:
-        ordered = sorted(evs, key=lambda e: e.timestamp)
-        for tail in ordered[1:]:  # requeued FIRST, as the digest's degrade path does
-            await queue.publish(topics.agent_inbox(handle), tail)
-        return await run(ordered[0])
+    def degrade(evs: Any) -> Any:
+        raise ValueError("a merge that cannot merge these")  # the tail is requeued FIRST, the oldest runs alone
 
     async with memory_queues() as (_, [q]):
         rec, org = await recording_with_mailboxes(q)

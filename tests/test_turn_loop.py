@@ -400,7 +400,7 @@ async def test_a_trigger_redelivered_after_its_turn_died_mid_tool_runs_no_second
 @DB
 @pytest.mark.usefixtures("close_store_connections")
 async def test_a_digest_turn_records_every_wake_it_merged_before_its_first_tool_call_runs() -> None:
-    from seats.coalescer import dispatch
+    from seats.coalescer import coalesce
     from seats.mailboxes import ensure_mailboxes
 
     org = org_with(echo(call("notes__write", text="{trigger}")))
@@ -410,7 +410,7 @@ async def test_a_digest_turn_records_every_wake_it_merged_before_its_first_tool_
         await ensure_mailboxes(q, org)
         for i in range(2):
             await send(q, "ada", wake("ada", f"part {i}", partition_key="slack:D1:1.1", delivery_id=f"M-{i}"))
-        async with running(q, org, toolbox=held, merge=dispatch):
+        async with running(q, org, toolbox=held, merge=coalesce):
             await asyncio.wait_for(held.entered.wait(), timeout=60)
             recorded_mid_tool = set(await ledger("ada"))
             assert held.hold is not None
