@@ -2,7 +2,7 @@
 
 Same credentials as the rest of ``/api/`` (an operator token or a staff
 session; 401 otherwise). ``POST ask`` is :func:`a2a.services.ask` run on the
-engine's loop (:func:`crewlet.runtime.on_engine`), so it answers 503
+engine's loop (:func:`crewlet.engine.runtime.on_engine`), so it answers 503
 when no engine runs in this process or the loop does not answer within
 :data:`ASK_TIMEOUT_S`. An ask carrying a ``request_id`` is idempotent: 201 for
 the call that opened the channel, 200 with the same channel for a retry (so a
@@ -25,11 +25,11 @@ from rest_framework.views import APIView
 
 from a2a import services
 from a2a.models import Channel
-from crewlet import runtime
-from crewlet.bodies import ERROR_BAD_PARAMETER, ClosedSerializer, StrictCharField, bad_request_body, error_response, error_responses
+from crewlet.engine import runtime
+from crewlet.http.bodies import ERROR_BAD_PARAMETER, ClosedSerializer, StrictCharField, bad_request_body, error_response, error_responses
 from crewlet.events import format_timestamp
-from crewlet.org import HANDLE_PATTERN
-from crewlet.tracing import Trace
+from crewlet.company.org import HANDLE_PATTERN
+from crewlet.events.tracing import Trace
 
 log = logging.getLogger("crewlet.a2a.api")
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from django.apps import AppConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine, Service
+    from crewlet.engine.core import Engine, Service
 
 
 class A2AConfig(AppConfig):

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 
 from crewlet.events import Event
 from crewlet.events.types import A2AMessage, A2ARequest
-from crewlet.org import A2A_ASK_TOOL, Seat
+from crewlet.company.org import A2A_ASK_TOOL, Seat
 from crewlet.queue.contract import EventQueue
 from crewlet.events import Trace
 from seats.hooks import BuiltinCall, BuiltinTool, BuiltinToolError

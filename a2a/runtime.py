@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from crewlet.engine import Service, periodic
+from crewlet.engine.core import Service, periodic
 from crewlet.fleet.duty import under_duty
-from crewlet.interfaces import EVENT_STORE, FLEET
+from crewlet.engine.interfaces import EVENT_STORE, FLEET
 
 from a2a import services
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
 log = logging.getLogger("crewlet.a2a.runtime")
 

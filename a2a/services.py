@@ -35,7 +35,7 @@ from django.db.models.functions import Now
 from a2a.models import Channel
 from crewlet import events
 from crewlet.events import Event
-from crewlet.events.emit import Emitter
+from crewlet.queue.emit import Emitter
 from crewlet.events.types import (
     A2AChannelClosed,
     A2AChannelOpened,
@@ -46,8 +46,8 @@ from crewlet.events.types import (
 )
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
-from crewlet.tracing import Trace, trace_of
-from crewlet.db import in_store
+from crewlet.events.tracing import Trace, trace_of
+from crewlet.base.db import in_store
 
 log = logging.getLogger("crewlet.a2a")
 

@@ -62,7 +62,7 @@ def setup_django() -> None:
 
 
 def bench_company(seats: int, max_concurrent: int) -> Any:
-    from crewlet.org import parse_company
+    from crewlet.company.org import parse_company
 
     return parse_company(
         {
@@ -81,7 +81,7 @@ def wake(handle: str, i: int, run: str) -> Any:
     """An inbox wake as the notification service publishes one; its own partition key and delivery id."""
     from crewlet import events
     from crewlet.events.types import ExternalNotification
-    from crewlet.tracing import Trace
+    from crewlet.events.tracing import Trace
 
     body = f"wake {i}: please look at POC-{i}"
     return events.new(
@@ -109,7 +109,7 @@ async def engine_rate(queue: Any, org: Any, wakes: int) -> tuple[float, float, i
     """(wakes/s from runtime start to the last turn completed, seconds to publish, events written)."""
     import eventstore
     from asgiref.sync import sync_to_async
-    from crewlet.org import CompanyHolder
+    from crewlet.company.org import CompanyHolder
     from crewlet.queue import topics
     from seats.mailboxes import ensure_mailboxes
     from seats.runtime import SeatRuntime

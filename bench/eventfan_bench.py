@@ -184,7 +184,7 @@ def bench(repeat: int, readers: list[Any], loop: Loop) -> None:
     from eventstore.fanout import FleetReads
     from eventstore.questions import NodeScope, Question
 
-    from crewlet.tokens import OperatorToken
+    from crewlet.base.tokens import OperatorToken
 
     _, token = OperatorToken.mint(f"bench-{time.monotonic_ns()}")
     get = _wsgi_client(token)

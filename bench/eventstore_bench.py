@@ -92,7 +92,7 @@ def _write_events(n: int, start: datetime) -> list[Any]:
     """A turn's worth of mixed rows, repeated: what a busy node publishes."""
     from crewlet.events import new
     from crewlet.events.types import AgentPhaseCompleted, AgentTurnCompleted, AgentTurnStarted, AuxiliarySpend, EventBody, KnowledgeRead
-    from crewlet.tracing import Trace
+    from crewlet.events.tracing import Trace
 
     rng = random.Random(7)
     out = []
@@ -335,7 +335,7 @@ class ReadRefused(RuntimeError):
 
 
 def bench_reads(repeat: int, pages: int, params: str) -> list[tuple[str, float, float]]:
-    from crewlet.tokens import OperatorToken
+    from crewlet.base.tokens import OperatorToken
     from eventstore.questions import NodeScope, answers
 
     _, token = OperatorToken.mint(f"bench-{time.monotonic_ns()}")

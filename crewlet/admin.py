@@ -3,7 +3,7 @@
 A revision is never edited once stored: the change page shows it read-only
 with its diff against the active revision and an "Activate" button; a change
 is a new revision (the add form, prefilled with the active text). Activation
-goes through :func:`crewlet.revisions.activate` — the compare-and-set every
+goes through :func:`crewlet.engine.activation.activate` — the compare-and-set every
 caller uses — with the signed-in user as who did it.
 
 And operator tokens, stored only as their hash: the list and the change page
@@ -22,10 +22,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from crewlet import revisions
+from crewlet.company import revisions
+from crewlet.engine import activation
 from crewlet.models import ActivationPointer, ConfigRevision
-from crewlet.tokens import OperatorToken, hash_token, new_token
-from crewlet.org import CompanyError
+from crewlet.base.tokens import OperatorToken, hash_token, new_token
+from crewlet.company.org import CompanyError
 
 
 def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
@@ -51,7 +52,7 @@ class ConfigRevisionForm(forms.ModelForm):
 
 def _activate(modeladmin: admin.ModelAdmin, request: HttpRequest, revision: ConfigRevision) -> None:
     try:
-        won = revisions.activate(revision.pk, request.user.get_username())
+        won = activation.activate(revision.pk, request.user.get_username())
     except RuntimeError as exc:
         modeladmin.message_user(request, f"Nothing changed: {exc}", messages.ERROR)
         return

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from django.apps import AppConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine, Service
+    from crewlet.engine.core import Engine, Service
 
 
 class CrewletConfig(AppConfig):
@@ -14,11 +14,11 @@ class CrewletConfig(AppConfig):
     verbose_name = "Crewlet engine"
 
     def ready(self) -> None:
-        from crewlet import schema  # noqa: F401  (registers the OpenAPI descriptions of the API's credentials)
+        from crewlet.http import schema  # noqa: F401  (registers the OpenAPI descriptions of the API's credentials)
 
     def engine_services(self, engine: "Engine") -> list["Service"]:
         """This node's fleet membership (its leases) and its config-revision poller."""
-        from crewlet import revisions
+        from crewlet.engine import activation
         from crewlet.fleet import member
 
-        return [*member.services(engine), *revisions.services(engine)]
+        return [*member.services(engine), *activation.services(engine)]

@@ -1,6 +1,6 @@
 """ASGI entry point: Django over HTTP, and the dashboard's ``/ws/stream`` over WebSocket.
 
-Daphne serves this on the engine's own loop (``crewlet.web``). HTTP is
+Daphne serves this on the engine's own loop (``crewlet.http.web``). HTTP is
 Django's ASGI handler exactly as before; a WebSocket goes through Channels'
 session/auth middleware (so a signed-in staff session is ``scope["user"]``)
 to the routes of :mod:`eventstore.stream`. No channel layer: each tab opens
@@ -21,7 +21,7 @@ and ``http.target``/``url.full`` where a convention puts it there), so a Jira
 or Confluence webhook's ``?secret=`` or an API call's ``?token=`` would be
 exported verbatim. :func:`redact_query_attributes`, the instrumentation's
 server request hook, rewrites those attributes from the raw query with every
-credential parameter's value replaced (:func:`crewlet.redact.redact_query`)
+credential parameter's value replaced (:func:`crewlet.base.redact.redact_query`)
 before the app runs, so the span that ends — and is exported — never held one
 past its first instant.
 """
@@ -35,7 +35,7 @@ from opentelemetry.semconv._incubating.attributes.http_attributes import HTTP_TA
 from opentelemetry.semconv.attributes.url_attributes import URL_FULL, URL_QUERY
 
 from crewlet.events.trace import TRACEPARENT_HEADER, traceparent_from_headers
-from crewlet.redact import redact, redact_query
+from crewlet.base.redact import redact, redact_query
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
 
@@ -90,7 +90,7 @@ def redact_query_attributes(span: Any, scope: dict[str, Any]) -> None:
     attribute, which the instrumentation writes percent-decoded: there an
     encoded ``&`` inside a secret would split it, and half of it would pass
     for a parameter of its own. The part before the query goes through
-    :func:`crewlet.redact.redact` as well.
+    :func:`crewlet.base.redact.redact` as well.
     """
     if not span.is_recording():
         return
@@ -131,7 +131,7 @@ def traced(app: Any) -> Any:
         get_excluded_urls,
     )
 
-    from crewlet.tracing import configure_tracing
+    from crewlet.events.tracing import configure_tracing
 
     sanitized = [*get_custom_headers(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS), *CREDENTIAL_HEADERS]
     return StrictTraceparent(
@@ -158,7 +158,7 @@ class WebhookFastPath:
     (the view is exempt), sign-in throttle or messages middleware provide, and
     touches no database on a request thread (its check is an HMAC; the edge
     publishes on the engine's loop); its app says so with
-    ``crewlet.web.loop_safe``. So it is answered by the same view, given the
+    ``crewlet.http.web.loop_safe``. So it is answered by the same view, given the
     request Django builds, with the header-only middleware (security, common:
     the ``ALLOWED_HOSTS`` check, clickjacking) run inline. Any other request,
     and a source that checks a stored token, goes to Django as before.
@@ -173,10 +173,10 @@ class WebhookFastPath:
         self.inline = [m(lambda request: None) for m in (SecurityMiddleware, CommonMiddleware, XFrameOptionsMiddleware)]
 
     def _route(self, scope: dict[str, Any]) -> Any:
-        """The resolver match of a POST whose view its app marked loop-safe for this route (``crewlet.web.loop_safe``), else None."""
+        """The resolver match of a POST whose view its app marked loop-safe for this route (``crewlet.http.web.loop_safe``), else None."""
         from django.urls import Resolver404, resolve
 
-        from crewlet.web import LOOP_SAFE_ATTR
+        from crewlet.http.web import LOOP_SAFE_ATTR
 
         if scope.get("type") != "http" or scope.get("method") != "POST":
             return None

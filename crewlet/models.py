@@ -1,6 +1,6 @@
 """Company config revisions: the YAML text of every revision, and the one pointer to the active one.
 
-(The core's other model, the operator token, is defined in :mod:`crewlet.tokens`
+(The core's other model, the operator token, is defined in :mod:`crewlet.base.tokens`
 and imported here, where Django looks for an app's models.)
 
 Both live in the coordination store (``default``): every node of a fleet
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from crewlet.tokens import OperatorToken  # noqa: F401  (a model of this app: Django finds models here)
+from crewlet.base.tokens import OperatorToken  # noqa: F401  (a model of this app: Django finds models here)
 
 
 class ConfigRevision(models.Model):

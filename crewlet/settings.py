@@ -1,7 +1,7 @@
 """Django settings for Crewlet.
 
 Web/ORM settings only. The engine's own settings (stream.*, node.*) are typed
-and validated in :mod:`crewlet.conf`; nothing here duplicates them.
+and validated in :mod:`crewlet.company.conf`; nothing here duplicates them.
 
 Environment:
   CREWLET_DATABASE      sqlite (default, solo) | postgres (fleets, the test suite)
@@ -26,9 +26,9 @@ from typing import Any, Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
-from crewlet.conf import FieldValueError
-from crewlet.redact import REDACTED
-from crewlet.web import (
+from crewlet.company.conf import FieldValueError
+from crewlet.base.redact import REDACTED
+from crewlet.http.web import (
     BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_WEBHOOK_MAX_BODY_BYTES,
@@ -222,7 +222,7 @@ ALLOWED_HOSTS = _list("CREWLET_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 #: Origins (scheme://host[:port]) other than the site's own trusted for unsafe requests and /ws/stream.
 CSRF_TRUSTED_ORIGINS = _list("CREWLET_TRUSTED_ORIGINS")
 
-# The web server (crewlet.web). A connection has HTTP_HEADER_TIMEOUT_S to send a
+# The web server (crewlet.http.web). A connection has HTTP_HEADER_TIMEOUT_S to send a
 # whole request head (from its opening, or from the end of its previous
 # response); silent for HTTP_IDLE_TIMEOUT_S while sending a body, it is closed.
 # A body over DATA_UPLOAD_MAX_MEMORY_SIZE (webhooks: CREWLET_WEBHOOK_MAX_BODY_BYTES)
@@ -230,11 +230,11 @@ CSRF_TRUSTED_ORIGINS = _list("CREWLET_TRUSTED_ORIGINS")
 HTTP_HEADER_TIMEOUT_S = _number("CREWLET_HTTP_HEADER_TIMEOUT_S", 10.0, 0.1, 3600.0)
 HTTP_IDLE_TIMEOUT_S = _number("CREWLET_HTTP_IDLE_TIMEOUT_S", 30.0, 0.1, 3600.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = _integer("CREWLET_HTTP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3)
-#: The webhook routes' own body limit (crewlet.web reads it from here, and the edge checks it again).
+#: The webhook routes' own body limit (crewlet.http.web reads it from here, and the edge checks it again).
 CREWLET_WEBHOOK_MAX_BODY_BYTES = _integer(WEBHOOK_MAX_BODY_SETTING, DEFAULT_WEBHOOK_MAX_BODY_BYTES, 1024, 1024**3)
 #: A request body must be whole this long after its head, however slowly it trickles (then 408).
 HTTP_BODY_TIMEOUT_S = _number(BODY_TIMEOUT.env, BODY_TIMEOUT.default, BODY_TIMEOUT.low, BODY_TIMEOUT.high)
-#: Open connections in total and per client address; 0 derives each from RLIMIT_NOFILE (crewlet.web).
+#: Open connections in total and per client address; 0 derives each from RLIMIT_NOFILE (crewlet.http.web).
 HTTP_MAX_CONNECTIONS, HTTP_MAX_CONNECTIONS_PER_CLIENT = (
     _integer(s.env, int(s.default), int(s.low), int(s.high)) for s in (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_CLIENT)
 )
@@ -300,7 +300,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "crewlet.throttle.SignInThrottleMiddleware",  # failed sign-ins per address and username: 429 past the limit
+    "crewlet.http.throttle.SignInThrottleMiddleware",  # failed sign-ins per address and username: 429 past the limit
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -327,7 +327,7 @@ TEMPLATES = [
 DATABASES = database_settings(os.environ, VAR_DIR)
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # sqlite3 cannot create the directory itself
-DATABASE_ROUTERS = ["crewlet.db_router.EventStoreRouter"]
+DATABASE_ROUTERS = ["crewlet.base.db_router.EventStoreRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -343,29 +343,29 @@ USE_I18N = True
 USE_TZ = True
 
 # /api/*: an operator token (Authorization: Bearer) or a signed-in staff
-# session, else 401 (crewlet.auth). JSON only; OpenAPI at /api/schema/.
+# session, else 401 (crewlet.http.auth). JSON only; OpenAPI at /api/schema/.
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "crewlet.auth.OperatorTokenAuthentication",  # first: its challenge makes a refusal a 401
-        "crewlet.auth.StaffSessionAuthentication",
+        "crewlet.http.auth.OperatorTokenAuthentication",  # first: its challenge makes a refusal a 401
+        "crewlet.http.auth.StaffSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["crewlet.auth.IsOperator"],
-    "DEFAULT_RENDERER_CLASSES": ["crewlet.renderers.OrjsonRenderer"],  # DRF's JSON values, ~10x faster
+    "DEFAULT_PERMISSION_CLASSES": ["crewlet.http.auth.IsOperator"],
+    "DEFAULT_RENDERER_CLASSES": ["crewlet.http.renderers.OrjsonRenderer"],  # DRF's JSON values, ~10x faster
     "UNICODE_JSON": False,  # only DRF's own renderer reads it (the indented and fallback answers): \u-escaped
-    "DEFAULT_PARSER_CLASSES": ["crewlet.bodies.JSONObjectParser"],  # objects only, depth-limited, storable strings
-    "DEFAULT_SCHEMA_CLASS": "crewlet.schema.AutoSchema",  # request bodies closed: additionalProperties false
-    "EXCEPTION_HANDLER": "crewlet.bodies.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["crewlet.http.bodies.JSONObjectParser"],  # objects only, depth-limited, storable strings
+    "DEFAULT_SCHEMA_CLASS": "crewlet.http.schema.AutoSchema",  # request bodies closed: additionalProperties false
+    "EXCEPTION_HANDLER": "crewlet.http.bodies.exception_handler",
 }
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Crewlet API",
     "DESCRIPTION": "Reads of the company's event history. Every route needs an operator token or a staff session.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["crewlet.auth.IsOperator"],
+    "SERVE_PERMISSIONS": ["crewlet.http.auth.IsOperator"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "crewlet.errors.declare_errors"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "crewlet.http.errors.declare_errors"],
 }
 
 STATIC_URL = "static/"
@@ -373,19 +373,19 @@ STATIC_ROOT = VAR_DIR / "static"
 
 # Structured logs on stderr: one line per record, the message is the event name
 # (e.g. engine_started) and `extra={...}` fields are rendered as keys. Every
-# handler redacts credentials (crewlet.logfmt.RedactSecrets), and so do the
+# handler redacts credentials (crewlet.base.logfmt.RedactSecrets), and so do the
 # loggers that carry whole requests (django.request puts the request, query
 # string included, on every 4xx/5xx record).
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {
-        "trace": {"()": "crewlet.logfmt.TraceContext"},
-        "redact": {"()": "crewlet.logfmt.RedactSecrets"},
+        "trace": {"()": "crewlet.base.logfmt.TraceContext"},
+        "redact": {"()": "crewlet.base.logfmt.RedactSecrets"},
     },
     "formatters": {
-        "kv": {"()": "crewlet.logfmt.KeyValueFormatter"},
-        "json": {"()": "crewlet.logfmt.JsonFormatter"},
+        "kv": {"()": "crewlet.base.logfmt.KeyValueFormatter"},
+        "json": {"()": "crewlet.base.logfmt.JsonFormatter"},
     },
     "handlers": {
         "stderr": {

@@ -8,15 +8,13 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from crewlet.health import healthz, livez, readyz
-from crewlet.scrape import metrics
+from crewlet.http.health import healthz, livez, readyz
+from crewlet.http.scrape import metrics
+from crewlet.http.web import WEBHOOKS_PREFIX
 
 #: An /api/ path no route has, or an /api/ request that broke: the API's JSON error, not Django's page.
-handler404 = "crewlet.errors.page_not_found"
-handler500 = "crewlet.errors.server_error"
-
-#: Where the webhook routes are mounted (the web server gives their bodies the webhook limit).
-WEBHOOKS_PREFIX = "webhooks/"
+handler404 = "crewlet.http.errors.page_not_found"
+handler500 = "crewlet.http.errors.server_error"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
     from crewlet.queue.contract import EventQueue
     from eventstore.writer import EventWriter
 

@@ -10,18 +10,18 @@ the arguments: a dead letter's ref is the operator's input, not the record.
 The event is published on ``topics.event("operator_acted")`` with the queue's
 own publish, so the event store's publish listener records it like every other
 event this node publishes. These coroutines run on the engine's loop; a request
-thread reaches them through :func:`crewlet.runtime.on_engine`.
+thread reaches them through :func:`crewlet.engine.runtime.on_engine`.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
-from crewlet import runtime
+from crewlet.engine import runtime
 from crewlet.events.types import OperatorActed
 from crewlet.queue.contract import DEAD_LETTER_REF_RULE, EventQueue, dead_letter_seq
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, Unavailable
-from crewlet.tracing import trace_of
+from crewlet.events.tracing import trace_of
 
 log = logging.getLogger("crewlet.eventstore.actions")
 

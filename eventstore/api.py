@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional
 from django.http import QueryDict
 from rest_framework import exceptions, status
 
-from crewlet.bodies import ERROR_BAD_PARAMETER, bad_request_body
+from crewlet.http.bodies import ERROR_BAD_PARAMETER, bad_request_body
 from crewlet.events import CATEGORIES, parse_timestamp
 from eventstore import fanout, here
 from eventstore import questions as qs

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from django.core.exceptions import ImproperlyConfigured
 
-from crewlet.conf import SettingsError, load_settings
+from crewlet.company.conf import SettingsError, load_settings
 from eventstore.questions import NodeScope
 
 

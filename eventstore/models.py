@@ -1,6 +1,6 @@
 """The event store's one table: a row per stored event this node published.
 
-Routed to the ``events`` database (crewlet.db_router). The columns are the
+Routed to the ``events`` database (crewlet.base.db_router). The columns are the
 envelope, the tags the design promotes, a few values derived once at write time
 so a read never has to open a body (``failed``, the token counts, the listing's
 summary and actor), and the event's exact JSON (``body``). Rows are written by

@@ -26,8 +26,8 @@ import requests
 from websockets.exceptions import ConnectionClosedError, InvalidStatus, WebSocketException
 from websockets.sync.client import connect
 
-from crewlet.auth import OPERATOR_TOKEN_ENV
-from crewlet.bodies import K_ERROR, K_PARAM, K_REASON
+from crewlet.http.auth import OPERATOR_TOKEN_ENV
+from crewlet.http.bodies import K_ERROR, K_PARAM, K_REASON
 from eventstore import actions as ops
 from eventstore.console import operator_views as opv
 from eventstore import stream

@@ -11,9 +11,9 @@ import logging
 from datetime import datetime, timedelta, timezone
 from typing import Awaitable, Callable, Optional
 
-from crewlet.conf import EngineSettings
-from crewlet.db_router import EVENTS_ALIAS
-from crewlet.engine import Periodic
+from crewlet.company.conf import EngineSettings
+from crewlet.base.db_router import EVENTS_ALIAS
+from crewlet.engine.core import Periodic
 
 log = logging.getLogger("crewlet.eventstore.retention")
 

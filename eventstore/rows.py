@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Optional
 
 from crewlet.events import Event, category_of, is_stored, store_label
-from crewlet.jsontext import storable
+from crewlet.base.jsontext import storable
 from crewlet.queue import topics
 
 #: Columns of ``eventstore_event`` in insert order (the model declares the same).

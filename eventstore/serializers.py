@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from crewlet.bodies import ErrorSerializer  # noqa: F401  (the error answers, as s.* in the views)
+from crewlet.http.bodies import ErrorSerializer  # noqa: F401  (the error answers, as s.* in the views)
 from crewlet.events import CATEGORIES
 from eventstore.questions.turns import TURN_OUTCOMES
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from crewlet.engine import Service
-from crewlet.interfaces import EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION
+from crewlet.engine.core import Service
+from crewlet.engine.interfaces import EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION
 from eventstore.retention import RETENTION, retention_periodic
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
 
 class WriterService:

@@ -6,7 +6,7 @@ no channel layer in between. It delivers from now and acknowledges nothing,
 so a slow tab misses events and holds nothing from anyone; it is closed when
 the tab goes (and when the server closes the socket). Daphne serves this app
 on the engine's own loop, so the consumer uses the engine's queue client
-(``crewlet.runtime``) directly.
+(``crewlet.engine.runtime``) directly.
 
 The tab's stream also feeds the live projection (:mod:`eventstore.projection`):
 every event is applied there first — idempotent by id, since the engine's own
@@ -51,7 +51,7 @@ JetStream consumer on ``CREWLET_EVENTS``, and the broker allows an account
 would get no stream at all. So a node serves at most ``WS_MAX_STREAMS``
 (200; ``CREWLET_WS_MAX_STREAMS``) live sockets; one more is told to try
 again later (:data:`UNAVAILABLE_FULL`), logged as ``ws_stream_shed`` once
-per burst (:class:`crewlet.web.ShedLog`). In a fleet the nodes share the
+per burst (:class:`crewlet.http.web.ShedLog`). In a fleet the nodes share the
 account: nodes x ``WS_MAX_STREAMS`` must stay under its consumer limit.
 """
 from __future__ import annotations
@@ -65,11 +65,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import path
 
-from crewlet import runtime
+from crewlet.engine import runtime
 from crewlet.events import Event
 from crewlet.queue import topics
 from crewlet.queue.errors import QueueError
-from crewlet.web import MAX_STREAMS, ShedLog, configured
+from crewlet.http.web import MAX_STREAMS, ShedLog, configured
 from eventstore import projection
 
 log = logging.getLogger("crewlet.eventstore.stream")
@@ -139,7 +139,7 @@ def _header(scope: dict[str, Any], name: bytes) -> Optional[str]:
 
 def _token_name(token: str) -> Optional[str]:
     """The operator token's name when ``token`` is a live one, verified exactly as ``/api/`` verifies it."""
-    from crewlet.auth import operator_for
+    from crewlet.http.auth import operator_for
 
     row = operator_for(token)
     return row.name if row is not None else None
@@ -228,7 +228,7 @@ def _bearer(scope: dict[str, Any]) -> Optional[str]:
 
 def _token_still_live(token: str) -> bool:
     """The coordination store itself, not the verified-token cache: a revocation anywhere counts at once."""
-    from crewlet.tokens import OperatorToken
+    from crewlet.base.tokens import OperatorToken
 
     return OperatorToken.lookup(token) is not None
 

@@ -13,12 +13,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from crewlet.bodies import error_response, error_responses
+from crewlet.http.bodies import error_response, error_responses
 from crewlet.events import CATEGORIES
 from eventstore import api
 from eventstore import questions as qs
 from eventstore import serializers as s
-from crewlet.renderers import AcceptOnlyNegotiation, OrjsonRenderer
+from crewlet.http.renderers import AcceptOnlyNegotiation, OrjsonRenderer
 
 _ERRORS = error_responses(400, 401, 503)
 

@@ -53,7 +53,7 @@ from typing import Any, Optional, Sequence
 
 from django.db import connections, transaction
 
-from crewlet.db_router import EVENTS_ALIAS
+from crewlet.base.db_router import EVENTS_ALIAS
 from crewlet.events import Event
 from crewlet.queue.contract import EventQueue
 from eventstore.rows import COLUMNS, row_for

@@ -18,8 +18,8 @@ from django.db import IntegrityError, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from crewlet.org import HANDLE_PATTERN
-from crewlet.tokens import hash_token
+from crewlet.company.org import HANDLE_PATTERN
+from crewlet.base.tokens import hash_token
 from notifications.models import SourceToken
 
 #: Every source token starts with this, so one pasted into a chat or a log is recognisable (and told from an operator's ``crw_``).

@@ -59,13 +59,13 @@ from typing import Any, Callable, Coroutine, Mapping, Optional
 
 from crewlet import events
 from crewlet.events.types import InboundDelivery, RawWebhook
-from crewlet.interfaces import NOTIFY
-from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Surface
+from crewlet.engine.interfaces import NOTIFY
+from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Surface
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, parse_traceparent, start_span, trace_of
-from crewlet.web import webhook_max_body_bytes
+from crewlet.events.tracing import OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, parse_traceparent, start_span, trace_of
+from crewlet.http.web import webhook_max_body_bytes
 from notifications.parsers import (
     JSON_MEDIA,
     MAX_JSON_DEPTH,
@@ -321,7 +321,7 @@ class Edge:
 
 def current_edge() -> Optional[Edge]:
     """The edge of the engine running in this process, or None (no engine, or no notify service)."""
-    from crewlet import runtime
+    from crewlet.engine import runtime
 
     running = runtime.current_engine()
     notify = running.lookup(NOTIFY) if running is not None else None

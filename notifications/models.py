@@ -22,7 +22,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from crewlet.tokens import HashedToken
+from crewlet.base.tokens import HashedToken
 
 __all__ = ["RateCounter", "SeenDelivery", "SourceToken", "ThreadFollow"]
 
@@ -80,7 +80,7 @@ class SeenDelivery(models.Model):
 
 
 class SourceToken(HashedToken):
-    """The generic source's token for seat ``seat``, one per seat (a :class:`~crewlet.tokens.HashedToken`).
+    """The generic source's token for seat ``seat``, one per seat (a :class:`~crewlet.base.tokens.HashedToken`).
 
     It opens ``/webhooks/generic/<seat>`` and nothing else: not another
     seat's route, not the operator API.

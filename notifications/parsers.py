@@ -39,9 +39,9 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence
 
-from crewlet import jsontext
-from crewlet.events.categories import SURFACE_WEBHOOK
-from crewlet.jsontext import QUOTE_LIMIT, JSONTooDeep, dotted, may_hold_unstorable, storable_text
+from crewlet.base import jsontext
+from crewlet.events.labels import SURFACE_WEBHOOK
+from crewlet.base.jsontext import QUOTE_LIMIT, JSONTooDeep, dotted, may_hold_unstorable, storable_text
 
 # Why a recipient was addressed.
 WHY_MENTION = "mention"
@@ -350,7 +350,7 @@ def unstorable(value: Any, where: str = "") -> Optional[str]:
     """Why ``value`` cannot be stored downstream, naming the first offending key or string; None when it can.
 
     Every key and string of a decoded JSON value (and the fields of a
-    :class:`Parsed`) is looked at (:func:`crewlet.jsontext.find_unstorable`);
+    :class:`Parsed`) is looked at (:func:`crewlet.base.jsontext.find_unstorable`);
     the path it names starts at ``where``.
     """
     found = jsontext.find_unstorable(value)

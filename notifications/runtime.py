@@ -1,4 +1,4 @@
-"""The notifications app's engine service (:data:`~crewlet.interfaces.NOTIFY`): ``NotifyService(queue, holder)``.
+"""The notifications app's engine service (:data:`~crewlet.engine.interfaces.NOTIFY`): ``NotifyService(queue, holder)``.
 
 ``start()`` warns about every surface the company left unverified (the
 example company does, so the README's curl example works) and about every
@@ -18,17 +18,17 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from crewlet.engine import Periodic, Service
-from crewlet.events.emit import Emitter
-from crewlet.interfaces import EVENT_STORE, FLEET, NOTIFY
-from crewlet.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization, Surface
+from crewlet.engine.core import Periodic, Service
+from crewlet.queue.emit import Emitter
+from crewlet.engine.interfaces import EVENT_STORE, FLEET, NOTIFY
+from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization, Surface
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
 from notifications import service, store
 from notifications.sockets import SocketClient, SocketTimings, client_for, missing_token, service_name, socket_surfaces
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
 log = logging.getLogger("crewlet.notifications")
 
@@ -155,11 +155,11 @@ class NotifyService:
 
 
 def services(engine: "Engine") -> list[Service]:
-    """The notifications duties on ``engine.company``: the :data:`~crewlet.interfaces.NOTIFY` service, and a client per socket surface.
+    """The notifications duties on ``engine.company``: the :data:`~crewlet.engine.interfaces.NOTIFY` service, and a client per socket surface.
 
     A socket client starts after the notify service, whose edge it feeds, and
     runs its socket only while this node holds its duty lease (the fleet
-    member's :data:`~crewlet.interfaces.FLEET`), so a fleet opens each socket once.
+    member's :data:`~crewlet.engine.interfaces.FLEET`), so a fleet opens each socket once.
     """
 
     def make(engine: "Engine") -> NotifyService:

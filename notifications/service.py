@@ -54,8 +54,8 @@ from django.db import DatabaseError
 
 from crewlet import events
 from crewlet.events import Event
-from crewlet.events.emit import Emitter
-from crewlet.logfmt import short_reason
+from crewlet.queue.emit import Emitter
+from crewlet.base.logfmt import short_reason
 from crewlet.events.types import (
     SKIP_HUMAN_SEAT,
     SKIP_NO_PARSER,
@@ -69,11 +69,11 @@ from crewlet.events.types import (
     NotificationSkipped,
     RawWebhook,
 )
-from crewlet.org import CompanyHolder, Organization, Seat
+from crewlet.company.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import Delivery, EventQueue, Outcome, Subscription
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
+from crewlet.events.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
 from notifications import store
 from notifications.parsers import (
     JSON_MEDIA,

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional, Sequence, TypeVar
 from django.db import connections, router
 from django.utils import timezone
 
-from crewlet.db import in_store
+from crewlet.base.db import in_store
 
 from notifications.models import RateCounter, SeenDelivery, ThreadFollow
 

@@ -15,8 +15,8 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from crewlet import runtime
-from crewlet.web import loop_safe
+from crewlet.engine import runtime
+from crewlet.http.web import loop_safe
 
 from notifications.edge import EdgeResponse, current_edge, refuse
 from notifications.sources import source_for

@@ -17,8 +17,8 @@ state.
 Callers: the HTTP API and the admin action (sync: :func:`pause_seat`,
 :func:`resume_seat`, which hand the publish to the engine's loop) and async
 code (:func:`apause_seat`, :func:`aresume_seat`). Both find the queue and the
-hook on the engine running in this process (:func:`crewlet.runtime.engine`:
-its queue, and its :data:`~crewlet.interfaces.SEAT_RUNTIME`); an async caller
+hook on the engine running in this process (:func:`crewlet.engine.runtime.engine`:
+its queue, and its :data:`~crewlet.engine.interfaces.SEAT_RUNTIME`); an async caller
 may pass its own queue instead.
 """
 from __future__ import annotations
@@ -32,19 +32,20 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 from django.db import transaction
 from django.utils import timezone
 
-from crewlet import events, runtime
+from crewlet import events
+from crewlet.engine import runtime
 from crewlet.events.types import SeatPaused, SeatResumed
-from crewlet.interfaces import SEAT_RUNTIME
-from crewlet.org import CompanyHolder
+from crewlet.engine.interfaces import SEAT_RUNTIME
+from crewlet.company.org import CompanyHolder
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import InvalidArgument
-from crewlet.tracing import trace_of
+from crewlet.events.tracing import trace_of
 from seats.delivery_models import SeatPause
-from crewlet.db import in_store
+from crewlet.base.db import in_store
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
 log = logging.getLogger("crewlet.seats.actions")
 

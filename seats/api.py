@@ -8,7 +8,7 @@ compare-and-set whose winner alone publishes ``seat_paused`` /
 announced twice.
 
 Which company: the one the engine running in this process serves
-(:func:`crewlet.runtime.company`, read per request); a process with no
+(:func:`crewlet.engine.runtime.company`, read per request); a process with no
 engine answers 503 saying so rather than show some other company. A
 mailbox's depth is read through the engine's queue on its loop; when that
 cannot be asked (or does not answer in time) it is ``null``.
@@ -25,9 +25,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from crewlet import runtime
-from crewlet.auth import actor_of
-from crewlet.bodies import (
+from crewlet.engine import runtime
+from crewlet.http.auth import actor_of
+from crewlet.http.bodies import (
     ClosedSerializer,
     StrictBooleanField,
     StrictCharField,
@@ -36,7 +36,7 @@ from crewlet.bodies import (
 )
 from crewlet.fleet import leases
 from crewlet.fleet.leases import SEAT
-from crewlet.org import Organization, Seat
+from crewlet.company.org import Organization, Seat
 from crewlet.queue import topics
 from seats import actions
 from seats.actions import SeatNotFound
@@ -103,7 +103,7 @@ _ERRORS = error_responses(400, 401, 404, 409, 503)
 
 
 def company() -> Organization:
-    """The company the running engine serves; :class:`~crewlet.runtime.NoEngine` in a process without one."""
+    """The company the running engine serves; :class:`~crewlet.engine.runtime.NoEngine` in a process without one."""
     return runtime.company()
 
 

@@ -35,11 +35,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence, TypeVar
 
-from crewlet import events, runtime
+from crewlet import events
+from crewlet.engine import runtime
 from crewlet.events import Event, Trace
-from crewlet.events.emit import Emitter
+from crewlet.queue.emit import Emitter
 from crewlet.events.types import NotificationsCoalesced
-from crewlet.org import Organization
+from crewlet.company.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import BatchOptions, EventQueue, unique_partition_key
 from seats import digest

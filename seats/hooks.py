@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 from crewlet.events import Event
-from crewlet.org import Organization, Seat
+from crewlet.company.org import Organization, Seat
 from crewlet.queue.contract import EventQueue
 from seats.tools.base import ToolCall, ToolSpec
 

@@ -64,11 +64,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
-from crewlet.conf import STOP_GRACE_S
+from crewlet.company.conf import STOP_GRACE_S
 from crewlet.events import Event
 from crewlet.events.types import TurnTriggerSkipped
-from crewlet.logfmt import REASON_CHARS, short_reason
-from crewlet.org import CompanyHolder, Organization, Seat
+from crewlet.base.logfmt import REASON_CHARS, short_reason
+from crewlet.company.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import (
     MAX_DELIVERIES,
@@ -80,7 +80,7 @@ from crewlet.queue.contract import (
     unique_partition_key,
 )
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
+from crewlet.events.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
 from django.db import DatabaseError
 from seats import coalescer
 from seats.coalescer import Degrade, Merge, partition_key_of

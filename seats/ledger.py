@@ -16,7 +16,7 @@ Values the stores cannot hold never reach them from here. PostgreSQL refuses
 a NUL in text and in jsonb, and no driver can encode a lone surrogate as
 UTF-8, so a wake carrying either (the edge refuses them, but other producers
 publish to inboxes too) would fail every store call its delivery makes, on
-every delivery. :func:`crewlet.jsontext.storable` writes each such code
+every delivery. :func:`crewlet.base.jsontext.storable` writes each such code
 point as its ``\\uXXXX`` escape instead — readable in a prompt or a ledger row, and the
 same escape for the same value, so an identity stays stable across
 redeliveries — and :func:`storable_event` applies it to a whole wake before
@@ -32,9 +32,9 @@ from django.db import DataError, IntegrityError, InterfaceError, OperationalErro
 
 from django.utils import timezone
 
-from crewlet.db import in_store
+from crewlet.base.db import in_store
 from crewlet.events import Event
-from crewlet.jsontext import holds_unstorable, storable, storable_value
+from crewlet.base.jsontext import holds_unstorable, storable, storable_value
 from seats.delivery_models import LedgerEntry, SeatPause
 
 log = logging.getLogger("crewlet.seats.ledger")

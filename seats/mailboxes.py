@@ -26,11 +26,11 @@ from typing import Awaitable, Callable, Iterable, Optional
 
 from django.utils import timezone
 
-from crewlet.org import Organization
+from crewlet.company.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, SubscriptionRef
 from seats.delivery_models import SeatRecord
-from crewlet.db import in_store
+from crewlet.base.db import in_store
 
 log = logging.getLogger("crewlet.seats.mailboxes")
 

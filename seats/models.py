@@ -1,7 +1,7 @@
 """Coordination-store models of the seats app: the rows behind seat delivery (:mod:`seats.delivery_models`).
 
 Operator tokens, which every app's routes accept, are the core's
-(:mod:`crewlet.tokens`); their table kept its name when they moved.
+(:mod:`crewlet.base.tokens`); their table kept its name when they moved.
 """
 from __future__ import annotations
 

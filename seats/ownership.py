@@ -15,12 +15,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
-from crewlet.db import in_store
+from crewlet.base.db import in_store
 from crewlet.fleet import leases, placement
 from crewlet.fleet.leases import SEAT
 from crewlet.fleet.placement import Unplaceable
 from crewlet.fleet.roster import live_nodes
-from crewlet.org import Organization
+from crewlet.company.org import Organization
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.fleet.member import FleetMember

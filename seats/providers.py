@@ -44,9 +44,9 @@ from crewlet.events.types import (
     STOP_REFUSAL,
     STOP_TOOL_USE,
 )
-from crewlet.jsontext import holds_unstorable, storable, storable_value
-from crewlet.org import Provider as ProviderConfig
-from crewlet.redact import REDACTED, redact
+from crewlet.base.jsontext import holds_unstorable, storable, storable_value
+from crewlet.company.org import Provider as ProviderConfig
+from crewlet.base.redact import REDACTED, redact
 from seats.tools.base import ToolCall, ToolResult, ToolSpec
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ the mailboxes again (a new seat's mailbox before its loop), hot-reload the
 coalesce knobs and the concurrency gate, stop loops of seats that are gone,
 start loops for new ones, and lift or take the no-provider holds.
 
-On an engine it is the :data:`~crewlet.interfaces.SEAT_RUNTIME` service
+On an engine it is the :data:`~crewlet.engine.interfaces.SEAT_RUNTIME` service
 (:func:`services`), which ``/healthz``, the pause API and the live projection
 ask the engine for.
 """
@@ -22,20 +22,20 @@ import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
-from crewlet.engine import Periodic, Service
+from crewlet.engine.core import Periodic, Service
 from crewlet.events import Event
-from crewlet.events.emit import Emitter
+from crewlet.queue.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
-from crewlet.db import in_store
-from crewlet.conf import STOP_GRACE_S
+from crewlet.base.db import in_store
+from crewlet.company.conf import STOP_GRACE_S
 from crewlet.fleet.leases import prune_all as prune_leases
 from crewlet.fleet.placement import Unplaceable
-from crewlet.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow
-from crewlet.org import CompanyHolder, Organization
+from crewlet.engine.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow
+from crewlet.company.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import trace_of
+from crewlet.events.tracing import trace_of
 from seats import actions
 from seats.coalescer import Merge, batch_options, coalesce
 from seats.gate import ConcurrencyGate
@@ -48,7 +48,7 @@ from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.turns import TurnRunner
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
 log = logging.getLogger("crewlet.seats.runtime")
 
@@ -457,7 +457,7 @@ class SeatRuntime:
 
 
 def services(engine: "Engine", **options: Any) -> list[Service]:
-    """The seat runtime of ``engine.company`` as the :data:`~crewlet.interfaces.SEAT_RUNTIME` service.
+    """The seat runtime of ``engine.company`` as the :data:`~crewlet.engine.interfaces.SEAT_RUNTIME` service.
 
     It starts once the event store's writer is attached (so what it
     publishes is stored) and the seats' toolbox runs (:data:`SEAT_TOOLS`,

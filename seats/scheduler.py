@@ -25,16 +25,16 @@ from typing import Callable, Optional
 from django.db import IntegrityError, transaction
 
 from crewlet import events
-from crewlet.engine import Periodic
-from crewlet.events.emit import Emitter
+from crewlet.engine.core import Periodic
+from crewlet.queue.emit import Emitter
 from crewlet.events.types import ScheduledTaskFired, TaskAssigned
-from crewlet.org import CompanyHolder, Organization, Schedule
+from crewlet.company.org import CompanyHolder, Organization, Schedule
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import start_span, trace_of
+from crewlet.events.tracing import start_span, trace_of
 from seats.delivery_models import ScheduleFiring
-from crewlet.db import in_store
+from crewlet.base.db import in_store
 
 log = logging.getLogger("crewlet.seats.scheduler")
 

@@ -13,8 +13,8 @@ import asyncio
 import logging
 from typing import Optional
 
-from crewlet.logfmt import short_reason
-from crewlet.org import Seat
+from crewlet.base.logfmt import short_reason
+from crewlet.company.org import Seat
 from seats.turns import ERR_CRASHED, OUTCOME_FAILED, Trigger, TurnResult, TurnRunner, TurnStop
 
 

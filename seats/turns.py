@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Sequence, TypedDict
 
 from crewlet.events import Event
-from crewlet.events.emit import Emitter
-from crewlet.logfmt import short_reason
+from crewlet.queue.emit import Emitter
+from crewlet.base.logfmt import short_reason
 from crewlet.events.types import (
     ERROR_KIND_BUDGET_EXHAUSTED,
     A2AMessage,
@@ -72,9 +72,9 @@ from crewlet.events.types import (
     STOP_TOOL_USE,
     TaskAssigned,
 )
-from crewlet.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
+from crewlet.company.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, EventQueue
-from crewlet.tracing import trace_of
+from crewlet.events.tracing import trace_of
 from seats.hooks import BuiltinCall, BuiltinToolError, builtin_tools
 from seats.ledger import storable
 from seats.providers import (

@@ -1,7 +1,7 @@
 """A real JetStream cluster on loopback, its members configured exactly as clustered nodes configure theirs.
 
 Each member is an :class:`~crewlet.queue.broker.EmbeddedBroker` built from a
-:class:`~crewlet.conf.ClusterSettings` — the class and the configuration code
+:class:`~crewlet.company.conf.ClusterSettings` — the class and the configuration code
 ``manage.py up`` uses for ``stream.cluster`` — running the venv's
 ``nats-server`` with its own store directory, client port and route port on
 127.0.0.1. Nobody supervises a member here, so a killed one stays dead until
@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from crewlet.conf import CLUSTER_SECRET_ENV, ClusterSettings
+from crewlet.company.conf import CLUSTER_SECRET_ENV, ClusterSettings
 from crewlet.queue.broker import EmbeddedBroker
 from tests.up_support import UpProcess, up_env
 

@@ -2,7 +2,7 @@
 an engine registry for tests that run services by hand, attached to the process as a serving engine is.
 
 Views, ``/healthz`` and the pause and config-revision announcements find the
-engine through :func:`crewlet.runtime.engine`; a test that starts a seat
+engine through :func:`crewlet.engine.runtime.engine`; a test that starts a seat
 runtime, a projection or a notify service itself attaches one
 (:func:`engine_here`) so they find its queue, its loop and its services.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Optional
 
-from crewlet import runtime
-from crewlet.conf import load_settings
-from crewlet.engine import Engine
-from crewlet.org import CompanyHolder, Organization, load_company
+from crewlet.engine import runtime
+from crewlet.company.conf import load_settings
+from crewlet.engine.core import Engine
+from crewlet.company.org import CompanyHolder, Organization, load_company
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 

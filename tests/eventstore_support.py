@@ -10,7 +10,7 @@ from django.db import connections
 
 from crewlet.events import Event, new, registered_type
 from crewlet.queue import topics
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from eventstore.questions import NodeScope
 from eventstore.rows import row_for
 from eventstore.writer import insert_sql
@@ -80,7 +80,7 @@ def scope(monkeypatch: pytest.MonkeyPatch) -> NodeScope:
 @pytest.fixture
 def operator(db: Any) -> str:
     """A minted operator token."""
-    from crewlet.tokens import OperatorToken
+    from crewlet.base.tokens import OperatorToken
 
     _, token = OperatorToken.mint("tests")
     return token

@@ -16,8 +16,8 @@ from tests.conftest import SHARED_DIR, skip_or_fail
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import RawWebhook
-from crewlet.org import CompanyHolder, Organization, parse_company
-from crewlet.tracing import Trace
+from crewlet.company.org import CompanyHolder, Organization, parse_company
+from crewlet.events.tracing import Trace
 from notifications.sources import PARSERS
 
 WEBHOOKS_DIR = SHARED_DIR / "fixtures" / "webhooks"

@@ -16,12 +16,12 @@ from rest_framework.test import APIClient
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import ExternalNotification
-from crewlet.interfaces import SEAT_RUNTIME
-from crewlet.org import CompanyHolder, Organization, parse_company
+from crewlet.engine.interfaces import SEAT_RUNTIME
+from crewlet.company.org import CompanyHolder, Organization, parse_company
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.memory import MemoryBroker
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from seats.mailboxes import ensure_mailboxes
 from seats.runtime import SeatRuntime
 from engine_support import engine_here

@@ -33,7 +33,7 @@ NOISE = (
     + "x" * LONG_LINE_CHARS + "\n"
 )
 #: A line a log reader would take for a record of its own, were it written raw.
-FORGED = "ts=2026-01-01T00:00:00.000+00:00 level=critical logger=crewlet.engine event=engine_compromised node=forged"
+FORGED = "ts=2026-01-01T00:00:00.000+00:00 level=critical logger=crewlet.engine.core event=engine_compromised node=forged"
 REFUSAL = f"refused to start:\n{FORGED}\n{FORGED}\x00 with key {VENDOR_KEY}"
 
 

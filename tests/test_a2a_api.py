@@ -8,8 +8,8 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from a2a.models import Channel
-from crewlet.runtime import NO_ENGINE
-from crewlet.tokens import OperatorToken
+from crewlet.engine.runtime import NO_ENGINE
+from crewlet.base.tokens import OperatorToken
 from engine_support import engine_here
 from seats_support import bearer, eventually, in_thread
 

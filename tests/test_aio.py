@@ -1,4 +1,4 @@
-"""crewlet.aio.keeping_cancel: a cancel that Python 3.11's wait_for swallows is still delivered."""
+"""crewlet.base.aio.keeping_cancel: a cancel that Python 3.11's wait_for swallows is still delivered."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 
-from crewlet.aio import keeping_cancel
+from crewlet.base.aio import keeping_cancel
 
 
 async def cancelled_as_the_result_lands(wrap: Callable[[Awaitable[Any]], Awaitable[Any]]) -> asyncio.Task[Any]:

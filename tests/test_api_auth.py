@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from crewlet.auth import MIN_TOKEN_LENGTH, SEEDED_TOKEN_NAME, seed_operator_token_from_env
-from crewlet.tokens import OperatorToken
+from crewlet.http.auth import MIN_TOKEN_LENGTH, SEEDED_TOKEN_NAME, seed_operator_token_from_env
+from crewlet.base.tokens import OperatorToken
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
@@ -172,7 +172,7 @@ class _Clock:
 @pytest.fixture
 def tokens(monkeypatch: pytest.MonkeyPatch) -> Any:
     """This process's verified-token cache, fresh and on a hand-moved clock."""
-    from crewlet import tokens as token_module
+    from crewlet.base import tokens as token_module
 
     cache = token_module.VerifiedTokens(ttl_s=token_module.TOKEN_CACHE_TTL_S, max_size=4, clock=_Clock())
     monkeypatch.setattr(token_module, "VERIFIED_TOKENS", cache)
@@ -240,7 +240,7 @@ def test_a_cached_token_never_opens_the_door_to_a_different_token(scope: Any, to
 
 
 def test_the_cache_forgets_a_token_after_its_ttl(scope: Any, tokens: Any) -> None:
-    from crewlet.tokens import TOKEN_CACHE_TTL_S
+    from crewlet.base.tokens import TOKEN_CACHE_TTL_S
 
     token = _mint("elsewhere")
     assert _get(token) == 200

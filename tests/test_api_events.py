@@ -362,7 +362,7 @@ def test_the_orjson_renderer_gives_the_same_json_values_as_drfs_renderer() -> No
     from django.utils.translation import gettext_lazy
     from rest_framework.renderers import JSONRenderer
 
-    from crewlet.renderers import OrjsonRenderer
+    from crewlet.http.renderers import OrjsonRenderer
 
     data = {
         "text": "naïve café — 日本 \u2028 line \u2029 para \"quoted\" \\ back",

@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from eventstore import questions as qs
 from eventstore.questions import NodeScope
 from eventstore_support import AT, NODE, US, ids, make_event, store

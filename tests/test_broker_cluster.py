@@ -16,7 +16,7 @@ import nats
 import pytest
 import pytest_asyncio
 
-from crewlet.conf import ClusterSettings
+from crewlet.company.conf import ClusterSettings
 from crewlet.queue import topics
 from crewlet.queue.broker import ClusterFormTimeout, EmbeddedBroker, connect_queue
 from crewlet.queue.errors import ReplicasUnplaceable, Unavailable

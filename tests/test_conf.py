@@ -1,4 +1,4 @@
-"""crewlet.conf: every engine setting's default, range, type, env override and error message."""
+"""crewlet.company.conf: every engine setting's default, range, type, env override and error message."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from crewlet.conf import (
+from crewlet.company.conf import (
     ClusterSettings,
     EngineSettings,
     NodeSettings,

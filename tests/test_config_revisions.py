@@ -11,14 +11,15 @@ import yaml
 from asgiref.sync import sync_to_async
 from django.test import Client
 
-from crewlet import revisions
+from crewlet.company import revisions
+from crewlet.engine import activation
 from crewlet.models import ActivationPointer, ConfigRevision
-from crewlet.org import CompanyError, load_company, parse_company_text
+from crewlet.company.org import CompanyError, load_company, parse_company_text
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from seats.inbox import HOLD_NO_PROVIDER
 from seats.runtime import SeatRuntime
-from crewlet.interfaces import CONFIG_POLLER, SEAT_RUNTIME
+from crewlet.engine.interfaces import CONFIG_POLLER, SEAT_RUNTIME
 from engine_support import engine_here
 from seats_support import Recorder, eventually, memory_queues
 from seats_support import in_thread
@@ -92,9 +93,9 @@ def test_the_file_is_imported_as_the_first_revision_only_when_the_store_has_none
 def test_activating_moves_the_single_pointer_and_a_second_activation_is_no_change() -> None:
     one = revisions.create_revision(company_yaml(), author="ops")
     two = revisions.create_revision(company_yaml(window_s=2), author="ops")
-    assert revisions.activate(one.pk, "ops") is True
-    assert revisions.activate(two.pk, "ana") is True
-    assert revisions.activate(two.pk, "ana") is False
+    assert activation.activate(one.pk, "ops") is True
+    assert activation.activate(two.pk, "ana") is True
+    assert activation.activate(two.pk, "ana") is False
     [pointer] = ActivationPointer.objects.all()
     assert (pointer.pk, pointer.revision_id, pointer.activated_by) == (1, two.pk, "ana")
 
@@ -122,7 +123,7 @@ def test_the_admin_add_form_shows_the_company_error_on_the_yaml_field_and_stores
 @pytest.mark.django_db(databases=["default", "events"])
 def test_the_change_page_shows_the_diff_against_the_active_revision() -> None:
     active = revisions.create_revision(company_yaml(), author="ops")
-    revisions.activate(active.pk, "ops")
+    activation.activate(active.pk, "ops")
     candidate = revisions.create_revision(company_yaml(window_s=7), author="ops")
     page = staff_client().get(f"/admin/crewlet/configrevision/{candidate.pk}/change/")
     assert page.status_code == 200
@@ -140,7 +141,7 @@ async def test_the_activate_button_moves_the_pointer_and_publishes_config_revisi
         try:
             with engine_here(q):
                 one = await sync_to_async(revisions.create_revision)(company_yaml(), "ops")
-                await revisions.aactivate(one.pk, "ops")
+                await activation.aactivate(one.pk, "ops")
                 two = await sync_to_async(revisions.create_revision)(company_yaml(window_s=3), "ops")
                 rec.seen.clear()
 
@@ -171,15 +172,15 @@ async def test_the_activate_button_moves_the_pointer_and_publishes_config_revisi
 @contextlib.asynccontextmanager
 async def node(first_yaml: str, *, interval_s: float = 0.05) -> AsyncIterator[tuple[SeatRuntime, EventQueue, Recorder]]:
     """A running seat runtime serving ``first_yaml`` as the active revision, with its poller."""
-    from crewlet.org import CompanyHolder
+    from crewlet.company.org import CompanyHolder
 
     first = await sync_to_async(revisions.create_revision)(first_yaml, "ops")
-    await revisions.aactivate(first.pk, "ops")
+    await activation.aactivate(first.pk, "ops")
     async with memory_queues() as (_, [q]):
         rec = Recorder().attach(q)
         rt = SeatRuntime(q, CompanyHolder(parse_company_text(first_yaml)), run_scheduler=False)
         await rt.start()
-        poller = revisions.ConfigPoller(q, rt, node_id="n1", interval_s=interval_s)
+        poller = activation.ConfigPoller(q, rt, node_id="n1", interval_s=interval_s)
         await poller.start()
         try:
             assert poller.applied == first.pk  # the revision it already serves is no change
@@ -195,7 +196,7 @@ async def node(first_yaml: str, *, interval_s: float = 0.05) -> AsyncIterator[tu
 
 async def activate_new(yaml_text: str) -> int:
     revision = await sync_to_async(revisions.create_revision)(yaml_text, "ops")
-    assert await sync_to_async(revisions.activate)(revision.pk, "ops")  # no binding needed: the poll finds it
+    assert await sync_to_async(activation.activate)(revision.pk, "ops")  # no binding needed: the poll finds it
     return revision.pk
 
 
@@ -240,7 +241,7 @@ async def test_a_revision_that_adds_a_provider_releases_the_no_provider_hold() -
 async def test_an_activation_nudge_wakes_the_poller_before_its_interval() -> None:
     async with node(company_yaml(), interval_s=60.0) as (rt, q, rec):
         revision = await sync_to_async(revisions.create_revision)(company_yaml(window_s=1), "ops")
-        assert await revisions.aactivate(revision.pk, "ops", queue=q)
+        assert await activation.aactivate(revision.pk, "ops", queue=q)
         await eventually(lambda: applied(rec, revision.pk), timeout_s=5.0, what="applied on the nudge, not the 60 s poll")
         assert rt.loops["ada"].options.linger_s == 1
 
@@ -261,20 +262,20 @@ async def test_a_failed_apply_is_published_with_how_far_it_got() -> None:
 
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
 async def test_on_the_real_broker_an_activation_nudge_reaches_the_poller_and_the_window_changes() -> None:
-    from crewlet.org import CompanyHolder
+    from crewlet.company.org import CompanyHolder
     from seats_support import jetstream_queues
 
     first = await sync_to_async(revisions.create_revision)(company_yaml(), "ops")
-    await revisions.aactivate(first.pk, "ops")
+    await activation.aactivate(first.pk, "ops")
     async with jetstream_queues("n1") as [q]:
         rec = Recorder().attach(q)
         rt = SeatRuntime(q, CompanyHolder(parse_company_text(company_yaml())), run_scheduler=False)
         await rt.start()
-        poller = revisions.ConfigPoller(q, rt, node_id="n1", interval_s=60.0)
+        poller = activation.ConfigPoller(q, rt, node_id="n1", interval_s=60.0)
         await poller.start()
         try:
             revision = await sync_to_async(revisions.create_revision)(company_yaml(window_s=2), "ops")
-            assert await revisions.aactivate(revision.pk, "ops", queue=q)
+            assert await activation.aactivate(revision.pk, "ops", queue=q)
             await eventually(lambda: applied(rec, revision.pk), timeout_s=10.0, what="applied on the nudge")
             assert rt.loops["ada"].options.linger_s == 2
             assert [e.node for e in applied(rec, revision.pk)] == ["n1"]
@@ -289,7 +290,7 @@ async def test_on_the_real_broker_an_activation_nudge_reaches_the_poller_and_the
 @pytest.mark.django_db(databases=["default", "events"])
 def test_up_imports_its_company_file_and_serves_the_active_revision_over_the_file(tmp_path: Path) -> None:
     from crewlet.management.commands.up import Command
-    from crewlet.org import CompanyHolder
+    from crewlet.company.org import CompanyHolder
 
     path = tmp_path / "company.yaml"
     path.write_text(company_yaml(window_s=1))
@@ -302,7 +303,7 @@ def test_up_imports_its_company_file_and_serves_the_active_revision_over_the_fil
     assert cmd.holder.current().coalesce_window_s == 1
 
     newer = revisions.create_revision(company_yaml(window_s=9), "ops")
-    revisions.activate(newer.pk, "ops")
+    activation.activate(newer.pk, "ops")
     path.write_text(company_yaml(window_s=3))  # the next start: the store's active revision wins over the file
     cmd.holder = CompanyHolder(load_company(path))
     cmd.import_company({"company": str(path)})

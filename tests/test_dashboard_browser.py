@@ -17,7 +17,7 @@ import pytest
 
 from crewlet.events.registry import SYSTEM
 from crewlet.queue import Outcome, Timings, topics
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from tests.browser_support import (
     CHROMIUM,
     CHROMIUM_ARGS,

@@ -14,12 +14,12 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from crewlet.events.types import SYSTEM_CLOSED_A2A
-from crewlet.interfaces import LIVE_PROJECTION
-from crewlet.org import Organization
-from crewlet.tracing import Trace
+from crewlet.engine.interfaces import LIVE_PROJECTION
+from crewlet.company.org import Organization
+from crewlet.events.tracing import Trace
 from eventstore.questions import NodeScope
 from eventstore_support import AT, make_event, store
-from crewlet.runtime import NO_ENGINE
+from crewlet.engine.runtime import NO_ENGINE
 from engine_support import engine_here
 from seats_support import company
 
@@ -44,7 +44,7 @@ def staff() -> Client:
 @pytest.fixture
 def no_live() -> None:
     """A web-only process, as this test process is: no engine, so no projection, no seat runtime, no queue."""
-    from crewlet import runtime
+    from crewlet.engine import runtime
     from eventstore import projection
 
     assert (projection.current(), runtime.current_engine(), runtime.current_queue()) == (None, None, None)

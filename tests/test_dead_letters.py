@@ -4,7 +4,7 @@ The dead letter is made the way production makes one: a subscriber whose
 handler fails spends the message's whole delivery budget (the backoff shrunk
 through the injected Timings), and the queue copies it to CREWLET_DLQ. The
 views run in a worker thread, as under ASGI, and reach the queue on this
-test's loop through the engine attached to the process (``crewlet.runtime``);
+test's loop through the engine attached to the process (``crewlet.engine.runtime``);
 the event store's writer is the queue's publish listener, as in ``up``.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from eventstore import actions as ops
 from eventstore.models import EventRow
-from crewlet.tokens import OperatorToken
+from crewlet.base.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
 from engine_support import engine_here
 from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, publish_raw, subscribed_on, wake

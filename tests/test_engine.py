@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 
-from crewlet.engine import Engine
+from crewlet.engine.core import Engine
 from crewlet.events import Event
 from crewlet.queue import Outcome, Timings, topics
 from crewlet.queue.errors import NotLive
@@ -18,7 +18,7 @@ from waiting_support import eventually
 
 
 def events_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "crewlet.engine"]
+    return [r.getMessage() for r in caplog.records if r.name == "crewlet.engine.core"]
 
 
 async def serving_one_in_flight(
@@ -38,7 +38,7 @@ async def serving_one_in_flight(
 
 
 async def test_engine_connects_with_the_settings_runs_services_and_stops(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="crewlet.engine")
+    caplog.set_level(logging.INFO, logger="crewlet.engine.core")
     broker, seen = FakeBroker(), {}
     engine = Engine(
         fast_settings(**{"stream.store_dir": "/tmp/js", "stream.event_retention_hours": 48}),
@@ -118,7 +118,7 @@ async def test_engine_drains_handlers_in_flight_before_closing() -> None:
 async def test_engine_drain_gives_up_at_its_timeout_and_hands_the_running_handlers_mail_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="crewlet.engine")
+    caplog.set_level(logging.INFO, logger="crewlet.engine.core")
     twins: list[MemoryBroker] = []
 
     async def connect(**kwargs: Any) -> tuple[Any, FakeBroker]:
@@ -148,7 +148,7 @@ async def test_engine_drain_gives_up_at_its_timeout_and_hands_the_running_handle
 
 
 async def test_a_second_signal_skips_the_drain(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="crewlet.engine")
+    caplog.set_level(logging.INFO, logger="crewlet.engine.core")
     engine = Engine(fast_settings(), drain_timeout_s=60, connect=twin_connect(FakeBroker()))
     topic, group = topics.agent_inbox("cy"), topics.agent_inbox_group("cy")
     release = asyncio.Event()
@@ -169,7 +169,7 @@ async def test_a_second_signal_skips_the_drain(caplog: pytest.LogCaptureFixture)
 
 
 async def test_a_failing_service_stops_the_engine_with_an_error(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="crewlet.engine")
+    caplog.set_level(logging.INFO, logger="crewlet.engine.core")
     broker = FakeBroker()
     engine = Engine(fast_settings(), connect=twin_connect(broker))
 
@@ -184,7 +184,7 @@ async def test_a_failing_service_stops_the_engine_with_an_error(caplog: pytest.L
 
 
 async def test_a_connect_failure_is_an_error_exit(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="crewlet.engine")
+    caplog.set_level(logging.INFO, logger="crewlet.engine.core")
 
     async def refuse(**kwargs: Any) -> Any:
         raise ConnectionRefusedError("no broker")
@@ -195,7 +195,7 @@ async def test_a_connect_failure_is_an_error_exit(caplog: pytest.LogCaptureFixtu
 
 
 async def test_the_logged_broker_url_carries_no_secret(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="crewlet.engine")
+    caplog.set_level(logging.INFO, logger="crewlet.engine.core")
     engine = Engine(fast_settings(), connect=twin_connect(FakeBroker("nats://crewlet:s3cret@127.0.0.1:4999")))
     run = asyncio.create_task(engine.serve())
     await eventually(lambda: "engine_started" in events_logged(caplog))

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from crewlet import runtime
-from crewlet.engine import Engine, NoService, Periodic, Service, app_services, ordered
-from crewlet.interfaces import CONFIG_POLLER, EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION, NOTIFY, SEAT_RUNTIME
-from crewlet.org import CompanyHolder, load_company
+from crewlet.engine import runtime
+from crewlet.engine.core import Engine, NoService, Periodic, Service, app_services, ordered
+from crewlet.engine.interfaces import CONFIG_POLLER, EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION, NOTIFY, SEAT_RUNTIME
+from crewlet.company.org import CompanyHolder, load_company
 from engine_support import FakeBroker, fast_settings, twin_connect
 from waiting_support import eventually
 

@@ -119,7 +119,7 @@ def test_building_and_decoding_an_event_loads_neither_opentelemetry_nor_crewlet_
         "from crewlet.events.types import SeatPaused\n"
         "e = Event.from_json(new(SeatPaused(seat='ada'), Trace.root()).to_json())\n"
         "assert e.data == SeatPaused(seat='ada') and Trace.of(e) is not None\n"
-        "loaded = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'crewlet.tracing')))\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'crewlet.events.tracing')))\n"
         "print(','.join(loaded))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)

@@ -31,7 +31,7 @@ from crewlet.events import (
 )
 from crewlet.events import types as T
 from crewlet.events.categories import types_in
-from crewlet.tracing import Trace, start_span, trace_of
+from crewlet.events.tracing import Trace, start_span, trace_of
 
 # Event Types, category by category, every name the block mentions: the typed
 # list, the not-stored lines (agent_spawned/terminated), the inbox wakes named

@@ -1,4 +1,4 @@
-"""Telemetry publishing (crewlet.events.emit): a broker that is away for seconds costs no event.
+"""Telemetry publishing (crewlet.queue.emit): a broker that is away for seconds costs no event.
 
 On the in-memory twin (its broker made unreachable and brought back) and on a
 real nats-server killed and restarted by its supervisor on the same file
@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import pytest
 
 from crewlet.events import Event, Trace
-from crewlet.events.emit import LOG_DROPPED, LOG_EXPIRED, Emitter
+from crewlet.queue.emit import LOG_DROPPED, LOG_EXPIRED, Emitter
 from crewlet.events.types import SeatPaused
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Outcome
@@ -79,7 +79,7 @@ async def test_past_max_pending_the_oldest_held_event_is_dropped_with_a_counted_
         max_pending=2, retry_window_s=30.0, retry_first_s=0.01, retry_max_s=0.05
     ) as (broker, queue, emitter):
         broker.go_away()
-        with caplog.at_level(logging.WARNING, logger="crewlet.events.emit"):
+        with caplog.at_level(logging.WARNING, logger="crewlet.queue.emit"):
             sent = [
                 await emitter.emit(SeatPaused(seat=f"s{i}"), Trace.root(), log_event="test_publish_failed")
                 for i in range(3)
@@ -99,7 +99,7 @@ async def test_an_event_held_past_its_window_is_given_up_with_a_counted_log_line
         audited=False, retry_window_s=0.05, retry_first_s=0.01, retry_max_s=0.02
     ) as (broker, queue, emitter):
         broker.go_away()
-        with caplog.at_level(logging.WARNING, logger="crewlet.events.emit"):
+        with caplog.at_level(logging.WARNING, logger="crewlet.queue.emit"):
             event = await emitter.emit(SeatPaused(seat="ada"), Trace.root(), log_event="test_publish_failed")
             await eventually(lambda: emitter.expired == 1 and emitter.pending == 0, what="the event given up")
         expired = [r for r in caplog.records if r.getMessage() == LOG_EXPIRED]

@@ -1,7 +1,7 @@
 """A seat's lease is let go only once its node can no longer run a turn of it.
 
 Two nodes in one process, on one in-memory broker and the test's coordination
-store: node n1 is a real :class:`~crewlet.engine.Engine` (its fleet membership
+store: node n1 is a real :class:`~crewlet.engine.core.Engine` (its fleet membership
 and its seat runtime as ``manage.py up`` registers them) whose model never
 answers, so its turn is still running when it stops; node n2 is a seat runtime
 on seat leases whose placement sweep the test runs. Every model call of both
@@ -16,14 +16,14 @@ from typing import Any, Awaitable, Callable, Optional
 
 import pytest
 
-from crewlet.conf import load_settings
-from crewlet.db import in_store
-from crewlet.engine import Engine, Service
+from crewlet.company.conf import load_settings
+from crewlet.base.db import in_store
+from crewlet.engine.core import Engine, Service
 from crewlet.fleet import PROTOCOL_VERSION, leases
 from crewlet.fleet import member as fleet_member
 from crewlet.fleet.leases import NODE, SEAT
 from crewlet.fleet.member import FleetMember
-from crewlet.interfaces import FLEET, SEAT_RUNTIME
+from crewlet.engine.interfaces import FLEET, SEAT_RUNTIME
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 from seats import runtime as seat_runtime

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from crewlet.db import in_store
+from crewlet.base.db import in_store
 from crewlet.fleet import StoreClaimed, leases
 from crewlet.fleet.leases import SEAT
 from crewlet.fleet.member import FleetMember
@@ -77,7 +77,7 @@ async def test_of_two_members_asking_for_one_duty_exactly_one_runs_it_until_it_s
 
 async def test_a_duty_under_its_lease_runs_on_one_node_of_two_and_moves_when_that_node_stops() -> None:
     from crewlet.fleet.duty import under_duty
-    from crewlet.interfaces import FLEET
+    from crewlet.engine.interfaces import FLEET
 
     ran: list[str] = []
 

@@ -18,8 +18,8 @@ from asgiref.sync import sync_to_async
 
 from crewlet.events import format_timestamp
 from crewlet.events.types import HistoryPartial
-from crewlet.interfaces import FLEET_READS
-from crewlet.metrics import EngineMetrics
+from crewlet.engine.interfaces import FLEET_READS
+from crewlet.engine.metrics import EngineMetrics
 from crewlet.queue import topics
 from eventstore import fanout
 from eventstore import questions as qs

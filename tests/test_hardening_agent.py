@@ -163,7 +163,7 @@ def test_a_second_first_turn_while_the_sdk_is_still_importing_waits_for_it_inste
 async def test_a_turn_whose_seat_stops_being_this_nodes_mid_tool_call_makes_no_further_call() -> None:
     import asyncio
 
-    from crewlet.org import CompanyHolder
+    from crewlet.company.org import CompanyHolder
     from seats.turns import STOP_LEASE_LOST, Trigger, TurnRunner
     from seats_support import Recorder, Reply, company, memory_queues, model_server, wake
     from turn_support import NotesToolbox

@@ -10,10 +10,10 @@ import pytest
 from rest_framework.test import APIClient
 
 from a2a.models import Channel
-from crewlet.bodies import MAX_DEPTH, BodyRefused, parse_object
-from crewlet.jsontext import nesting_depth
+from crewlet.http.bodies import MAX_DEPTH, BodyRefused, parse_object
+from crewlet.base.jsontext import nesting_depth
 from seats.delivery_models import SeatPause
-from crewlet.tokens import OperatorToken
+from crewlet.base.tokens import OperatorToken
 from tests.test_request_bridge import Up
 from tests.up_support import serve
 

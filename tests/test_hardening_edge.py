@@ -16,8 +16,8 @@ from typing import Any, Optional
 import pytest
 
 from crewlet.events.types import SKIP_PARSER_REFUSED, SKIP_PAYLOAD_UNREADABLE
-from crewlet.interfaces import NOTIFY
-from crewlet.jsontext import depth_exceeds
+from crewlet.engine.interfaces import NOTIFY
+from crewlet.base.jsontext import depth_exceeds
 from engine_support import engine_here
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome

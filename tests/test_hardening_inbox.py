@@ -21,10 +21,10 @@ from django.db import DataError, OperationalError, connection, connections
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import ExternalNotification
-from crewlet.org import CompanyHolder, Organization, Seat
+from crewlet.company.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from seats.coalescer import coalesce, dispatch
 from seats import inbox as inbox_module
 from seats.delivery_models import LedgerEntry

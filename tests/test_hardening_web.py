@@ -123,7 +123,7 @@ def test_a_query_secret_header_token_cookie_or_signature_never_reaches_up_s_log_
 def test_both_formatters_blank_credential_fields_headers_url_passwords_and_tracebacks() -> None:
     import logging
 
-    from crewlet.logfmt import JsonFormatter, KeyValueFormatter, RedactSecrets
+    from crewlet.base.logfmt import JsonFormatter, KeyValueFormatter, RedactSecrets
 
     try:
         raise ValueError(f"cannot reach nats://crewlet:{BEARER}@127.0.0.1:4222 with Authorization: Bearer {BEARER}")

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 
-from crewlet import web
+from crewlet.http import web
 from eventstore import stream
 from tests.browser_support import slack_message
 from tests.process_support import REPO_ROOT

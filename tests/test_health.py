@@ -12,9 +12,9 @@ import pytest
 from django.db import connections
 from django.test import Client
 
-from crewlet.db_router import EVENTS_ALIAS
-from crewlet.engine import Task
-from crewlet.interfaces import NOTIFY, SEAT_RUNTIME
+from crewlet.base.db_router import EVENTS_ALIAS
+from crewlet.engine.core import Task
+from crewlet.engine.interfaces import NOTIFY, SEAT_RUNTIME
 from engine_support import engine_here
 from tests.test_up import FakeQueue, FakeSeatRuntime, no_process_queue  # noqa: F401 - the fixture is used by name
 

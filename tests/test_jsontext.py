@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from crewlet.jsontext import (
+from crewlet.base.jsontext import (
     JSONTooDeep,
     depth_exceeds,
     dotted,

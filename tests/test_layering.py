@@ -1,12 +1,13 @@
-"""Imports between the apps flow one way, and the core (``crewlet``) imports no app.
+"""Imports between the apps flow one way, the core (``crewlet``) imports no app, and inside the core each floor only those below.
 
 Every module of the core and the four apps is parsed with :mod:`ast` and
 every import in it is read — at the top, inside a function, under ``if
 TYPE_CHECKING``, or as ``importlib.import_module("...")`` with a literal name
 — so a function-local import cannot hide an arrow the wrong way. The arrows
-allowed are :data:`ALLOWED` (the README's layout section draws the same
-graph); every app may import the core. A room of an app (:data:`ROOMS`) may
-import more than the rest of it: the arrow stays in that room.
+allowed are :data:`ALLOWED` (docs/architecture.md draws the same graph);
+every app may import the core. A room of an app (:data:`ROOMS`) may import
+more than the rest of it: the arrow stays in that room. Inside the core,
+:data:`FLOORS` orders its packages bottom first.
 """
 from __future__ import annotations
 
@@ -51,6 +52,20 @@ COMPOSITION_ROOT: Mapping[str, frozenset[str]] = {
     "crewlet.asgi": frozenset({"eventstore"}),
 }
 
+#: The core's floors, bottom first: a module of a floor imports the core only from its own floor
+#: or one below it. ``crewlet.models`` (the tables, which Django finds there) stands on the bottom
+#: floor; what is on none is the project's top (settings, URLs, ASGI, the apps' config, the admin,
+#: the management commands), which may import every floor.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("crewlet.base", "crewlet.models"),  # helpers, the tables, redaction, log formats, operator tokens
+    ("crewlet.events",),  # the envelope, the typed bodies, trace context
+    ("crewlet.queue",),  # the queue contract, its two backends, the embedded broker, the emitter
+    ("crewlet.company",),  # the company file, the engine settings, stored revisions
+    ("crewlet.engine",),  # the loop and its services, the process's handle on it, metrics, activation
+    ("crewlet.fleet",),  # leases, the roster, placement
+    ("crewlet.http",),  # the web server, bodies and errors, authentication, health, /metrics
+)
+
 _DYNAMIC_IMPORTERS = {"import_module", "import_string", "__import__"}
 
 
@@ -94,6 +109,35 @@ def arrows() -> Iterator[tuple[str, str, str]]:
                     yield f"{module}:{line}", package, target
 
 
+def floor_of(module: str) -> int:
+    """The index of the floor of :data:`FLOORS` that holds ``module``; ``len(FLOORS)`` for the core's top."""
+    for index, floor in enumerate(FLOORS):
+        if any(module == part or module.startswith(f"{part}.") for part in floor):
+            return index
+    return len(FLOORS)
+
+
+def floor_offences(found: Iterable[tuple[str, str]]) -> list[str]:
+    """Of ``found`` ((importing module:line, imported module) inside the core), the imports of a higher floor."""
+    names = [" / ".join(floor) for floor in FLOORS] + ["the top"]
+    refused = []
+    for where, target in found:
+        module = where.split(":")[0]
+        mine, theirs = floor_of(module), floor_of(target)
+        if theirs > mine:
+            refused.append(f"{where} imports {target}: {names[mine]} may not import {names[theirs]}, a floor above it")
+    return refused
+
+
+def core_imports() -> Iterator[tuple[str, str]]:
+    """(importing module:line, imported module) for every import from one module of the core into another."""
+    for path in sorted((REPO_ROOT / CORE).rglob("*.py")):
+        module = module_name(path)
+        for line, name in imported_names(path.read_text(encoding="utf-8"), module, path.name == "__init__.py"):
+            if name.startswith(f"{CORE}.") and not name.startswith(f"{module}."):
+                yield f"{module}:{line}", name
+
+
 def room_of(module: str) -> str:
     """The room of :data:`ROOMS` that holds ``module`` (the longest heading its dotted name), or ""."""
     holding = [room for room in ROOMS if module == room or module.startswith(f"{room}.")]
@@ -123,6 +167,33 @@ def offences(found: Iterable[tuple[str, str, str]]) -> list[str]:
 
 def test_no_module_imports_an_app_its_package_may_not_import_even_inside_a_function() -> None:
     assert offences(arrows()) == []
+
+
+def test_every_module_of_the_core_imports_only_its_own_floor_or_one_below_even_inside_a_function() -> None:
+    assert floor_offences(core_imports()) == []
+
+
+def test_every_package_of_the_core_stands_on_a_floor_or_is_the_top() -> None:
+    packages = {module_name(p.parent) for p in (REPO_ROOT / CORE).glob("*/__init__.py")} - {f"{CORE}.management", f"{CORE}.migrations"}
+    assert packages == {part for floor in FLOORS for part in floor if part != f"{CORE}.models"}
+
+
+@pytest.mark.parametrize(
+    ("where", "target"),
+    [
+        ("crewlet.events.types:3", "crewlet.queue.topics"),
+        ("crewlet.queue.client:9", "crewlet.company.org"),
+        ("crewlet.company.revisions:40", "crewlet.engine.core"),
+        ("crewlet.http.web:288", "crewlet.urls"),
+    ],
+)
+def test_an_import_of_a_floor_above_is_reported_with_its_line(where: str, target: str) -> None:
+    assert [r.split(": ")[0] for r in floor_offences([(where, target)])] == [f"{where} imports {target}"]
+
+
+def test_the_tables_stand_on_the_bottom_floor_so_every_floor_may_import_them_and_they_only_the_bottom() -> None:
+    assert floor_offences([("crewlet.base.tokens:2", "crewlet.models"), ("crewlet.fleet.leases:30", "crewlet.models")]) == []
+    assert len(floor_offences([("crewlet.models:15", "crewlet.engine.core")])) == 1
 
 
 def test_the_allowed_arrows_between_the_apps_run_one_way_with_no_cycle() -> None:
@@ -184,7 +255,7 @@ def test_the_check_reads_imports_wherever_they_sit(source: str, module: str, exp
         ("eventstore.consoles:3", "seats"),  # a module beside the console room is not in it
         ("eventstore.console.dashboard:9", "a2a"),
         ("crewlet.dashboard:4", "seats"),
-        ("crewlet.health:8", "eventstore"),
+        ("crewlet.http.health:8", "eventstore"),
     ],
 )
 def test_an_arrow_the_graph_does_not_allow_is_reported_with_its_line(where: str, target: str) -> None:

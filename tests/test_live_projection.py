@@ -21,13 +21,13 @@ from crewlet.events.types import (
     ExternalNotification,
     LLMUnavailable,
 )
-from crewlet.conf import load_settings
-from crewlet.engine import Engine
-from crewlet.org import CompanyHolder, Organization
+from crewlet.company.conf import load_settings
+from crewlet.engine.core import Engine
+from crewlet.company.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from eventstore import projection, questions as qs
 from eventstore.projection import LiveProjection
 from seats.actions import apause_seat, aresume_seat

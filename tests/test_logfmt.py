@@ -1,15 +1,15 @@
-"""Structured logging: both formatters render a record's extra fields (crewlet.logfmt)."""
+"""Structured logging: both formatters render a record's extra fields (crewlet.base.logfmt)."""
 from __future__ import annotations
 
 import json
 import logging
 from typing import Any
 
-from crewlet.logfmt import JsonFormatter, KeyValueFormatter
+from crewlet.base.logfmt import JsonFormatter, KeyValueFormatter
 
 
 def _record(**extra: Any) -> logging.LogRecord:
-    record = logging.LogRecord("crewlet.engine", logging.INFO, __file__, 1, "engine_started", (), None)
+    record = logging.LogRecord("crewlet.engine.core", logging.INFO, __file__, 1, "engine_started", (), None)
     for key, value in extra.items():
         setattr(record, key, value)
     return record
@@ -17,7 +17,7 @@ def _record(**extra: Any) -> logging.LogRecord:
 
 def test_key_value_formatter_renders_extra_fields() -> None:
     line = KeyValueFormatter().format(_record(node="n1", broker_url="nats://127.0.0.1:4222", note="two words", n=3))
-    assert " level=info logger=crewlet.engine event=engine_started node=n1 " in line
+    assert " level=info logger=crewlet.engine.core event=engine_started node=n1 " in line
     assert 'broker_url=nats://127.0.0.1:4222 note="two words" n=3' in line
     assert "\n" not in line
 
@@ -28,8 +28,8 @@ def test_json_formatter_renders_extra_fields() -> None:
 
 
 def test_a_record_emitted_inside_a_span_carries_its_trace_and_span_id_in_both_formats_redaction_kept() -> None:
-    from crewlet.logfmt import RedactSecrets, TraceContext
-    from crewlet.tracing import start_span
+    from crewlet.base.logfmt import RedactSecrets, TraceContext
+    from crewlet.events.tracing import start_span
 
     outside = _record()
     assert TraceContext().filter(outside) and not hasattr(outside, "trace_id")
@@ -46,8 +46,8 @@ def test_a_record_emitted_inside_a_span_carries_its_trace_and_span_id_in_both_fo
 
 
 def test_a_record_naming_another_trace_keeps_it_and_gets_no_span_id_of_the_current_one() -> None:
-    from crewlet.logfmt import TraceContext
-    from crewlet.tracing import start_span
+    from crewlet.base.logfmt import TraceContext
+    from crewlet.events.tracing import start_span
 
     with start_span("logged"):
         record = _record(trace_id="0af7651916cd43dd8448eb211c80319c")

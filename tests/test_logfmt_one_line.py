@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from crewlet.logfmt import JsonFormatter, KeyValueFormatter, RedactSecrets, kv_value
+from crewlet.base.logfmt import JsonFormatter, KeyValueFormatter, RedactSecrets, kv_value
 
-FORGED = "ts=2026-01-01T00:00:00.000+00:00 level=critical logger=crewlet.engine event=engine_compromised node=n1"
+FORGED = "ts=2026-01-01T00:00:00.000+00:00 level=critical logger=crewlet.engine.core event=engine_compromised node=n1"
 #: A provider error as the SDK hands it over: newlines, a NUL, a carriage return, a quote, and a key.
 PROVIDER_ERROR = f'HTTP 500 from the OpenAI API: overloaded\n{FORGED}\r\n{FORGED}\x00 "quoted" sk-proj-Xf3aB9cD2eF7gH1iJ5kL8mN0p'
 #: Characters that end or split a line for some reader: LF, CR, VT, FF, FS, GS, RS, NEL, LINE/PARAGRAPH SEPARATOR.

@@ -12,7 +12,7 @@ import pytest
 from crewlet import events
 from crewlet.events import Trace
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, AgentTurnCompleted, TaskAssigned
-from crewlet.metrics import EngineMetrics
+from crewlet.engine.metrics import EngineMetrics
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from crewlet.queue.errors import Unavailable

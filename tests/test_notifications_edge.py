@@ -12,12 +12,12 @@ from django.test import AsyncClient
 
 from crewlet.events import store_label
 from crewlet.events.types import InboundDelivery, RawWebhook
-from crewlet.interfaces import NOTIFY
-from crewlet.org import Organization
+from crewlet.engine.interfaces import NOTIFY
+from crewlet.company.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
-from crewlet.tracing import format_traceparent, parse_traceparent
+from crewlet.events.tracing import format_traceparent, parse_traceparent
 from engine_support import engine_here
 from notifications.edge import Edge, InboundRequest, current_edge
 from notifications_support import (

@@ -13,10 +13,10 @@ from django.db import DatabaseError
 from django.test import AsyncClient
 
 from crewlet.events import Event
-from crewlet.interfaces import NOTIFY
+from crewlet.engine.interfaces import NOTIFY
 from engine_support import engine_here
 from crewlet.events.types import SKIP_REASONS, ExternalNotification, NotificationSkipped, TaskAssigned
-from crewlet.org import CompanyHolder, Organization
+from crewlet.company.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, EventQueue, Outcome
 from crewlet.queue.memory import MemoryBroker

@@ -17,7 +17,7 @@ import pytest
 
 from crewlet.events import Event, store_label
 from crewlet.events.types import InboundDelivery, RawWebhook
-from crewlet.org import CompanyError, Organization
+from crewlet.company.org import CompanyError, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import Delivery, EventQueue
 from crewlet.queue.memory import MemoryBroker
@@ -393,7 +393,7 @@ async def test_every_mattermost_fixture_replayed_over_the_websocket_is_published
 
 
 async def test_only_the_node_holding_the_surfaces_duty_lease_opens_its_socket_and_another_takes_over_when_it_lets_go(mattermost_server: MattermostServer) -> None:
-    from crewlet.db import in_store
+    from crewlet.base.db import in_store
     from crewlet.fleet import leases
     from crewlet.fleet.member import FleetMember
 

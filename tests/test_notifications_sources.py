@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.urls import Resolver404, resolve
 
-from crewlet.interfaces import NOTIFY
-from crewlet.org import SURFACES
+from crewlet.engine.interfaces import NOTIFY
+from crewlet.company.org import SURFACES
 from engine_support import engine_here
 from notifications import edge as edge_module
 from notifications import sources

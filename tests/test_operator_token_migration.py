@@ -10,7 +10,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
-from crewlet.tokens import OperatorToken, VerifiedTokens
+from crewlet.base.tokens import OperatorToken, VerifiedTokens
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default"])
 

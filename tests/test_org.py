@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from crewlet.org import (
+from crewlet.company.org import (
     AGENT_ID_NAMESPACE,
     EXAMPLE_COMPANY,
     CompanyError,

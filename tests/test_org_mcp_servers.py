@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from crewlet.logfmt import REDACTED
-from crewlet.org import A2A_ASK_TOOL, MCP_HTTP, MCP_STDIO, CompanyError, parse_company
+from crewlet.base.logfmt import REDACTED
+from crewlet.company.org import A2A_ASK_TOOL, MCP_HTTP, MCP_STDIO, CompanyError, parse_company
 
 SERVERS = {
     "notes": {"command": ["python", "tools/notes_server.py"], "env": {"NOTES_DIR": "var/notes"}},

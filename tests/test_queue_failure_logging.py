@@ -15,7 +15,7 @@ import pytest
 from crewlet import events
 from crewlet.events import Trace
 from crewlet.events.types import SeatPaused
-from crewlet.logfmt import REASON_CHARS
+from crewlet.base.logfmt import REASON_CHARS
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Timings
 from crewlet.queue.memory import MemoryBroker
 from crewlet.queue.queuetest.waiting import eventually

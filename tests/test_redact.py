@@ -1,9 +1,9 @@
-"""The one redaction of the code base (crewlet.redact): what it blanks, what it keeps, and that it is idempotent."""
+"""The one redaction of the code base (crewlet.base.redact): what it blanks, what it keeps, and that it is idempotent."""
 from __future__ import annotations
 
 import pytest
 
-from crewlet.redact import REDACTED, is_secret_name, is_secret_param, redact, redact_query
+from crewlet.base.redact import REDACTED, is_secret_name, is_secret_param, redact, redact_query
 
 OPENAI_KEY = "sk-proj-Xf3aB9cD2eF7gH1iJ5kL8mN0pQ4rS6tU"
 ANTHROPIC_KEY = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_aa"

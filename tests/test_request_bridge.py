@@ -19,8 +19,8 @@ from asgiref.testing import ApplicationCommunicator
 
 from a2a import services
 from a2a.models import Channel
-from crewlet import runtime
-from crewlet.tokens import OperatorToken
+from crewlet.engine import runtime
+from crewlet.base.tokens import OperatorToken
 from seats_support import eventually
 from tests.up_support import REQUEST_TIMEOUT_S, UpProcess, http_json, serve, up_env
 

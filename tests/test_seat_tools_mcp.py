@@ -11,9 +11,9 @@ from typing import Any, AsyncIterator, Optional
 import pytest
 import pytest_asyncio
 
-from crewlet.conf import ToolSettings
-from crewlet.events.emit import Emitter
-from crewlet.org import A2A_ASK_TOOL, CompanyHolder, parse_company
+from crewlet.company.conf import ToolSettings
+from crewlet.queue.emit import Emitter
+from crewlet.company.org import A2A_ASK_TOOL, CompanyHolder, parse_company
 from crewlet.queue.memory import MemoryBroker
 from mcp_support import free_port, http_server, start_http, stdio_command
 from seats.tools import ToolCall

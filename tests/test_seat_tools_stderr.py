@@ -16,8 +16,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from crewlet.conf import ToolSettings
-from crewlet.org import CompanyHolder, parse_company
+from crewlet.company.conf import ToolSettings
+from crewlet.company.org import CompanyHolder, parse_company
 from seats.tools.mcp import STDERR_LINE_MAX_CHARS, McpToolbox
 from stderr_mcp_support import BEARER, FORGED, LAST_WORDS, VENDOR_KEY, command
 from tests.up_support import UpProcess, http_json, turn_completed, up_env

@@ -10,7 +10,7 @@ from django.test import Client
 
 from seats import actions
 from seats.delivery_models import SeatPause, SeatRecord
-from crewlet.tokens import OperatorToken, hash_token
+from crewlet.base.tokens import OperatorToken, hash_token
 from seats_support import eventually, in_thread
 
 

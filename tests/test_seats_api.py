@@ -10,11 +10,11 @@ from asgiref.sync import sync_to_async
 from rest_framework.test import APIClient
 
 from crewlet.queue import topics
-from crewlet.runtime import NO_ENGINE
+from crewlet.engine.runtime import NO_ENGINE
 from engine_support import engine_here
 from seats import actions
 from seats.delivery_models import SeatPause
-from crewlet.tokens import OperatorToken
+from crewlet.base.tokens import OperatorToken
 from seats_support import bearer, eventually, in_thread, send, wake
 
 

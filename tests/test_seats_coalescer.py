@@ -11,7 +11,7 @@ from crewlet.events import Event
 from crewlet.events.types import ExternalNotification, TaskAssigned
 from crewlet.queue import topics
 from crewlet.queue.contract import BatchOptions, Partition
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from seats.coalescer import coalesce, coalesced_record, dispatch, publish_coalesced
 from seats.digest import COLLAPSED_DUPLICATE, COLLAPSED_SUPERSEDED, MalformedConstituent
 from seats_support import Recorder, eventually, jetstream_queues, memory_queues

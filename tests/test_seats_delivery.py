@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from seats.actions import apause_seat, aresume_seat
 from seats.delivery_models import LedgerEntry
 from seats.inbox import HOLD_NO_PROVIDER, HOLD_PAUSED
@@ -353,10 +353,10 @@ async def test_an_applied_company_stops_a_removed_seats_loop_and_starts_an_added
 async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stops_with_the_engine() -> None:
     import asyncio
 
-    from crewlet.conf import load_settings
-    from crewlet.engine import Engine
+    from crewlet.company.conf import load_settings
+    from crewlet.engine.core import Engine
     from crewlet.queue.memory import MemoryBroker
-    from crewlet.interfaces import SEAT_RUNTIME
+    from crewlet.engine.interfaces import SEAT_RUNTIME
     from seats import runtime as seat_runtime
     from seats_support import FAST
 

@@ -9,9 +9,9 @@ from asgiref.sync import sync_to_async
 
 from crewlet import events
 from crewlet.events.types import TaskAssigned
-from crewlet.org import CompanyHolder
+from crewlet.company.org import CompanyHolder
 from crewlet.queue.contract import MAX_DELIVERIES
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from seats.providers import Completion, Message, ModelProvider, ModelRequest
 from seats.runtime import SeatRuntime
 from seats.turns import (

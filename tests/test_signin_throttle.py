@@ -1,4 +1,4 @@
-"""The sign-in throttle (crewlet.throttle): a stranger cannot lock a named account out, and guessing stays bounded.
+"""The sign-in throttle (crewlet.http.throttle): a stranger cannot lock a named account out, and guessing stays bounded.
 
 The counters are checked with an injected clock over a local-memory cache (no
 wall clock, no waiting), then the middleware through Django's test client, with
@@ -14,7 +14,7 @@ from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
 from django.test import Client
 
-from crewlet.throttle import ADDRESS_LIMIT_FACTOR, SCOPE_ACCOUNT, SCOPE_ADDRESS, SignInThrottle
+from crewlet.http.throttle import ADDRESS_LIMIT_FACTOR, SCOPE_ACCOUNT, SCOPE_ADDRESS, SignInThrottle
 
 STRANGER = "203.0.113.66"
 OWNER = "198.51.100.7"

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connections, transaction
 
-from crewlet.db import read_again_if_dropped
+from crewlet.base.db import read_again_if_dropped
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

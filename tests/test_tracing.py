@@ -11,10 +11,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from crewlet import tracing
+from crewlet.events import tracing
 from crewlet.events import Event, new
 from crewlet.events import types as T
-from crewlet.tracing import (
+from crewlet.events.tracing import (
     Trace,
     TraceParent,
     build_provider,

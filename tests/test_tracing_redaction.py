@@ -55,7 +55,7 @@ def _no_secret_in(spans: Any) -> None:
 @pytest.fixture(scope="module")
 def exported() -> Iterator[InMemorySpanExporter]:
     """Every span the process's provider ends from here on, as its exporters get them (the batch one included)."""
-    from crewlet.tracing import configure_tracing
+    from crewlet.events.tracing import configure_tracing
 
     exporter = InMemorySpanExporter()
     configure_tracing().add_span_processor(SimpleSpanProcessor(exporter))

@@ -13,7 +13,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from a2a.models import Channel
-from crewlet.org import CompanyError, CompanyHolder, Organization
+from crewlet.company.org import CompanyError, CompanyHolder, Organization
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 from seats.actions import apause_seat

@@ -17,9 +17,10 @@ import pytest
 from django.core.management import CommandError, load_command_class
 from django.test import Client
 
-from crewlet import runtime, web
-from crewlet.engine import Engine
-from crewlet.interfaces import SEAT_RUNTIME
+from crewlet.engine import runtime
+from crewlet.http import web
+from crewlet.engine.core import Engine
+from crewlet.engine.interfaces import SEAT_RUNTIME
 from crewlet.queue import Timings
 from engine_support import FakeBroker, engine_here, fast_settings, twin_connect
 from tests.process_support import REPO_ROOT, descendants, is_running
@@ -379,9 +380,9 @@ def test_up_keeps_the_embedded_brokers_store_under_the_data_dir_unless_told_othe
 async def test_a_service_that_swallows_its_cancellation_is_cancelled_again_and_the_engine_still_stops(
     no_process_queue: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import crewlet.engine
+    import crewlet.engine.core
 
-    monkeypatch.setattr(crewlet.engine, "RECANCEL_AFTER_S", 0.05)
+    monkeypatch.setattr(crewlet.engine.core, "RECANCEL_AFTER_S", 0.05)
     engine = Engine(fast_settings(), connect=twin_connect(FakeBroker()))
     started = asyncio.Event()
 

@@ -11,19 +11,20 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from crewlet import events, runtime
+from crewlet import events
+from crewlet.engine import runtime
 from crewlet.asgi import application
-from crewlet.engine import Engine
-from crewlet.interfaces import LIVE_PROJECTION
+from crewlet.engine.core import Engine
+from crewlet.engine.interfaces import LIVE_PROJECTION
 from crewlet.events import Event
 from crewlet.events.types import AgentSpawned, AgentTurnStarted, AuxiliarySpend
-from crewlet.org import Organization
+from crewlet.company.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.broker import EmbeddedBroker
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.jetstream import BROADCAST_PREFIX, JetStreamQueue
 from crewlet.queue.memory import MemoryBroker
-from crewlet.tracing import Trace
+from crewlet.events.tracing import Trace
 from eventstore import projection, stream
 from eventstore.projection import LiveProjection
 from engine_support import engine_here
@@ -129,7 +130,7 @@ def session_cookie(*, staff: bool = True, active: bool = True) -> bytes:
 
 @sync_to_async
 def operator_token() -> str:
-    from crewlet.tokens import OperatorToken
+    from crewlet.base.tokens import OperatorToken
 
     _, token = OperatorToken.mint(f"tab-{OperatorToken.objects.count()}")
     return token

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from crewlet.events import types as _types  # noqa: F401  (every type registered before the maps are read)
+from crewlet.events.labels import delivery_label
 from crewlet.events.registry import CATEGORIES, CATEGORY_OF, registration, registrations
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,13 +44,6 @@ NOT_STORED: frozenset[str] = frozenset(r.type_name for r in registrations() if r
 #: Never in the activity feed: everything not stored, plus the stored types that are accounting, not activity.
 NOT_FED: frozenset[str] = frozenset(r.type_name for r in registrations() if r.category and not r.fed)
 
-# inbound_delivery's surfaces and the label each files its rows under.
-SURFACE_WEBHOOK = "webhook"
-SURFACE_FORGE = "forge"
-SURFACE_SOCKET = "socket"
-SURFACES: tuple[str, ...] = (SURFACE_WEBHOOK, SURFACE_FORGE, SURFACE_SOCKET)
-SOCKET_EVENT_POSTED = "posted"
-UNNAMED_DELIVERY_EVENT = "unknown"
 
 
 def category_of(event_type: str) -> Optional[str]:
@@ -82,21 +76,6 @@ def types_in(category: str) -> tuple[str, ...]:
     if category not in CATEGORIES:
         raise ValueError(f"unknown event category {category!r}; the set is closed: {', '.join(CATEGORIES)}")
     return tuple(name for name, cat in CATEGORY_OF.items() if cat == category)
-
-
-def delivery_label(surface: Any, event_name: Any) -> str:
-    """``webhook:<event>``, ``forge:<event>`` or ``socket:posted`` — the label an operator matches.
-
-    A surface outside the known three is filed as ``webhook`` (the generic
-    route) rather than minting a label no filter expects; a socket delivery
-    names ``posted`` unless it says otherwise; a delivery that names no event
-    is ``<surface>:unknown`` rather than an empty suffix.
-    """
-    surf = surface if isinstance(surface, str) and surface in SURFACES else SURFACE_WEBHOOK
-    name = event_name.strip() if isinstance(event_name, str) else ""
-    if not name:
-        name = SOCKET_EVENT_POSTED if surf == SURFACE_SOCKET else UNNAMED_DELIVERY_EVENT
-    return f"{surf}:{name}"
 
 
 def store_label(event: "Event") -> str:

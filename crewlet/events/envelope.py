@@ -289,7 +289,7 @@ def new(
 
     ``payload`` is an instance of a registered event class; its wire type is
     the one it was registered under. ``trace`` is a ``crewlet.events.trace.Trace``
-    the caller derived (normally ``crewlet.tracing.trace_of()``) and is copied onto the
+    the caller derived (normally ``crewlet.events.tracing.trace_of()``) and is copied onto the
     envelope as given: nothing here reads an ambient span, because an event
     whose trace depended on the frame that built it would hang off the wrong
     work. ``extras`` fills the envelope's free-form ``payload`` map.
@@ -299,7 +299,7 @@ def new(
     """
     if not isinstance(trace, Trace):
         raise TypeError(
-            "new() needs a crewlet.events.trace.Trace (derive one with crewlet.tracing.trace_of()), "
+            "new() needs a crewlet.events.trace.Trace (derive one with crewlet.events.tracing.trace_of()), "
             f"not {type(trace).__name__}"
         )
     etype = getattr(type(payload), "event_type", None)

@@ -4,9 +4,9 @@ An event's ``trace_id`` / ``span_id`` / ``parent_span_id`` are the only
 carrier of trace context (event-system.md, Distributed Tracing), so the
 envelope needs the value type and its validation to build and decode events;
 it must not need the OpenTelemetry SDK to do that. This module is that value
-type and the header codec. ``crewlet.tracing`` builds on it (spans,
+type and the header codec. ``crewlet.events.tracing`` builds on it (spans,
 ``trace_of()``, restoring an event's trace, OTLP export); nothing here imports
-``crewlet.tracing`` or the envelope, so the dependency runs one way:
+``crewlet.events.tracing`` or the envelope, so the dependency runs one way:
 envelope -> trace, tracing -> envelope and trace.
 """
 from __future__ import annotations

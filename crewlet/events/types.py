@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.envelope import default_actor
+from crewlet.events.labels import delivery_label
 from crewlet.events.registry import (
     A2A,
     DECISION,
@@ -1449,7 +1450,7 @@ class _ToolServerBody(EventBody):
     role: str = ""
     agent_id: str = ""
     server: str = ""
-    transport: str = ""  # stdio | http (crewlet.org.MCP_STDIO / MCP_HTTP)
+    transport: str = ""  # stdio | http (crewlet.company.org.MCP_STDIO / MCP_HTTP)
     error: str = ""
     attempt: int = 0
     retry_in_s: float = 0.0
@@ -1511,7 +1512,7 @@ class _DeliveryBody(EventBody):
     (``body_encoding`` "base64"); ``raw_bytes()`` gives the bytes back either way.
     """
 
-    surface: str = ""  # webhook | forge | socket (see categories.SURFACES)
+    surface: str = ""  # webhook | forge | socket (see labels.SURFACES)
     event_name: str = ""
     provider: str = ""
     delivery_id: str = ""
@@ -1527,8 +1528,6 @@ class _DeliveryBody(EventBody):
         self.body, self.body_encoding = _encode_body(raw)
 
     def label(self) -> str:
-        from crewlet.events.categories import delivery_label
-
         return delivery_label(self.surface, self.event_name)
 
 

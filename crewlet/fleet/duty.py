@@ -1,7 +1,7 @@
 """Once-per-fleet duties: a duty's pass runs only on the node holding the duty's lease.
 
 Wrap a duty's function with :func:`under_duty` and register it as usual (a
-:class:`~crewlet.engine.Periodic`): every node ticks, and on each tick the
+:class:`~crewlet.engine.core.Periodic`): every node ticks, and on each tick the
 node that holds (or can take) lease ``name`` runs the pass while the others
 skip it. An engine without a fleet membership (a test's bare engine) runs it.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Optional, Protocol
 
-from crewlet.interfaces import FLEET
+from crewlet.engine.interfaces import FLEET
 
 
 class Services(Protocol):

@@ -14,7 +14,7 @@ when it SENT the renewal (:class:`LeaseClock`) — which can only be earlier
 than the row's, so it stops working before anyone else may start.
 
 These functions block; call them from the event loop through
-:func:`crewlet.db.in_store`.
+:func:`crewlet.base.db.in_store`.
 """
 from __future__ import annotations
 

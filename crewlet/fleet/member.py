@@ -1,6 +1,6 @@
 """This node's membership of the fleet: its presence, the seats and duties it holds, kept renewed.
 
-:class:`FleetMember` is the :data:`~crewlet.interfaces.FLEET` service. At
+:class:`FleetMember` is the :data:`~crewlet.engine.interfaces.FLEET` service. At
 start it reads (or writes, the first time) its event store's identity, takes
 that store's lease — refusing to start when another live node already writes
 the store — and writes its presence (node lease: id, labels, protocol, store).
@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
 
 from django.db.models.functions import Now
 
-from crewlet.db import in_store
-from crewlet.engine import Periodic, Service
+from crewlet.base.db import in_store
+from crewlet.engine.core import Periodic, Service
 from crewlet.fleet import PROTOCOL_VERSION, StoreClaimed, leases
 from crewlet.fleet.leases import DUTY, NODE, SEAT
-from crewlet.interfaces import FLEET
+from crewlet.engine.interfaces import FLEET
 from crewlet.models import NodeLease, StoreIdentity
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
 log = logging.getLogger("crewlet.fleet")
 
@@ -299,7 +299,7 @@ class FleetMember:
 
 
 def services(engine: "Engine") -> list[Service]:
-    """This node's :class:`FleetMember` as the :data:`~crewlet.interfaces.FLEET` service."""
+    """This node's :class:`FleetMember` as the :data:`~crewlet.engine.interfaces.FLEET` service."""
 
     def make(engine: "Engine") -> FleetMember:
         settings = engine.settings

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from crewlet.fleet.roster import NodeInfo
-from crewlet.org import Placement
+from crewlet.company.org import Placement
 
 #: Why a seat cannot be placed (wire strings: the ``reason`` of ``seats_unplaceable``).
 REASON_PINNED_NODE_NOT_LIVE = "pinned node not live"

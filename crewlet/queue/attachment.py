@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Optional, Protocol, Sequence, Union
 
-from crewlet.aio import close_each
+from crewlet.base.aio import close_each
 from crewlet.events import Event
 from crewlet.events.types import DEAD_LETTER_UNDECODABLE
 from crewlet.queue.contract import (

@@ -73,7 +73,7 @@ _REDACTED = "[redacted]"
 
 
 class ClusterConfig(Protocol):
-    """What a clustered member needs to know of its cluster (``crewlet.conf.ClusterSettings`` is one)."""
+    """What a clustered member needs to know of its cluster (``crewlet.company.conf.ClusterSettings`` is one)."""
 
     @property
     def name(self) -> str: ...

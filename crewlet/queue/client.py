@@ -19,9 +19,9 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Coroutine, Optional
 
-from crewlet.aio import close_each, keeping_cancel, spawn_kept
+from crewlet.base.aio import close_each, keeping_cancel, spawn_kept
 from crewlet.events import Event
-from crewlet.logfmt import short_reason
+from crewlet.base.logfmt import short_reason
 from crewlet.queue import topics
 from crewlet.queue.attachment import _Attachment, _Pair
 from crewlet.queue.contract import (

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional, Protocol, Sequence, runtime_checkable
 
-from crewlet.aio import Closable
+from crewlet.base.aio import Closable
 from crewlet.events import Event
 
 #: Deliveries a message gets before it is dead-lettered. Sized for handoffs as

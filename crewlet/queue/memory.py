@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Optional
 
-from crewlet.aio import keeping_cancel, spawn_kept
+from crewlet.base.aio import keeping_cancel, spawn_kept
 from crewlet.queue import topics
 from crewlet.queue.client import QueueClient
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings, dead_letter_seq

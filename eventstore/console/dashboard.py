@@ -22,7 +22,7 @@ from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse_lazy
 
-from crewlet import runtime
+from crewlet.engine import runtime
 from crewlet.events import categories
 from crewlet.queue import topics
 from eventstore import api as store_api

@@ -3,9 +3,9 @@
 Same credentials as the rest of ``/api/`` (an operator token, or a staff
 session with its CSRF token; 401 otherwise). The views run in a request
 thread, while the engine's queue lives on the engine's asyncio loop: they reach
-it through :func:`crewlet.runtime.on_engine` (:func:`crewlet.runtime.call_on_loop`)
+it through :func:`crewlet.engine.runtime.on_engine` (:func:`crewlet.engine.runtime.call_on_loop`)
 with a deadline, as ``seats.api`` does. A body is a JSON object or a 400 of the
-one shape (``crewlet.bodies``), audited as a ``bad_args`` refusal. The action itself is
+one shape (``crewlet.http.bodies``), audited as a ``bad_args`` refusal. The action itself is
 :func:`eventstore.actions.replay_dead_letter`, which publishes the one
 ``operator_acted`` of the call whatever became of it.
 """
@@ -21,9 +21,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from crewlet import runtime
-from crewlet.auth import actor_of
-from crewlet.bodies import BadBody, ClosedSerializer, StrictCharField, bad_request_body, error_response, error_responses
+from crewlet.engine import runtime
+from crewlet.http.auth import actor_of
+from crewlet.http.bodies import BadBody, ClosedSerializer, StrictCharField, bad_request_body, error_response, error_responses
 from crewlet.events import format_timestamp
 from crewlet.queue.contract import DEAD_LETTER_REF_RULE, DeadLetter
 from eventstore import actions as ops

@@ -36,21 +36,21 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Optional
 
 from django.db import DatabaseError, connections
 
-from crewlet import runtime
-from crewlet.db import in_transaction, read_again_if_dropped
+from crewlet.engine import runtime
+from crewlet.base.db import in_transaction, read_again_if_dropped
 from crewlet.events import format_timestamp
 from crewlet.events.types import HistoryPartial
-from crewlet.interfaces import FLEET_READS
+from crewlet.engine.interfaces import FLEET_READS
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.tracing import trace_of
+from crewlet.events.tracing import trace_of
 from eventstore import questions as qs
 from eventstore.fanout import wire
 from eventstore.fanout.merge import Parts, Plan, plan_for
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
 log = logging.getLogger("crewlet.eventstore.fanout")
 

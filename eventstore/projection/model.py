@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Deque, Optional
 
 from crewlet.events import Event, format_timestamp, is_fed, is_stored
-from crewlet.interfaces import SeatLoops
-from crewlet.org import Organization, Seat
+from crewlet.engine.interfaces import SeatLoops
+from crewlet.company.org import Organization, Seat
 from eventstore import questions as qs
 from eventstore.projection.seed import SeedData, fleet_seed, read_seed, seat_holders
 from eventstore.projection.states import (

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Optional
 
-from crewlet.interfaces import SeatLoops
-from crewlet.org import Organization
+from crewlet.engine.interfaces import SeatLoops
+from crewlet.company.org import Organization
 from eventstore import here
 from eventstore import questions as qs
 from eventstore.fanout import FleetReads, seed_plan

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from crewlet.interfaces import FLEET_READS, LIVE_PROJECTION, seat_loops
-from crewlet.org import CompanyHolder
+from crewlet.engine.interfaces import FLEET_READS, LIVE_PROJECTION, seat_loops
+from crewlet.company.org import CompanyHolder
 from crewlet.queue import topics
-from crewlet.runtime import NO_ENGINE
+from crewlet.engine.runtime import NO_ENGINE
 from eventstore.projection.model import LiveProjection
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
     from crewlet.queue.contract import Closable, EventQueue
 
 
@@ -36,7 +36,7 @@ class NoEngineHere(LookupError):
 
 def current() -> Optional[LiveProjection]:
     """The running engine's projection, or None when none runs in this process."""
-    from crewlet import runtime
+    from crewlet.engine import runtime
 
     running = runtime.current_engine()
     service = running.lookup(LIVE_PROJECTION) if running is not None else None

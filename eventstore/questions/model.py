@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional
 
-from crewlet.db_router import EVENTS_ALIAS
+from crewlet.base.db_router import EVENTS_ALIAS
 from crewlet.events import format_timestamp, parse_timestamp
 
 PROTOCOL_VERSION = 1

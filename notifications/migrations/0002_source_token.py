@@ -1,4 +1,4 @@
-"""The generic source's per-seat tokens: ``notifications.models.SourceToken``, a ``crewlet.tokens.HashedToken``."""
+"""The generic source's per-seat tokens: ``notifications.models.SourceToken``, a ``crewlet.base.tokens.HashedToken``."""
 
 import django.utils.timezone
 from django.db import migrations, models

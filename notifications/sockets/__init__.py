@@ -14,7 +14,7 @@ again by the vendor.
 Each client is an engine service (``surface_socket:<kind>``) that keeps a
 :class:`SurfaceStatus`: whether it is connected, when the last frame came,
 the last error. ``/readyz`` lists it among its components and the dashboard's
-overview shows it (both through :meth:`crewlet.engine.Engine.status_reports`).
+overview shows it (both through :meth:`crewlet.engine.core.Engine.status_reports`).
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 
 from django.conf import settings
 
-from crewlet.engine import Task, cancel_and_wait
-from crewlet.org import MODE_SOCKET, SURFACE_SOCKET_TOKEN_KEYS, Organization, Surface
+from crewlet.engine.core import Task, cancel_and_wait
+from crewlet.company.org import MODE_SOCKET, SURFACE_SOCKET_TOKEN_KEYS, Organization, Surface
 
 if TYPE_CHECKING:  # pragma: no cover
     from notifications.edge import Edge, EdgeResponse

@@ -34,7 +34,7 @@ from urllib.parse import urlencode, urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidURI, WebSocketException
 
-from crewlet.events.categories import SOCKET_EVENT_POSTED
+from crewlet.events.labels import SOCKET_EVENT_POSTED
 from notifications.sockets import FrameNotTaken, SocketClient, SocketError, SocketRefused
 
 log = logging.getLogger("crewlet.notifications.sockets.mattermost")

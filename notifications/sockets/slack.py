@@ -15,7 +15,7 @@ seat twice. A slash command's acknowledgement carries the ephemeral line the
 webhook route answers with (``Source.acknowledge``).
 
 The SDK calls its listeners on its own worker threads; they reach the
-engine's loop through :func:`crewlet.runtime.call_on_loop`.
+engine's loop through :func:`crewlet.engine.runtime.call_on_loop`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web import WebClient
 
-from crewlet.runtime import EngineAway, call_on_loop
+from crewlet.engine.runtime import EngineAway, call_on_loop
 from notifications.sockets import FrameNotTaken, SocketClient
 
 log = logging.getLogger("crewlet.notifications.sockets.slack")

@@ -13,7 +13,7 @@ below lists those sources, and drives:
   handshake, looked up by name (``notifications.edge``);
 * routing — the parser and the filtering's log event (``notifications.service``).
 
-The company file's surface kinds are ``crewlet.org.SURFACES``: the core
+The company file's surface kinds are ``crewlet.company.org.SURFACES``: the core
 validates a company without importing an app. The registry refuses to load
 unless its company surfaces are exactly those kinds, so a vendor cannot be
 routable and unconfigurable, or configurable and unroutable. The one source
@@ -23,14 +23,14 @@ a per-seat token from ``manage.py source_token``), authenticates itself.
 Adding a vendor: write ``notifications/sources/<vendor>.py`` with its
 ``verify``, ``meta``, parser and ``SOURCE``; add ``<vendor>.SOURCE`` to
 :data:`REGISTRY`; name the surface kind and its secret's key in
-``crewlet.org.SURFACE_SECRET_KEYS``.
+``crewlet.company.org.SURFACE_SECRET_KEYS``.
 """
 from __future__ import annotations
 
 from types import MappingProxyType
 from typing import Iterable, Mapping, Optional
 
-from crewlet.org import SURFACES
+from crewlet.company.org import SURFACES
 from notifications.parsers import Parser
 from notifications.sources import confluence, generic, github, jira, mattermost, slack
 from notifications.sources.base import InboundRequest, Source
@@ -52,7 +52,7 @@ def registry_of(sources: Iterable[Source], surface_kinds: Iterable[str]) -> Mapp
     unroutable = [kind for kind in kinds if kind not in by_name]
     if unconfigurable or unroutable:
         raise SourceRegistryError(
-            "the webhook sources must match the company file's surface kinds (crewlet.org.SURFACES): "
+            "the webhook sources must match the company file's surface kinds (crewlet.company.org.SURFACES): "
             f"registered without a surface kind: {unconfigurable or 'none'}; a surface kind without a source: {unroutable or 'none'}"
         )
     return MappingProxyType(by_name)

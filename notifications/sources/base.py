@@ -17,7 +17,7 @@ import hmac
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Optional
 
-from crewlet.org import Organization, Seat
+from crewlet.company.org import Organization, Seat
 from notifications.parsers import DeliveryMeta, FormReader, Parser, Recipient, body_digest_id
 
 

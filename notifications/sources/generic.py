@@ -28,8 +28,8 @@ from typing import Any, Mapping, Optional
 
 from django.db import DatabaseError
 
-from crewlet.db import in_store
-from crewlet.org import Organization
+from crewlet.base.db import in_store
+from crewlet.company.org import Organization
 from notifications import actions
 from notifications.parsers import WHY_ADDRESSED, DeliveryMeta, Parsed, Parser, Recipient, as_text, need
 from notifications.sources.base import InboundRequest, Source

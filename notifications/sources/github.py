@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping, Optional
 
-from crewlet.events.categories import SURFACE_FORGE
+from crewlet.events.labels import SURFACE_FORGE
 from notifications.parsers import (
     FILTER_UNHANDLED, WHY_ASSIGNEE, WHY_MENTION, WHY_REVIEWER,
     DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, form_json, need,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional
 
-from crewlet.events.categories import SOCKET_EVENT_POSTED, SURFACE_SOCKET
+from crewlet.events.labels import SOCKET_EVENT_POSTED, SURFACE_SOCKET
 from notifications.parsers import (
     FILTER_DELETED_POST, FILTER_SYSTEM_POST, FILTER_UNHANDLED, WHY_DM, WHY_MENTION,
     DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, load_json, need,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional, Sequence
 
-from crewlet.org import Organization
+from crewlet.company.org import Organization
 from notifications.parsers import (
     FILTER_DELETED_POST, FILTER_EDIT, FILTER_HANDSHAKE, FILTER_SYSTEM_POST, FILTER_UNHANDLED, FORM_PAYLOAD_FIELD,
     WHY_ADDRESSED, WHY_DM, WHY_MENTION, DeliveryMeta, MalformedForm, Parsed, ParseError, Parser, Recipient, as_dict,

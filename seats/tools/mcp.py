@@ -30,7 +30,7 @@ anyio scopes must be entered and left by one task):
 
 A stdio server's stderr is not the node's: it goes to a pipe read line by
 line into ``tool_server_stderr`` records (the seat, the server, the line), each
-line redacted (:func:`crewlet.redact.redact`) and cut to
+line redacted (:func:`crewlet.base.redact.redact`) and cut to
 :data:`STDERR_LINE_MAX_CHARS`, so what a server prints — its own config with a
 key in it, half a line, binary — reaches the log as one structured, safe
 record per line, in whichever format the node logs, never as raw text in it.
@@ -61,19 +61,19 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from crewlet.conf import ToolSettings
-from crewlet.engine import Service
-from crewlet.events.emit import Emitter
+from crewlet.company.conf import ToolSettings
+from crewlet.engine.core import Service
+from crewlet.queue.emit import Emitter
 from crewlet.events.types import ToolServerRestarted, ToolServerUnavailable
-from crewlet.interfaces import EVENT_STORE
-from crewlet.logfmt import short_reason
-from crewlet.org import CompanyHolder, McpServer, Seat
-from crewlet.redact import redact
-from crewlet.tracing import trace_of
+from crewlet.engine.interfaces import EVENT_STORE
+from crewlet.base.logfmt import short_reason
+from crewlet.company.org import CompanyHolder, McpServer, Seat
+from crewlet.base.redact import redact
+from crewlet.events.tracing import trace_of
 from seats.tools.base import SEAT_TOOLS, ToolCall, ToolResult, ToolSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
     from mcp.client._transport import TransportStreams
 
 log = logging.getLogger("crewlet.seats.tools")

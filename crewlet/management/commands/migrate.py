@@ -1,6 +1,6 @@
 """``manage.py migrate`` (and ``up``, which runs it) under the fleet's migration lock.
 
-Django's own command, unchanged but for :func:`crewlet.db.migration_lock`
+Django's own command, unchanged but for :func:`crewlet.base.db.migration_lock`
 around it: nodes starting together against one empty PostgreSQL
 coordination store take turns instead of racing to create the same tables.
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.commands import migrate
 
-from crewlet.db import migration_lock
+from crewlet.base.db import migration_lock
 
 
 class Command(migrate.Command):

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError
 
-from crewlet.tokens import OperatorToken
+from crewlet.base.tokens import OperatorToken
 
 
 class Command(BaseCommand):

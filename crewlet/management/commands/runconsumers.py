@@ -10,9 +10,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from crewlet.conf import STREAM_TYPES, SettingsError, load_settings
-from crewlet.engine import Engine, app_services
-from crewlet.org import EXAMPLE_COMPANY, CompanyError, CompanyHolder, load_company
+from crewlet.company.conf import STREAM_TYPES, SettingsError, load_settings
+from crewlet.engine.core import Engine, app_services
+from crewlet.company.org import EXAMPLE_COMPANY, CompanyError, CompanyHolder, load_company
 
 #: Command-line flag -> dotted setting it overrides (flags win over env and the settings file).
 FLAG_SETTINGS = {
@@ -63,7 +63,7 @@ class Command(BaseCommand):
         """CREWLET_OPERATOR_TOKEN, when set, becomes an operator token before anything serves."""
         from django.db import DatabaseError
 
-        from crewlet.auth import seed_operator_token_from_env
+        from crewlet.http.auth import seed_operator_token_from_env
 
         try:
             seed_operator_token_from_env()
@@ -74,7 +74,7 @@ class Command(BaseCommand):
 
     def adopt_active_revision(self) -> None:
         """Serve the active config revision from the start when the store has one (else the file)."""
-        from crewlet.revisions import adopt_active
+        from crewlet.company.revisions import adopt_active
 
         adopt_active(self.holder)
 

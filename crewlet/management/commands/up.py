@@ -6,7 +6,7 @@ migrations of both databases (``default`` and ``events``), the company
 (``--company``), ``CREWLET_OPERATOR_TOKEN``, then the engine — embedded broker,
 event store writer, seat runtime (mailboxes, inbox loops, scheduler, sweeps),
 notifications — with the ASGI app served by Daphne on ``--addr`` on the
-engine's own loop (``crewlet.web``). ``Crewlet is up: <url> (node <id>)`` is
+engine's own loop (``crewlet.http.web``). ``Crewlet is up: <url> (node <id>)`` is
 printed once the server listens and the seat loops run. SIGTERM/Ctrl-C stops
 the web server first, then drains the loops, then stops the broker.
 
@@ -24,10 +24,10 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from crewlet import web
-from crewlet.conf import SettingsError, load_settings
-from crewlet.engine import Engine, Service
-from crewlet.interfaces import WEB
+from crewlet.http import web
+from crewlet.company.conf import SettingsError, load_settings
+from crewlet.engine.core import Engine, Service
+from crewlet.engine.interfaces import WEB
 from crewlet.management.commands.runconsumers import Command as RunConsumersCommand
 
 DEFAULT_ADDR = "127.0.0.1:8000"
@@ -111,8 +111,8 @@ class Command(RunConsumersCommand):
 
     def import_company(self, options: dict[str, Any]) -> None:
         """The company file becomes the first config revision (and the active one) when the store has none."""
-        from crewlet.org import EXAMPLE_COMPANY, CompanyError
-        from crewlet.revisions import import_first_revision
+        from crewlet.company.org import EXAMPLE_COMPANY, CompanyError
+        from crewlet.company.revisions import import_first_revision
 
         try:
             import_first_revision(options.get("company") or EXAMPLE_COMPANY, author="up")

@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 import nats.errors
 from nats.aio.msg import Msg
 
-from crewlet.aio import keeping_cancel, spawn_kept
+from crewlet.base.aio import keeping_cancel, spawn_kept
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable
 from crewlet.queue.errors import InvalidArgument, NoAnswer, TooLarge, Unavailable

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-from crewlet.aio import keeping_cancel
+from crewlet.base.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import Timings
 from crewlet.queue.errors import InvalidArgument, Unavailable

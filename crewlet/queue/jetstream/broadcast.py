@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 import nats.errors
 
-from crewlet.aio import close_each, keeping_cancel
+from crewlet.base.aio import close_each, keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable
 from crewlet.queue.errors import QueueError, Unavailable

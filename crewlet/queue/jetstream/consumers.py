@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import nats.errors
 
-from crewlet.aio import keeping_cancel
+from crewlet.base.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import SubscriptionRef
 from crewlet.queue.errors import Unavailable

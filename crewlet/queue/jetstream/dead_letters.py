@@ -6,7 +6,7 @@ from typing import Any
 
 import nats.js.errors
 
-from crewlet.aio import keeping_cancel
+from crewlet.base.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import DeadLetter, dead_letter_seq
 from crewlet.queue.errors import Gone, QueueError, Unavailable

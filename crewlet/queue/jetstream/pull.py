@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Optional
 
 from nats.aio.msg import Msg
 
-from crewlet.aio import spawn_kept
+from crewlet.base.aio import spawn_kept
 from crewlet.queue.errors import Gone, Unavailable
 from crewlet.queue.jetstream.message import JetStreamMessage
 from crewlet.queue.jetstream.wire import _NATS_ERRORS, _ApiError, _status_of, consumer_deleted, next_subject, pull_request

@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, TypeVar
 
 import nats.errors
 
-from crewlet.aio import keeping_cancel
+from crewlet.base.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
 from crewlet.queue.errors import InvalidArgument, ReplicasUnplaceable, TooLarge, Unavailable, Unconfirmed

@@ -7,7 +7,7 @@ from typing import TypedDict, Unpack
 
 import nats.errors
 
-from crewlet.aio import close_each, keeping_cancel
+from crewlet.base.aio import close_each, keeping_cancel
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, EventQueue, Timings
 from crewlet.queue.errors import InvalidArgument, Unavailable
 from crewlet.queue.jetstream.ask_serve import AskServePart

@@ -15,7 +15,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from crewlet.aio import keeping_cancel
+from crewlet.base.aio import keeping_cancel
 from crewlet.queue.errors import Unavailable
 
 API_PREFIX = "$JS.API"

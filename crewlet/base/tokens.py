@@ -3,7 +3,7 @@
 They live in the coordination store (``default``) because a fleet shares them
 — a token minted on one node has to open every node's API. They belong to the
 core, below the apps, because every app's routes authenticate with them
-(:mod:`crewlet.auth`). Their table is still ``seats_operator_token``, the name
+(:mod:`crewlet.http.auth`). Their table is still ``seats_operator_token``, the name
 it had when the seats app owned them, so a database migrated before keeps its
 tokens (the move is state only: ``crewlet`` 0002, ``seats`` 0003).
 """
@@ -23,7 +23,7 @@ from django.db import connections, models, router, transaction
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
-log = logging.getLogger("crewlet.tokens")
+log = logging.getLogger("crewlet.base.tokens")
 
 #: Every minted token starts with this, so one pasted into a chat or a log is recognisable.
 TOKEN_PREFIX = "crw_"

@@ -35,7 +35,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError, Unavailable
 
-log = logging.getLogger("crewlet.events.emit")
+log = logging.getLogger("crewlet.queue.emit")
 
 #: How long an event is retried after its first failed publish: a broker restart takes seconds.
 RETRY_WINDOW_S = 30.0

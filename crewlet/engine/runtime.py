@@ -3,8 +3,8 @@
 The engine attaches itself here once its queue is connected (and detaches
 before closing it), so code served by the same process — webhook views,
 ``/healthz``, the dashboard, the API — asks :func:`engine` for the engine and,
-through :meth:`~crewlet.engine.Engine.service`, for the service it needs
-(the names are :mod:`crewlet.interfaces`). That reference is the only
+through :meth:`~crewlet.engine.core.Engine.service`, for the service it needs
+(the names are :mod:`crewlet.engine.interfaces`). That reference is the only
 process-wide state: every service lives in the engine's registry.
 
 A web-only process (no engine) gets an explicit answer everywhere:
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Optional, TypeVar
 from asgiref.sync import SyncToAsync
 from opentelemetry import context as otel_context
 
-from crewlet.events.emit import Emitter
+from crewlet.queue.emit import Emitter
 from crewlet.queue.contract import EventQueue
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
-    from crewlet.org import Organization
+    from crewlet.engine.core import Engine
+    from crewlet.company.org import Organization
 
-log = logging.getLogger("crewlet.runtime")
+log = logging.getLogger("crewlet.engine.runtime")
 
 _T = TypeVar("_T")
 
@@ -120,7 +120,7 @@ async def aget_queue() -> EventQueue:
     queue = current_queue()
     if queue is not None:
         return queue
-    from crewlet.conf import load_settings
+    from crewlet.company.conf import load_settings
 
     stream_type = load_settings().stream.type
     if stream_type == "embedded":

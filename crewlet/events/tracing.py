@@ -71,7 +71,7 @@ from crewlet.events.trace import (
 if TYPE_CHECKING:  # pragma: no cover - hints only
     from crewlet.events.envelope import Event
 
-log = logging.getLogger("crewlet.tracing")
+log = logging.getLogger("crewlet.events.tracing")
 
 OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 #: The standard variable naming the traces exporter; "none" turns export off.

@@ -1,4 +1,4 @@
-"""The one error shape (``crewlet.bodies``) where the REST framework does not answer, and in the OpenAPI schema.
+"""The one error shape (``crewlet.http.bodies``) where the REST framework does not answer, and in the OpenAPI schema.
 
 A request for a path no route has (``/api/nope``) never reaches a REST
 framework view, so Django's ``handler404`` answers it: :func:`page_not_found`
@@ -15,7 +15,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
-from crewlet.bodies import PARAM_NONE, bad_request_body, error_code
+from crewlet.http.bodies import PARAM_NONE, bad_request_body, error_code
 
 #: The paths whose errors are the API's JSON rather than Django's pages.
 API_PREFIX = "/api/"

@@ -26,7 +26,7 @@ or not UTF-8 is refused before it is parsed, and a document nesting deeper than
 :data:`YAML_MAX_DEPTH`, holding more than :data:`YAML_MAX_VALUES` values once
 its aliases are expanded, or giving one key twice in a mapping is refused while
 it is composed, before anything is built from it. A refusal quotes at most
-:data:`~crewlet.jsontext.QUOTE_LIMIT` characters of a value (:func:`quote_value`),
+:data:`~crewlet.base.jsontext.QUOTE_LIMIT` characters of a value (:func:`quote_value`),
 so no value, however large or however aliased, makes a large message.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from crewlet.jsontext import QUOTE_LIMIT, storable_text
+from crewlet.base.jsontext import QUOTE_LIMIT, storable_text
 from crewlet.queue.contract import Timings
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Prometheus metrics: one registry per engine, counted at the seams that decide, exposed at ``GET /metrics``.
 
 Nothing here is a module-level registry: :class:`EngineMetrics` owns a
-``CollectorRegistry`` and the :class:`~crewlet.engine.Engine` owns one of
+``CollectorRegistry`` and the :class:`~crewlet.engine.core.Engine` owns one of
 those, so two engines in one process (a test's) count apart and a scrape sees
 only its own engine.
 
@@ -40,15 +40,15 @@ from prometheus_client.registry import Collector
 
 from crewlet.events import Event
 from crewlet.events.types import AgentPhaseCompleted, AgentTurnCompleted, AgentTurnStarted
-from crewlet.interfaces import EVENT_STORE, FLEET, FLEET_READS
+from crewlet.engine.interfaces import EVENT_STORE, FLEET, FLEET_READS
 from crewlet.queue import topics
 from crewlet.queue.contract import PUBLISHED_OK, SETTLED_DEAD_LETTER
 from crewlet.queue.errors import QueueError
 
 if TYPE_CHECKING:  # pragma: no cover - hints only
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
-log = logging.getLogger("crewlet.metrics")
+log = logging.getLogger("crewlet.engine.metrics")
 
 #: Every metric's name starts with this.
 PREFIX = "crewlet_"

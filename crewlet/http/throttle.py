@@ -45,7 +45,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
-log = logging.getLogger("crewlet.throttle")
+log = logging.getLogger("crewlet.http.throttle")
 
 #: The URL names of the sign-in views.
 SIGN_IN_VIEWS = ("dash-login", "admin:login")

@@ -22,7 +22,7 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils.encoders import JSONEncoder
 
-log = logging.getLogger("crewlet.renderers")
+log = logging.getLogger("crewlet.http.renderers")
 
 #: Datetimes and dataclasses are left to DRF's encoder, so their JSON is what it always was.
 OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS

@@ -10,7 +10,7 @@ closes them, lets the requests in flight finish for a moment and cancels what
 is left.
 
 Because the web server shares the engine's loop, a view publishes through the
-engine's queue client (``crewlet.runtime.get_queue()``), with no second
+engine's queue client (``crewlet.engine.runtime.get_queue()``), with no second
 connection to the broker.
 
 What a client can make the server hold is bounded here, before any Django
@@ -72,9 +72,9 @@ from typing import IO, TYPE_CHECKING, Any, Awaitable, Callable, Optional
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine import Engine
+    from crewlet.engine.core import Engine
 
-log = logging.getLogger("crewlet.web")
+log = logging.getLogger("crewlet.http.web")
 
 #: How long requests in flight may take to finish once the server stops listening.
 GRACE_S = 5.0
@@ -86,6 +86,8 @@ DEFAULT_IDLE_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 2621440
 #: The webhook routes' own body limit (``/webhooks/``): the setting, and its default.
 WEBHOOK_MAX_BODY_SETTING = "CREWLET_WEBHOOK_MAX_BODY_BYTES"
+#: Where the URLconf mounts the webhook routes, whose bodies this server gives the webhook limit.
+WEBHOOKS_PREFIX = "webhooks/"
 DEFAULT_WEBHOOK_MAX_BODY_BYTES = 1024 * 1024
 REASON_TOO_LARGE = "the body is over the {limit}-byte limit"
 DEFAULT_BODY_TIMEOUT_S = 60.0
@@ -285,8 +287,6 @@ def limits_from_settings() -> Limits:
     """The limits the Django settings (and the webhook routes' own setting) give."""
     from django.conf import settings
 
-    from crewlet.urls import WEBHOOKS_PREFIX
-
     general = getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None) or DEFAULT_MAX_BODY_BYTES
     total = int(configured(MAX_CONNECTIONS))
     per_client = int(configured(MAX_CONNECTIONS_PER_CLIENT))
@@ -336,8 +336,8 @@ def install_reactor(loop: asyncio.AbstractEventLoop) -> Any:
 
 def refusal_body(path: str, error: str, reason: str) -> dict[str, str]:
     """A refusal's body: the API's one error shape under ``/api/``, the webhooks' ``{"error": reason}`` elsewhere."""
-    from crewlet.bodies import PARAM_NONE, bad_request_body
-    from crewlet.errors import API_PREFIX
+    from crewlet.http.bodies import PARAM_NONE, bad_request_body
+    from crewlet.http.errors import API_PREFIX
 
     if path.startswith(API_PREFIX):
         return bad_request_body(error, PARAM_NONE, reason)
@@ -346,14 +346,14 @@ def refusal_body(path: str, error: str, reason: str) -> dict[str, str]:
 
 def too_large_body(path: str, limit: int) -> dict[str, str]:
     """The 413's body (:func:`refusal_body`)."""
-    from crewlet.bodies import error_code
+    from crewlet.http.bodies import error_code
 
     return refusal_body(path, error_code(413), REASON_TOO_LARGE.format(limit=limit))
 
 
 def shed_answer(reason: str, limit: int) -> bytes:
     """The whole 503 a shed connection gets: before its request is read, so in the API's one error shape."""
-    from crewlet.bodies import PARAM_NONE, bad_request_body, error_code
+    from crewlet.http.bodies import PARAM_NONE, bad_request_body, error_code
 
     body = json.dumps(bad_request_body(error_code(503), PARAM_NONE, SHED_REASONS[reason].format(limit=limit))).encode()
     return (

@@ -1,12 +1,14 @@
-"""No two modules of the event store import each other, not even through a function-local import.
+"""No two modules of the project import each other at run time, not even through a function-local import.
 
 A function-local import can hold a cycle apart at import time while the two
 modules still lean on each other: neither can be read, tested or moved
-without the other. So every module of ``eventstore`` is parsed with
+without the other. So every module of the core and the apps is parsed with
 :mod:`ast` and every import in it is read — at the top, inside a function,
-under ``if TYPE_CHECKING``, or as ``importlib.import_module("...")`` with a
-literal name — and the arrows between the store's own modules must form no
-cycle, of two modules or more.
+or as ``importlib.import_module("...")`` with a literal name — and the
+arrows between the project's modules must form no cycle, of two modules or
+more. An import under ``if TYPE_CHECKING`` names a type for an annotation
+and never runs, so across the project it is no arrow; inside the event
+store, whose modules were untangled to the last annotation, it is one too.
 
 An import is an arrow to the module it names: ``from eventstore import
 questions`` to ``eventstore.questions``, ``from eventstore.fanout import
@@ -24,7 +26,7 @@ from typing import Iterator, Mapping
 
 import pytest
 
-from test_layering import REPO_ROOT, module_name
+from test_layering import PACKAGES, REPO_ROOT, module_name
 
 STORE = "eventstore"
 
@@ -37,17 +39,39 @@ Graph = dict[str, dict[str, int]]
 
 
 def store_sources(root: Path = REPO_ROOT / STORE) -> dict[str, tuple[str, bool]]:
-    """Every module of the store, by dotted name."""
+    """Every module below ``root`` (the store's, by default), by dotted name; migrations are Django's."""
     return {
         module_name(path): (path.read_text(encoding="utf-8"), path.name == "__init__.py")
         for path in sorted(root.rglob("*.py"))
+        if "migrations" not in path.parts
     }
 
 
-def _named(source: str, module: str, is_package: bool) -> Iterator[tuple[int, list[str]]]:
-    """(line, the dotted names one import could mean, most specific first) for every import in ``source``."""
+def project_sources() -> dict[str, tuple[str, bool]]:
+    """Every module of the core and the apps."""
+    return {module: source for package in PACKAGES for module, source in store_sources(REPO_ROOT / package).items()}
+
+
+def _for_annotations(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under an ``if TYPE_CHECKING:`` (plain or ``typing.``-qualified)."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            hidden.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    return hidden
+
+
+def _named(source: str, module: str, is_package: bool, annotations: bool = True) -> Iterator[tuple[int, list[str]]]:
+    """(line, the dotted names one import could mean, most specific first) for every import in ``source``.
+
+    ``annotations=False`` leaves out what sits under ``if TYPE_CHECKING``.
+    """
     package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    hidden = set() if annotations else _for_annotations(tree)
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, [alias.name]
@@ -78,12 +102,12 @@ def _resolve(names: list[str], modules: Mapping[str, object]) -> str:
     return name
 
 
-def import_graph(sources: Sources) -> Graph:
-    """The arrows between the modules of ``sources``, wherever their import statements sit."""
+def import_graph(sources: Sources, annotations: bool = True) -> Graph:
+    """The arrows between the modules of ``sources``, wherever their import statements sit (``annotations``: see :func:`_named`)."""
     graph: Graph = {}
     for module, (source, is_package) in sources.items():
         arrows = graph.setdefault(module, {})
-        for line, names in _named(source, module, is_package):
+        for line, names in _named(source, module, is_package, annotations):
             target = _resolve(names, sources)
             if target and target != module:
                 arrows.setdefault(target, line)
@@ -152,8 +176,18 @@ def _shortest_cycle(graph: Graph, group: list[str]) -> str:
     return " -> ".join(f"{a}:{graph[a][b]}" for a, b in zip(path, path[1:])) + f" -> {start}"
 
 
-def test_no_two_modules_of_the_store_import_each_other_even_inside_a_function() -> None:
+def test_no_two_modules_of_the_project_import_each_other_at_run_time_even_inside_a_function() -> None:
+    assert cycles(import_graph(project_sources(), annotations=False)) == []
+
+
+def test_no_two_modules_of_the_store_import_each_other_even_for_an_annotation() -> None:
     assert cycles(import_graph(store_sources())) == []
+
+
+def test_an_import_for_annotations_only_is_no_run_time_arrow() -> None:
+    modules = {"a": "from eventstore import b\n", "b": "if TYPE_CHECKING:\n    from eventstore.a import A\n"}
+    assert cycles(import_graph(_sources(**modules), annotations=False)) == []
+    assert cycles(import_graph(_sources(**modules))) == ["eventstore.a:1 -> eventstore.b:2 -> eventstore.a"]
 
 
 def test_the_store_has_the_modules_the_check_walks() -> None:

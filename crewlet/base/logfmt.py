@@ -19,7 +19,7 @@ URL, a header or a vendor's key — so redaction is done on the record, not
 left to callers: :class:`RedactSecrets` (a filter on every handler) and both
 formatters blank the value of any field named like a credential, and run
 every text (message, field values, traceback) through the one redaction of
-the code base, :func:`crewlet.redact.redact` (credential query parameters and
+the code base, :func:`crewlet.base.redact.redact` (credential query parameters and
 ``name=value`` pairs, credential headers, bearer tokens, ``sk-…``/``xoxb-…``-shaped
 keys, session/CSRF cookies, the password of a URL).
 
@@ -38,8 +38,8 @@ from typing import Any
 
 from opentelemetry import trace as otel_trace
 
-from crewlet.jsontext import storable_text
-from crewlet.redact import REDACTED, is_secret_name, redact
+from crewlet.base.jsontext import storable_text
+from crewlet.base.redact import REDACTED, is_secret_name, redact
 
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _STANDARD_ATTRS = frozenset(
@@ -49,7 +49,7 @@ _STANDARD_ATTRS = frozenset(
 #: Set on a record once it has been redacted (redaction is idempotent; this saves the second pass).
 _REDACTED_FLAG = "_crewlet_redacted"
 
-#: The one redaction of text (:func:`crewlet.redact.redact`), under the name this module's callers know.
+#: The one redaction of text (:func:`crewlet.base.redact.redact`), under the name this module's callers know.
 redact_text = redact
 
 
@@ -240,7 +240,7 @@ def kv_key(key: str) -> str:
 
 
 class KeyValueFormatter(logging.Formatter):
-    """``ts=… level=info logger=crewlet.engine event=engine_started node=n1``: one record, one line, always.
+    """``ts=… level=info logger=crewlet.engine.core event=engine_started node=n1``: one record, one line, always.
 
     Every field is escaped by :func:`kv_value`, the traceback included (as
     ``error="Traceback …\\n…"``), so a record can never spill onto a second line

@@ -7,11 +7,11 @@ from typing import Any
 from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
-from crewlet.bodies import ClosedSerializer
+from crewlet.http.bodies import ClosedSerializer
 
 
 class AutoSchema(openapi.AutoSchema):
-    """drf-spectacular's, stating a :class:`~crewlet.bodies.ClosedSerializer`'s refusal of unknown fields."""
+    """drf-spectacular's, stating a :class:`~crewlet.http.bodies.ClosedSerializer`'s refusal of unknown fields."""
 
     def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
         result: dict[str, Any] = super()._map_basic_serializer(serializer, direction)
@@ -23,7 +23,7 @@ class AutoSchema(openapi.AutoSchema):
 
 
 class OperatorTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "crewlet.auth.OperatorTokenAuthentication"
+    target_class = "crewlet.http.auth.OperatorTokenAuthentication"
     name = "operatorToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
@@ -35,7 +35,7 @@ class OperatorTokenScheme(OpenApiAuthenticationExtension):
 
 
 class StaffSessionScheme(OpenApiAuthenticationExtension):
-    target_class = "crewlet.auth.StaffSessionAuthentication"
+    target_class = "crewlet.http.auth.StaffSessionAuthentication"
     name = "staffSession"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

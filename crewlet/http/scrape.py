@@ -16,9 +16,9 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from crewlet import runtime
-from crewlet.auth import REALM, operator_for
-from crewlet.metrics import CONTENT_TYPE
+from crewlet.engine import runtime
+from crewlet.http.auth import REALM, operator_for
+from crewlet.engine.metrics import CONTENT_TYPE
 
 #: Reasons a scrape is refused (the 401's ``detail``).
 NO_CREDENTIAL = "a Bearer token is required: an operator token or CREWLET_METRICS_TOKEN"

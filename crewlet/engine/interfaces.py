@@ -3,8 +3,8 @@
 The core (``crewlet``) and the apps meet here instead of importing each other:
 an app registers a service under one of these names (from its
 ``AppConfig.engine_services``) and whoever needs it asks the running engine
-(:meth:`crewlet.engine.Engine.service`, or from a request thread
-:func:`crewlet.runtime.engine`) for that name, typed by the protocol below.
+(:meth:`crewlet.engine.core.Engine.service`, or from a request thread
+:func:`crewlet.engine.runtime.engine`) for that name, typed by the protocol below.
 So ``/healthz`` and the config poller never import ``seats``, and the live
 projection in ``eventstore`` reads the seat runtime's holds without importing
 it.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.org import CompanyHolder, Organization
+    from crewlet.company.org import CompanyHolder, Organization
 
 #: The event store's writer (attached to the queue before anything that publishes starts).
 EVENT_STORE = "eventstore_writer"

@@ -1,7 +1,7 @@
 """Who may call ``/api/``: an operator token (``Authorization: Bearer``) or a signed-in staff session.
 
 Every app's routes use it (the REST framework's defaults name these classes),
-so it lives in the core beside the tokens it checks (:mod:`crewlet.tokens`).
+so it lives in the core beside the tokens it checks (:mod:`crewlet.base.tokens`).
 
 Anything else is a 401 with a ``WWW-Authenticate: Bearer`` challenge — a
 session that is signed in but not staff included: to this API it is not a
@@ -17,9 +17,9 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from crewlet.tokens import OperatorToken
+from crewlet.base.tokens import OperatorToken
 
-log = logging.getLogger("crewlet.auth")
+log = logging.getLogger("crewlet.http.auth")
 
 #: The environment variable whose token ``manage.py up``/``runconsumers`` seeds at start.
 OPERATOR_TOKEN_ENV = "CREWLET_OPERATOR_TOKEN"
@@ -50,7 +50,7 @@ def operator_for(token: str) -> Any:
 
     Remembered for a few seconds once verified (by hash): a revocation made in
     this process applies at once, one made by another process within
-    crewlet.tokens.TOKEN_CACHE_TTL_S. touch() writes at most once a minute.
+    crewlet.base.tokens.TOKEN_CACHE_TTL_S. touch() writes at most once a minute.
     """
     row = OperatorToken.verify(token)
     if row is not None:
@@ -63,7 +63,7 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
 
     A verified token is cached in process for ``TOKEN_CACHE_TTL_S`` (10 s), keyed
     by its hash: revoking it through this process refuses it at once, through
-    another process within that TTL (:class:`crewlet.tokens.VerifiedTokens`).
+    another process within that TTL (:class:`crewlet.base.tokens.VerifiedTokens`).
     """
 
     keyword = "bearer"

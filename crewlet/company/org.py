@@ -9,7 +9,7 @@ computes the same id with no database.
 
 A bad company file is refused at load with the field, the value and what is
 allowed, exactly like a bad engine setting, in one bounded line: the file is
-read by the settings' guarded YAML loader (:func:`crewlet.conf.load_yaml`:
+read by the settings' guarded YAML loader (:func:`crewlet.company.conf.load_yaml`:
 size, encoding, depth, alias expansion and duplicate keys), every number is
 finite and inside its range, and every interval has a floor.
 """
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Optional, TypedDict
 
-from crewlet.conf import NODE_ID_PATTERN, FieldValueError, is_finite_number, load_yaml, read_yaml_text
-from crewlet.jsontext import dotted
-from crewlet.logfmt import REDACTED, is_secret_name, redact_text
+from crewlet.company.conf import NODE_ID_PATTERN, FieldValueError, is_finite_number, load_yaml, read_yaml_text
+from crewlet.base.jsontext import dotted
+from crewlet.base.logfmt import REDACTED, is_secret_name, redact_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
 #: The namespace every node derives agent ids in. Never change it: ids are wire facts.
@@ -76,7 +76,7 @@ SCHEDULE_EVERY_RANGE_S = (60.0, 365 * 86400.0)
 PROVIDER_TIMEOUT_RANGE_S = (0.1, 3600.0)
 ECHO_DELAY_RANGE_S = (0.0, 3600.0)
 MAX_CONCURRENT_RANGE = (1, 64)
-EXAMPLE_COMPANY = Path(__file__).resolve().parent / "companies" / "example.yaml"
+EXAMPLE_COMPANY = Path(__file__).resolve().parent.parent / "companies" / "example.yaml"
 
 #: The tool built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
 A2A_ASK_TOOL = "a2a_ask"

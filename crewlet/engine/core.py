@@ -8,14 +8,14 @@ on, and a factory of a :class:`Lifecycle` (``start()``/``stop()``): the engine
 connects the queue (starting the embedded broker when ``stream.type`` is
 ``embedded``), starts every service after the ones it depends on, and hands
 out what each started (:meth:`Engine.service`) — to other services and, through
-:func:`crewlet.runtime.engine`, to the request threads of the same process.
+:func:`crewlet.engine.runtime.engine`, to the request threads of the same process.
 There is no other process-wide registry.
 
 Two shapes cover every duty: :class:`Periodic` (run a duty now and every
 ``every_s``, a failing pass logged and retried; :meth:`Engine.add_periodic`)
 and :class:`Task` (a coroutine that runs until cancelled, whose failure stops
 the engine; :meth:`Engine.add_service`). The engine also owns the one
-telemetry :class:`~crewlet.events.emit.Emitter` of the process
+telemetry :class:`~crewlet.queue.emit.Emitter` of the process
 (:attr:`Engine.emitter`), closed once every service has stopped.
 
 On SIGTERM/SIGINT it drains: it stops fetching (the queue hands back at once
@@ -36,13 +36,13 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol, TypeVar, Union
 
-from crewlet.aio import keeping_cancel
-from crewlet.conf import ClusterSettings, EngineSettings, cluster_secret, redact_url
-from crewlet.events.emit import Emitter
-from crewlet.metrics import EngineMetrics
+from crewlet.base.aio import keeping_cancel
+from crewlet.company.conf import ClusterSettings, EngineSettings, cluster_secret, redact_url
+from crewlet.queue.emit import Emitter
+from crewlet.engine.metrics import EngineMetrics
 from crewlet.queue.contract import EventQueue, Timings
 
-log = logging.getLogger("crewlet.engine")
+log = logging.getLogger("crewlet.engine.core")
 
 _T = TypeVar("_T")
 
@@ -487,7 +487,7 @@ class Engine:
     def bind_queue(self, queue: Optional[EventQueue], loop: Optional[asyncio.AbstractEventLoop] = None) -> "Engine":
         """Make this engine a registry around ``queue`` on ``loop`` (default: the running one, if any) without serving.
 
-        For code that runs services by hand (tests): with :func:`crewlet.runtime.attach`
+        For code that runs services by hand (tests): with :func:`crewlet.engine.runtime.attach`
         the process then answers as it does while the engine serves.
         """
         self.queue = queue
@@ -500,8 +500,8 @@ class Engine:
         return self
 
     def call(self, make: Callable[[], Awaitable[_T]], timeout_s: float) -> _T:
-        """From another thread: run ``make()`` on the engine's loop and wait for it (:func:`crewlet.runtime.call_on_loop`)."""
-        from crewlet.runtime import call_on_loop
+        """From another thread: run ``make()`` on the engine's loop and wait for it (:func:`crewlet.engine.runtime.call_on_loop`)."""
+        from crewlet.engine.runtime import call_on_loop
 
         return call_on_loop(make, self._loop, timeout_s)
 
@@ -544,7 +544,7 @@ class Engine:
 
     async def serve(self) -> int:
         """Connect, start the services in order, wait for a stop, drain. Returns the exit status."""
-        from crewlet import runtime  # the process's one handle on the running engine
+        from crewlet.engine import runtime  # the process's one handle on the running engine
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
@@ -663,7 +663,7 @@ class Engine:
                 await self.emitter.close()
             except Exception:
                 log.exception("engine_emitter_close_failed")
-        from crewlet import runtime
+        from crewlet.engine import runtime
 
         runtime.detach(self)
         try:
@@ -679,7 +679,7 @@ class Engine:
 
     async def _flush_spans(self) -> None:
         """Export the spans still batched, so a clean stop's last requests and turns reach the collector."""
-        from crewlet.tracing import flush_spans
+        from crewlet.events.tracing import flush_spans
 
         try:
             await asyncio.to_thread(flush_spans)

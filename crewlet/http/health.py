@@ -6,7 +6,7 @@ the broker answers a round trip within ``HEALTH_BROKER_TIMEOUT_S``, every
 engine service is alive, and the coordination store and the event store each
 answer a query within ``HEALTH_STORE_TIMEOUT_S`` — and 503 naming in ``down``
 what is not. Services that report their own state
-(:meth:`~crewlet.engine.Engine.status_reports`: a surface's socket client,
+(:meth:`~crewlet.engine.core.Engine.status_reports`: a surface's socket client,
 ``surface_socket:<kind>``, with ``connected``, ``last_frame_at`` and
 ``last_error``) are shown beside them and listed in ``degraded`` when not ok, but
 never make the node unready: a chat vendor that cannot be reached is not this
@@ -37,9 +37,9 @@ from django.db import connections
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from crewlet import runtime
-from crewlet.db_router import EVENTS_ALIAS
-from crewlet.interfaces import seat_loops
+from crewlet.engine import runtime
+from crewlet.base.db_router import EVENTS_ALIAS
+from crewlet.engine.interfaces import seat_loops
 from crewlet.queue.errors import QueueError
 
 BROKER_CONNECTED = "connected"
@@ -85,7 +85,7 @@ async def broker_state(queue: Any) -> str:
 async def health() -> tuple[bool, dict[str, Any]]:
     """(healthy, body) for this process, right now: the broker asked for a round trip.
 
-    The loops are the running engine's seat runtime (:data:`~crewlet.interfaces.SEAT_RUNTIME`).
+    The loops are the running engine's seat runtime (:data:`~crewlet.engine.interfaces.SEAT_RUNTIME`).
     """
     running = runtime.current_engine()
     queue = running.queue if running is not None else None

@@ -6,7 +6,7 @@ anything else before a view runs: a body that is not UTF-8, not JSON, not an
 object, nested deeper than :data:`MAX_DEPTH`, or carrying a string nothing
 downstream can store (a lone UTF-16 surrogate cannot be encoded as UTF-8, a
 NUL cannot be stored by PostgreSQL). Both checks are
-:mod:`crewlet.jsontext`'s: the depth is measured without recursion *before*
+:mod:`crewlet.base.jsontext`'s: the depth is measured without recursion *before*
 decoding, so a hostile body never reaches the recursive decoder.
 :func:`parse_object` is the same check for code that reads a body by
 hand.
@@ -21,7 +21,7 @@ answers a query parameter in it, :func:`error_response` is how a view answers
 any other error, and :func:`exception_handler` (the REST framework's, named in
 the settings) puts every exception the framework answers — a serializer's
 ``{"field": ["..."]}``, a 401, a 404, a 405, a 406 — into it.
-:class:`ErrorSerializer` declares it in the OpenAPI schema (``crewlet.errors``
+:class:`ErrorSerializer` declares it in the OpenAPI schema (``crewlet.http.errors``
 adds it to every operation).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 
-from crewlet.jsontext import JSONTooDeep, dotted, escape, find_unstorable, load_json
+from crewlet.base.jsontext import JSONTooDeep, dotted, escape, find_unstorable, load_json
 
 #: The keys of every 400 answer.
 K_ERROR = "error"
@@ -163,7 +163,7 @@ class ClosedSerializer(serializers.Serializer):
     """A request body taking its declared fields only: an unknown one is refused, never silently ignored.
 
     A misspelt optional field (``stop_runing``) would otherwise be a call
-    half-accepted with the default in its place. ``crewlet.schema.AutoSchema``
+    half-accepted with the default in its place. ``crewlet.http.schema.AutoSchema``
     states it as ``additionalProperties: false``.
     """
 
@@ -246,7 +246,7 @@ class ErrorSerializer(serializers.Serializer):
 
 
 def error_responses(*statuses: int) -> dict[int, type[serializers.Serializer]]:
-    """The OpenAPI answers of a route's refusals: each the one error shape (``crewlet.errors`` adds what every route can answer)."""
+    """The OpenAPI answers of a route's refusals: each the one error shape (``crewlet.http.errors`` adds what every route can answer)."""
     return {code: ErrorSerializer for code in statuses}
 
 

@@ -1,0 +1,1 @@
+"""The engine: the one asyncio loop and its services, the process's handle on it, and its metrics."""
