@@ -4,8 +4,9 @@ Same credentials as the rest of ``/api/`` (an operator token or a staff
 session; 401 otherwise). ``POST ask`` is :func:`a2a.services.ask` run on the
 engine's loop (:func:`crewlet.engine.runtime.on_engine`), so it answers 503
 when no engine runs in this process or the loop does not answer within
-:data:`ASK_TIMEOUT_S`. An ask carrying a ``request_id`` is idempotent: 201 for
-the call that opened the channel, 200 with the same channel for a retry (so a
+:data:`ASK_TIMEOUT_S` (the ``EngineAway`` the API's exception handler
+answers). An ask carrying a ``request_id`` is idempotent: 201 for the call
+that opened the channel, 200 with the same channel for a retry (so a
 client that saw a 503 or no answer retries without opening a second channel),
 409 when the id was used for a different ask. The reads are the records alone —
 participants, state, message count, opened/closed, closed_by — never content
@@ -133,10 +134,7 @@ class AskView(APIView):
         body.is_valid(raise_exception=True)
         asker, target, brief = body.validated_data["from"], body.validated_data["to"], body.validated_data["brief"]
         request_id = body.validated_data.get("request_id", "")
-        try:
-            org = runtime.company()
-        except runtime.NoEngine as exc:
-            return _detail(str(exc), status.HTTP_503_SERVICE_UNAVAILABLE)
+        org = runtime.company()
         for handle in (asker, target):
             if org.seat_by_handle(handle) is None:
                 return _detail(f"no seat {handle!r} in the company", status.HTTP_404_NOT_FOUND)
@@ -163,7 +161,7 @@ class AskView(APIView):
             )
         except runtime.EngineAway as exc:
             log.warning("a2a_ask_unreachable", extra={"asker": asker, "target": target, "error": str(exc)})
-            return _detail(f"the ask could not be published: {exc}", status.HTTP_503_SERVICE_UNAVAILABLE)
+            raise runtime.EngineAway(exc.missing, f"the ask could not be published: {exc}") from exc
         except services.RequestIdReused as exc:
             return _detail(exc.reason, status.HTTP_409_CONFLICT)
         except services.A2AError as exc:

@@ -6,20 +6,21 @@ from typing import TYPE_CHECKING
 from django.apps import AppConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine.core import Engine, Service
+    from crewlet.engine.core import Engine
+    from crewlet.engine.services import Service
+    from seats.hooks import TurnHooks
 
 
 class A2AConfig(AppConfig):
     name = "a2a"
 
-    def ready(self) -> None:
-        """Put the answer-back hook on every inbox loop of this process, and offer turns ``a2a_ask``."""
-        from seats.hooks import register_after_turn, register_builtin_tool
+    def turn_hooks(self) -> "TurnHooks":
+        """The answer-back hook after a completed turn, and the ``a2a_ask`` built-in turns offer (``seats.hooks``)."""
+        from seats.hooks import TurnHooks
 
         from a2a.hooks import A2A_ASK, answer_after_turn
 
-        register_after_turn(answer_after_turn)
-        register_builtin_tool(A2A_ASK)
+        return TurnHooks.of(after_turn=[answer_after_turn], builtin_tools=[A2A_ASK])
 
     def engine_services(self, engine: "Engine") -> list["Service"]:
         """The A2A channel sweep (idle close, closed-record deletion)."""

@@ -1,15 +1,16 @@
 """The turn side of A2A: a turn asks with the ``a2a_ask`` built-in; an answering turn's response is the answer.
 
-:data:`A2A_ASK` is registered on ``seats.hooks.builtin_tools`` (from
-``A2AConfig.ready``): a seat granted ``a2a_ask`` in its ``tools`` is offered
-it, and a call opens the channel through :func:`ask_from_turn` — at the
-asking turn's depth, in its chain — and ends the turn (the answer wakes the
-asker in a turn of its own). Asking an unknown seat, a human seat or itself,
-or past the depth cap, is a tool error the model reads.
+:data:`A2A_ASK` is one of the built-in tools ``A2AConfig.turn_hooks``
+declares (:class:`seats.hooks.TurnHooks`): a seat granted ``a2a_ask`` in its
+``tools`` is offered it, and a call opens the channel through
+:func:`ask_from_turn` — at the asking turn's depth, in its chain — and ends
+the turn (the answer wakes the asker in a turn of its own). Asking an
+unknown seat, a human seat or itself, or past the depth cap, is a tool error
+the model reads.
 
-:func:`answer_after_turn` is registered on ``seats.hooks.after_turn`` (from
-``A2AConfig.ready``): when a completed turn was woken by an ``a2a_request``,
-its response goes back through :func:`a2a.services.answer`. A refusal (the
+:func:`answer_after_turn` is the after-turn hook ``A2AConfig.turn_hooks``
+declares: when a completed turn was woken by an ``a2a_request``, its
+response goes back through :func:`a2a.services.answer`. A refusal (the
 channel closed meanwhile, a redelivery that somehow ran again) is logged: the
 turn happened, and the record says why the reply bounced.
 
@@ -35,7 +36,7 @@ from crewlet.queue.contract import EventQueue
 from crewlet.events import Trace
 from seats.hooks import BuiltinCall, BuiltinTool, BuiltinToolError
 from seats.tools.base import ToolSpec
-from seats.turns import Trigger, TurnResult
+from seats.turn_types import Trigger, TurnResult
 
 from a2a import services
 from a2a.models import Channel

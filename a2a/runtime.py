@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from crewlet.engine.core import Service, periodic
-from crewlet.fleet.duty import under_duty
 from crewlet.engine.interfaces import EVENT_STORE, FLEET
+from crewlet.engine.services import Service, periodic
+from crewlet.fleet.duty import under_duty
 
 from a2a import services
 

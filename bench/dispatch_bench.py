@@ -62,7 +62,7 @@ def setup_django() -> None:
 
 
 def bench_company(seats: int, max_concurrent: int) -> Any:
-    from crewlet.company.org import parse_company
+    from crewlet.company.parse import parse_company
 
     return parse_company(
         {

@@ -72,7 +72,8 @@ async def bare_rate(calls: int, notes_dir: str) -> float:
 
 async def toolbox_rate(calls: int, notes_dir: str) -> float:
     """Calls per second of :class:`McpToolbox` for one seat granted the notes server."""
-    from crewlet.company.org import CompanyHolder, parse_company
+    from crewlet.company.org import CompanyHolder
+    from crewlet.company.parse import parse_company
     from seats.tools import ToolCall
     from seats.tools.mcp import McpToolbox
 
@@ -136,11 +137,13 @@ async def loop_round_s(rounds: int, notes_dir: str, *, instant: bool = False) ->
     django.setup()
     from crewlet import events
     from crewlet.events.types import ExternalNotification
-    from crewlet.company.org import CompanyHolder, parse_company
+    from crewlet.company.org import CompanyHolder
+    from crewlet.company.parse import parse_company
     from crewlet.queue.memory import MemoryBroker
     from crewlet.events.tracing import Trace
     from seats.tools.mcp import McpToolbox
-    from seats.turns import Trigger, TurnRunner
+    from seats.turn_types import Trigger
+    from seats.turns import TurnRunner
 
     step = {"tool": "notes__write_note", "arguments": {"title": "bench", "text": "{trigger}"}}
     org = parse_company(

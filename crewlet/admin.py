@@ -26,7 +26,7 @@ from crewlet.company import revisions
 from crewlet.engine import activation
 from crewlet.models import ActivationPointer, ConfigRevision
 from crewlet.base.tokens import OperatorToken, hash_token, new_token
-from crewlet.company.org import CompanyError
+from crewlet.company.fields import CompanyError
 
 
 def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:

@@ -26,9 +26,9 @@ from typing import Any, Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
-from crewlet.company.conf import FieldValueError
+from crewlet.company.refusal import FieldValueError
 from crewlet.base.redact import REDACTED
-from crewlet.http.web import (
+from crewlet.http.limits import (
     BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_WEBHOOK_MAX_BODY_BYTES,
@@ -230,11 +230,11 @@ CSRF_TRUSTED_ORIGINS = _list("CREWLET_TRUSTED_ORIGINS")
 HTTP_HEADER_TIMEOUT_S = _number("CREWLET_HTTP_HEADER_TIMEOUT_S", 10.0, 0.1, 3600.0)
 HTTP_IDLE_TIMEOUT_S = _number("CREWLET_HTTP_IDLE_TIMEOUT_S", 30.0, 0.1, 3600.0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = _integer("CREWLET_HTTP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3)
-#: The webhook routes' own body limit (crewlet.http.web reads it from here, and the edge checks it again).
+#: The webhook routes' own body limit (crewlet.http.limits reads it from here, and the edge checks it again).
 CREWLET_WEBHOOK_MAX_BODY_BYTES = _integer(WEBHOOK_MAX_BODY_SETTING, DEFAULT_WEBHOOK_MAX_BODY_BYTES, 1024, 1024**3)
 #: A request body must be whole this long after its head, however slowly it trickles (then 408).
 HTTP_BODY_TIMEOUT_S = _number(BODY_TIMEOUT.env, BODY_TIMEOUT.default, BODY_TIMEOUT.low, BODY_TIMEOUT.high)
-#: Open connections in total and per client address; 0 derives each from RLIMIT_NOFILE (crewlet.http.web).
+#: Open connections in total and per client address; 0 derives each from RLIMIT_NOFILE (crewlet.http.limits).
 HTTP_MAX_CONNECTIONS, HTTP_MAX_CONNECTIONS_PER_CLIENT = (
     _integer(s.env, int(s.default), int(s.low), int(s.high)) for s in (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_CLIENT)
 )

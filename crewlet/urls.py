@@ -10,7 +10,7 @@ from django.urls import include, path
 
 from crewlet.http.health import healthz, livez, readyz
 from crewlet.http.scrape import metrics
-from crewlet.http.web import WEBHOOKS_PREFIX
+from crewlet.http.limits import WEBHOOKS_PREFIX
 
 #: An /api/ path no route has, or an /api/ request that broke: the API's JSON error, not Django's page.
 handler404 = "crewlet.http.errors.page_not_found"

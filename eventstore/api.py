@@ -5,8 +5,10 @@ once per request (the question's ``at``), turns the query string into a :class:`
 — refusing a bad or unknown parameter with 400, the parameter and the reason
 — and asks the fleet (:mod:`eventstore.fanout`: this node's store read here,
 every other live node asked over the broker, the parts merged, the coverage
-saying who answered). A process without an engine cannot ask the fleet and
-answers 503 saying so, never one store's rows as if they were the company's.
+saying who answered). A process without an engine cannot ask the fleet:
+:func:`fleet` raises the one "no engine here" error
+(:class:`~crewlet.engine.runtime.EngineAway`), which the API answers 503
+saying so, never one store's rows as if they were the company's.
 Nothing here touches SQL; the answers are :mod:`eventstore.questions`'.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Iterable, Optional
 from django.http import QueryDict
 from rest_framework import exceptions, status
 
+from crewlet.engine.interfaces import FleetHistory
 from crewlet.http.bodies import ERROR_BAD_PARAMETER, bad_request_body
 from crewlet.events import CATEGORIES, parse_timestamp
 from eventstore import fanout, here
@@ -65,19 +68,9 @@ class BadParameter(exceptions.APIException):
 # -- the fleet this process asks -----------------------------------------------------------
 
 
-class FleetUnavailable(exceptions.APIException):
-    """503: this process cannot ask the fleet (no engine runs here); ``detail`` says why."""
-
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_code = "unavailable"
-
-
-def fleet() -> fanout.FleetReads:
-    """The fleet this process asks: its engine's; :class:`FleetUnavailable` where no engine runs."""
-    try:
-        return fanout.reader()
-    except fanout.FleetAway as exc:
-        raise FleetUnavailable(str(exc)) from None
+def fleet() -> FleetHistory:
+    """The fleet this process asks: its engine's; ``EngineAway`` (answered 503) where no engine runs."""
+    return fanout.reader()
 
 
 def ask(question: Question) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, Optional
 
 from crewlet.company.conf import EngineSettings
 from crewlet.base.db_router import EVENTS_ALIAS
-from crewlet.engine.core import Periodic
+from crewlet.engine.services import Periodic
 
 log = logging.getLogger("crewlet.eventstore.retention")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from crewlet.engine.core import Service
+from crewlet.engine.services import Service
 from crewlet.engine.interfaces import EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION
 from eventstore.retention import RETENTION, retention_periodic
 

@@ -51,7 +51,7 @@ JetStream consumer on ``CREWLET_EVENTS``, and the broker allows an account
 would get no stream at all. So a node serves at most ``WS_MAX_STREAMS``
 (200; ``CREWLET_WS_MAX_STREAMS``) live sockets; one more is told to try
 again later (:data:`UNAVAILABLE_FULL`), logged as ``ws_stream_shed`` once
-per burst (:class:`crewlet.http.web.ShedLog`). In a fleet the nodes share the
+per burst (:class:`crewlet.http.shedding.ShedLog`). In a fleet the nodes share the
 account: nodes x ``WS_MAX_STREAMS`` must stay under its consumer limit.
 """
 from __future__ import annotations
@@ -69,7 +69,8 @@ from crewlet.engine import runtime
 from crewlet.events import Event
 from crewlet.queue import topics
 from crewlet.queue.errors import QueueError
-from crewlet.http.web import MAX_STREAMS, ShedLog, configured
+from crewlet.http.limits import MAX_STREAMS, configured
+from crewlet.http.shedding import ShedLog
 from eventstore import projection
 
 log = logging.getLogger("crewlet.eventstore.stream")
@@ -347,7 +348,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             return
         live = self._live = projection.current()
         if live is None:  # no engine's projection here: no company to show, rather than some other one
-            await self._unavailable(projection.NO_ENGINE)
+            await self._unavailable(runtime.NO_ENGINE)
             return
         limit = max_streams()
         if not SLOTS.take(limit):  # before the broker is asked for a consumer it may no longer have

@@ -59,13 +59,12 @@ from typing import Any, Callable, Coroutine, Mapping, Optional
 
 from crewlet import events
 from crewlet.events.types import InboundDelivery, RawWebhook
-from crewlet.engine.interfaces import NOTIFY
 from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Surface
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.events.tracing import OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, parse_traceparent, start_span, trace_of
-from crewlet.http.web import webhook_max_body_bytes
+from crewlet.http.limits import webhook_max_body_bytes
 from notifications.parsers import (
     JSON_MEDIA,
     MAX_JSON_DEPTH,
@@ -316,25 +315,11 @@ class Edge:
             self._inbound_ready = True
 
 
-# -- this process's edge (the engine's notify service holds it; the view asks the engine) --------
-
-
-def current_edge() -> Optional[Edge]:
-    """The edge of the engine running in this process, or None (no engine, or no notify service)."""
-    from crewlet.engine import runtime
-
-    running = runtime.current_engine()
-    notify = running.lookup(NOTIFY) if running is not None else None
-    found: Optional[Edge] = getattr(notify, "edge", None)
-    return found
-
-
 __all__ = [
     "Edge",
     "EdgeResponse",
     "InboundRequest",
     "KEPT_HEADERS",
-    "current_edge",
     "is_json_content_type",
     "refuse",
     "verify",

@@ -18,9 +18,9 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from crewlet.engine.core import Periodic, Service
-from crewlet.queue.emit import Emitter
 from crewlet.engine.interfaces import EVENT_STORE, FLEET, NOTIFY
+from crewlet.engine.services import Periodic, Service
+from crewlet.queue.emit import Emitter
 from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization, Surface
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
@@ -168,9 +168,10 @@ def services(engine: "Engine") -> list[Service]:
 
     def client_of(surface: Surface) -> Service:
         def make_client(engine: "Engine") -> SocketClient:
-            edge = engine.service(NOTIFY).edge
-            assert edge is not None
-            member = engine.lookup(FLEET)
+            edge = engine.get(NOTIFY).edge
+            # The notify service this engine started (depends_on) made this app's Edge: a socket feeds it.
+            assert isinstance(edge, edge_module.Edge)
+            member = engine.find(FLEET)
             if member is None:
                 return client_for(surface, edge)
             timings = dataclasses.replace(SocketTimings.from_settings(), duty_check_s=member.renew_every_s)

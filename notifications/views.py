@@ -2,8 +2,9 @@
 
 Thin on purpose: it reads the request, refuses an oversized body before
 reading it, and hands the rest to the :class:`~notifications.edge.Edge` of the
-engine running in this process (its notify service holds it). No edge
-means this process has no broker connection: 503, so the vendor retries.
+engine running in this process (its :data:`~crewlet.engine.interfaces.NOTIFY`
+service holds it). No edge means this process has no broker connection: 503
+in the webhook's own shape, with a ``Retry-After``, so the vendor retries.
 """
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from crewlet.engine import runtime
+from crewlet.engine.interfaces import NOTIFY
 from crewlet.http.web import loop_safe
 
-from notifications.edge import EdgeResponse, current_edge, refuse
+from notifications.edge import EdgeResponse, refuse
 from notifications.sources import source_for
 from notifications.sources.base import InboundRequest
 
 log = logging.getLogger("crewlet.notifications.edge")
+
+#: Why a delivery is answered 503 where no engine's notify service runs (the vendor retries after ``Retry-After``).
+NO_EDGE = "this process has no broker connection for webhooks (is the engine running?)"
 
 
 def _respond(resp: EdgeResponse) -> HttpResponse:
@@ -53,9 +58,10 @@ async def webhook(request: HttpRequest, source: str, **route: str) -> HttpRespon
 async def _webhook(request: HttpRequest, source: str) -> HttpResponse:
     if request.method != "POST":
         return _error(405, f"{request.method} is not accepted: webhooks are POSTed", Allow="POST")
-    edge = current_edge()
+    notify = runtime.find_service(NOTIFY)
+    edge = notify.edge if notify is not None else None
     if edge is None:
-        return _error(503, "this process has no broker connection for webhooks (is the engine running?)", **{"Retry-After": "5"})
+        return _error(503, NO_EDGE, **{"Retry-After": "5"})
     limit = edge.limit()
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)

@@ -17,9 +17,11 @@ state.
 Callers: the HTTP API and the admin action (sync: :func:`pause_seat`,
 :func:`resume_seat`, which hand the publish to the engine's loop) and async
 code (:func:`apause_seat`, :func:`aresume_seat`). Both find the queue and the
-hook on the engine running in this process (:func:`crewlet.engine.runtime.engine`:
-its queue, and its :data:`~crewlet.engine.interfaces.SEAT_RUNTIME`); an async caller
-may pass its own queue instead.
+hook on the engine running in this process (its queue, and its
+:data:`~crewlet.engine.interfaces.SEAT_RUNTIME`, through
+:func:`crewlet.engine.runtime.find_service`); an async caller may pass its own
+queue instead. Without them the call is refused with the one "no engine here"
+error, :class:`~crewlet.engine.runtime.EngineAway`.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from django.db import transaction
 from django.utils import timezone
@@ -35,7 +37,7 @@ from django.utils import timezone
 from crewlet import events
 from crewlet.engine import runtime
 from crewlet.events.types import SeatPaused, SeatResumed
-from crewlet.engine.interfaces import SEAT_RUNTIME
+from crewlet.engine.interfaces import SEAT_RUNTIME, SeatLoops
 from crewlet.company.org import CompanyHolder
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
@@ -44,15 +46,14 @@ from crewlet.events.tracing import trace_of
 from seats.delivery_models import SeatPause
 from crewlet.base.db import in_store
 
-if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine.core import Engine
-
 log = logging.getLogger("crewlet.seats.actions")
 
 #: How long the sync path waits for the engine loop to publish and apply a change.
 ANNOUNCE_TIMEOUT_S = 10.0
 #: Compare-and-set attempts before giving up to whoever keeps changing the row.
 _CAS_ATTEMPTS = 8
+#: Why a sync pause or resume is refused where no seat runtime runs to announce it on.
+NO_RUNTIME_HERE = "no running seat runtime in this process to announce seat pauses on"
 
 
 class SeatNotFound(LookupError):
@@ -98,15 +99,9 @@ class PauseChange:
 PauseHook = Callable[[PauseChange], Awaitable[None]]
 
 
-def _seats_here() -> tuple[Optional["Engine"], Any]:
-    """The engine running in this process and its seat runtime (None for what is not there)."""
-    running = runtime.current_engine()
-    return running, (running.lookup(SEAT_RUNTIME) if running is not None else None)
-
-
 def seat_runtime_here() -> bool:
     """Whether a seat runtime runs in this process (the sync path needs one to announce on)."""
-    return _seats_here()[1] is not None
+    return runtime.find_service(SEAT_RUNTIME) is not None
 
 
 # -- the compare-and-set ----------------------------------------------------------
@@ -215,16 +210,20 @@ async def _announce(queue: EventQueue, change: PauseChange, hook: Optional[Pause
 
 
 def _resolve(queue: Optional[EventQueue]) -> tuple[EventQueue, Optional[PauseHook], Optional[CompanyHolder]]:
-    running, seats = _seats_here()
+    here = runtime.current_queue()
+    seats = runtime.find_service(SEAT_RUNTIME)
     hook = seats.on_pause_change if seats is not None else None
     holder = seats.holder if seats is not None else None
     if queue is not None:
-        if running is not None and running.queue is queue:
+        if here is queue:
             return queue, hook, holder
         return queue, None, None
-    if running is None or running.queue is None or seats is None:
-        raise RuntimeError("no queue to announce seat pauses on: pass queue= or run the engine's seat runtime in this process")
-    return running.queue, hook, holder
+    if here is None or seats is None:
+        raise runtime.EngineAway(
+            runtime.MISSING_SERVICE,
+            "no queue to announce seat pauses on: pass queue= or run the engine's seat runtime in this process",
+        )
+    return here, hook, holder
 
 
 async def apause_seat(
@@ -258,9 +257,11 @@ async def aresume_seat(handle: str, by: str, *, by_seat: str = "", queue: Option
 
 
 def _sync(cas: Callable[[], Optional[PauseChange]]) -> bool:
-    running, seats = _seats_here()
+    running = runtime.current_engine()
+    seats: Optional[SeatLoops] = running.find(SEAT_RUNTIME) if running is not None else None
     if running is None or running.queue is None or seats is None:
-        raise RuntimeError("no running seat runtime in this process to announce seat pauses on")
+        raise runtime.EngineAway(runtime.MISSING_SERVICE, NO_RUNTIME_HERE)
+    hook = seats.on_pause_change
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -273,7 +274,7 @@ def _sync(cas: Callable[[], Optional[PauseChange]]) -> bool:
         # The change is committed whatever happens here: a failed announcement is logged, and
         # every node's pause reconcile still applies the row.
         try:
-            running.call(lambda: _announce(queue, change, seats.on_pause_change), ANNOUNCE_TIMEOUT_S)
+            running.call(lambda: _announce(queue, change, hook), ANNOUNCE_TIMEOUT_S)
         except Exception:
             log.error("seat_pause_announce_failed", extra={"seat": change.handle}, exc_info=True)
 
@@ -285,7 +286,7 @@ def _sync(cas: Callable[[], Optional[PauseChange]]) -> bool:
 
 
 def _holder_here() -> Optional[CompanyHolder]:
-    seats = _seats_here()[1]
+    seats = runtime.find_service(SEAT_RUNTIME)
     return seats.holder if seats is not None else None
 
 
@@ -302,6 +303,7 @@ def resume_seat(handle: str, by: str, *, by_seat: str = "") -> bool:
 
 
 __all__ = [
+    "NO_RUNTIME_HERE",
     "PauseChange",
     "SeatNotFound",
     "apause_seat",

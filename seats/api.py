@@ -9,7 +9,8 @@ announced twice.
 
 Which company: the one the engine running in this process serves
 (:func:`crewlet.engine.runtime.company`, read per request); a process with no
-engine answers 503 saying so rather than show some other company. A
+engine answers 503 saying so rather than show some other company (its
+``EngineAway``, which the API's exception handler answers). A
 mailbox's depth is read through the engine's queue on its loop; when that
 cannot be asked (or does not answer in time) it is ``null``.
 """
@@ -48,6 +49,8 @@ log = logging.getLogger("crewlet.seats.api")
 DEPTH_TIMEOUT_S = 2.0
 #: The path parameter a 400 about the seat names.
 P_HANDLE = "handle"
+#: Why a pause or resume is answered 503 where no seat runtime runs to apply and announce it.
+NO_SEAT_RUNTIME = "no seat runtime runs in this process to announce the change on"
 
 
 # -- serializers (the schema; the answers are plain dicts) -------------------------------
@@ -103,12 +106,8 @@ _ERRORS = error_responses(400, 401, 404, 409, 503)
 
 
 def company() -> Organization:
-    """The company the running engine serves; :class:`~crewlet.engine.runtime.NoEngine` in a process without one."""
+    """The company the running engine serves; :class:`~crewlet.engine.runtime.EngineAway` in a process without one."""
     return runtime.company()
-
-
-def _no_engine(exc: runtime.NoEngine) -> Response:
-    return error_response(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc))
 
 
 def depths(handles: list[str]) -> dict[str, Optional[int]]:
@@ -153,10 +152,7 @@ def state(row: Optional[SeatPause]) -> dict[str, Any]:
 
 
 def _seat_or_error(handle: str) -> tuple[Optional[Seat], Optional[Response]]:
-    try:
-        seat = company().seat_by_handle(handle)
-    except runtime.NoEngine as exc:
-        return None, _no_engine(exc)
+    seat = company().seat_by_handle(handle)
     if seat is None:
         return None, error_response(status.HTTP_404_NOT_FOUND, f"no seat {handle!r} in the company", param=P_HANDLE)
     if not seat.is_agent:
@@ -165,10 +161,6 @@ def _seat_or_error(handle: str) -> tuple[Optional[Seat], Optional[Response]]:
             status.HTTP_409_CONFLICT, f"seat {handle!r} is a human seat: it has no inbox to hold", param=P_HANDLE
         )
     return seat, None
-
-
-def _no_runtime() -> Response:
-    return error_response(status.HTTP_503_SERVICE_UNAVAILABLE, "no seat runtime runs in this process to announce the change on")
 
 
 # -- views ----------------------------------------------------------------------------------
@@ -183,10 +175,7 @@ class SeatsView(APIView):
         responses={200: SeatListSerializer, **error_responses(401, 503)},
     )
     def get(self, request: Request) -> Response:
-        try:
-            org = company()
-        except runtime.NoEngine as exc:
-            return _no_engine(exc)
+        org = company()
         rows = actions.pause_states([s.handle for s in org.seats])
         depth = depths([s.handle for s in org.agent_seats()])
         running_on = leases.holders(SEAT, names=[s.handle for s in org.agent_seats()])
@@ -220,20 +209,21 @@ def _change(handle: str, verb: str, change: Callable[[], bool]) -> Response:
     """Run a pause/resume compare-and-set for a request and answer with what it did and the state now.
 
     The seat is checked first (404 for an unknown handle, 409 for a human seat),
-    then that a seat runtime runs here to apply the change.
+    then that a seat runtime runs here to apply the change (503 otherwise, as
+    the ``EngineAway`` the API's exception handler answers).
     """
     _, error = _seat_or_error(handle)
     if error is not None:
         return error
     if not actions.seat_runtime_here():
-        return _no_runtime()
+        raise runtime.EngineAway(runtime.MISSING_SERVICE, NO_SEAT_RUNTIME)
     try:
         changed = change()
     except SeatNotFound as exc:
         return error_response(status.HTTP_404_NOT_FOUND, str(exc), param=P_HANDLE)
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # EngineAway among them: the runtime went, or this thread cannot wait for it
         log.warning(f"seat_{verb}_refused", extra={"seat": handle, "error": str(exc)})
-        return _no_runtime()
+        raise runtime.EngineAway(runtime.MISSING_SERVICE, NO_SEAT_RUNTIME) from exc
     return Response({"changed": changed, "state": state(actions.pause_states([handle]).get(handle))})
 
 
@@ -255,4 +245,4 @@ class SeatResumeView(APIView):
         return _change(handle, "resume", lambda: actions.resume_seat(handle, actor_of(request)))
 
 
-__all__ = ["SeatPauseView", "SeatResumeView", "SeatsView", "company", "depths"]
+__all__ = ["NO_SEAT_RUNTIME", "SeatPauseView", "SeatResumeView", "SeatsView", "company", "depths"]

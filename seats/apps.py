@@ -5,7 +5,8 @@ from typing import TYPE_CHECKING
 from django.apps import AppConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from crewlet.engine.core import Engine, Service
+    from crewlet.engine.core import Engine
+    from crewlet.engine.services import Service
 
 
 class SeatsConfig(AppConfig):

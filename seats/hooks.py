@@ -1,13 +1,21 @@
 """What other apps contribute to a seat's turns, without the seats app knowing them.
 
-Two registries, filled by the other apps' ``AppConfig.ready``:
+An app declares its contributions on its ``AppConfig`` as a method
+``turn_hooks(self) -> TurnHooks``, the way it declares its engine services
+(``AppConfig.engine_services``). :func:`declared_hooks` reads every
+installed app's, in ``INSTALLED_APPS`` order, into one frozen
+:class:`TurnHooks`; nothing here holds them between reads. A
+:class:`~seats.turns.TurnRunner` reads them once, when it is built (the seat
+runtime builds its runner when the engine makes the runtime), and keeps them
+as its ``hooks``.
 
 ``after_turn`` holds async callables ``(queue, seat, trigger_events, result)``;
-the inbox loop calls every one after a turn that completed and before its
-triggers go to the completion ledger (so a hook runs once per worked
-trigger, never on a skip). A hook that raises is logged and the others still
-run: the turn happened, and redoing it is the duplicate the ledger prevents.
-The a2a app registers the one that sends an answering turn's response back.
+the inbox loop calls every one (:func:`run_after_turn`) after a turn that
+completed and before its triggers go to the completion ledger (so a hook runs
+once per worked trigger, never on a skip). A hook that raises is logged and
+the others still run: the turn happened, and redoing it is the duplicate the
+ledger prevents. The a2a app declares the one that sends an answering turn's
+response back.
 
 ``builtin_tools`` holds the tools the engine itself offers a model beside a
 seat's MCP tools (a seat is granted one by naming it in its ``tools``). A
@@ -15,48 +23,27 @@ built-in runs in the turn's own task with the turn's queue, seat and
 trigger; refusing a call is raising :class:`BuiltinToolError`, whose reason
 the model reads as the tool's error. ``ends_turn`` says the turn ends once
 the round that called it is done (``a2a_ask``: the answer wakes the seat in a
-turn of its own). The a2a app registers ``a2a_ask``.
+turn of its own). The a2a app declares ``a2a_ask``.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Awaitable, Callable, Iterable, Mapping, Optional, Sequence
+
+from django.apps import apps
 
 from crewlet.events import Event
 from crewlet.company.org import Organization, Seat
 from crewlet.queue.contract import EventQueue
 from seats.tools.base import ToolCall, ToolSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from seats.turns import Trigger, TurnResult
+from seats.turn_types import Trigger, TurnResult
 
 log = logging.getLogger("crewlet.seats.hooks")
 
-AfterTurn = Callable[[EventQueue, Seat, Sequence[Event], "TurnResult"], Awaitable[None]]
-
-#: The registry; register with :func:`register_after_turn` (idempotent).
-after_turn: list[AfterTurn] = []
-
-
-def register_after_turn(hook: AfterTurn) -> None:
-    if hook not in after_turn:
-        after_turn.append(hook)
-
-
-async def run_after_turn(queue: EventQueue, seat: Seat, trigger_events: Sequence[Event], result: "TurnResult") -> None:
-    """Call every hook in registration order; a failing one is logged, never raised."""
-    for hook in list(after_turn):
-        try:
-            await hook(queue, seat, trigger_events, result)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "seat_after_turn_hook_failed",
-                extra={"seat": seat.handle, "turn_id": result.turn_id, "hook": getattr(hook, "__qualname__", repr(hook))},
-            )
+AfterTurn = Callable[[EventQueue, Seat, Sequence[Event], TurnResult], Awaitable[None]]
 
 
 class BuiltinToolError(Exception):
@@ -70,23 +57,76 @@ class BuiltinCall:
     queue: EventQueue
     org: Organization
     seat: Seat
-    trigger: "Trigger"
+    trigger: Trigger
     call: ToolCall
 
 
 @dataclass(frozen=True)
 class BuiltinTool:
+    """A tool the engine runs itself: the spec the model is shown, what a call runs, and whether it ends the turn."""
+
     spec: ToolSpec
     run: Callable[[BuiltinCall], Awaitable[str]]
     ends_turn: bool = False
 
 
-#: The registry, by tool name; register with :func:`register_builtin_tool` (the latest one of a name wins).
-builtin_tools: dict[str, BuiltinTool] = {}
+def _no_tools() -> Mapping[str, BuiltinTool]:
+    return MappingProxyType({})
 
 
-def register_builtin_tool(tool: BuiltinTool) -> None:
-    builtin_tools[tool.spec.name] = tool
+@dataclass(frozen=True)
+class TurnHooks:
+    """The after-turn hooks, in the order they run, and the built-in tools by name: a declaration, never changed."""
+
+    after_turn: tuple[AfterTurn, ...] = ()
+    builtin_tools: Mapping[str, BuiltinTool] = field(default_factory=_no_tools)
+
+    @classmethod
+    def of(cls, *, after_turn: Iterable[AfterTurn] = (), builtin_tools: Iterable[BuiltinTool] = ()) -> TurnHooks:
+        """Hooks and tools as one declaration: a hook named twice runs once, and the last tool of a name is the one offered."""
+        hooks: list[AfterTurn] = []
+        for hook in after_turn:
+            if hook not in hooks:
+                hooks.append(hook)
+        return cls(after_turn=tuple(hooks), builtin_tools=MappingProxyType({tool.spec.name: tool for tool in builtin_tools}))
+
+
+def declared_hooks() -> TurnHooks:
+    """Every installed app's ``AppConfig.turn_hooks()``, in ``INSTALLED_APPS`` order, as one :class:`TurnHooks`.
+
+    Read from the apps each time it is called, so it holds nothing of its
+    own: whoever needs the hooks for longer (a turn runner) keeps what it read.
+    """
+    after_turn: list[AfterTurn] = []
+    builtin_tools: list[BuiltinTool] = []
+    for config in apps.get_app_configs():
+        contribute: Optional[Callable[[], TurnHooks]] = getattr(config, "turn_hooks", None)
+        if contribute is None:
+            continue
+        hooks = contribute()
+        after_turn.extend(hooks.after_turn)
+        builtin_tools.extend(hooks.builtin_tools.values())
+    return TurnHooks.of(after_turn=after_turn, builtin_tools=builtin_tools)
+
+
+async def run_after_turn(
+    queue: EventQueue,
+    seat: Seat,
+    trigger_events: Sequence[Event],
+    result: TurnResult,
+    hooks: Optional[TurnHooks] = None,
+) -> None:
+    """Every hook of ``hooks`` (else of the apps' declarations), in order; a failing one is logged, never raised."""
+    for hook in (declared_hooks() if hooks is None else hooks).after_turn:
+        try:
+            await hook(queue, seat, trigger_events, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "seat_after_turn_hook_failed",
+                extra={"seat": seat.handle, "turn_id": result.turn_id, "hook": getattr(hook, "__qualname__", repr(hook))},
+            )
 
 
 __all__ = [
@@ -94,9 +134,7 @@ __all__ = [
     "BuiltinCall",
     "BuiltinTool",
     "BuiltinToolError",
-    "after_turn",
-    "builtin_tools",
-    "register_after_turn",
-    "register_builtin_tool",
+    "TurnHooks",
+    "declared_hooks",
     "run_after_turn",
 ]

@@ -89,7 +89,8 @@ from seats.hooks import run_after_turn
 from seats.ledger import FAULT_VALUE, SKIP_ALREADY_WORKED, arecord, ascreen, storable_event, store_fault
 from seats.ownership import Ownership
 from seats.turn_task import TurnTask, log_failure
-from seats.turns import ERR_CRASHED, OUTCOME_STOPPED, Trigger, TurnRunner
+from seats.turn_types import ERR_CRASHED, OUTCOME_STOPPED, Trigger
+from seats.turns import TurnRunner
 from seats.wake import Wake
 
 log = logging.getLogger("crewlet.seats.inbox")
@@ -498,7 +499,7 @@ class InboxLoop:
                 self._isolate([d.event.id for d in partition.deliveries])
             return Outcome.NAK
         if result.ok:
-            await run_after_turn(self.queue, seat, covered, result)
+            await run_after_turn(self.queue, seat, covered, result, hooks=self.runner.hooks)
         try:
             await arecord(seat.handle, turn_id, [(identities[ev.id], ev.id) for ev in covered if ev.id in identities])
         except (DatabaseError, ValueError) as exc:

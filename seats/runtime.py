@@ -22,15 +22,16 @@ import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
-from crewlet.engine.core import Periodic, Service
+from crewlet.engine.services import Periodic, Service
 from crewlet.events import Event
 from crewlet.queue.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
 from crewlet.base.db import in_store
 from crewlet.company.conf import STOP_GRACE_S
 from crewlet.fleet.leases import prune_all as prune_leases
+from crewlet.fleet.member import FleetMember
 from crewlet.fleet.placement import Unplaceable
-from crewlet.engine.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow
+from crewlet.engine.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow, ServiceKey
 from crewlet.company.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
@@ -57,6 +58,8 @@ SWEEP_EVERY_S = 3600.0
 PAUSE_POLL_S = 2.0
 #: How often a node without a fleet membership looks at its seats again (a fleet's runs at its lease renewal).
 PLACEMENT_EVERY_S = 5.0
+#: The seats' toolbox as the runtime asks the engine for it: the service ``seats.tools.mcp`` registers as :data:`SEAT_TOOLS`.
+TOOLBOX: ServiceKey[Toolbox] = ServiceKey(SEAT_TOOLS, Toolbox)
 
 #: Once-per-fleet duties of the seat runtime (duty-lease names).
 DUTY_SCHEDULER = "scheduler"
@@ -472,9 +475,11 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
         options.setdefault("stop_grace_s", engine.settings.node.stop_grace_s)
-        options.setdefault("toolbox", engine.lookup(SEAT_TOOLS))
-        member = engine.lookup(FLEET)
+        options.setdefault("toolbox", engine.find(TOOLBOX))
+        member = engine.find(FLEET)
         if member is not None and "ownership" not in options:
+            # Seat leases are the fleet member's own (crewlet.fleet.member), which leased ownership works through.
+            assert isinstance(member, FleetMember)
             options.update(
                 ownership=LeasedOwnership(member), hold_duty=member.hold_duty, placement_every_s=member.renew_every_s
             )
@@ -503,6 +508,7 @@ __all__ = [
     "PLACEMENT_EVERY_S",
     "SWEEP_EVERY_S",
     "SeatRuntime",
+    "TOOLBOX",
     "install",
     "services",
 ]

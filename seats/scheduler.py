@@ -25,7 +25,7 @@ from typing import Callable, Optional
 from django.db import IntegrityError, transaction
 
 from crewlet import events
-from crewlet.engine.core import Periodic
+from crewlet.engine.services import Periodic
 from crewlet.queue.emit import Emitter
 from crewlet.events.types import ScheduledTaskFired, TaskAssigned
 from crewlet.company.org import CompanyHolder, Organization, Schedule

@@ -15,7 +15,8 @@ from typing import Optional
 
 from crewlet.base.logfmt import short_reason
 from crewlet.company.org import Seat
-from seats.turns import ERR_CRASHED, OUTCOME_FAILED, Trigger, TurnResult, TurnRunner, TurnStop
+from seats.turn_types import ERR_CRASHED, OUTCOME_FAILED, Trigger, TurnResult, TurnStop
+from seats.turns import TurnRunner
 
 
 def log_failure(

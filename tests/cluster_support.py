@@ -39,7 +39,8 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from crewlet.company.conf import CLUSTER_SECRET_ENV, ClusterSettings
+from crewlet.company.conf import ClusterSettings
+from crewlet.company.loading import CLUSTER_SECRET_ENV
 from crewlet.queue.broker import EmbeddedBroker
 from tests.up_support import UpProcess, up_env
 

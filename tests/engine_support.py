@@ -12,9 +12,11 @@ import contextlib
 from typing import Any, Callable, Iterator, Optional
 
 from crewlet.engine import runtime
-from crewlet.company.conf import load_settings
+from crewlet.company.loading import load_settings
 from crewlet.engine.core import Engine
-from crewlet.company.org import CompanyHolder, Organization, load_company
+from crewlet.engine.interfaces import ServiceKey
+from crewlet.company.org import CompanyHolder, Organization
+from crewlet.company.parse import load_company
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 
@@ -52,7 +54,7 @@ def engine_here(
     *,
     company: Any = None,
     node: str = "n1",
-    services: Optional[dict[str, Any]] = None,
+    services: Optional[dict[ServiceKey[Any], Any]] = None,
 ) -> Iterator[Engine]:
     """An engine around ``queue`` (on the running loop, if any) serving ``company`` with ``services``.
 
@@ -63,8 +65,8 @@ def engine_here(
     elif isinstance(company, Organization):
         company = CompanyHolder(company)
     engine = Engine(load_settings({}, env={}, overrides={"node.id": node}), company=company).bind_queue(queue)
-    for name, thing in (services or {}).items():
-        engine.provide(name, thing)
+    for key, thing in (services or {}).items():
+        engine.provide(key, thing)
     runtime.attach(engine)
     try:
         yield engine

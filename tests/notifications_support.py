@@ -16,7 +16,8 @@ from tests.conftest import SHARED_DIR, skip_or_fail
 from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import RawWebhook
-from crewlet.company.org import CompanyHolder, Organization, parse_company
+from crewlet.company.org import CompanyHolder, Organization
+from crewlet.company.parse import parse_company
 from crewlet.events.tracing import Trace
 from notifications.sources import PARSERS
 

@@ -17,7 +17,8 @@ from crewlet import events
 from crewlet.events import Event
 from crewlet.events.types import ExternalNotification
 from crewlet.engine.interfaces import SEAT_RUNTIME
-from crewlet.company.org import CompanyHolder, Organization, parse_company
+from crewlet.company.org import CompanyHolder, Organization
+from crewlet.company.parse import parse_company
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.memory import MemoryBroker

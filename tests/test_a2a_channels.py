@@ -17,7 +17,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from seats.mailboxes import ensure_mailboxes
 from seats.ownership import SeatOwnership
-from seats.turns import OUTCOME_COMPLETED, Trigger, TurnResult
+from seats.turn_types import OUTCOME_COMPLETED, Trigger, TurnResult
 from seats_support import Recorder, company, eventually, jetstream_queues, running, send
 
 pytestmark = [

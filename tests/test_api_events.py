@@ -407,8 +407,8 @@ def test_an_api_page_renders_through_orjson_with_the_same_values(api_client: Any
 def test_a_process_without_an_engine_refuses_every_history_read_with_503_rather_than_answer_from_its_own_store(
     api_client: Any, path: str
 ) -> None:
-    from eventstore.fanout import NO_FLEET_HERE
+    from crewlet.engine.runtime import NO_FLEET
 
     store(make_event("org_started", AT - US, event_id="only-this-store"))
     response = api_client.get(path)
-    assert response.status_code == 503 and response.json() == {"error": "unavailable", "param": "", "reason": NO_FLEET_HERE}
+    assert response.status_code == 503 and response.json() == {"error": "unavailable", "param": "", "reason": NO_FLEET}

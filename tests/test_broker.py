@@ -17,10 +17,12 @@ import nats
 import pytest
 
 from crewlet.queue import topics
-from crewlet.queue.broker import BrokerStartError, EmbeddedBroker, connect_queue, find_nats_server
+from crewlet.queue.broker import EmbeddedBroker
+from crewlet.queue.connect import connect_queue
 from crewlet.queue.contract import Timings
 from crewlet.queue.errors import InvalidArgument, QueueError
 from crewlet.queue.jetstream import JetStreamTransport
+from crewlet.queue.natsserver import BrokerStartError, find_nats_server
 from waiting_support import eventually
 
 

@@ -18,7 +18,9 @@ import pytest_asyncio
 
 from crewlet.company.conf import ClusterSettings
 from crewlet.queue import topics
-from crewlet.queue.broker import ClusterFormTimeout, EmbeddedBroker, connect_queue
+from crewlet.queue.broker import EmbeddedBroker
+from crewlet.queue.cluster import ClusterFormTimeout
+from crewlet.queue.connect import connect_queue
 from crewlet.queue.errors import ReplicasUnplaceable, Unavailable
 from crewlet.queue.jetstream import JetStreamTransport
 from crewlet.queue.jetstream.message import JetStreamMessage

@@ -16,9 +16,9 @@ from crewlet.company.conf import (
     StreamSettings,
     default_node_id,
     known_settings,
-    load_settings,
     redact_url,
 )
+from crewlet.company.loading import load_settings
 
 HOST = "testhost"
 

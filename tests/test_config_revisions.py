@@ -14,7 +14,8 @@ from django.test import Client
 from crewlet.company import revisions
 from crewlet.engine import activation
 from crewlet.models import ActivationPointer, ConfigRevision
-from crewlet.company.org import CompanyError, load_company, parse_company_text
+from crewlet.company.fields import CompanyError
+from crewlet.company.parse import load_company, parse_company_text
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from seats.inbox import HOLD_NO_PROVIDER

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from crewlet.company.conf import known_settings, load_settings
+from crewlet.company.conf import known_settings
+from crewlet.company.loading import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"

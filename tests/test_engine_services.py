@@ -8,9 +8,20 @@ from typing import Any
 import pytest
 
 from crewlet.engine import runtime
-from crewlet.engine.core import Engine, NoService, Periodic, Service, app_services, ordered
-from crewlet.engine.interfaces import CONFIG_POLLER, EVENT_STORE, FLEET, FLEET_READS, LIVE_PROJECTION, NOTIFY, SEAT_RUNTIME
-from crewlet.company.org import CompanyHolder, load_company
+from crewlet.engine.core import Engine, app_services
+from crewlet.engine.services import NoService, Periodic, Service, ordered
+from crewlet.engine.interfaces import (
+    CONFIG_POLLER,
+    EVENT_STORE,
+    FLEET,
+    FLEET_READS,
+    LIVE_PROJECTION,
+    NOTIFY,
+    SEAT_RUNTIME,
+    ServiceKey,
+)
+from crewlet.company.org import CompanyHolder
+from crewlet.company.parse import load_company
 from engine_support import FakeBroker, fast_settings, twin_connect
 from waiting_support import eventually
 
@@ -23,7 +34,7 @@ class Recorded:
 
     async def start(self) -> None:
         for dep in self.needs:
-            assert isinstance(self.engine.service(dep), Recorded)  # already running
+            assert isinstance(self.engine.get(ServiceKey(dep, Recorded)), Recorded)  # already running
         self.log.append(f"start {self.name}")
 
     async def stop(self) -> None:
@@ -48,12 +59,14 @@ async def test_services_start_after_what_they_depend_on_and_stop_in_the_reverse_
     serving = asyncio.create_task(engine.serve())
     await eventually(lambda: len(log) == 4, what="every service started")
     assert log == ["start writer", "start runtime", "start poller", "start projection"]
-    assert isinstance(engine.service("poller"), Recorded)
+    poller = ServiceKey("poller", Recorded)
+    assert isinstance(engine.get(poller), Recorded) and engine.find(poller) is engine.get(poller)
     engine.stop()
     assert await serving == 0
     assert log[4:] == ["stop projection", "stop poller", "stop runtime", "stop writer"]
     with pytest.raises(NoService):
-        engine.service("poller")  # a stopped service is handed out no more
+        engine.get(poller)  # a stopped service is handed out no more
+    assert engine.find(poller) is None
 
 
 def test_a_dependency_nobody_provides_or_a_cycle_is_refused_before_anything_starts() -> None:
@@ -147,18 +160,67 @@ async def test_the_engine_owns_one_emitter_and_closes_it_at_stop_and_the_process
     engine.stop()
     assert await serving == 0
     assert seen["emitter"]._closed
-    with pytest.raises(runtime.NoEngine, match=runtime.NO_ENGINE):
+    with pytest.raises(runtime.EngineAway, match=runtime.NO_ENGINE):
         runtime.engine()
-    with pytest.raises(runtime.NoEngine):
+    with pytest.raises(runtime.EngineAway) as away:
         runtime.company()
+    assert away.value.missing == runtime.MISSING_ENGINE
 
 
 def test_every_installed_app_contributes_its_services_and_the_store_starts_before_the_seats_that_publish() -> None:
     engine = an_engine()
     names = {service.name for service in app_services(engine)}
-    assert {FLEET, EVENT_STORE, FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER, "eventstore_retention", "a2a_sweep", "seat_tools"} == names
+    keyed = {key.name for key in (FLEET, EVENT_STORE, FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER)}
+    assert keyed | {"eventstore_retention", "a2a_sweep", "seat_tools"} == names
     order = [s.name for s in ordered(app_services(engine))]
-    assert order.index(EVENT_STORE) < order.index(FLEET_READS) < order.index(LIVE_PROJECTION)  # the seed asks the fleet
-    assert order.index(EVENT_STORE) < order.index(SEAT_RUNTIME) < order.index(CONFIG_POLLER)
-    assert order.index(FLEET) < order.index(EVENT_STORE)  # a node refused its store writes nothing into it
-    assert order.index(SEAT_RUNTIME) < order.index(LIVE_PROJECTION)  # the seed reads which seats this node holds
+
+    def at(key: ServiceKey[Any]) -> int:
+        return order.index(key.name)
+
+    assert at(EVENT_STORE) < at(FLEET_READS) < at(LIVE_PROJECTION)  # the seed asks the fleet
+    assert at(EVENT_STORE) < at(SEAT_RUNTIME) < at(CONFIG_POLLER)
+    assert at(FLEET) < at(EVENT_STORE)  # a node refused its store writes nothing into it
+    assert at(SEAT_RUNTIME) < at(LIVE_PROJECTION)  # the seed reads which seats this node holds
+
+
+def test_a_service_is_handed_out_by_its_key_and_a_request_thread_is_told_which_part_is_missing() -> None:
+    engine = an_engine()
+    writer = ServiceKey("writer", Recorded)
+    reader = Service(ServiceKey("reader", Recorded), lambda e: Recorded("reader", [], e), depends_on=(writer,), after=(FLEET, "absent"))
+    assert (reader.name, reader.depends_on, reader.after) == ("reader", ("writer",), (FLEET.name, "absent"))
+    with pytest.raises(runtime.EngineAway) as away:
+        runtime.service(writer)
+    assert (away.value.missing, away.value.reason) == (runtime.MISSING_ENGINE, runtime.NO_ENGINE)
+    assert runtime.find_service(writer) is None
+    runtime.attach(engine.bind_queue(None))
+    try:
+        with pytest.raises(runtime.EngineAway, match="no writer service runs in this engine") as away:
+            runtime.service(writer)
+        assert away.value.missing == runtime.MISSING_SERVICE
+        with pytest.raises(runtime.EngineAway, match="cannot ask the fleet") as away:
+            runtime.service(FLEET_READS, missing=runtime.MISSING_FLEET)  # either absence is one to this asker
+        assert away.value.missing == runtime.MISSING_FLEET and str(away.value) == runtime.NO_FLEET
+        thing = Recorded("writer", [], engine)
+        engine.provide(writer, thing)
+        assert runtime.service(writer) is thing and runtime.find_service(writer) is thing
+        assert engine.get(ServiceKey("writer", object)) is thing  # one name, one service
+        with pytest.raises(runtime.EngineAway) as away:
+            runtime.get_queue()
+        assert away.value.missing == runtime.MISSING_QUEUE and isinstance(away.value, RuntimeError)
+    finally:
+        runtime.detach(engine)
+
+
+def test_the_node_scope_is_the_running_engines_and_read_afresh_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eventstore import here
+
+    monkeypatch.setenv("CREWLET_NODE_ID", "web-only")
+    assert here.node_scope().node_id == "web-only"
+    monkeypatch.setenv("CREWLET_NODE_ID", "web-only-2")
+    assert here.node_scope().node_id == "web-only-2"  # nothing kept between asks
+    engine = Engine(fast_settings(**{"stream.event_retention_hours": 12.0}))
+    runtime.attach(engine)
+    try:
+        assert (here.node_scope().node_id, here.node_scope().retention_hours) == ("n1", 12.0)
+    finally:
+        runtime.detach(engine)

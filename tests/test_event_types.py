@@ -113,7 +113,7 @@ DESIGN_NOT_STORED = {
 
 def _typed_registry() -> dict[str, type]:
     """The registry as crewlet.events.types fills it (a test module may register its own)."""
-    return {name: cls for name, cls in registered_types().items() if cls.__module__ == T.__name__}
+    return {name: cls for name, cls in registered_types().items() if cls.__module__.startswith(f"{T.__name__}.")}
 
 
 # --- the registry and the map, held to the design -------------------------

@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from crewlet.company.conf import load_settings
+from crewlet.company.loading import load_settings
 from eventstore import retention
 from eventstore.models import EventRow
 from eventstore.retention import delete_older_than, retention_periodic

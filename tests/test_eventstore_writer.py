@@ -11,9 +11,10 @@ import pytest
 from asgiref.sync import sync_to_async
 
 import eventstore
-from crewlet.company.conf import load_settings
+from crewlet.company.loading import load_settings
 from crewlet.engine.core import Engine
-from crewlet.company.org import CompanyHolder, load_company
+from crewlet.company.org import CompanyHolder
+from crewlet.company.parse import load_company
 from crewlet.events import NOT_STORED, Event, registered_type
 from crewlet.queue import topics
 from crewlet.queue.memory import MemoryBroker

@@ -16,9 +16,10 @@ from typing import Any, Awaitable, Callable, Optional
 
 import pytest
 
-from crewlet.company.conf import load_settings
+from crewlet.company.loading import load_settings
 from crewlet.base.db import in_store
-from crewlet.engine.core import Engine, Service
+from crewlet.engine.core import Engine
+from crewlet.engine.services import Service
 from crewlet.fleet import PROTOCOL_VERSION, leases
 from crewlet.fleet import member as fleet_member
 from crewlet.fleet.leases import NODE, SEAT
@@ -28,7 +29,8 @@ from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 from seats import runtime as seat_runtime
 from seats.ownership import LeasedOwnership
-from seats.providers import Completion, EchoProvider, ModelRequest
+from seats.provider_base import Completion, ModelRequest
+from seats.providers import EchoProvider
 from seats.ledger import trigger_identity, worked
 from seats.runtime import SeatRuntime
 from seats.turns import TurnRunner
@@ -122,7 +124,7 @@ def node_n1(
 async def running_ada(engine: Engine) -> SeatRuntime:
     """Wait until ``engine``'s seat runtime runs ada; that runtime."""
     def runs_ada() -> Optional[SeatRuntime]:
-        rt = engine.lookup(SEAT_RUNTIME)
+        rt = engine.find(SEAT_RUNTIME)
         return rt if rt is not None and rt.healthy() and "ada" in rt.loops else None
 
     found: SeatRuntime = await eventually(runs_ada, timeout_s=30, what="n1 runs ada")
@@ -215,7 +217,7 @@ async def log_when_lost(lose: Callable[[FleetMember, Clock], Awaitable[None]]) -
         await lose(member, clock)
         seen = list(log)
         # The cut turn's wake is handed back for ada's next holder, never recorded here as worked.
-        loops = engine.service(SEAT_RUNTIME).loops
+        loops = engine.get(SEAT_RUNTIME).loops
         await eventually(lambda: "ada" not in loops or not loops["ada"].handling, what="ada's delivery settled on n1")
         assert await in_store(lambda: worked("ada", [trigger_identity(first)]))() == {}
         return seen

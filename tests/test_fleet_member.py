@@ -85,8 +85,8 @@ async def test_a_duty_under_its_lease_runs_on_one_node_of_two_and_moves_when_tha
         def __init__(self, member: FleetMember) -> None:
             self.member = member
 
-        def lookup(self, name: str) -> object:
-            return self.member if name == FLEET else None
+        def find(self, key: object) -> object:
+            return self.member if key == FLEET else None
 
     one, two = FleetMember("n1", ttl_s=30), FleetMember("n2", ttl_s=30)
     passes = {m.node_id: under_duty(Node(m), "a2a_sweep", lambda m=m: _record(ran, m.node_id)) for m in (one, two)}

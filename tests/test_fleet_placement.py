@@ -10,7 +10,9 @@ import pytest
 from crewlet.fleet import placement
 from crewlet.fleet.placement import REASON_NO_NODE_WITH_LABELS, REASON_PINNED_NODE_NOT_LIVE, Unplaceable
 from crewlet.fleet.roster import NodeInfo
-from crewlet.company.org import CompanyError, Placement, load_company
+from crewlet.company.fields import CompanyError
+from crewlet.company.org import Placement
+from crewlet.company.parse import load_company
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 ANY = Placement()

@@ -17,9 +17,12 @@ import pytest
 
 from crewlet.events.types import AgentPhaseCompleted
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
-from seats.providers import ERR_AUTH, ERR_TIMEOUT, Completion, Message, ModelRequest, OpenAIProvider, ProviderError, translate
+from seats.provider_base import ERR_AUTH, ERR_TIMEOUT, Completion, Message, ModelRequest, ProviderError
+from seats.provider_openai import OpenAIProvider
+from seats.provider_sdk import translate
 from seats.tools.base import ToolCall, ToolResult
-from seats.turns import CUT_ARGUMENTS, PHASE_RECORD_MAX_BYTES, admitted_result, fit_phase
+from seats.turn_record import CUT_ARGUMENTS, PHASE_RECORD_MAX_BYTES, fit_phase
+from seats.turn_tools import admitted_result
 from seats_support import loopback_http
 from tests.process_support import REPO_ROOT
 
@@ -120,7 +123,7 @@ def test_a_phase_record_larger_than_the_wire_takes_is_cut_and_says_what_was_cut(
 
 
 def test_an_answer_holding_nul_and_a_lone_surrogate_is_storable_in_every_part_a_turn_records() -> None:
-    from seats.providers import admitted
+    from seats.provider_base import admitted
 
     raw = Completion(
         text="ok \x00 \ud800", calls=(ToolCall(id="c\x00", name="a2a_ask", arguments={"brief": "b\ud800", "k\x00": 1}),),
@@ -136,7 +139,7 @@ import asyncio, os, sys
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crewlet.settings")
 import django
 django.setup()
-from seats.providers import load_sdk
+from seats.provider_sdk import load_sdk
 
 async def main() -> None:
     first = asyncio.ensure_future(load_sdk("openai"))
@@ -164,7 +167,8 @@ async def test_a_turn_whose_seat_stops_being_this_nodes_mid_tool_call_makes_no_f
     import asyncio
 
     from crewlet.company.org import CompanyHolder
-    from seats.turns import STOP_LEASE_LOST, Trigger, TurnRunner
+    from seats.turn_types import STOP_LEASE_LOST, Trigger
+    from seats.turns import TurnRunner
     from seats_support import Recorder, Reply, company, memory_queues, model_server, wake
     from turn_support import NotesToolbox
 

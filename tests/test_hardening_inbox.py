@@ -41,7 +41,8 @@ from seats.ledger import (
     trigger_identity,
 )
 from seats.mailboxes import ensure_mailboxes
-from seats.turns import Trigger, TurnResult, TurnRunner
+from seats.turn_types import Trigger, TurnResult
+from seats.turns import TurnRunner
 from seats_support import Recorder, company, drained, eventually, holder, memory_queues, recording_with_mailboxes, running
 from waiting_support import wait_until
 

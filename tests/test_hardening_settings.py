@@ -28,9 +28,12 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from crewlet.company.conf import YAML_MAX_BYTES, YAML_MAX_DEPTH, YAML_MAX_VALUES, SettingsError, load_settings
+from crewlet.company.conf import SettingsError
+from crewlet.company.loading import load_settings
+from crewlet.company.yamlfile import YAML_MAX_BYTES, YAML_MAX_DEPTH, YAML_MAX_VALUES
 from crewlet.base.jsontext import QUOTE_LIMIT
-from crewlet.company.org import CompanyError, load_company, parse_company, parse_company_text
+from crewlet.company.fields import CompanyError
+from crewlet.company.parse import load_company, parse_company, parse_company_text
 from crewlet.settings import EnvironmentValueError, database_settings
 from tests.process_support import REPO_ROOT
 from tests.up_support import READY_LINE, UP_READY_S, up_env

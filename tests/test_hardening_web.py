@@ -1,9 +1,11 @@
 """What an attacker and an operator meet first at ``manage.py up``'s web server, each through a real ``up``.
 
 Body limits enforced while reading, header timeouts, the sign-in throttle,
-credentials kept out of the logs, ``/ws/stream``'s re-checks and Origin rule,
-the admin's static files, ``/healthz``'s broker round trip and the production
-settings ``check --deploy`` asks for.
+credentials kept out of the logs, ``/healthz``'s broker round trip and the
+production settings ``check --deploy`` asks for. ``/ws/stream``'s re-checks
+and Origin rule and the admin's static files are
+tests/test_hardening_web_sessions.py's, the caps on slow clients
+tests/test_hardening_web_caps.py's; both start ``up`` with the helpers here.
 """
 from __future__ import annotations
 
@@ -272,85 +274,6 @@ class Socket:
 
     def close(self) -> None:
         self.sock.close()
-
-
-# -- /ws/stream: the Origin is scheme, host and port; credentials are checked while it is open -------
-
-
-@pytest.mark.timeout(180)
-def test_a_staff_session_socket_is_refused_from_another_port_or_host_and_accepted_from_its_own_origin(
-    start_up: Callable[..., Up]
-) -> None:
-    up = start_up(CREWLET_TRUSTED_ORIGINS="https://dash.example.com")
-    staff_user(up)
-    browser = Browser(up)
-    status, headers, _ = browser.sign_in(STAFF_USER, STAFF_PASSWORD)
-    assert status == 302 and "sessionid" in browser.cookies, headers
-    cookie = {"Cookie": f"sessionid={browser.cookies['sessionid']}"}
-    own = f"http://{up.host}:{up.port}"
-
-    for origin in (f"http://{up.host}:1", f"http://localhost:{up.port}", f"https://{up.host}:{up.port}", "http://evil.example"):
-        refused = Socket(up, {**cookie, "Origin": origin})
-        assert refused.status == 403, origin
-        refused.close()
-    accepted = Socket(up, {**cookie, "Origin": own})
-    assert accepted.status == 101
-    assert accepted.text()["kind"] == "snapshot"
-    accepted.close()
-    trusted = Socket(up, {**cookie, "Origin": "https://dash.example.com"})
-    assert trusted.status == 101
-    trusted.close()
-
-
-@pytest.mark.timeout(180)
-def test_a_socket_opened_with_an_operator_token_is_closed_4401_once_the_token_is_revoked(
-    start_up: Callable[..., Up]
-) -> None:
-    up = start_up(CREWLET_WS_RECHECK_S="0.2")
-    token = up.manage("operator_token", "ws-tab").strip()
-    ws = Socket(up, {"Authorization": f"Bearer {token}"})
-    assert ws.status == 101
-    assert ws.text()["kind"] == "snapshot"
-    up.manage("operator_token", "ws-tab", "--revoke")  # another process: the web process's cache never heard of it
-    assert ws.close_code() == 4401
-    ws.close()
-    assert "event=ws_stream_revoked" in up.wait_for("event=ws_stream_revoked", timeout_s=WAIT_S)
-
-
-@pytest.mark.timeout(180)
-def test_a_staff_socket_is_closed_4401_when_its_session_signs_out(start_up: Callable[..., Up]) -> None:
-    up = start_up(CREWLET_WS_RECHECK_S="0.2")
-    staff_user(up)
-    browser = Browser(up)
-    assert browser.sign_in(STAFF_USER, STAFF_PASSWORD)[0] == 302
-    ws = Socket(up, {"Cookie": f"sessionid={browser.cookies['sessionid']}", "Origin": f"http://{up.host}:{up.port}"})
-    assert ws.status == 101
-    assert ws.text()["kind"] == "snapshot"
-    assert browser.sign_out() == 302
-    assert ws.close_code() == 4401
-    ws.close()
-
-
-# -- what an operator meets: the admin's look, where signing in lands ----------------------------------
-
-
-@pytest.mark.timeout(180)
-def test_up_serves_the_admins_css_and_js_and_signing_in_lands_on_the_dashboard(start_up: Callable[..., Up]) -> None:
-    up = start_up()
-    status, headers, body = up.request("GET", "/static/admin/css/base.css")
-    assert status == 200 and headers["Content-Type"].startswith("text/css") and b"body" in body
-    status, headers, body = up.request("GET", "/static/admin/js/core.js")
-    assert status == 200 and b"function" in body
-    assert up.request("GET", "/static/admin/css/no-such-file.css")[0] == 404
-    status, _, page = up.request("GET", "/admin/login/")
-    assert status == 200 and b"/static/admin/css/base.css" in page
-
-    staff_user(up)
-    browser = Browser(up)
-    status, headers, _ = browser.sign_in(STAFF_USER, STAFF_PASSWORD)
-    assert status == 302 and headers["location"] == "/"
-    status, _, page = browser.call("GET", headers["location"])
-    assert status == 200 and b"Sign in" not in page
 
 
 # -- the web server bounds what a client can make it hold --------------------------------------------

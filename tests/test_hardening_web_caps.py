@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 
-from crewlet.http import web
+from crewlet.http import bounded, limits, shedding
 from eventstore import stream
 from tests.browser_support import slack_message
 from tests.process_support import REPO_ROOT
@@ -143,16 +143,16 @@ def lines_with(up: Up, needle: str) -> list[str]:
 def test_the_derived_caps_leave_the_engine_a_quarter_of_the_descriptors_and_one_address_an_eighth_of_the_connections(
     nofile_limit: int
 ) -> None:
-    total, per_client = web.derived_connection_caps(nofile_limit)
-    reserve = max(web.RESERVED_FDS_MIN, nofile_limit // 4)
-    assert total >= web.CONNECTIONS_MIN
-    if nofile_limit > 2 * web.RESERVED_FDS_MIN:  # a limit that leaves room at all
-        assert total * web.FDS_PER_CONNECTION + web.SHED_LINGER_MAX + reserve <= nofile_limit
-    assert web.PER_CLIENT_MIN <= per_client <= min(total, web.PER_CLIENT_MAX)
-    assert per_client == min(total, web.PER_CLIENT_MAX, max(web.PER_CLIENT_MIN, total // web.PER_CLIENT_SHARE))
-    behind_proxy = web.Limits(behind_proxy=True).connection_caps(nofile_limit)
+    total, per_client = limits.derived_connection_caps(nofile_limit)
+    reserve = max(limits.RESERVED_FDS_MIN, nofile_limit // 4)
+    assert total >= limits.CONNECTIONS_MIN
+    if nofile_limit > 2 * limits.RESERVED_FDS_MIN:  # a limit that leaves room at all
+        assert total * limits.FDS_PER_CONNECTION + limits.SHED_LINGER_MAX + reserve <= nofile_limit
+    assert limits.PER_CLIENT_MIN <= per_client <= min(total, limits.PER_CLIENT_MAX)
+    assert per_client == min(total, limits.PER_CLIENT_MAX, max(limits.PER_CLIENT_MIN, total // limits.PER_CLIENT_SHARE))
+    behind_proxy = limits.Limits(behind_proxy=True).connection_caps(nofile_limit)
     assert behind_proxy == (total, 0)  # every connection is the proxy's: no per-address cap unless one is set
-    assert web.Limits(behind_proxy=True, max_connections_per_client=3).connection_caps(nofile_limit) == (total, 3)
+    assert limits.Limits(behind_proxy=True, max_connections_per_client=3).connection_caps(nofile_limit) == (total, 3)
 
 
 def test_a_burst_of_sheds_is_logged_at_its_first_then_as_one_count_per_interval(caplog: pytest.LogCaptureFixture) -> None:
@@ -160,7 +160,7 @@ def test_a_burst_of_sheds_is_logged_at_its_first_then_as_one_count_per_interval(
 
     now = [100.0]
     logger = logging.getLogger("crewlet.test.shed")
-    shed_log = web.ShedLog(logger, "thing_shed", interval_s=10.0, clock=lambda: now[0])
+    shed_log = shedding.ShedLog(logger, "thing_shed", interval_s=10.0, clock=lambda: now[0])
     with caplog.at_level(logging.WARNING, logger="crewlet.test.shed"):
         for i in range(50):  # all within one interval: the first is logged, the other 49 counted
             shed_log.shed(client=f"c{i}")
@@ -180,7 +180,7 @@ def test_a_burst_of_sheds_is_logged_at_its_first_then_as_one_count_per_interval(
 def test_many_slow_bodies_from_one_address_are_shed_past_its_share_and_webhooks_and_healthz_from_another_are_answered(
     start_up: Callable[..., Up]
 ) -> None:
-    total, per_client = web.derived_connection_caps(SMALL_NOFILE)
+    total, per_client = limits.derived_connection_caps(SMALL_NOFILE)
     up = start_up(SMALL_NOFILE, CREWLET_HTTP_IDLE_TIMEOUT_S=HOLD_S, CREWLET_HTTP_BODY_TIMEOUT_S=HOLD_S)
     caps = up.wait_for("event=web_connection_caps", timeout_s=WAIT_S)
     assert f"max_connections={total} " in caps and f"max_connections_per_client={per_client} " in caps, caps
@@ -194,16 +194,16 @@ def test_many_slow_bodies_from_one_address_are_shed_past_its_share_and_webhooks_
         sock = slow_body(up, "127.0.0.2")
         reason = shed_reason(answer(sock))
         sock.close()
-        assert reason == web.SHED_REASONS[web.SHED_PER_CLIENT].format(limit=per_client)
+        assert reason == shedding.SHED_REASONS[shedding.SHED_PER_CLIENT].format(limit=per_client)
     assert all(still_open(sock) for sock in held)  # the address's share is still held, unanswered
 
     status, body = call_from(up, "127.0.0.1", "GET", "/healthz")
     assert status == 200 and json.loads(body)["status"] == "ok", body
     assert webhook(up, "127.0.0.1", "Ev-caps-other-address")[0] == 202
 
-    first = up.wait_for(f"event={web.SHED_EVENT}", timeout_s=WAIT_S)
-    assert f"reason={web.SHED_PER_CLIENT}" in first and "client=127.0.0.2:" in first and "count=1" in first, first
-    records = lines_with(up, f"event={web.SHED_EVENT}")
+    first = up.wait_for(f"event={shedding.SHED_EVENT}", timeout_s=WAIT_S)
+    assert f"reason={shedding.SHED_PER_CLIENT}" in first and "client=127.0.0.2:" in first and "count=1" in first, first
+    records = lines_with(up, f"event={shedding.SHED_EVENT}")
     assert 1 <= len(records) < shed, records  # a burst, not a record per shed connection
 
     # A held connection that goes frees its place: the address is served again.
@@ -228,10 +228,10 @@ def test_past_the_total_cap_any_address_is_shed_and_a_closed_websocket_gives_its
     for ip in ("127.0.0.4", "127.0.0.5"):  # addresses holding nothing, refused all the same
         sock = socket.create_connection((up.host, up.port), timeout=WAIT_S, source_address=(ip, 0))
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (up.host.encode(), up.port))
-        assert shed_reason(answer(sock)) == web.SHED_REASONS[web.SHED_TOTAL].format(limit=4)
+        assert shed_reason(answer(sock)) == shedding.SHED_REASONS[shedding.SHED_TOTAL].format(limit=4)
         sock.close()
-    line = up.wait_for(f"event={web.SHED_EVENT}", timeout_s=WAIT_S)
-    assert f"reason={web.SHED_TOTAL}" in line and "client=127.0.0.4:" in line and "limit=4" in line, line
+    line = up.wait_for(f"event={shedding.SHED_EVENT}", timeout_s=WAIT_S)
+    assert f"reason={shedding.SHED_TOTAL}" in line and "client=127.0.0.4:" in line and "limit=4" in line, line
     assert all(still_open(sock) for sock in held)
 
     held.pop().close()
@@ -270,7 +270,7 @@ def test_a_body_trickled_a_byte_at_a_time_is_answered_408_and_closed_at_its_dead
     assert closed, "the trickled body was never cut off"
     head, _, body = response.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), response
-    assert json.loads(body) == {"error": web.REASON_BODY_TOO_SLOW.format(timeout_s=1.0)}
+    assert json.loads(body) == {"error": bounded.REASON_BODY_TOO_SLOW.format(timeout_s=1.0)}
     line = up.wait_for("event=web_body_timeout", timeout_s=WAIT_S)
     assert "path=/webhooks/slack" in line and "client=127.0.0.2:" in line, line
     assert webhook(up, "127.0.0.1", "Ev-body-prompt")[0] == 202

@@ -13,8 +13,8 @@ from django.db import connections
 from django.test import Client
 
 from crewlet.base.db_router import EVENTS_ALIAS
-from crewlet.engine.core import Task
-from crewlet.engine.interfaces import NOTIFY, SEAT_RUNTIME
+from crewlet.engine.services import Task
+from crewlet.engine.interfaces import NOTIFY, SEAT_RUNTIME, ServiceKey
 from engine_support import engine_here
 from tests.test_up import FakeQueue, FakeSeatRuntime, no_process_queue  # noqa: F401 - the fixture is used by name
 
@@ -51,13 +51,15 @@ def test_readyz_is_200_naming_every_component_when_all_answer(no_process_queue: 
 
 
 def test_readyz_is_503_naming_a_duty_that_is_not_alive(no_process_queue: None) -> None:
-    dead = Task(NOTIFY, _never)  # never started: not alive
+    dead = Task(NOTIFY.name, _never)  # never started: not alive
     with engine_here(FakeQueue(connected=True), services={SEAT_RUNTIME: FakeSeatRuntime(True), NOTIFY: dead}):  # type: ignore[arg-type]
         status, body = _get("/readyz")
         assert _get("/livez")[0] == 200
     assert status == 503
     assert body["down"] == ["duties"]
-    assert body["components"]["duties"] == {"ok": False, "state": "not alive", "services": {SEAT_RUNTIME: True, NOTIFY: False}}
+    assert body["components"]["duties"] == {
+        "ok": False, "state": "not alive", "services": {SEAT_RUNTIME.name: True, NOTIFY.name: False}
+    }
 
 
 def test_readyz_is_503_naming_the_event_store_when_it_cannot_be_reached(
@@ -89,7 +91,7 @@ class _DisconnectedSocket:
 
 
 def test_a_reported_surface_that_is_not_connected_is_listed_as_degraded_and_leaves_the_node_ready(no_process_queue: None) -> None:
-    services = {SEAT_RUNTIME: FakeSeatRuntime(True), "surface_socket:slack": _DisconnectedSocket()}
+    services = {SEAT_RUNTIME: FakeSeatRuntime(True), ServiceKey("surface_socket:slack", _DisconnectedSocket): _DisconnectedSocket()}
     with engine_here(FakeQueue(connected=True), services=services):  # type: ignore[arg-type]
         status, body = _get("/readyz")
     assert status == 200, body

@@ -21,7 +21,8 @@ from crewlet.events.types import (
     ExternalNotification,
     LLMUnavailable,
 )
-from crewlet.company.conf import load_settings
+from crewlet.company.loading import load_settings
+from crewlet.engine import runtime
 from crewlet.engine.core import Engine
 from crewlet.company.org import CompanyHolder, Organization
 from crewlet.queue import topics
@@ -347,5 +348,5 @@ async def test_the_engines_projection_shows_the_company_it_was_handed_before_any
     finally:
         engine.stop()
         assert await serving == 0
-    with pytest.raises(projection.NoEngineHere, match=projection.NO_ENGINE):
+    with pytest.raises(runtime.EngineAway, match=runtime.NO_ENGINE):
         projection.running()  # the engine stopped: no engine here, and no company made up

@@ -12,6 +12,7 @@ from django.test import AsyncClient
 
 from crewlet.events import store_label
 from crewlet.events.types import InboundDelivery, RawWebhook
+from crewlet.engine import runtime
 from crewlet.engine.interfaces import NOTIFY
 from crewlet.company.org import Organization
 from crewlet.queue import topics
@@ -19,7 +20,7 @@ from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 from crewlet.events.tracing import format_traceparent, parse_traceparent
 from engine_support import engine_here
-from notifications.edge import Edge, InboundRequest, current_edge
+from notifications.edge import Edge, InboundRequest
 from notifications_support import (
     SECRETS,
     company,
@@ -322,7 +323,7 @@ async def test_an_unreachable_broker_is_503_and_nothing_is_half_accepted() -> No
 
 
 async def test_a_process_without_an_edge_answers_503() -> None:
-    assert current_edge() is None  # no engine runs in this test process
+    assert runtime.find_service(NOTIFY) is None  # no engine runs in this test process
     resp = await post("/webhooks/slack", fixture_bytes("slack", "event_callback-app_mention.json"))
     assert resp.status_code == 503 and "no broker connection" in resp.json()["error"]
 

@@ -17,7 +17,8 @@ import pytest
 
 from crewlet.events import Event, store_label
 from crewlet.events.types import InboundDelivery, RawWebhook
-from crewlet.company.org import CompanyError, Organization
+from crewlet.company.fields import CompanyError
+from crewlet.company.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import Delivery, EventQueue
 from crewlet.queue.memory import MemoryBroker

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from django.urls import Resolver404, resolve
 
+from crewlet.engine import runtime
 from crewlet.engine.interfaces import NOTIFY
 from crewlet.company.org import SURFACES
 from engine_support import engine_here
@@ -114,7 +115,7 @@ async def test_a_cancel_of_the_task_stopping_the_notify_service_reaches_that_tas
         notify = NotifyService(q, holder(company()), prune_interval_s=3600.0)
         await notify.start()
         with engine_here(q, services={NOTIFY: notify}):
-            assert edge_module.current_edge() is notify.edge
+            assert runtime.service(NOTIFY).edge is notify.edge
             assert notify._prune is not None
             prune = notify._prune.task
             assert prune is not None
@@ -128,7 +129,7 @@ async def test_a_cancel_of_the_task_stopping_the_notify_service_reaches_that_tas
                 await stopping
             assert stopping.cancelled()
             # The stop still finished its work before the cancel propagated.
-            assert edge_module.current_edge() is None and notify.edge is None
+            assert runtime.service(NOTIFY).edge is None and notify.edge is None
             assert notify.router._sub is None
 
 

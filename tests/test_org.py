@@ -5,16 +5,9 @@ import uuid
 
 import pytest
 
-from crewlet.company.org import (
-    AGENT_ID_NAMESPACE,
-    EXAMPLE_COMPANY,
-    CompanyError,
-    CompanyHolder,
-    agent_id_for,
-    load_company,
-    parse_company,
-    parse_company_text,
-)
+from crewlet.company.fields import CompanyError
+from crewlet.company.org import AGENT_ID_NAMESPACE, CompanyHolder, agent_id_for
+from crewlet.company.parse import EXAMPLE_COMPANY, load_company, parse_company, parse_company_text
 
 BASE = {"org": "acme", "seats": [{"handle": "ada", "kind": "agent", "role": "engineer"}]}
 

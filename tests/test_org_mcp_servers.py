@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from crewlet.base.logfmt import REDACTED
-from crewlet.company.org import A2A_ASK_TOOL, MCP_HTTP, MCP_STDIO, CompanyError, parse_company
+from crewlet.company.fields import CompanyError
+from crewlet.company.org import A2A_ASK_TOOL, MCP_HTTP, MCP_STDIO
+from crewlet.company.parse import parse_company
 
 SERVERS = {
     "notes": {"command": ["python", "tools/notes_server.py"], "env": {"NOTES_DIR": "var/notes"}},

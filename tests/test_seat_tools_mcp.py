@@ -13,12 +13,15 @@ import pytest_asyncio
 
 from crewlet.company.conf import ToolSettings
 from crewlet.queue.emit import Emitter
-from crewlet.company.org import A2A_ASK_TOOL, CompanyHolder, parse_company
+from crewlet.company.org import A2A_ASK_TOOL, CompanyHolder
+from crewlet.company.parse import parse_company
 from crewlet.queue.memory import MemoryBroker
 from mcp_support import free_port, http_server, start_http, stdio_command
 from seats.tools import ToolCall
 from seats.runtime import SeatRuntime
-from seats.tools.mcp import TOOL_NAME_RULE, McpToolbox, exposed_name, unset_variables
+from seats.tools.mcp import McpToolbox
+from seats.tools.mcp_session import TOOL_NAME_RULE, exposed_name
+from seats.tools.mcp_transport import unset_variables
 from seats_support import FAST, Recorder
 from waiting_support import eventually
 

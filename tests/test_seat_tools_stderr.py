@@ -17,8 +17,10 @@ from typing import Any, Iterator
 import pytest
 
 from crewlet.company.conf import ToolSettings
-from crewlet.company.org import CompanyHolder, parse_company
-from seats.tools.mcp import STDERR_LINE_MAX_CHARS, McpToolbox
+from crewlet.company.org import CompanyHolder
+from crewlet.company.parse import parse_company
+from seats.tools.mcp import McpToolbox
+from seats.tools.mcp_transport import STDERR_LINE_MAX_CHARS
 from stderr_mcp_support import BEARER, FORGED, LAST_WORDS, VENDOR_KEY, command
 from tests.up_support import UpProcess, http_json, turn_completed, up_env
 from waiting_support import eventually, wait_until

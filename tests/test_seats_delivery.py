@@ -353,7 +353,7 @@ async def test_an_applied_company_stops_a_removed_seats_loop_and_starts_an_added
 async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stops_with_the_engine() -> None:
     import asyncio
 
-    from crewlet.company.conf import load_settings
+    from crewlet.company.loading import load_settings
     from crewlet.engine.core import Engine
     from crewlet.queue.memory import MemoryBroker
     from crewlet.engine.interfaces import SEAT_RUNTIME
@@ -369,8 +369,8 @@ async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stop
     seat_runtime.install(engine, run_scheduler=False)
     serving = asyncio.create_task(engine.serve())
     try:
-        await eventually(lambda: engine.lookup(SEAT_RUNTIME) is not None and engine.lookup(SEAT_RUNTIME).healthy())
-        rt = engine.lookup(SEAT_RUNTIME)
+        await eventually(lambda: engine.find(SEAT_RUNTIME) is not None and engine.find(SEAT_RUNTIME).healthy())
+        rt = engine.find(SEAT_RUNTIME)
         assert rt is not None and rt.node_id == "n9" and sorted(rt.loops) == ["ada", "linus"]
         assert engine.queue is not None
         rec = Recorder().attach(engine.queue)
@@ -379,7 +379,7 @@ async def test_installed_on_an_engine_the_runtime_starts_with_the_queue_and_stop
     finally:
         engine.stop()
         assert await serving == 0
-    assert engine.lookup(SEAT_RUNTIME) is None and not rt.healthy()
+    assert engine.find(SEAT_RUNTIME) is None and not rt.healthy()
 
 
 # -- the digest seam -----------------------------------------------------------------------------

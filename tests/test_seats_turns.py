@@ -12,17 +12,13 @@ from crewlet.events.types import TaskAssigned
 from crewlet.company.org import CompanyHolder
 from crewlet.queue.contract import MAX_DELIVERIES
 from crewlet.events.tracing import Trace
-from seats.providers import Completion, Message, ModelProvider, ModelRequest
+from seats.provider_anthropic import AnthropicProvider
+from seats.provider_base import Completion, Message, ModelProvider, ModelRequest, ProviderError
+from seats.provider_openai import OpenAIProvider
+from seats.providers import EchoProvider, build_provider
 from seats.runtime import SeatRuntime
-from seats.turns import (
-    AnthropicProvider,
-    EchoProvider,
-    OpenAIProvider,
-    ProviderError,
-    Trigger,
-    TurnRunner,
-    build_provider,
-)
+from seats.turn_types import Trigger
+from seats.turns import TurnRunner
 from seats_support import Recorder, company, eventually, memory_queues, model_server, send, wake
 
 SEAT_EVENTS = ("agent_turn_started", "agent_phase_started", "agent_phase_completed", "agent_turn_completed")

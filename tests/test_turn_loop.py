@@ -13,13 +13,16 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from a2a.models import Channel
-from crewlet.company.org import CompanyError, CompanyHolder, Organization
+from crewlet.company.fields import CompanyError
+from crewlet.company.org import CompanyHolder, Organization
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
 from seats.actions import apause_seat
 from seats.delivery_models import LedgerEntry
-from seats.providers import Completion, EchoProvider, ModelRequest
-from seats.turns import Trigger, TurnResult, TurnRunner
+from seats.provider_base import Completion, ModelRequest
+from seats.providers import EchoProvider
+from seats.turn_types import Trigger, TurnResult
+from seats.turns import TurnRunner
 from seats_support import FAST, Recorder, Reply, company, eventually, memory_queues, model_server, running, send, wake
 from turn_support import NotesToolbox
 

@@ -218,7 +218,7 @@ def test_healthz_is_200_when_the_broker_is_connected_and_the_loops_run(no_proces
 
 
 def test_get_queue_says_what_to_do_when_no_engine_runs_here(no_process_queue: None) -> None:
-    with pytest.raises(runtime.NoQueue, match="engine is not running here"):
+    with pytest.raises(runtime.EngineAway, match="engine is not running here"):
         runtime.get_queue()
 
 
@@ -226,7 +226,7 @@ async def test_a_web_only_process_with_an_embedded_broker_cannot_dial_one_lazily
     no_process_queue: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CREWLET_STREAM_TYPE", "embedded")
-    with pytest.raises(runtime.NoQueue, match="stream.type is 'embedded'"):
+    with pytest.raises(runtime.EngineAway, match="stream.type is 'embedded'"):
         await runtime.aget_queue()
 
 
@@ -380,9 +380,9 @@ def test_up_keeps_the_embedded_brokers_store_under_the_data_dir_unless_told_othe
 async def test_a_service_that_swallows_its_cancellation_is_cancelled_again_and_the_engine_still_stops(
     no_process_queue: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import crewlet.engine.core
+    import crewlet.engine.services
 
-    monkeypatch.setattr(crewlet.engine.core, "RECANCEL_AFTER_S", 0.05)
+    monkeypatch.setattr(crewlet.engine.services, "RECANCEL_AFTER_S", 0.05)
     engine = Engine(fast_settings(), connect=twin_connect(FakeBroker()))
     started = asyncio.Event()
 

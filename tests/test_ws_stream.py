@@ -310,7 +310,7 @@ async def test_with_a_queue_but_no_engines_projection_the_socket_says_no_engine_
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert projection.current() is None
-    assert await _accepted_then_told_to_try_again_later(caplog) == [projection.NO_ENGINE]
+    assert await _accepted_then_told_to_try_again_later(caplog) == [runtime.NO_ENGINE]
     assert projection.current() is None  # none was made up for the tab
     assert await backend.open_broadcasts() == 0
 

@@ -1,7 +1,7 @@
 """Company config revisions: create (validated), move the activation pointer (compare-and-set), read the active one.
 
 A revision is the company file's text, validated exactly as the file is
-(:func:`crewlet.company.org.parse_company_text`, so a bad value is refused with the
+(:func:`crewlet.company.parse.parse_company_text`, so a bad value is refused with the
 same ``field=value: allowed`` message). Exactly one revision is active: the
 single :class:`~crewlet.models.ActivationPointer` row names it, and
 :func:`activate` moves it with a conditional UPDATE, so only the caller whose
@@ -32,7 +32,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from crewlet import events
-from crewlet.company.org import CompanyError, Organization, parse_company_text, read_company_text
+from crewlet.company.fields import CompanyError
+from crewlet.company.org import Organization
+from crewlet.company.parse import parse_company_text, read_company_text
 from crewlet.events import Trace
 from crewlet.events.types import ConfigRevisionActivated
 

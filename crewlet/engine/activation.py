@@ -15,11 +15,12 @@ from django.db import transaction
 
 from crewlet import events
 from crewlet.events import Trace
-from crewlet.company.org import CompanyError, parse_company_text
+from crewlet.company.fields import CompanyError
+from crewlet.company.parse import parse_company_text
 from crewlet.company.revisions import STEPS, Activation, activate_cas, active_row, POLL_EVERY_S
 from crewlet.engine import runtime
-from crewlet.engine.core import Periodic, Service
 from crewlet.engine.interfaces import CONFIG_POLLER, SEAT_RUNTIME, SeatLoops
+from crewlet.engine.services import Periodic, Service
 from crewlet.events.types import ConfigRevisionApplied
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
@@ -176,7 +177,7 @@ def services(engine: "Engine", interval_s: float = POLL_EVERY_S) -> list[Service
         assert engine.queue is not None
         return ConfigPoller(
             engine.queue,
-            engine.service(SEAT_RUNTIME),
+            engine.get(SEAT_RUNTIME),
             node_id=engine.settings.node.id,
             interval_s=interval_s,
             emitter=engine.emitter,

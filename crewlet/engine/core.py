@@ -3,18 +3,21 @@
 ``manage.py up`` and ``manage.py runconsumers`` are thin shells around
 :meth:`Engine.run`. Each installed app contributes its services from its
 ``AppConfig.engine_services(engine)`` (:func:`app_services` collects them), so
-the commands name no app. A :class:`Service` is a name, the names it depends
-on, and a factory of a :class:`Lifecycle` (``start()``/``stop()``): the engine
+the commands name no app. A :class:`~crewlet.engine.services.Service` is a key
+(:class:`~crewlet.engine.interfaces.ServiceKey`), the names it depends on, and
+a factory of a :class:`~crewlet.engine.interfaces.Lifecycle`: the engine
 connects the queue (starting the embedded broker when ``stream.type`` is
 ``embedded``), starts every service after the ones it depends on, and hands
-out what each started (:meth:`Engine.service`) — to other services and, through
-:func:`crewlet.engine.runtime.engine`, to the request threads of the same process.
-There is no other process-wide registry.
+out what each started, typed by its key (:meth:`Engine.get`, :meth:`Engine.find`)
+— to other services and, through :func:`crewlet.engine.runtime.service`, to
+the request threads of the same process. There is no other process-wide registry.
 
-Two shapes cover every duty: :class:`Periodic` (run a duty now and every
-``every_s``, a failing pass logged and retried; :meth:`Engine.add_periodic`)
-and :class:`Task` (a coroutine that runs until cancelled, whose failure stops
-the engine; :meth:`Engine.add_service`). The engine also owns the one
+The service primitives — :class:`~crewlet.engine.services.Periodic` (a duty
+now and every ``every_s``; :meth:`Engine.add_periodic`) and
+:class:`~crewlet.engine.services.Task` (a coroutine that runs until cancelled,
+whose failure stops the engine; :meth:`Engine.add_service`) — and the order
+services start in are :mod:`crewlet.engine.services`, named here too for the
+modules that import them from the engine. The engine also owns the one
 telemetry :class:`~crewlet.queue.emit.Emitter` of the process
 (:attr:`Engine.emitter`), closed once every service has stopped.
 
@@ -33,14 +36,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol, TypeVar, Union
+from typing import Any, Awaitable, Callable, Optional, Protocol, TypeVar
 
-from crewlet.base.aio import keeping_cancel
-from crewlet.company.conf import ClusterSettings, EngineSettings, cluster_secret, redact_url
-from crewlet.queue.emit import Emitter
+from crewlet.company.conf import ClusterSettings, EngineSettings, redact_url
+from crewlet.company.loading import cluster_secret
+from crewlet.engine import runtime
+from crewlet.engine.interfaces import Lifecycle, ServiceKey
 from crewlet.engine.metrics import EngineMetrics
+from crewlet.engine.services import (
+    Interval,
+    Named,
+    NoService,
+    Periodic,
+    Service,
+    Task,
+    cancel_and_wait,
+    ordered,
+    periodic,
+)
 from crewlet.queue.contract import EventQueue, Timings
+from crewlet.queue.emit import Emitter
 
 log = logging.getLogger("crewlet.engine.core")
 
@@ -50,191 +65,6 @@ _T = TypeVar("_T")
 ServiceFactory = Callable[["Engine"], Awaitable[None]]
 #: Run at the start of a stop, once delivery is paused: turn away work that has not started.
 StopHook = Callable[[], Awaitable[None]]
-#: A periodic duty's interval: fixed seconds, or asked again after every pass (a schedule's next slot).
-Interval = Union[float, Callable[[], float]]
-
-#: A task still running this long after its cancellation is cancelled again.
-RECANCEL_AFTER_S = 5.0
-
-
-class Lifecycle(Protocol):
-    """What a service's factory makes: started once its dependencies run, stopped before they stop."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Service:
-    """A named part of the engine.
-
-    ``make(engine)`` builds the :class:`Lifecycle` once the queue is connected
-    and every service named in ``depends_on`` has started (so it may ask the
-    engine for them); what it builds is what :meth:`Engine.service` hands out
-    under ``name``. ``stop_first`` services (the web server) stop at the very
-    start of a stop, before the drain, so nothing new comes in while the loops
-    finish what they hold. ``stop_last`` services (the fleet membership) stop
-    only once the queue has closed: its close ends the handlers that outlived
-    the drain, and until they have ended another node must not be let in on
-    the seat leases they work under. ``after`` orders without requiring: the service
-    starts after those names when the engine has them (a seat runtime after
-    the event store's writer, so what it publishes is stored), and without
-    them when it does not (a test's engine with the seats alone).
-    """
-
-    name: str
-    make: Callable[["Engine"], Lifecycle]
-    depends_on: tuple[str, ...] = ()
-    stop_first: bool = False
-    after: tuple[str, ...] = ()
-    stop_last: bool = False
-
-
-class NoService(LookupError):
-    """The engine runs no service of that name (not registered, not started yet, or stopped)."""
-
-
-async def cancel_and_wait(tasks: Iterable["asyncio.Task[Any]"]) -> None:
-    """Cancel ``tasks`` and wait for them; cancel again any that swallowed the cancellation.
-
-    A cancellation can be lost inside a library (Python 3.11's ``asyncio.wait_for``
-    returns a result that raced with ``cancel()``): a task caught mid-start
-    would then run on and wedge the stop. One still running after
-    ``RECANCEL_AFTER_S`` is cancelled again.
-    """
-    pending = {task for task in tasks if not task.done()}
-    for task in pending:
-        task.cancel()
-    while pending:
-        _done, pending = await asyncio.wait(pending, timeout=RECANCEL_AFTER_S)
-        for task in pending:
-            log.warning("engine_service_cancelled_again", extra={"service": task.get_name()})
-            task.cancel()
-
-
-class Task:
-    """A coroutine run as a task from ``start()`` until ``stop()`` cancels it.
-
-    ``on_failure`` hears of an exception that ended it early (the engine's:
-    stop with a failure, since a duty that died silently would leave a node
-    that looks healthy and does nothing).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        run: Callable[[], Awaitable[None]],
-        on_failure: Optional[Callable[[str, BaseException], None]] = None,
-    ) -> None:
-        self.name = name
-        self._run = run
-        self._on_failure = on_failure
-        self._task: Optional[asyncio.Task[None]] = None
-
-    @property
-    def alive(self) -> bool:
-        return self._task is not None and not self._task.done()
-
-    @property
-    def task(self) -> Optional["asyncio.Task[None]"]:
-        """The running task (None before start and after stop)."""
-        return self._task
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._guarded(), name=f"service:{self.name}")
-
-    async def _guarded(self) -> None:
-        try:
-            await self._run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("engine_service_failed", extra={"service": self.name})
-            if self._on_failure is not None:
-                self._on_failure(self.name, exc)
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel_and_wait([task])
-
-
-class Periodic:
-    """Run ``duty`` now (or after ``first_after_s``) and then every ``every_s`` until stopped.
-
-    A pass that raises is logged as ``<name>_failed`` on ``logger`` and the
-    next pass runs on time: a database hiccup must not stop the engine.
-    :meth:`wake` runs the next pass at once (a nudge that something changed);
-    ``pause`` is how it waits between passes (injectable so a test can count
-    the intervals without living through them).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        every_s: Interval,
-        duty: Callable[[], Awaitable[Any]],
-        *,
-        logger: Optional[logging.Logger] = None,
-        first_after_s: float = 0.0,
-        pause: Optional[Callable[[float], Awaitable[None]]] = None,
-    ) -> None:
-        self.name = name
-        self.every_s = every_s
-        self.duty = duty
-        self.logger = logger or log
-        self.first_after_s = first_after_s
-        self._pause = pause or self._wait
-        self._wake: Optional[asyncio.Event] = None
-        self._task = Task(name, self.run)
-
-    @property
-    def alive(self) -> bool:
-        return self._task.alive
-
-    @property
-    def task(self) -> Optional["asyncio.Task[None]"]:
-        """The task running the passes (None before start and after stop)."""
-        return self._task.task
-
-    def interval_s(self) -> float:
-        return self.every_s() if callable(self.every_s) else self.every_s
-
-    def wake(self) -> None:
-        """Run the next pass now rather than at the end of the interval (on the loop's thread)."""
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _wait(self, seconds: float) -> None:
-        if self._wake is None:
-            self._wake = asyncio.Event()
-        try:
-            await keeping_cancel(asyncio.wait_for(self._wake.wait(), timeout=max(seconds, 0.0)))
-        except asyncio.TimeoutError:
-            pass
-
-    async def run(self) -> None:
-        """The passes, until cancelled (what :meth:`start` runs as a task)."""
-        if self._wake is None:
-            self._wake = asyncio.Event()
-        if self.first_after_s > 0:
-            await self._pause(self.first_after_s)
-        while True:
-            self._wake.clear()
-            try:
-                await self.duty()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.logger.exception(f"{self.name}_failed", extra={"duty": self.name})
-            await self._pause(self.interval_s())
-
-    async def start(self) -> None:
-        await self._task.start()
-
-    async def stop(self) -> None:
-        await self._task.stop()
 
 
 class Broker(Protocol):
@@ -248,7 +78,7 @@ class Broker(Protocol):
 
 
 class Connect(Protocol):
-    """The signature of ``crewlet.queue.broker.connect_queue``."""
+    """The signature of ``crewlet.queue.connect.connect_queue``."""
 
     def __call__(
         self,
@@ -265,29 +95,10 @@ class Connect(Protocol):
     ) -> Awaitable[tuple[EventQueue, Optional[Broker]]]: ...
 
 
-def periodic(
-    name: str,
-    every_s: Interval,
-    fn: Callable[[], Awaitable[Any]],
-    *,
-    depends_on: tuple[str, ...] = (),
-    after: tuple[str, ...] = (),
-    first_after_s: float = 0.0,
-    logger: Optional[logging.Logger] = None,
-) -> Service:
-    """A :class:`Periodic` duty as a service (what :meth:`Engine.add_periodic` registers)."""
-    return Service(
-        name,
-        lambda _engine: Periodic(name, every_s, fn, logger=logger, first_after_s=first_after_s),
-        depends_on=depends_on,
-        after=after,
-    )
-
-
 def _default_connect() -> Connect:
     # Imported on first use: the engine module stays importable (Django checks,
     # settings tests) without loading nats-py or the broker code.
-    from crewlet.queue.broker import connect_queue
+    from crewlet.queue.connect import connect_queue
 
     return connect_queue
 
@@ -302,37 +113,6 @@ def app_services(engine: "Engine") -> list[Service]:
         if contribute is not None:
             found.extend(contribute(engine))
     return found
-
-
-def ordered(services: list[Service]) -> list[Service]:
-    """``services`` in an order where each comes after what it depends on (else registration order).
-
-    A dependency on a name no service has, or a cycle, is a programming error
-    caught at start rather than a service waiting forever.
-    """
-    by_name = {s.name: s for s in services}
-    out: list[Service] = []
-    state: dict[str, int] = {}  # 1 = being placed, 2 = placed
-
-    def place(service: Service, chain: tuple[str, ...]) -> None:
-        if state.get(service.name) == 2:
-            return
-        if state.get(service.name) == 1:
-            raise RuntimeError(f"engine services depend on each other in a cycle: {' -> '.join((*chain, service.name))}")
-        state[service.name] = 1
-        for dep in service.depends_on:
-            if dep not in by_name:
-                raise RuntimeError(f"engine service {service.name!r} depends on {dep!r}, which no installed app provides")
-            place(by_name[dep], (*chain, service.name))
-        for dep in service.after:
-            if dep in by_name:
-                place(by_name[dep], (*chain, service.name))
-        state[service.name] = 2
-        out.append(service)
-
-    for service in services:
-        place(service, ())
-    return out
 
 
 class Engine:
@@ -392,7 +172,7 @@ class Engine:
         *,
         name: Optional[str] = None,
         stop_first: bool = False,
-        depends_on: tuple[str, ...] = (),
+        depends_on: tuple[Named, ...] = (),
     ) -> None:
         """Register a coroutine that runs until cancelled (a :class:`Task`); one that raises stops the engine."""
         label = name or str(getattr(factory, "__name__", repr(factory)))
@@ -411,7 +191,7 @@ class Engine:
         every_s: Interval,
         fn: Callable[[], Awaitable[Any]],
         *,
-        depends_on: tuple[str, ...] = (),
+        depends_on: tuple[Named, ...] = (),
         first_after_s: float = 0.0,
         logger: Optional[logging.Logger] = None,
     ) -> None:
@@ -433,20 +213,30 @@ class Engine:
         """
         self._stop_hooks.append(hook)
 
-    def provide(self, name: str, thing: Any) -> None:
-        """Hand out ``thing`` under ``name`` without the engine starting it (a test's own runtime)."""
-        self._provided[name] = thing
+    def provide(self, key: ServiceKey[_T], thing: _T) -> None:
+        """Hand out ``thing`` under ``key`` without the engine starting it (a test's own runtime)."""
+        self._provided[key.name] = thing
 
-    def service(self, name: str) -> Any:
-        """What the running service ``name`` made; :class:`NoService` when none runs under that name."""
-        try:
-            return self._provided[name]
-        except KeyError:
-            raise NoService(f"no {name} service runs in this engine") from None
+    def get(self, key: ServiceKey[_T]) -> _T:
+        """What the running service under ``key`` made; :class:`NoService` when none runs under its name.
 
-    def lookup(self, name: str) -> Any:
-        """What the running service ``name`` made, or None (a service that is optional to the asker)."""
-        return self._provided.get(name)
+        For a service's factory whose dependency the engine started first
+        (``depends_on``): its absence is a wiring fault, not a state to handle.
+        """
+        found = self.find(key)
+        if found is None:
+            raise NoService(f"no {key.name} service runs in this engine")
+        return found
+
+    def find(self, key: ServiceKey[_T]) -> Optional[_T]:
+        """What the running service under ``key`` made, or None (a service that is optional to the asker).
+
+        The registry holds what each service's factory made, and a factory
+        registered under ``key`` makes what ``key`` provides (``Service``
+        checks it): so what is found is a ``_T``.
+        """
+        found: Optional[_T] = self._provided.get(key.name)
+        return found
 
     def duties(self) -> dict[str, bool]:
         """Every running service by name, with whether it is alive (``/readyz``, ``crewlet_engine_service_up``).
@@ -501,9 +291,7 @@ class Engine:
 
     def call(self, make: Callable[[], Awaitable[_T]], timeout_s: float) -> _T:
         """From another thread: run ``make()`` on the engine's loop and wait for it (:func:`crewlet.engine.runtime.call_on_loop`)."""
-        from crewlet.engine.runtime import call_on_loop
-
-        return call_on_loop(make, self._loop, timeout_s)
+        return runtime.call_on_loop(make, self._loop, timeout_s)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -544,8 +332,6 @@ class Engine:
 
     async def serve(self) -> int:
         """Connect, start the services in order, wait for a stop, drain. Returns the exit status."""
-        from crewlet.engine import runtime  # the process's one handle on the running engine
-
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         installed = self._install_signal_handlers()
@@ -603,7 +389,7 @@ class Engine:
         """Start each service after those it depends on; one that fails to start stops the engine."""
         for service in plan:
             try:
-                thing = service.make(self)
+                thing: Lifecycle = service.make(self)
                 self._running.append((service, thing))
                 self._provided[service.name] = thing
                 await thing.start()
@@ -663,8 +449,6 @@ class Engine:
                 await self.emitter.close()
             except Exception:
                 log.exception("engine_emitter_close_failed")
-        from crewlet.engine import runtime
-
         runtime.detach(self)
         try:
             if idle:
@@ -724,18 +508,4 @@ class Engine:
         return installed
 
 
-__all__ = [
-    "Engine",
-    "Interval",
-    "Lifecycle",
-    "NoService",
-    "Periodic",
-    "Service",
-    "ServiceFactory",
-    "StopHook",
-    "Task",
-    "app_services",
-    "cancel_and_wait",
-    "ordered",
-    "periodic",
-]
+__all__ = ["Engine", "ServiceFactory", "StopHook", "app_services"]

@@ -296,18 +296,18 @@ class _EngineState(Collector):
         yield up
 
     def _event_store(self) -> Iterator[Metric]:
-        service = self.engine.lookup(EVENT_STORE) if self.engine is not None else None
-        writer = getattr(service, "writer", None)
+        service = self.engine.find(EVENT_STORE) if self.engine is not None else None
+        writer = service.writer if service is not None else None
         if writer is None:
             return
         backlog = _gauge("crewlet_eventstore_writer_backlog_rows", "Rows published and not yet written to the event store.")
-        backlog.add_metric([], float(getattr(writer, "backlog", 0)))
+        backlog.add_metric([], float(writer.backlog))
         yield backlog
         refused = CounterMetricFamily(
             "crewlet_eventstore_rows_refused",
             "Rows the event store refused for what they held, set aside so the rows behind them were written.",
         )
-        refused.add_metric([], float(getattr(writer, "refused", 0)))
+        refused.add_metric([], float(writer.refused))
         yield refused
         lag = _gauge(
             "crewlet_eventstore_writer_lag_seconds",
@@ -318,7 +318,7 @@ class _EngineState(Collector):
 
     def _fleet_reads(self) -> Iterator[Metric]:
         """The history_partial alarm's ratio: this node's history reads, by whether every live node answered."""
-        reads = self.engine.lookup(FLEET_READS) if self.engine is not None else None
+        reads = self.engine.find(FLEET_READS) if self.engine is not None else None
         if reads is None:
             return
         asked = CounterMetricFamily(
@@ -330,7 +330,7 @@ class _EngineState(Collector):
 
     def _leases(self) -> Iterator[Metric]:
         """This node's leases as its fleet membership holds them now: presence, each seat, each duty."""
-        member = self.engine.lookup(FLEET) if self.engine is not None else None
+        member = self.engine.find(FLEET) if self.engine is not None else None
         if member is None:
             return
         present = _gauge("crewlet_fleet_present", "1 while this node's presence lease is good by its own deadline.")

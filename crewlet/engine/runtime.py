@@ -2,14 +2,18 @@
 
 The engine attaches itself here once its queue is connected (and detaches
 before closing it), so code served by the same process — webhook views,
-``/healthz``, the dashboard, the API — asks :func:`engine` for the engine and,
-through :meth:`~crewlet.engine.core.Engine.service`, for the service it needs
-(the names are :mod:`crewlet.engine.interfaces`). That reference is the only
-process-wide state: every service lives in the engine's registry.
+``/healthz``, the dashboard, the API — asks :func:`service` for the service it
+needs by its key (:mod:`crewlet.engine.interfaces`), typed by what the key
+provides, or :func:`find_service` when doing without it is an answer too.
+That reference is the only process-wide state: every service lives in the
+engine's registry.
 
-A web-only process (no engine) gets an explicit answer everywhere:
-:func:`engine` raises :class:`NoEngine` (its words are :data:`NO_ENGINE`),
-:func:`get_queue` raises :class:`NoQueue`, and views answer 503 saying so.
+Whatever a thread cannot have of the engine — no engine in this process, no
+queue, no such service, no fleet to ask, no answer in time — is one error,
+:class:`EngineAway`: ``missing`` says which (:data:`MISSING_ENGINE` ...), and
+its words (``reason``, its ``str()``) are the ones below, defined once. A
+view lets it go: the API's exception handler (``crewlet.http.bodies``) answers
+every one of them 503 with that reason.
 
 :func:`call_on_loop` is the one way a thread that is not the engine's (a sync
 view, an admin action, an ``on_commit`` announcement) runs a coroutine on the
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Optional, TypeVar
 from asgiref.sync import SyncToAsync
 from opentelemetry import context as otel_context
 
+from crewlet.engine.interfaces import ServiceKey
 from crewlet.queue.emit import Emitter
 from crewlet.queue.contract import EventQueue
 
@@ -38,27 +43,58 @@ log = logging.getLogger("crewlet.engine.runtime")
 
 _T = TypeVar("_T")
 
-#: Why a thread could not ask the engine, when no engine runs in this process.
+#: What :class:`EngineAway` says is missing: no engine runs in this process (a web-only process, or it stopped).
+MISSING_ENGINE = "engine"
+#: The engine has no queue client (none in this process, or not connected yet).
+MISSING_QUEUE = "queue"
+#: The engine runs no service under the key asked for (not registered, not started yet, or stopped).
+MISSING_SERVICE = "service"
+#: The fleet cannot be asked from this process (its history reads run only beside an engine).
+MISSING_FLEET = "fleet"
+#: The engine's loop did not answer in time, or cannot be waited on from this thread.
+MISSING_ANSWER = "answer"
+
+#: The words of each, when the raiser has none more precise.
 NO_ENGINE = "no engine runs in this process to reach the queue"
+NO_QUEUE = (
+    "no queue in this process: the engine is not running here "
+    "(run manage.py up, or manage.py runconsumers beside the web server)"
+)
+NO_SERVICE = "the engine running in this process runs no such service"
+NO_FLEET = (
+    "no engine runs in this process, so it cannot ask the fleet: each node's store holds only what that node "
+    "published, and one store's rows alone would read like a quiet company (ask a node that runs manage.py up "
+    "or runconsumers)"
+)
+NO_ANSWER = "the engine's loop did not answer"
+WORDS: dict[str, str] = {
+    MISSING_ENGINE: NO_ENGINE,
+    MISSING_QUEUE: NO_QUEUE,
+    MISSING_SERVICE: NO_SERVICE,
+    MISSING_FLEET: NO_FLEET,
+    MISSING_ANSWER: NO_ANSWER,
+}
 #: How long a request thread waits for the engine's loop by default.
 ENGINE_TIMEOUT_S = 10.0
 
 _engine: Optional["Engine"] = None
 
 
-class EngineAway(Exception):
-    """The engine's loop cannot be asked from here, or it did not answer in time."""
+class EngineAway(RuntimeError):
+    """This process cannot have what it asked of its engine: the one "no engine here" error.
 
+    ``missing`` is which part is away (one of :data:`WORDS`' keys: the
+    engine, its queue, a service, the fleet, an answer); ``reason`` (also the
+    ``str()``) is the sentence a person reads, :data:`WORDS`' unless the raiser
+    knows better. A :class:`RuntimeError`, as a refusal of the process's
+    current state: a caller that turns away a call it cannot make here (the
+    admin's pause action) catches it as such.
+    """
 
-class NoEngine(EngineAway):
-    """No engine runs in this process (a web-only process, or the engine stopped)."""
-
-    def __init__(self) -> None:
-        super().__init__(NO_ENGINE)
-
-
-class NoQueue(RuntimeError):
-    """No queue client in this process: no engine runs here."""
+    def __init__(self, missing: str = MISSING_ENGINE, reason: str = "") -> None:
+        self.missing = missing
+        self.reason = reason or WORDS.get(missing, NO_ENGINE)
+        super().__init__(self.reason)
 
 
 def attach(engine: "Engine") -> None:
@@ -80,21 +116,44 @@ def current_engine() -> Optional["Engine"]:
 
 
 def engine() -> "Engine":
-    """The engine running in this process; :class:`NoEngine` when none does."""
+    """The engine running in this process; :class:`EngineAway` when none does."""
     if _engine is None:
-        raise NoEngine()
+        raise EngineAway(MISSING_ENGINE)
     return _engine
 
 
+def service(key: ServiceKey[_T], *, missing: str = "") -> _T:
+    """The running engine's service under ``key``; :class:`EngineAway` when there is no engine or no such service.
+
+    The one way code outside the engine's services (a view, a page, a
+    socket) reaches a service. ``missing`` names the absence for an asker to
+    whom either case is one (the history reads: no fleet to ask); otherwise it
+    is :data:`MISSING_ENGINE` or :data:`MISSING_SERVICE`, saying which.
+    """
+    running = _engine
+    if running is None:
+        raise EngineAway(missing or MISSING_ENGINE)
+    found = running.find(key)
+    if found is None:
+        raise EngineAway(missing or MISSING_SERVICE, "" if missing else f"no {key.name} service runs in this engine")
+    return found
+
+
+def find_service(key: ServiceKey[_T]) -> Optional[_T]:
+    """The running engine's service under ``key``, or None (no engine, or it runs none): for an asker that can do without."""
+    running = _engine
+    return running.find(key) if running is not None else None
+
+
 def company() -> "Organization":
-    """The company the running engine serves (its active revision); :class:`NoEngine` without one.
+    """The company the running engine serves (its active revision); :class:`EngineAway` without one.
 
     A web-only process does not know which seats there are: that is the
     running engine's company file or active revision, never a guess.
     """
     holder = engine().company
     if holder is None:
-        raise NoEngine()
+        raise EngineAway(MISSING_ENGINE)
     found: "Organization" = holder.current()
     return found
 
@@ -105,30 +164,28 @@ def current_queue() -> Optional[EventQueue]:
 
 
 def get_queue() -> EventQueue:
-    """The running engine's queue; raises :class:`NoQueue` with what to do when there is none."""
+    """The running engine's queue; :class:`EngineAway` (``MISSING_QUEUE``) with what to do when there is none."""
     queue = current_queue()
     if queue is None:
-        raise NoQueue(
-            "no queue in this process: the engine is not running here "
-            "(run manage.py up, or manage.py runconsumers beside the web server)"
-        )
+        raise EngineAway(MISSING_QUEUE)
     return queue
 
 
 async def aget_queue() -> EventQueue:
-    """The running engine's queue; :class:`NoQueue` saying why a process without an engine has none."""
+    """The running engine's queue; :class:`EngineAway` saying why a process without an engine has none."""
     queue = current_queue()
     if queue is not None:
         return queue
-    from crewlet.company.conf import load_settings
+    from crewlet.company.loading import load_settings
 
     stream_type = load_settings().stream.type
     if stream_type == "embedded":
-        raise NoQueue(
+        raise EngineAway(
+            MISSING_QUEUE,
             f"no queue in this process and stream.type is {stream_type!r}: "
-            "an embedded broker lives inside manage.py up"
+            "an embedded broker lives inside manage.py up",
         )
-    raise NoQueue(f"no queue in this process: the engine is not running here (stream.type is {stream_type!r})")
+    raise EngineAway(MISSING_QUEUE, f"no queue in this process: the engine is not running here (stream.type is {stream_type!r})")
 
 
 def emitter_for(queue: EventQueue) -> Emitter:
@@ -160,7 +217,7 @@ def on_engine(make: Callable[[EventQueue], Awaitable[_T]], timeout_s: float = EN
     running = engine()
     queue = running.queue
     if queue is None:
-        raise NoEngine()
+        raise EngineAway(MISSING_QUEUE, NO_ENGINE)
     return call_on_loop(lambda: make(queue), running.loop, timeout_s)
 
 
@@ -175,15 +232,15 @@ def start_on_loop(
     future with a timeout and cancels it when that runs out.
     """
     if loop is None or loop.is_closed():
-        raise EngineAway(NO_ENGINE)
+        raise EngineAway(MISSING_ENGINE)
     try:
         running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
     except RuntimeError:
         running = None
     if running is not None:
-        raise EngineAway("a thread running an event loop must await the coroutine, not block on a loop")
+        raise EngineAway(MISSING_ANSWER, "a thread running an event loop must await the coroutine, not block on a loop")
     if SyncToAsync.deadlock_context.get(False):
-        raise EngineAway("this is the store thread the engine's coroutine needs: blocking here would deadlock")
+        raise EngineAway(MISSING_ANSWER, "this is the store thread the engine's coroutine needs: blocking here would deadlock")
     carried = otel_context.get_current()
 
     async def run() -> _T:
@@ -199,7 +256,7 @@ def start_on_loop(
         future = contextvars.Context().run(asyncio.run_coroutine_threadsafe, coro, loop)
     except RuntimeError as exc:  # the loop closed since the check above
         coro.close()
-        raise EngineAway(NO_ENGINE) from exc
+        raise EngineAway(MISSING_ENGINE) from exc
     return future
 
 
@@ -233,15 +290,23 @@ def call_on_loop(
     except TimeoutError as exc:
         future.cancel()
         log.warning("engine_loop_timeout", extra={"timeout_s": timeout_s})
-        raise EngineAway(f"the engine did not answer within {timeout_s:g}s") from exc
+        raise EngineAway(MISSING_ANSWER, f"the engine did not answer within {timeout_s:g}s") from exc
 
 
 __all__ = [
     "ENGINE_TIMEOUT_S",
+    "MISSING_ANSWER",
+    "MISSING_ENGINE",
+    "MISSING_FLEET",
+    "MISSING_QUEUE",
+    "MISSING_SERVICE",
+    "NO_ANSWER",
     "NO_ENGINE",
+    "NO_FLEET",
+    "NO_QUEUE",
+    "NO_SERVICE",
+    "WORDS",
     "EngineAway",
-    "NoEngine",
-    "NoQueue",
     "aget_queue",
     "attach",
     "call_on_loop",
@@ -251,8 +316,10 @@ __all__ = [
     "detach",
     "emitter_for",
     "engine",
+    "find_service",
     "get_queue",
     "is_connected",
     "on_engine",
+    "service",
     "start_on_loop",
 ]

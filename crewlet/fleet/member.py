@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
 from django.db.models.functions import Now
 
 from crewlet.base.db import in_store
-from crewlet.engine.core import Periodic, Service
+from crewlet.engine.interfaces import FLEET
+from crewlet.engine.services import Periodic, Service
 from crewlet.fleet import PROTOCOL_VERSION, StoreClaimed, leases
 from crewlet.fleet.leases import DUTY, NODE, SEAT
-from crewlet.engine.interfaces import FLEET
 from crewlet.models import NodeLease, StoreIdentity
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -20,7 +20,10 @@ read's 404 keeps its ``coverage`` and ``at``). ``eventstore.api.BadParameter``
 answers a query parameter in it, :func:`error_response` is how a view answers
 any other error, and :func:`exception_handler` (the REST framework's, named in
 the settings) puts every exception the framework answers — a serializer's
-``{"field": ["..."]}``, a 401, a 404, a 405, a 406 — into it.
+``{"field": ["..."]}``, a 401, a 404, a 405, a 406 — into it. It is also the
+one place a view's "no engine here" (:class:`~crewlet.engine.runtime.EngineAway`:
+no engine, queue or service in this process, no fleet to ask, no answer in
+time) becomes an answer: 503, ``error: unavailable``, its reason.
 :class:`ErrorSerializer` declares it in the OpenAPI schema (``crewlet.http.errors``
 adds it to every operation).
 """
@@ -36,6 +39,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 
 from crewlet.base.jsontext import JSONTooDeep, dotted, escape, find_unstorable, load_json
+from crewlet.engine.runtime import EngineAway
 
 #: The keys of every 400 answer.
 K_ERROR = "error"
@@ -109,6 +113,13 @@ class BadBody(exceptions.APIException):
         super().__init__(reason)
         # APIException coerces a dict detail's values to ErrorDetail; keep plain strings.
         self.detail = bad_request_body(error, param, reason)
+
+
+class Unavailable(exceptions.APIException):
+    """503 (``error: unavailable``): what the request needs of the engine is not in this process; ``detail`` says why."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = ERROR_CODES[status.HTTP_503_SERVICE_UNAVAILABLE]
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -199,11 +210,13 @@ def as_one_shape(exc: Exception) -> Exception:
 
 
 def _framework_exception(exc: Exception) -> Exception:
-    """Django's 404 and 403 as the REST framework's (which its handler turns them into anyway)."""
+    """Django's 404 and 403 as the REST framework's (which its handler turns them into anyway), no engine here as a 503."""
     if isinstance(exc, Http404):
         return exceptions.NotFound()
     if isinstance(exc, DjangoPermissionDenied):
         return exceptions.PermissionDenied()
+    if isinstance(exc, EngineAway):
+        return Unavailable(exc.reason)
     return exc
 
 
@@ -330,6 +343,7 @@ __all__ = [
     "STORABLE_PATTERN",
     "StrictBooleanField",
     "StrictCharField",
+    "Unavailable",
     "WholeMatch",
     "as_one_shape",
     "bad_request_body",

@@ -39,7 +39,7 @@ from django.views.decorators.http import require_GET
 
 from crewlet.engine import runtime
 from crewlet.base.db_router import EVENTS_ALIAS
-from crewlet.engine.interfaces import seat_loops
+from crewlet.engine.interfaces import SEAT_RUNTIME
 from crewlet.queue.errors import QueueError
 
 BROKER_CONNECTED = "connected"
@@ -89,7 +89,7 @@ async def health() -> tuple[bool, dict[str, Any]]:
     """
     running = runtime.current_engine()
     queue = running.queue if running is not None else None
-    seat_runtime = seat_loops(running) if running is not None else None
+    seat_runtime = running.find(SEAT_RUNTIME) if running is not None else None
     loops = LOOPS_RUNNING if seat_runtime is not None and seat_runtime.healthy() else LOOPS_NOT_RUNNING
     if queue is None:
         return False, {"status": "down", "broker": BROKER_NO_ENGINE, "loops": loops, "node": None}

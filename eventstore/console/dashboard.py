@@ -50,14 +50,18 @@ def _is_staff(user: Any) -> bool:
 
 
 def staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Anyone else is sent to sign in (and back here afterwards); a page that cannot ask the fleet says why, with 503."""
+    """Anyone else is sent to sign in (and back here afterwards); a page that cannot ask the fleet says why, with 503.
+
+    The pages' one place for the "no engine here" error (``EngineAway``) a
+    read raised: the page is the error page, 503, its reason.
+    """
 
     @functools.wraps(view)
     def asking_the_fleet(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
             return view(request, *args, **kwargs)
-        except store_api.FleetUnavailable as exc:
-            return render(request, "dashboard/error.html", {"title": "History", "reason": str(exc.detail)}, status=503)
+        except runtime.EngineAway as exc:
+            return render(request, "dashboard/error.html", {"title": "History", "reason": exc.reason}, status=503)
 
     return user_passes_test(_is_staff, login_url=LOGIN_URL)(asking_the_fleet)
 
@@ -105,7 +109,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     """The engine's company live; in a process with no engine, the stored feed and why there are no seats."""
     try:
         live = projection.running()
-    except projection.NoEngineHere as exc:
+    except runtime.EngineAway as exc:
         rows = store_api.events_page(_query(feed_only="true", limit=EVENTS_PAGE_SIZE))["events"]
         context: dict[str, Any] = {"org": None, "live": {"seats": [], "feed": rows}, "counters": [], "no_engine": str(exc)}
         return render(request, "dashboard/overview.html", {**context, "page": "overview"})
@@ -182,7 +186,7 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
     depth: Optional[int] = None
     depth_error = ""
     if target is None:  # no engine here: which seat this is, and its inbox, are not known
-        depth_error = projection.NO_ENGINE
+        depth_error = runtime.NO_ENGINE
     elif target.is_agent:
         depth, depth_error = on_engine_loop(
             lambda queue: queue.backlog(topics.agent_inbox(handle), topics.agent_inbox_group(handle))
@@ -195,7 +199,7 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
             "page": "seat",
             "handle": handle,
             "seat": target,
-            "no_engine": projection.NO_ENGINE if projected is None else "",
+            "no_engine": runtime.NO_ENGINE if projected is None else "",
             "live": live,
             "pause": state(actions.pause_states([handle]).get(handle)),
             "turns": turns,

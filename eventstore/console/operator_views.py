@@ -64,7 +64,6 @@ ARGS_KEYS = (K_REF,)
 
 #: Where an event names no type or summary we can read (bytes from another build).
 UNREADABLE = "unreadable"
-NO_ENGINE = runtime.NO_ENGINE
 
 
 # -- serializers (the schema; the answers are plain dicts) -----------------------------------
@@ -183,8 +182,8 @@ class DeadLettersView(APIView):
         limit = _limit(request)
         try:
             letters = runtime.on_engine(lambda queue: queue.dead_letters(limit), QUEUE_TIMEOUT_S)
-        except runtime.EngineAway as exc:
-            return _unavailable(str(exc))
+        except runtime.EngineAway:
+            raise  # answered 503 with its reason by the API's exception handler
         except Exception as exc:  # Unavailable from the broker, or NotLive while stopping
             log.warning("dead_letters_read_failed", extra={"error": repr(exc)})
             return _unavailable("the broker could not be reached to list the dead letters; try again")
@@ -228,7 +227,7 @@ class OperatorActView(APIView):
             )
         except runtime.EngineAway as exc:
             log.warning("operator_act_unreachable", extra={"tool": tool_name, "actor": actor, "error": str(exc)})
-            return _unavailable(str(exc))
+            raise
         if result.ok:
             return Response({K_OUTCOME: result.outcome, K_TOPIC: result.topic, K_EVENT_ID: result.event_id})
         code = {

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from eventstore.fanout.merge import merge_pages, plan_for, seed_plan
 from eventstore.fanout.service import (
-    NO_FLEET_HERE,
     NODE_PARTS,
-    FleetAway,
     FleetReads,
     for_engine,
     live_roster,
@@ -21,11 +19,9 @@ from eventstore.fanout.service import (
 from eventstore.fanout.wire import NOT_ASKED, OTHER_VERSION, READ_FAILED, REASONS, TIMED_OUT, UNREADABLE
 
 __all__ = [
-    "FleetAway",
     "FleetReads",
     "NODE_PARTS",
     "NOT_ASKED",
-    "NO_FLEET_HERE",
     "OTHER_VERSION",
     "READ_FAILED",
     "REASONS",

@@ -40,11 +40,12 @@ from crewlet.engine import runtime
 from crewlet.base.db import in_transaction, read_again_if_dropped
 from crewlet.events import format_timestamp
 from crewlet.events.types import HistoryPartial
-from crewlet.engine.interfaces import FLEET_READS
+from crewlet.engine.interfaces import FLEET_READS, FleetHistory
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.events.tracing import trace_of
+from eventstore import here
 from eventstore import questions as qs
 from eventstore.fanout import wire
 from eventstore.fanout.merge import Parts, Plan, plan_for
@@ -63,19 +64,6 @@ Report = Callable[[HistoryPartial], Coroutine[Any, Any, Any]]
 READ_WORKERS = 4
 #: How much longer than the budget a request thread waits for the loop's gather, which itself stops at the budget.
 GATHER_GRACE_S = 1.0
-#: Why a process without an engine answers no history read.
-NO_FLEET_HERE = (
-    "no engine runs in this process, so it cannot ask the fleet: each node's store holds only what that node "
-    "published, and one store's rows alone would read like a quiet company (ask a node that runs manage.py up "
-    "or runconsumers)"
-)
-
-
-class FleetAway(RuntimeError):
-    """No fleet can be asked from this process (a web-only process): the read is refused, never answered from one store."""
-
-    def __init__(self, reason: str = NO_FLEET_HERE) -> None:
-        super().__init__(reason)
 
 
 def live_roster() -> list[str]:
@@ -498,7 +486,7 @@ def for_engine(engine: "Engine", *, roster: Optional[Roster] = None) -> FleetRea
             await emitter.emit(body, trace_of(), log_event="history_partial_publish_failed")
 
     return FleetReads(
-        qs.NodeScope(node_id=settings.node.id, retention_hours=settings.stream.event_retention_hours),
+        here.scope_of(settings),
         roster=roster or live_roster,
         queue=engine.queue,
         loop=engine.loop,
@@ -507,13 +495,12 @@ def for_engine(engine: "Engine", *, roster: Optional[Roster] = None) -> FleetRea
     )
 
 
-def reader() -> FleetReads:
-    """The running engine's fleet reads; :class:`FleetAway` in a process without one (a web-only process)."""
-    running = runtime.current_engine()
-    found: Optional[FleetReads] = running.lookup(FLEET_READS) if running is not None else None
-    if found is None:
-        raise FleetAway()
-    return found
+def reader() -> FleetHistory:
+    """The running engine's fleet reads; ``EngineAway(MISSING_FLEET)`` in a process without them (a web-only process).
+
+    The read is refused there, never answered from one store's rows.
+    """
+    return runtime.service(FLEET_READS, missing=runtime.MISSING_FLEET)
 
 
-__all__ = ["FleetAway", "FleetReads", "NODE_PARTS", "NO_FLEET_HERE", "for_engine", "live_roster", "node_part", "reader"]
+__all__ = ["FleetReads", "NODE_PARTS", "for_engine", "live_roster", "node_part", "reader"]

@@ -62,7 +62,7 @@ this node's scope is :mod:`eventstore.here`'s. Callers import from the package.
 from __future__ import annotations
 
 from eventstore.projection.model import Applied, LiveProjection, feed_row
-from eventstore.projection.service import NO_ENGINE, NoEngineHere, ProjectionService, current, running, subscribe
+from eventstore.projection.service import ProjectionService, current, running, subscribe
 from eventstore.projection.states import (
     ABSENT,
     FEED_SIZE,
@@ -89,8 +89,6 @@ __all__ = [
     "RUNNING",
     "STATES",
     "STOPPED",
-    "NO_ENGINE",
-    "NoEngineHere",
     "current",
     "feed_row",
     "ProjectionService",

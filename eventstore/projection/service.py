@@ -2,18 +2,21 @@
 
 One projection per process, owned by the engine (``LIVE_PROJECTION``): the
 service opens the broadcast stream first and seeds after, and a page or a tab
-finds it through :func:`current` / :func:`running` rather than making one of
-its own, so a process without an engine shows no company rather than a
-made-up one.
+finds it through :func:`current` / :func:`running` (the engine's service, by
+its key) rather than making one of its own, so a process without an engine
+shows no company rather than a made-up one: a web-only process serves the
+store's reads but not the company, since which seats there are is the running
+engine's company file (or its active revision).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from crewlet.engine.interfaces import FLEET_READS, LIVE_PROJECTION, seat_loops
+from crewlet.engine import runtime
+from crewlet.engine.interfaces import FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, LiveProjectionService
 from crewlet.company.org import CompanyHolder
 from crewlet.queue import topics
-from crewlet.engine.runtime import NO_ENGINE
+from eventstore.fanout import FleetReads
 from eventstore.projection.model import LiveProjection
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,34 +24,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from crewlet.queue.contract import Closable, EventQueue
 
 
-class NoEngineHere(LookupError):
-    """No engine runs in this process, so no projection does: its seats and their live state are not known here.
 
-    A web-only process serves the store's reads but not the company: which
-    seats there are is the running engine's company file (or its active
-    revision), so a page says so rather than guess with some other company.
-    ``str()`` is :data:`NO_ENGINE`, the words the dashboard's other reads use.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(NO_ENGINE)
+def _projection(service: LiveProjectionService) -> LiveProjection:
+    """The projection a :data:`LIVE_PROJECTION` service feeds: a :class:`ProjectionService`'s, of this app's class."""
+    found = service.projection
+    assert isinstance(found, LiveProjection)
+    return found
 
 
 def current() -> Optional[LiveProjection]:
     """The running engine's projection, or None when none runs in this process."""
-    from crewlet.engine import runtime
-
-    running = runtime.current_engine()
-    service = running.lookup(LIVE_PROJECTION) if running is not None else None
-    return service.projection if service is not None else None
+    service = runtime.find_service(LIVE_PROJECTION)
+    return _projection(service) if service is not None else None
 
 
 def running() -> LiveProjection:
-    """The running engine's projection; :class:`NoEngineHere` when none runs here (a web-only process)."""
-    found = current()
-    if found is None:
-        raise NoEngineHere()
-    return found
+    """The running engine's projection; :class:`~crewlet.engine.runtime.EngineAway` when none runs here."""
+    return _projection(runtime.service(LIVE_PROJECTION))
 
 
 async def subscribe(queue: "EventQueue", projection: LiveProjection) -> "Closable":
@@ -68,7 +60,7 @@ class ProjectionService:
     def __init__(self, engine: "Engine", projection: Optional[LiveProjection] = None) -> None:
         self.engine = engine
         holder: CompanyHolder = engine.company
-        self.projection = projection or LiveProjection(holder.current, seats=lambda: seat_loops(engine))
+        self.projection = projection or LiveProjection(holder.current, seats=lambda: engine.find(SEAT_RUNTIME))
         self._stream: Optional["Closable"] = None
 
     async def start(self) -> None:
@@ -77,7 +69,10 @@ class ProjectionService:
         with projection._lock:
             projection._pending = []  # what the stream delivers while the seed reads waits for it
         self._stream = await subscribe(self.engine.queue, projection)
-        await projection.seed(fleet=self.engine.lookup(FLEET_READS))
+        reads = self.engine.find(FLEET_READS)
+        # The fleet reads are this app's own (eventstore.fanout), whose plans the seed runs.
+        assert reads is None or isinstance(reads, FleetReads)
+        await projection.seed(fleet=reads)
 
     async def stop(self) -> None:
         stream, self._stream = self._stream, None
@@ -85,4 +80,4 @@ class ProjectionService:
             await stream.close()
 
 
-__all__ = ["NO_ENGINE", "NoEngineHere", "ProjectionService", "current", "running", "subscribe"]
+__all__ = ["ProjectionService", "current", "running", "subscribe"]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 
 from django.conf import settings
 
-from crewlet.engine.core import Task, cancel_and_wait
+from crewlet.engine.services import Task, cancel_and_wait
 from crewlet.company.org import MODE_SOCKET, SURFACE_SOCKET_TOKEN_KEYS, Organization, Surface
 
 if TYPE_CHECKING:  # pragma: no cover

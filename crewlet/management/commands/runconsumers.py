@@ -10,9 +10,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from crewlet.company.conf import STREAM_TYPES, SettingsError, load_settings
+from crewlet.company.conf import STREAM_TYPES, SettingsError
+from crewlet.company.loading import load_settings
 from crewlet.engine.core import Engine, app_services
-from crewlet.company.org import EXAMPLE_COMPANY, CompanyError, CompanyHolder, load_company
+from crewlet.company.fields import CompanyError
+from crewlet.company.org import CompanyHolder
+from crewlet.company.parse import EXAMPLE_COMPANY, load_company
 
 #: Command-line flag -> dotted setting it overrides (flags win over env and the settings file).
 FLAG_SETTINGS = {

@@ -25,8 +25,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from crewlet.http import web
-from crewlet.company.conf import SettingsError, load_settings
-from crewlet.engine.core import Engine, Service
+from crewlet.company.conf import SettingsError
+from crewlet.company.loading import load_settings
+from crewlet.engine.core import Engine
+from crewlet.engine.services import Service
 from crewlet.engine.interfaces import WEB
 from crewlet.management.commands.runconsumers import Command as RunConsumersCommand
 
@@ -111,7 +113,8 @@ class Command(RunConsumersCommand):
 
     def import_company(self, options: dict[str, Any]) -> None:
         """The company file becomes the first config revision (and the active one) when the store has none."""
-        from crewlet.company.org import EXAMPLE_COMPANY, CompanyError
+        from crewlet.company.fields import CompanyError
+        from crewlet.company.parse import EXAMPLE_COMPANY
         from crewlet.company.revisions import import_first_revision
 
         try:

@@ -1,0 +1,524 @@
+"""Reading the company file: its text, validated section by section into an :class:`~crewlet.company.org.Organization`.
+
+A bad company file is refused at load with the field, the value and what is
+allowed, exactly like a bad engine setting, in one bounded line: the file is
+read by the settings' guarded YAML loader (:func:`crewlet.company.yamlfile.load_yaml`:
+size, encoding, depth, alias expansion and duplicate keys), every number is
+finite and inside its range, and every interval has a floor. Each top-level
+section of the file is read by a step of its own; the field validators the
+steps share are :mod:`crewlet.company.fields`.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from crewlet.base.logfmt import is_secret_name
+from crewlet.company.conf import NODE_ID_PATTERN
+from crewlet.company.fields import (
+    _ENV,
+    CompanyError,
+    _env_names,
+    _known,
+    _looks_secret,
+    _mapping,
+    _number,
+    _rate,
+    _refuse_inline_secret,
+    _refuse_non_finite,
+    _string,
+    parse_duration_s,
+)
+from crewlet.company.org import (
+    BUILTIN_TOOLS,
+    DEFAULT_MAX_ROUNDS,
+    HANDLE_PATTERN,
+    MODE_SOCKET,
+    MODE_WEBHOOK,
+    PROVIDER_KINDS,
+    SEAT_KINDS,
+    SURFACE_MODES,
+    SURFACE_SECRET_KEYS,
+    SURFACE_SERVER_KEYS,
+    SURFACE_SERVER_REQUIRED,
+    SURFACE_SOCKET_TOKEN_KEYS,
+    SURFACES,
+    McpServer,
+    Organization,
+    Placement,
+    Provider,
+    Schedule,
+    Seat,
+    Surface,
+    agent_id_for,
+)
+from crewlet.company.yamlfile import load_yaml, read_yaml_text
+from crewlet.queue.contract import MAX_LINGER_SECONDS
+
+#: The range a seat's ``max_rounds`` may name.
+MAX_ROUNDS_RANGE = (1, 100)
+#: An echo script step: one tool call, several at once, or the answer that ends the turn.
+ECHO_STEP_KEYS = ("tool", "arguments", "calls", "answer")
+COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
+COALESCE_MAX_BATCH_RANGE = (1, 100)
+#: A model provider's ``timeout_s`` and the echo model's ``delay_s``, in seconds.
+PROVIDER_TIMEOUT_RANGE_S = (0.1, 3600.0)
+ECHO_DELAY_RANGE_S = (0.0, 3600.0)
+MAX_CONCURRENT_RANGE = (1, 64)
+EXAMPLE_COMPANY = Path(__file__).resolve().parent.parent / "companies" / "example.yaml"
+
+#: An MCP server's name is the prefix of every tool the model sees from it (``<server>__<tool>``), so it
+#: stays short and within the vendors' tool-name alphabet, and never holds the ``__`` separator itself.
+_MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}")
+_HANDLE = re.compile(HANDLE_PATTERN)
+#: What a pinned node id or a node label may be (the node id's own rule).
+NODE_ID_RULE = "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
+_ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def _mcp_server(sname: str, body: Mapping[str, Any], source: Optional[str]) -> McpServer:
+    prefix = f"mcp_servers.{sname}"
+    allowed_keys = ("command", "env", "env_from", "url", "headers_from")
+    for key in body:
+        if key not in allowed_keys:
+            if key == "headers" or is_secret_name(str(key)):
+                _refuse_inline_secret(
+                    f"{prefix}.{key}", "is not allowed: give a header through headers_from: {Header: ENV_VAR}, "
+                    "a secret variable through env_from: [ENV_VAR]", source,
+                )
+            raise CompanyError(f"{prefix}.{key}", body[key], f"unknown key; allowed: {', '.join(allowed_keys)}", source)
+    has_command, has_url = body.get("command") is not None, body.get("url") is not None
+    if has_command == has_url:
+        raise CompanyError(
+            prefix, "both command and url" if has_command else "neither command nor url",
+            "must have exactly one of command: [program, args...] (stdio) or url: http(s)://... (streamable HTTP)", source,
+        )
+    command: tuple[str, ...] = ()
+    url = ""
+    if has_command:
+        raw = body["command"]
+        if not isinstance(raw, list) or not raw:
+            raise CompanyError(f"{prefix}.command", raw, "must be a non-empty list: [program, args...]", source)
+        parts = []
+        for i, part in enumerate(raw):
+            part = str(part) if isinstance(part, (int, float)) and not isinstance(part, bool) else part
+            part = _string(part, f"{prefix}.command[{i}]", source)
+            if _looks_secret(part):
+                _refuse_inline_secret(
+                    f"{prefix}.command[{i}]", "looks like a credential: pass it through env_from: [ENV_VAR]", source
+                )
+            parts.append(part)
+        command = tuple(parts)
+    else:
+        url = _string(body["url"], f"{prefix}.url", source)
+        if _looks_secret(url):
+            _refuse_inline_secret(
+                f"{prefix}.url", "carries a credential: give it through headers_from: {Header: ENV_VAR}", source
+            )
+        if not re.match(r"^https?://", url):
+            raise CompanyError(f"{prefix}.url", url, "must be an http:// or https:// URL", source)
+    env: dict[str, str] = {}
+    for key, value in _mapping(body.get("env"), f"{prefix}.env", source).items():
+        key = _string(key, f"{prefix}.env", source, _ENV, "must be an environment variable name")
+        text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        if is_secret_name(key) or (isinstance(text, str) and _looks_secret(text)):
+            _refuse_inline_secret(
+                f"{prefix}.env.{key}",
+                f"a secret is never inline: name the variable in env_from: [{key}] and set it in the node's environment",
+                source,
+            )
+        if not isinstance(text, str):
+            raise CompanyError(f"{prefix}.env.{key}", value, "must be a string", source)
+        env[key] = text
+    env_from = _env_names(body.get("env_from"), f"{prefix}.env_from", source)
+    headers_from: dict[str, str] = {}
+    for header, var in _mapping(body.get("headers_from"), f"{prefix}.headers_from", source).items():
+        what = f"{prefix}.headers_from.{header}"
+        if isinstance(var, str) and (_looks_secret(var) or (not _ENV.fullmatch(var) and is_secret_name(str(header)))):
+            _refuse_inline_secret(what, "must name the environment variable holding the value, not the value", source)
+        if not isinstance(var, str) or not _ENV.fullmatch(var):
+            raise CompanyError(what, var, "must be an environment variable name", source)
+        headers_from[str(header)] = var
+    if has_command and headers_from:
+        raise CompanyError(f"{prefix}.headers_from", dict(headers_from), "applies only to a url server", source)
+    if has_url and (env or env_from):
+        raise CompanyError(f"{prefix}.env", "env/env_from", "applies only to a command server", source)
+    return McpServer(name=sname, command=command, env=env, env_from=env_from, url=url, headers_from=headers_from)
+
+
+def _echo_options(options: dict[str, Any], name: str, source: Optional[str]) -> None:
+    """The demo model's keys: ``delay_s``, ``fail``, and a ``script`` of rounds (``repeat`` loops it, ``match`` confines it)."""
+    _known(options, f"{name}.", ("delay_s", "fail", "script", "repeat", "match"), source)
+    if "match" in options:
+        _string(options["match"], f"{name}.match", source)
+    if "delay_s" in options:
+        options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", *ECHO_DELAY_RANGE_S, False, source)
+    for flag in ("fail", "repeat"):
+        if flag in options and not isinstance(options[flag], bool):
+            raise CompanyError(f"{name}.{flag}", options[flag], "must be true or false", source)
+    script = options.get("script", [])
+    if not isinstance(script, list):
+        raise CompanyError(f"{name}.script", script, "must be a list of steps ({tool, arguments}, {calls}, {answer})", source)
+    steps: list[dict[str, Any]] = []
+    for j, step in enumerate(script):
+        where = f"{name}.script[{j}]"
+        body = _mapping(step, where, source)
+        _known(body, f"{where}.", ECHO_STEP_KEYS, source)
+        if "answer" in body:
+            if len(body) != 1 or not isinstance(body["answer"], str):
+                raise CompanyError(where, dict(body), "an answer step is {answer: <text>} alone", source)
+            steps.append({"answer": body["answer"]})
+            continue
+        calls = body.get("calls", [body] if "tool" in body else None)
+        if not isinstance(calls, list) or not calls:
+            raise CompanyError(where, dict(body), "must name a tool, a list of calls, or an answer", source)
+        checked: list[dict[str, Any]] = []
+        for k, call in enumerate(calls):
+            cwhere = where if "tool" in body else f"{where}.calls[{k}]"
+            call = _mapping(call, cwhere, source)
+            _known(call, f"{cwhere}.", ("tool", "arguments"), source)
+            tool = _string(call.get("tool"), f"{cwhere}.tool", source)
+            arguments = _mapping(call.get("arguments"), f"{cwhere}.arguments", source)
+            _refuse_non_finite(arguments, f"{cwhere}.arguments", source)
+            checked.append({"tool": tool, "arguments": dict(arguments)})
+        steps.append({"calls": checked})
+    if script:
+        options["script"] = steps
+
+
+def _model_options(kind: str, options: dict[str, Any], name: str, source: Optional[str]) -> None:
+    """A vendor SDK's keys: the model, where it is served, the variable holding its key, and limits."""
+    _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens"), source)
+    if kind == "openai" or "base_url" in options:
+        base_url = _string(options.get("base_url"), f"{name}.base_url", source)
+        if _looks_secret(base_url):
+            _refuse_inline_secret(f"{name}.base_url", "carries a credential: name its variable in api_key_env", source)
+        if not re.match(r"^https?://", base_url):
+            raise CompanyError(f"{name}.base_url", base_url, "must be an http:// or https:// URL", source)
+    _string(options.get("model"), f"{name}.model", source)
+    if "api_key_env" in options:
+        env = options["api_key_env"]
+        if isinstance(env, str) and _looks_secret(env):
+            _refuse_inline_secret(f"{name}.api_key_env", "must name the environment variable holding the key, not the key", source)
+        _string(env, f"{name}.api_key_env", source, _ENV, "must be an environment variable name")
+    if "timeout_s" in options:
+        options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", *PROVIDER_TIMEOUT_RANGE_S, False, source)
+    if "max_tokens" in options:
+        options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
+
+
+def _mcp_servers(value: Any, source: Optional[str]) -> dict[str, McpServer]:
+    servers: dict[str, McpServer] = {}
+    for sname, body in _mapping(value, "mcp_servers", source).items():
+        sname = _string(
+            sname, "mcp_servers", source, _MCP_SERVER_NAME,
+            "a server name must be 1-32 letters, digits, '-' or '_' (never '__'), starting with a letter or digit",
+        )
+        if sname in BUILTIN_TOOLS:
+            raise CompanyError(f"mcp_servers.{sname}", sname, "is the name of a built-in tool; choose another", source)
+        servers[sname] = _mcp_server(sname, _mapping(body, f"mcp_servers.{sname}", source), source)
+    return servers
+
+
+def _placement(value: Any, name: str, kind: str, source: Optional[str]) -> Placement:
+    """``seats[].placement``: ``{node: n1}`` pins, ``{labels: [gpu]}`` needs every label; only an agent has one."""
+    if value is None:
+        return Placement()
+    body = _mapping(value, name, source)
+    _known(body, f"{name}.", ("node", "labels"), source)
+    if body and kind != "agent":
+        raise CompanyError(name, dict(body), "applies only to an agent seat (a person runs on no node)", source)
+    node = ""
+    if body.get("node") is not None:
+        node = _string(body["node"], f"{name}.node", source, NODE_ID_PATTERN, NODE_ID_RULE)
+    raw = body.get("labels")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise CompanyError(f"{name}.labels", raw, "must be a list of node labels", source)
+    labels: list[str] = []
+    for i, label in enumerate(raw):
+        label = _string(label, f"{name}.labels[{i}]", source, NODE_ID_PATTERN, NODE_ID_RULE)
+        if label not in labels:
+            labels.append(label)
+    return Placement(node=node, labels=tuple(labels))
+
+
+def _seat_tools(value: Any, name: str, servers: Mapping[str, McpServer], source: Optional[str]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    allowed = ", ".join([*servers, *BUILTIN_TOOLS])
+    if not isinstance(value, list):
+        raise CompanyError(name, value, f"must be a list of tool grants ({allowed})", source)
+    tools: list[str] = []
+    for i, tool in enumerate(value):
+        if not isinstance(tool, str) or (tool not in servers and tool not in BUILTIN_TOOLS):
+            raise CompanyError(f"{name}[{i}]", tool, f"must be an mcp_servers name or a built-in tool ({allowed})", source)
+        if tool in tools:
+            raise CompanyError(f"{name}[{i}]", tool, "is granted twice", source)
+        tools.append(tool)
+    return tuple(tools)
+
+
+_TOP_KEYS = (
+    "org",
+    "providers",
+    "node",
+    "notification_coalesce_window_seconds",
+    "notification_coalesce_max_batch",
+    "notification_rate_limit",
+    "surfaces",
+    "seats",
+    "schedules",
+    "mcp_servers",
+)
+
+
+def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str]) -> dict[str, str]:
+    """A surface's mode, and in ``socket`` mode the token variable and the server it connects with."""
+    mode = body.get("mode", MODE_WEBHOOK)
+    if mode not in SURFACE_MODES:
+        raise CompanyError(f"surfaces.{name}.mode", mode, f"must be one of {', '.join(SURFACE_MODES)}", source)
+    if mode != MODE_SOCKET:
+        for key in (SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)):
+            if key and key in body:
+                raise CompanyError(f"surfaces.{name}.{key}", body[key], "is read only with mode: socket", source)
+        return {"mode": mode}
+    token_key, server_key = SURFACE_SOCKET_TOKEN_KEYS[name], SURFACE_SERVER_KEYS[name]
+    if token_key not in body:
+        raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
+    token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
+    server = body.get(server_key, "")
+    if server or name in SURFACE_SERVER_REQUIRED:
+        server = _string(server or None, f"surfaces.{name}.{server_key}", source)
+        if not re.match(r"^https?://[^/\s]+", server):
+            raise CompanyError(f"surfaces.{name}.{server_key}", server, "must be an http:// or https:// URL", source)
+    return {"mode": mode, "token_env": token_env, "server": server.rstrip("/")}
+
+
+def _providers(value: Any, source: Optional[str]) -> list[Provider]:
+    """``providers.llm``: the model providers in fallback order, each kind's keys checked and no secret written inline."""
+    providers_body = _mapping(value, "providers", source)
+    _known(providers_body, "providers.", ("llm",), source)
+    llm = providers_body.get("llm", [])
+    if llm is None:
+        llm = []
+    if not isinstance(llm, list):
+        raise CompanyError("providers.llm", llm, "must be a list (empty = a company with no model provider)", source)
+    providers = []
+    for i, entry in enumerate(llm):
+        name = f"providers.llm[{i}]"
+        entry = _mapping(entry, name, source)
+        kind = entry.get("kind")
+        if kind not in PROVIDER_KINDS:
+            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(PROVIDER_KINDS)}", source)
+        options = {k: v for k, v in entry.items() if k != "kind"}
+        for key in options:
+            if is_secret_name(str(key)):
+                _refuse_inline_secret(
+                    f"{name}.{key}",
+                    "a secret is never written in the company file: name the environment variable "
+                    "that holds it in api_key_env",
+                    source,
+                )
+        if kind == "echo":
+            _echo_options(options, name, source)
+        else:
+            _model_options(kind, options, name, source)
+        providers.append(Provider(kind=kind, options=options))
+    return providers
+
+
+def _node(value: Any, source: Optional[str]) -> int:
+    """``node.max_concurrent``: how many turns one node runs at once."""
+    node_body = _mapping(value, "node", source)
+    _known(node_body, "node.", ("max_concurrent",), source)
+    return _number(node_body.get("max_concurrent", 4), "node.max_concurrent", *MAX_CONCURRENT_RANGE, True, source)
+
+
+def _notification_pacing(data: Mapping[str, Any], source: Optional[str]) -> tuple[float, int, float]:
+    """The three ``notification_*`` keys: the coalescing window, the most wakes one digest holds, the rate valve."""
+    window = _number(
+        data.get("notification_coalesce_window_seconds", 0),
+        "notification_coalesce_window_seconds",
+        *COALESCE_WINDOW_RANGE,
+        False,
+        source,
+    )
+    max_batch = _number(
+        data.get("notification_coalesce_max_batch", 20),
+        "notification_coalesce_max_batch",
+        *COALESCE_MAX_BATCH_RANGE,
+        True,
+        source,
+    )
+    rate = _rate(data.get("notification_rate_limit", 0), "notification_rate_limit", source)
+    return window, max_batch, rate
+
+
+def _surfaces(value: Any, source: Optional[str]) -> dict[str, Surface]:
+    """``surfaces``: every surface kind, configured or not, with its secret variable, verification and mode."""
+    surfaces_body = _mapping(value, "surfaces", source)
+    _known(surfaces_body, "surfaces.", SURFACES, source)
+    surfaces: dict[str, Surface] = {}
+    for name in SURFACES:
+        body = _mapping(surfaces_body.get(name), f"surfaces.{name}", source)
+        key = SURFACE_SECRET_KEYS[name]
+        socket_keys = tuple(k for k in (SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)) if k)
+        _known(body, f"surfaces.{name}.", (key, "verify", *(("mode", *socket_keys) if socket_keys else ())), source)
+        env = body.get(key, "")
+        if env:
+            _string(env, f"surfaces.{name}.{key}", source, _ENV, "must be an environment variable name")
+        verify = body.get("verify", True)
+        if not isinstance(verify, bool):
+            raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
+        surfaces[name] = Surface(name=name, secret_env=env or "", verify=verify, **_surface_socket(name, body, source))
+    return surfaces
+
+
+def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], source: Optional[str]) -> list[Seat]:
+    """``seats``: each seat's handle (unique), kind, role, identities, tools, limits and placement; no identity twice."""
+    if not isinstance(seats_raw, list):
+        raise CompanyError("seats", seats_raw, "must be a list of seats", source)
+    seats: list[Seat] = []
+    seen: dict[str, str] = {}
+    for i, entry in enumerate(seats_raw):
+        name = f"seats[{i}]"
+        entry = _mapping(entry, name, source)
+        _known(
+            entry,
+            f"{name}.",
+            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement"),
+            source,
+        )
+        handle = _string(
+            entry.get("handle"), f"{name}.handle", source, _HANDLE, "must be 1-63 lowercase letters, digits, '_' or '-'"
+        )
+        if handle in seen:
+            raise CompanyError(f"{name}.handle", handle, "must be unique; already used by another seat", source)
+        seen[handle] = name
+        kind = entry.get("kind", "agent")
+        if kind not in SEAT_KINDS:
+            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(SEAT_KINDS)}", source)
+        role = entry.get("role", "") or ""
+        if not isinstance(role, str):
+            raise CompanyError(f"{name}.role", role, "must be a string", source)
+        display = entry.get("display_name", "") or handle.capitalize()
+        if not isinstance(display, str):
+            raise CompanyError(f"{name}.display_name", display, "must be a string", source)
+        idents = _mapping(entry.get("identities"), f"{name}.identities", source)
+        _known(idents, f"{name}.identities.", SURFACES, source)
+        identities = {}
+        for surface, ident in idents.items():
+            identities[surface] = _string(str(ident) if isinstance(ident, int) else ident, f"{name}.identities.{surface}", source)
+        seats.append(
+            Seat(
+                handle=handle,
+                kind=kind,
+                role=role,
+                display_name=display,
+                identities=identities,
+                agent_id=agent_id_for(org, handle),
+                tools=_seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source),
+                max_rounds=_number(
+                    entry.get("max_rounds", DEFAULT_MAX_ROUNDS), f"{name}.max_rounds", *MAX_ROUNDS_RANGE, True, source
+                ),
+                turn_token_budget=_number(
+                    entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
+                ),
+                placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
+            )
+        )
+    for surface in SURFACES:
+        owners: dict[str, str] = {}
+        for seat in seats:
+            ident = seat.identities.get(surface)
+            if ident is None:
+                continue
+            if ident in owners:
+                raise CompanyError(
+                    f"seats.{seat.handle}.identities.{surface}", ident, f"already belongs to seat {owners[ident]}", source
+                )
+            owners[ident] = seat.handle
+    return seats
+
+
+def _schedules(schedules_raw: Any, seats: list[Seat], source: Optional[str]) -> list[Schedule]:
+    """``schedules``: each one's unique name, the agent seat it wakes, its cadence and its task."""
+    if not isinstance(schedules_raw, list):
+        raise CompanyError("schedules", schedules_raw, "must be a list of schedules", source)
+    schedules = []
+    names = set()
+    for i, entry in enumerate(schedules_raw):
+        name = f"schedules[{i}]"
+        entry = _mapping(entry, name, source)
+        _known(entry, f"{name}.", ("name", "seat", "every", "task"), source)
+        sname = _string(entry.get("name"), f"{name}.name", source)
+        if sname in names:
+            raise CompanyError(f"{name}.name", sname, "must be unique", source)
+        names.add(sname)
+        seat_handle = _string(entry.get("seat"), f"{name}.seat", source)
+        target = next((s for s in seats if s.handle == seat_handle), None)
+        if target is None or not target.is_agent:
+            agents = ", ".join(s.handle for s in seats if s.is_agent) or "none"
+            raise CompanyError(f"{name}.seat", seat_handle, f"must be an agent seat of this company ({agents})", source)
+        schedules.append(
+            Schedule(
+                name=sname,
+                seat=seat_handle,
+                every_s=parse_duration_s(entry.get("every"), f"{name}.every", source),
+                task=_string(entry.get("task"), f"{name}.task", source),
+            )
+        )
+    return schedules
+
+
+def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") -> Organization:
+    """Validate a decoded company document; raises :class:`CompanyError`.
+
+    The sections are read in a fixed order, each by its own step, so a file
+    with several bad values is refused for the same one every time: the seats
+    after the MCP servers their ``tools`` grant, the schedules after the seats
+    they wake.
+    """
+    if not isinstance(data, Mapping):
+        raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(_TOP_KEYS), source)
+    _known(data, "", _TOP_KEYS, source)
+    org = _string(data.get("org"), "org", source, _ORG, "must be 1-63 letters, digits, '.', '_' or '-'")
+    providers = _providers(data.get("providers"), source)
+    max_concurrent = _node(data.get("node"), source)
+    window, max_batch, rate = _notification_pacing(data, source)
+    mcp_servers = _mcp_servers(data.get("mcp_servers"), source)
+    surfaces = _surfaces(data.get("surfaces"), source)
+    seats = _seats(data.get("seats", []), org, mcp_servers, source)
+    schedules = _schedules(data.get("schedules", []), seats, source)
+
+    return Organization(
+        org=org,
+        providers=tuple(providers),
+        max_concurrent=max_concurrent,
+        coalesce_window_s=window,
+        coalesce_max_batch=max_batch,
+        rate_limit_per_s=rate,
+        surfaces=surfaces,
+        seats=tuple(seats),
+        schedules=tuple(schedules),
+        source_text=text,
+        mcp_servers=mcp_servers,
+    )
+
+
+def parse_company_text(text: str, *, source: Optional[str] = None) -> Organization:
+    """Validate the company file's text (a file's, or a revision's when ``source`` is None); raises :class:`CompanyError`."""
+    data = load_yaml(text, document="company", name=source, error=CompanyError)
+    return parse_company(data, source=source, text=text)
+
+
+def read_company_text(path: str | Path) -> str:
+    """The company file's text; unreadable, larger than the loader takes, or not UTF-8 is a :class:`CompanyError`."""
+    return read_yaml_text(path, document="company", error=CompanyError)
+
+
+def load_company(path: str | Path = EXAMPLE_COMPANY) -> Organization:
+    return parse_company_text(read_company_text(path), source=str(path))

@@ -1,0 +1,78 @@
+"""What every typed body shares: the actor rule, a seat in a sentence, a fallback summary, and a turn's tags.
+
+:class:`EventBody` holds no fields, so it adds nothing to the wire. The
+phrase helpers (``_s``, ``_tail``, ``_person``, ``_plural``) are what every
+``summary()`` is written with. ``_TurnBody`` is here rather than with the
+learning bodies because the system bodies about a turn build on it too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from crewlet.events.envelope import default_actor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.events.envelope import Event
+
+
+def _s(value: Any) -> str:
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _tail(value: Any, prefix: str = ": ") -> str:
+    """An optional clause: empty when there is nothing to say (empty, None, zero, a bool)."""
+    if value is None or isinstance(value, bool):
+        return ""
+    text = str(value) if isinstance(value, (int, float)) and value else _s(value)
+    return f"{prefix}{text}" if text else ""
+
+
+def _person(name: Any, seat: Any = "") -> str:
+    """A person as a reader knows them: their name, else their seat, else "someone"."""
+    return _s(name) or _s(seat) or "someone"
+
+
+def _plural(n: Any, one: str, many: Optional[str] = None) -> str:
+    count = n if isinstance(n, int) and not isinstance(n, bool) else 0
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
+class EventBody:
+    """Behaviour every typed body shares: the actor rule and a fallback summary.
+
+    Not a dataclass and holds no fields, so it adds nothing to the wire.
+    """
+
+    event_type: str  # set by @register
+
+    def actor(self, event: Optional["Event"] = None) -> str:
+        """Role, then the envelope's source, then agent id, then "system"."""
+        return default_actor(
+            getattr(self, "role", ""),
+            event.source if event is not None else "",
+            getattr(self, "agent_id", ""),
+        )
+
+    def _seat(self) -> str:
+        """The seat by its handle ("grace"), or "a seat" when the body names none."""
+        return _s(getattr(self, "seat", "")) or "a seat"
+
+    def _seat_ref(self) -> str:
+        """The seat as an object of a sentence: "seat grace", or "a seat"."""
+        name = _s(getattr(self, "seat", ""))
+        return f"seat {name}" if name else "a seat"
+
+    def summary(self, event: Optional["Event"] = None) -> str:  # pragma: no cover - every class overrides
+        return f"{self.actor(event)}: {self.event_type.replace('_', ' ')}"
+
+
+@dataclass
+class _TurnBody(EventBody):
+    """Fields every event about one seat's turn shares (tags the store promotes)."""
+
+    seat: str = ""
+    role: str = ""
+    agent_id: str = ""
+    turn_id: str = ""
+    conversation_key: str = ""

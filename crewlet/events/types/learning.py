@@ -1,0 +1,192 @@
+"""Learning bodies: what a seat's turn leaves behind (episodes, profiles, reflections), its skills' life, the knowledge it read, compaction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from crewlet.events.registry import LEARNING, register
+from crewlet.events.types.base import EventBody, _plural, _s, _tail, _TurnBody
+from crewlet.events.types.phrases import VIA_GET_PAGE, VIA_SEARCH
+
+if TYPE_CHECKING:  # pragma: no cover
+    from crewlet.events.envelope import Event
+
+
+
+@register("turn_completed", category=LEARNING)
+@dataclass
+class TurnCompleted(_TurnBody):
+    """A finished turn handed to reflection on the node holding the seat."""
+
+    work_item: Optional[dict[str, Any]] = None
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} handed a finished turn to reflection"
+
+
+@register("episode_written", category=LEARNING)
+@dataclass
+class EpisodeWritten(_TurnBody):
+    episode_id: str = ""
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} recorded an episode" + _tail(self.conversation_key, " for ")
+
+
+@register("persist_decider_completed", category=LEARNING)
+@dataclass
+class PersistDeciderCompleted(_TurnBody):
+    persisted: bool = False
+    reason: str = ""
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        verdict = "kept" if self.persisted else "did not keep"
+        return f"{self.actor(event)} {verdict} what it learned" + _tail(self.reason)
+
+
+@register("counterparty_profile_updated", category=LEARNING)
+@dataclass
+class CounterpartyProfileUpdated(_TurnBody):
+    counterparty: str = ""
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} updated what it knows about {_s(self.counterparty) or 'someone'}"
+
+
+@register("reflection_completed", category=LEARNING)
+@dataclass
+class ReflectionCompleted(_TurnBody):
+    insights: int = 0
+    duration_ms: int = 0
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} reflected on a turn ({_plural(self.insights, 'insight')})"
+
+
+@dataclass
+class _SkillBody(EventBody):
+    seat: str = ""
+    role: str = ""
+    agent_id: str = ""
+    skill_id: str = ""
+    skill_name: str = ""
+    version: int = 0
+    turn_id: str = ""
+    reason: str = ""
+
+    def _skill(self) -> str:
+        return _s(self.skill_name) or _s(self.skill_id) or "a skill"
+
+    _verb = "changed"
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} {self._verb} skill {self._skill()}" + _tail(self.reason)
+
+
+@register("skill_synthesized", category=LEARNING)
+@dataclass
+class SkillSynthesized(_SkillBody):
+    _verb = "wrote"
+
+
+@register("skill_refined", category=LEARNING)
+@dataclass
+class SkillRefined(_SkillBody):
+    _verb = "refined"
+
+
+@register("skill_promoted", category=LEARNING)
+@dataclass
+class SkillPromoted(_SkillBody):
+    _verb = "promoted"
+
+
+@register("skill_used", category=LEARNING)
+@dataclass
+class SkillUsed(_SkillBody):
+    """A seat loaded a skill; a company-published one names the page it was read from.
+
+    ``source_page_id`` / ``source_container`` are absent (empty) on a skill the
+    seat synthesized for itself.
+    """
+
+    phase: str = ""
+    source_page_id: str = ""
+    source_container: str = ""
+    _verb = "used"
+
+
+@register("skill_staled", category=LEARNING)
+@dataclass
+class SkillStaled(_SkillBody):
+    _verb = "marked stale"
+
+
+@register("skill_archived", category=LEARNING)
+@dataclass
+class SkillArchived(_SkillBody):
+    _verb = "archived"
+
+
+@register("skill_revived", category=LEARNING)
+@dataclass
+class SkillRevived(_SkillBody):
+    _verb = "revived"
+
+
+@register("prefetch_summary", category=LEARNING)
+@dataclass
+class PrefetchSummary(_TurnBody):
+    """The turn-start knowledge block: how much was put in front of the seat."""
+
+    pages: int = 0
+    bytes: int = 0
+    duration_ms: int = 0
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} started its turn with {_plural(self.pages, 'page')} of context"
+
+
+@register("knowledge_read", category=LEARNING)
+@dataclass
+class KnowledgeRead(_TurnBody):
+    """One act of reading the knowledge base, listing the pages it reached.
+
+    ``pages`` is ``[{id, container, title, rank}]`` (rank on a ranked answer
+    only), ``backend`` the store their ids address, ``via`` one of
+    KNOWLEDGE_VIAS, ``query`` a search's text clipped to QUERY_MAX_BYTES (use
+    ``clip_query``). A read reaching no page, or with no seat, publishes nothing.
+    """
+
+    pages: list[dict[str, Any]] = field(default_factory=list)
+    backend: str = ""
+    phase: str = ""
+    via: str = ""
+    query: str = ""
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        how = {VIA_SEARCH: "searched and read", VIA_GET_PAGE: "read"}.get(_s(self.via), "read")
+        q = f' for "{_s(self.query)}"' if _s(self.query) else ""
+        return f"{self.actor(event)} {how} {_plural(len(self.pages), 'page')}{q}"
+
+
+@register("compaction_requested", category=LEARNING)
+@dataclass
+class CompactionRequested(_TurnBody):
+    phase: str = ""
+    reason: str = ""
+    tokens: int = 0
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} asked to compact its context" + _tail(self.reason)
+
+
+@register("compaction_completed", category=LEARNING)
+@dataclass
+class CompactionCompleted(_TurnBody):
+    phase: str = ""
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        return f"{self.actor(event)} compacted its context from {self.tokens_before} to {self.tokens_after} tokens"

@@ -1,0 +1,117 @@
+"""The ``openai`` kind: chat completions through the official ``openai`` SDK, at any OpenAI-compatible server.
+
+The hosted API, vLLM, llama.cpp or Ollama at ``base_url``. The conversation
+is rendered into chat messages per call, and the answer's tool calls, usage
+and finish reason read back into a :class:`~seats.provider_base.Completion`.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from crewlet.events.types import STOP_END, STOP_MAX_TOKENS, STOP_REFUSAL, STOP_TOOL_USE
+from seats.provider_base import ROLE_ASSISTANT, ROLE_USER, Completion, ModelRequest, ProviderError, admitted, tool_text
+from seats.provider_sdk import VendorProvider, load_sdk, translate, within
+from seats.tools.base import ToolCall
+
+if TYPE_CHECKING:
+    import openai
+
+
+def _arguments(raw: str) -> tuple[dict[str, Any], str]:
+    """A call's JSON arguments as an object, or ``({}, why)`` when they are not one."""
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {}, "the tool call's arguments are not valid JSON"
+    if not isinstance(value, dict):
+        return {}, f"the tool call's arguments are a JSON {type(value).__name__}, not an object"
+    return value, ""
+
+
+_OPENAI_STOP = {
+    "stop": STOP_END,
+    "length": STOP_MAX_TOKENS,
+    "tool_calls": STOP_TOOL_USE,
+    "function_call": STOP_TOOL_USE,
+    "content_filter": STOP_REFUSAL,
+}
+
+
+class OpenAIProvider(VendorProvider):
+    """Chat completions through the ``openai`` SDK, at ``base_url`` (which includes ``/v1``)."""
+
+    vendor = "openai"
+
+    def _open(self, api_key: str) -> openai.AsyncOpenAI:
+        openai = sys.modules["openai"]
+        return openai.AsyncOpenAI(api_key=api_key, base_url=self.base_url or None, timeout=self.timeout_s, max_retries=0)
+
+    @staticmethod
+    def render(request: ModelRequest) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"role": "system", "content": request.system}]
+        for m in request.messages:
+            if m.role == ROLE_USER:
+                out.append({"role": "user", "content": m.text})
+            elif m.role == ROLE_ASSISTANT:
+                said: dict[str, Any] = {"role": "assistant", "content": m.text or None}
+                if m.calls:
+                    said["tool_calls"] = [
+                        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                        for c in m.calls
+                    ]
+                out.append(said)
+            else:
+                out.extend({"role": "tool", "tool_call_id": cid, "content": tool_text(r)} for cid, r in m.results)
+        return out
+
+    async def complete(self, request: ModelRequest) -> Completion:
+        where = self.base_url or "the OpenAI API"
+        body: dict[str, Any] = {"model": self.model, "messages": self.render(request)}
+        if request.tools:
+            body["tools"] = [
+                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+                for t in request.tools
+            ]
+        if self.max_tokens:
+            body["max_tokens"] = int(self.max_tokens)
+        if request.seat:
+            body["user"] = request.seat
+        openai = await load_sdk("openai")
+        try:
+            answer = await within(self.timeout_s, self._connect().chat.completions.create(**body), where)
+            choice = answer.choices[0]
+        except (openai.OpenAIError, ProviderError, IndexError, TypeError) as exc:
+            raise translate(exc, where, self._key) from None
+        message = choice.message
+        calls: list[ToolCall] = []
+        invalid: dict[str, str] = {}
+        for call in message.tool_calls or ():
+            function = getattr(call, "function", None)
+            if function is None:
+                continue
+            arguments, why = _arguments(function.arguments)
+            calls.append(ToolCall(id=call.id, name=function.name, arguments=arguments))
+            if why:
+                invalid[call.id] = why
+        stop = _OPENAI_STOP.get(str(choice.finish_reason or "stop"), STOP_END)
+        refusal = None
+        if message.refusal:
+            stop, refusal = STOP_REFUSAL, {"category": "", "explanation": str(message.refusal)}
+        elif stop == STOP_REFUSAL:
+            refusal = {"category": "content_filter", "explanation": ""}
+        usage = answer.usage
+        return admitted(Completion(
+            text=str(message.content or ""),
+            calls=tuple(calls),
+            input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            stop_reason=stop,
+            model=str(answer.model or self.model),
+            refusal=refusal,
+            invalid=invalid,
+        ))
+
+
+__all__ = ["OpenAIProvider"]

@@ -1,0 +1,183 @@
+"""What a turn runs on and what it ends as: the trigger, the result, one turn's running state, and their words.
+
+The inbox builds a :class:`Trigger`, :class:`~seats.turns.TurnRunner` runs it
+and answers a :class:`TurnResult`; the turn's own modules (the loop, its tool
+calls, its record) share a :class:`TurnState` while it runs. The constants
+are the outcome, ``error_kind`` and stop-reason values the turn's events and
+the inbox read.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Optional, Protocol, TypedDict
+
+from crewlet.events import Event
+from crewlet.events.types import A2AMessage, TaskAssigned
+from crewlet.company.org import Organization, Seat
+from seats.ledger import storable
+from seats.provider_base import Message, ModelProvider
+from seats.tools.base import ToolSpec
+
+PHASE_RESPOND = "respond"
+OUTCOME_COMPLETED = "completed"
+OUTCOME_FAILED = "failed"
+OUTCOME_STOPPED = "stopped"
+
+ERR_LLM_UNAVAILABLE = "llm_unavailable"
+ERR_NO_PROVIDER = "no_provider"
+#: The turn itself raised (a bug, or content nothing downstream could handle): not a provider kind.
+ERR_CRASHED = "crashed"
+#: The completion ledger could not record the trigger before the turn's first tool call ran.
+ERR_LEDGER = "ledger_unavailable"
+#: The seat's ``max_rounds`` ended the turn (an ``agent_turn_stopped`` reason and the phase's ``error_kind``).
+STOP_MAX_ROUNDS = "max_rounds"
+#: A turn fenced off its seat: the lease was gone (the node froze, the store was away) before its next call.
+STOP_LEASE_LOST = "lease_lost"
+#: Who ``agent_turn_stopped`` names when the engine, not a person, ended a turn.
+STOPPED_BY_ENGINE = "engine"
+
+
+class Emit(Protocol):
+    """How a turn's parts publish its telemetry (the runner's emitter, which never fails the turn)."""
+
+    async def __call__(self, body: Any, extras: Optional[dict[str, Any]] = None) -> None: ...
+
+
+class TurnTags(TypedDict):
+    """The fields every event of one turn carries, spread into each body."""
+
+    seat: str
+    role: str
+    agent_id: str
+    turn_id: str
+    conversation_key: str
+
+
+@dataclass(frozen=True)
+class TurnStop:
+    """A person's request that the running turn end at its next round (who, from which seat, and why)."""
+
+    by: str
+    by_seat: str = ""
+    reason: str = ""
+
+
+@dataclass
+class Trigger:
+    """What woke the seat: one partition's fresh events, oldest first.
+
+    ``first_delivery`` says every event is on its first delivery: a failure
+    then logs its traceback, and the same failure on a redelivery logs one line.
+    ``before_tools`` is awaited once, before the turn's first tool call runs:
+    the inbox records the triggers in the completion ledger there, so a turn
+    that has begun to act is never run again for them. ``stop`` is set by
+    the inbox while the turn runs, when a person's pause asks it to end.
+    """
+
+    events: list[Event]
+    turn_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    partition_key: str = ""
+    conversation_key: str = ""
+    first_delivery: bool = True
+    before_tools: Optional[Callable[[], Awaitable[None]]] = None
+    stop: Optional[TurnStop] = None
+
+    @property
+    def first(self) -> Event:
+        return self.events[0]
+
+    def prompt(self) -> str:
+        """The user prompt: each wake as its sender and body, a task as its title and instructions.
+
+        An A2A answer that still owes an ask (a chain: this seat asked on
+        behalf of the ask it was given) is preceded by that ask, who asked
+        and what: this turn's final response is the answer to it.
+        """
+        lines = []
+        for ev in self.events:
+            owed = ev.data.owed() if isinstance(ev.data, A2AMessage) else None
+            if owed is not None:
+                lines.append(
+                    f"{owed.from_seat} asked you: {owed.brief}\n(You asked {ev.data.from_seat} to help; "
+                    f"their answer follows, and your final answer goes back to {owed.from_seat}.)"
+                )
+            if isinstance(ev.data, TaskAssigned):
+                text = f"Task: {ev.data.title}".strip()
+                if ev.data.instructions and ev.data.instructions != ev.data.title:
+                    text += f"\n{ev.data.instructions}"
+                lines.append(text)
+                continue
+            body = ev.field("body")
+            sender = ev.field("sender")
+            if body:
+                lines.append(f"{sender}: {body}" if sender else str(body))
+            else:
+                lines.append(ev.summary())
+        return storable("\n".join(lines))
+
+
+@dataclass
+class TurnResult:
+    """How a turn ended. ``outcome`` is completed | failed | stopped."""
+
+    turn_id: str
+    outcome: str
+    response: str = ""
+    provider_key: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+    error_kind: str = ""
+    duration_ms: int = 0
+    #: Every tool call the turn made, in order, as the phase records it (arguments included).
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    #: Why the loop ended: a STOP_REASONS value, or STOP_MAX_ROUNDS / budget_exhausted / STOP_LEASE_LOST on a stopped turn.
+    stop_reason: str = ""
+    #: The seat stopped being this node's mid-turn: its mail goes back to the seat's next holder.
+    fenced: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == OUTCOME_COMPLETED
+
+
+@dataclass
+class TurnState:
+    """One turn's running state: the conversation, the tools offered, and what each round did."""
+
+    seat: Seat
+    trigger: Trigger
+    org: Organization
+    system: str
+    user: str
+    tools: list[ToolSpec]
+    messages: list[Message] = field(default_factory=list)
+    providers: dict[str, ModelProvider] = field(default_factory=dict)
+    acted: bool = False
+    ended_by_tool: bool = False
+    #: The phase's start on the monotonic clock: each round's ``started_ms`` is measured from it.
+    started: float = field(default_factory=time.monotonic)
+
+
+__all__ = [
+    "ERR_CRASHED",
+    "ERR_LEDGER",
+    "ERR_LLM_UNAVAILABLE",
+    "ERR_NO_PROVIDER",
+    "Emit",
+    "OUTCOME_COMPLETED",
+    "OUTCOME_FAILED",
+    "OUTCOME_STOPPED",
+    "PHASE_RESPOND",
+    "STOPPED_BY_ENGINE",
+    "STOP_LEASE_LOST",
+    "STOP_MAX_ROUNDS",
+    "Trigger",
+    "TurnResult",
+    "TurnState",
+    "TurnStop",
+    "TurnTags",
+]
