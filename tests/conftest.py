@@ -13,6 +13,8 @@ from typing import NoReturn
 
 import pytest
 
+from tests.process_support import mark_process_backends
+
 #: The suite's fixtures, available to every test: seats_support (runtime_on_memory,
 #: close_store_connections, which a module opts into) and eventstore_support (scope,
 #: operator, api_client).
@@ -88,6 +90,7 @@ def uses_the_database(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_process_backends(items)
     if not config.getoption("--database-tests-only"):
         return
     kept = [item for item in items if uses_the_database(item)]

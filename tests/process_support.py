@@ -12,9 +12,32 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Iterable
+
+import pytest
 
 #: The repository's root (manage.py, README.md, var/).
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The id of a backend parameter whose case starts a real nats-server.
+PROCESS_BACKEND = "jetstream"
+#: Fixtures that start a process (``up``: a ``manage.py up`` a module's tests share).
+PROCESS_FIXTURES = frozenset({"up"})
+
+
+def mark_process_backends(items: Iterable[pytest.Item]) -> None:
+    """Mark ``integration`` every case parametrised onto a backend that runs a process, or using a fixture that does.
+
+    A file whose every test starts a process says so in its ``pytestmark``; a
+    test parametrised over the backends starts one only for the JetStream
+    case, and a module's shared ``up`` is started by whichever of its tests
+    runs first, so the mark is given per case here and ``-m "not
+    integration"`` keeps the in-memory twin's cases in the fast lane.
+    """
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec is not None and PROCESS_BACKEND in callspec.id.split("-")
+        if backend or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 class ProcessOutput:

@@ -25,6 +25,8 @@ from crewlet.queue.jetstream import JetStreamTransport
 from crewlet.queue.natsserver import BrokerStartError, find_nats_server
 from waiting_support import eventually
 
+pytestmark = pytest.mark.integration  # the embedded broker is a nats-server child
+
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

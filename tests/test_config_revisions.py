@@ -262,6 +262,7 @@ async def test_a_failed_apply_is_published_with_how_far_it_got() -> None:
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "events"])
+@pytest.mark.integration  # starts a child process
 async def test_on_the_real_broker_an_activation_nudge_reaches_the_poller_and_the_window_changes() -> None:
     from crewlet.company.org import CompanyHolder
     from seats_support import jetstream_queues

@@ -31,6 +31,7 @@ from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues,
 from waiting_support import wait_until
 
 pytestmark = [
+    pytest.mark.integration,  # every test here replays through a real nats-server
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
     pytest.mark.usefixtures("close_store_connections"),
 ]

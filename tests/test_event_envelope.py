@@ -108,6 +108,7 @@ def test_an_untyped_event_reads_its_kept_keys_before_its_payload_and_a_named_emp
     assert e.field("nowhere") is None
 
 
+@pytest.mark.integration  # starts a child process
 def test_building_and_decoding_an_event_loads_neither_opentelemetry_nor_crewlet_tracing():
     """The envelope and the trace codec are usable without the SDK: the import runs one way."""
     import subprocess

@@ -1,6 +1,6 @@
 """Typed events: the registry held to the design's list, categories, store/feed classes, new().
 
-The design (event-system.md, Event Types) is transcribed below by hand, on
+The design (docs/design.md § Event types) is transcribed below by hand, on
 purpose: the test is only worth something if the list it checks against is
 not derived from the code it checks.
 """

@@ -156,6 +156,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.integration  # starts a child process
 def test_a_second_first_turn_while_the_sdk_is_still_importing_waits_for_it_instead_of_taking_it_half_built() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}
     done = subprocess.run([sys.executable, "-c", RACE], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -33,6 +33,8 @@ from crewlet.queue.jetstream import META_GROUP, META_TOPIC, JetStreamQueue, JetS
 from crewlet.queue.transport import H_DLQ_DELIVERIES, H_DLQ_GROUP, H_DLQ_TOPIC
 from waiting_support import eventually
 
+pytestmark = pytest.mark.integration  # every test here runs a real nats-server
+
 
 TIMINGS = Timings(backoff_base_s=0.001, backoff_cap_s=0.005, ack_wait_s=30.0)
 NS = 1_000_000_000

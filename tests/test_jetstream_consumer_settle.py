@@ -17,6 +17,8 @@ from crewlet.queue.errors import Unavailable
 from crewlet.queue.jetstream import JetStreamTransport
 from crewlet.queue.jetstream.wire import ERR_STREAM_NOT_FOUND, _ApiError
 
+pytestmark = pytest.mark.integration  # every test here runs real nats-servers
+
 TOPIC, GROUP = topics.agent_inbox("ada"), "agent-ada"
 
 

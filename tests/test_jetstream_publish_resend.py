@@ -23,6 +23,8 @@ from crewlet.queue.jetstream import JetStreamTransport
 from tests.test_jetstream_backend import TIMINGS, event, stream_info
 from waiting_support import eventually
 
+pytestmark = pytest.mark.integration  # every test here runs a real nats-server
+
 API_TIMEOUT_S = 1.0
 
 

@@ -38,6 +38,8 @@ from tests.test_jetstream_backend import (  # noqa: F401 - fixtures are used by 
 )
 from waiting_support import eventually
 
+pytestmark = pytest.mark.integration  # every test here runs a real nats-server
+
 
 # ---------------------------------------------------------------------------
 # Reachability

@@ -22,6 +22,8 @@ from tests.process_support import REPO_ROOT, ProcessOutput
 from tests.up_support import REQUEST_TIMEOUT_S, UpProcess, http_call, http_json, serve, up_env
 from waiting_support import wait_until
 
+pytestmark = pytest.mark.integration  # every test here runs manage.py as a child (and most a nats-server)
+
 TOKEN = "ops-cli-test-operator-token-0123456789abcdef"
 WRONG_TOKEN = "ops-cli-wrong-token-zyxwvutsrqponmlkjihgf"
 SEAT = "ada"

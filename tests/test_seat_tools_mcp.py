@@ -25,6 +25,8 @@ from seats.tools.mcp_transport import unset_variables
 from seats_support import FAST, Recorder
 from waiting_support import eventually
 
+pytestmark = pytest.mark.integration  # the tool servers are real MCP server processes
+
 NOTES = [sys.executable, "-m", "seats.tools.examples.notes_server"]
 #: Shrunk so a restart is seen in tenths of a second; the start limit stays generous for a loaded machine.
 SETTINGS = ToolSettings(call_timeout_s=1.0, start_timeout_s=60.0, restart_backoff_s=0.05)

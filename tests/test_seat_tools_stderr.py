@@ -47,6 +47,7 @@ def _stderr_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
     return [r for r in caplog.records if r.getMessage() == "tool_server_stderr"]
 
 
+@pytest.mark.integration  # starts a child process
 async def test_each_stderr_line_of_a_stdio_server_is_one_redacted_bounded_record_and_nothing_reaches_the_nodes_stderr(
     caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:

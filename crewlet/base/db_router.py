@@ -2,7 +2,7 @@
 
 ``default`` is the coordination store a fleet shares; ``events`` is each node's
 own store. Keeping the split from day one makes a fleet a configuration change
-rather than a rewrite (ARCHITECTURE.md, Databases).
+rather than a rewrite (docs/design.md § Databases).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Event categories, what the store keeps, what the feed shows, and a row's label.
 
-Design (event-system.md, Event Types): every wire type is filed under one
+Design (docs/design.md § Event types): every wire type is filed under one
 category from a CLOSED set — the same set the ``GET /events?category=`` filter
 and the dashboard's category chips use. Each type declares its category, and
 whether it is stored and fed, where its class is registered

@@ -1,7 +1,7 @@
 """The trace an event carries and the W3C ``traceparent`` codec: pure data, no OpenTelemetry.
 
 An event's ``trace_id`` / ``span_id`` / ``parent_span_id`` are the only
-carrier of trace context (event-system.md, Distributed Tracing), so the
+carrier of trace context (docs/design.md § Distributed tracing), so the
 envelope needs the value type and its validation to build and decode events;
 it must not need the OpenTelemetry SDK to do that. This module is that value
 type and the header codec. ``crewlet.events.tracing`` builds on it (spans,

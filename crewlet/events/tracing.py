@@ -1,6 +1,6 @@
 """Trace context: W3C ``traceparent``, ``trace_of()``, restoring an event's trace, OTLP setup.
 
-Design (event-system.md, Distributed Tracing):
+Design (docs/design.md § Distributed tracing):
 
 * The envelope's ``trace_id`` / ``span_id`` / ``parent_span_id`` are the ONLY
   carrier of trace context: the queue moves an event's bytes and nothing else.

@@ -3,8 +3,8 @@
 Everything above ``crewlet.queue`` talks to an :class:`EventQueue`. Two backends
 implement it (``crewlet.queue.memory`` and ``crewlet.queue.jetstream``) and the
 one conformance suite in ``crewlet.queue.queuetest`` certifies both against the
-semantics stated in these docstrings (design: event-system.md, Delivery
-Semantics, Inbox Batching, Broadcast Streams, Letting go of a subscription).
+semantics stated in these docstrings (docs/design.md § Delivery semantics,
+§ Inbox batching and coalescing, § Broadcast streams, § Letting go of a subscription).
 """
 from __future__ import annotations
 
@@ -385,8 +385,10 @@ class EventQueue(Protocol):
     async def backlog(self, topic: str, group: str) -> int:
         """Messages the subscription retains that are not yet acked (a seat's mailbox depth).
 
-        A gauge: JetStream updates a consumer's pending count a moment after a
-        publish is acknowledged, so a read right after a publish may not count it yet.
+        It reads its own writes: a publish that returned is counted at once, by
+        any client, on every backend (JetStream's running pending count lags the
+        acknowledgement, so that backend also counts what its store holds from
+        the consumer's delivered sequence on, and takes the larger).
         """
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:

@@ -1,1 +1,1 @@
-"""The one conformance suite: every case runs against every backend (conformance.md)."""
+"""The one conformance suite: every case runs against every backend (docs/design.md § The conformance suite)."""

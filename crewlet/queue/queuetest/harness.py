@@ -1,7 +1,7 @@
 """Backends under test, behind one harness, plus the waiting helpers every case uses.
 
 Waits are for conditions with deadlines, never bare sleeps. The one deliberate
-pause is ``quiet()``: a short "must not arrive" window, as conformance.md allows.
+pause is ``quiet()``: a short "must not arrive" window, as docs/design.md § The conformance suite allows.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Conformance: letting go of a subscription (conformance.md § Attachment), on every backend.
+"""Conformance: letting go of a subscription (docs/design.md § Attachment), on every backend.
 
-Design: event-system.md § Letting go of a subscription. Quiesce stops taking
+Design: docs/design.md § Letting go of a subscription. Quiesce stops taking
 new work while attached, unquiesce undoes it, detach closes this process's
 consumers and keeps the durable subscription and its mail, and none of them
 reaches across to another client on the same broker.

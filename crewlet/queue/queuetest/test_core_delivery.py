@@ -1,6 +1,6 @@
-"""Conformance: core delivery (conformance.md § Core delivery), on every backend.
+"""Conformance: core delivery (docs/design.md § Core delivery), on every backend.
 
-Design: event-system.md § Delivery Semantics, § Publish Listeners. Every case
+Design: docs/design.md § Delivery semantics, § Publish listeners. Every case
 runs against each backend through the ``harness`` / ``queue`` fixtures. Here:
 who gets a published event (its subscriber, one member of each group, never
 another topic's), subscriptions made late, ensured and deleted, the mailbox

@@ -1,6 +1,6 @@
-"""Conformance: replaying a dead letter (conformance.md § Dead letters), on every backend.
+"""Conformance: replaying a dead letter (docs/design.md § Dead letters), on every backend.
 
-Design: event-system.md § Delivery Semantics (the dead letter) and the
+Design: docs/design.md § Delivery semantics (the dead letter) and the
 dashboard's operator action. A replay takes the entry off CREWLET_DLQ, then
 publishes its bytes onto the topic it came from as fresh mail; of two
 concurrent replays exactly one wins, and a ref that is not there is Gone.

@@ -1,6 +1,6 @@
-"""Conformance: holds, pausing, handlers in flight and closing (conformance.md § Core delivery), on every backend.
+"""Conformance: holds, pausing, handlers in flight and closing (docs/design.md § Core delivery), on every backend.
 
-Design: event-system.md § Delivery Semantics. A held (topic, group) keeps its
+Design: docs/design.md § Delivery semantics. A held (topic, group) keeps its
 mail with its delivery count intact while other pairs flow; pausing still
 accepts publishes; handlers in flight can be counted and waited for; a closed
 client refuses every verb with the same error and leaves no state behind.

@@ -1,6 +1,6 @@
-"""Conformance: hand-backs and the delivery budget (conformance.md § Core delivery), on every backend.
+"""Conformance: hand-backs and the delivery budget (docs/design.md § Core delivery), on every backend.
 
-Design: event-system.md § Delivery Semantics. A Nak returns behind the mail
+Design: docs/design.md § Delivery semantics. A Nak returns behind the mail
 that was waiting, a Defer at the head; each hand-back spends one delivery,
 and past the budget the event is dead-lettered once; the deliveries left read
 the same per message and per partition of one. Every case runs against each

@@ -1,4 +1,4 @@
-"""Holds, pausing, and handlers in flight (conformance.md, Core delivery).
+"""Holds, pausing, and handlers in flight (docs/design.md § Core delivery).
 
 A held (topic, group) is handed nothing: its mail waits on the broker with its
 order and its delivery count intact, and nothing goes round the broker again

@@ -1,6 +1,6 @@
-"""Conformance: listing durable subscriptions (conformance.md § Listing), on every backend.
+"""Conformance: listing durable subscriptions (docs/design.md § Listing), on every backend.
 
-Design: event-system.md § Delivery Semantics ("Every durable subscription can
+Design: docs/design.md § Delivery semantics ("Every durable subscription can
 be listed"). A listing answers which subscriptions the broker holds under a
 topic pattern, attached or not, whichever client made them, as the exact pair
 each was created with.

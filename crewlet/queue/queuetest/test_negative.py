@@ -1,4 +1,4 @@
-"""Conformance: negative paths and reachability (conformance.md § Negative paths), on every backend.
+"""Conformance: negative paths and reachability (docs/design.md § Negative paths), on every backend.
 
 Every refusal here also checks that nothing was written: the backlog, the dead
 letters and the listing are what they were before.

@@ -1,4 +1,4 @@
-"""Reads right behind writes (conformance.md: Backlog reads its own writes), on every backend.
+"""Reads right behind writes (docs/design.md § Backlog reads its own writes), on every backend.
 
 A publish that returned has been stored, so a backlog read made right after it
 counts it, from the client that wrote it and from any other, however busy the

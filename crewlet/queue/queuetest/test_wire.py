@@ -1,6 +1,6 @@
-"""Conformance: the wire (conformance.md § Wire), on every backend.
+"""Conformance: the wire (docs/design.md § Wire), on every backend.
 
-Design: event-system.md § Event Schema. What crosses the broker is an event's
+Design: docs/design.md § Event schema. What crosses the broker is an event's
 bytes: typed bodies come back as their class, the envelope survives whole,
 nobody shares an object, the queue stamps the origin node on a copy, and a
 type this build does not know round-trips byte for byte.
