@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Optional, TypeVar
+from typing import Iterable, Optional, TypeVar
 
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 

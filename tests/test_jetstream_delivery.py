@@ -19,7 +19,7 @@ from crewlet.queue import topics
 from crewlet.queue.broker import EmbeddedBroker
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
 from crewlet.queue.errors import Gone, TooLarge
-from crewlet.queue.jetstream import BROADCAST_PREFIX, JetStreamTransport, durable_name, is_subset
+from crewlet.queue.jetstream import BROADCAST_PREFIX, JetStreamTransport, is_subset
 from tests.test_jetstream_backend import (  # noqa: F401 - fixtures are used by name
     NS,
     always_ready,

@@ -111,13 +111,18 @@ TOPIC = topics.agent_inbox("ada")
 GROUP = "agent-ada"
 
 
+async def inbox_ready(transport: JetStreamTransport, raw: nats.NATS) -> tuple[str, int]:
+    """Ada's inbox with its durable made: the stream that stores it, and how many messages it holds now."""
+    await transport.ensure_consumer(TOPIC, GROUP)
+    stream = transport._stream_of(TOPIC).name
+    return stream, await stored(raw, stream)
+
+
 async def test_a_publish_stored_whose_answer_is_lost_with_its_connection_returns_once_reconnected_and_is_stored_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with relayed() as (relay, transport, raw):
-        await transport.ensure_consumer(TOPIC, GROUP)
-        stream = transport._stream_of(TOPIC).name
-        before = await stored(raw, stream)
+        stream, before = await inbox_ready(transport, raw)
         relay.swallow_to_client = True
         publishing = asyncio.create_task(transport.publish(TOPIC, event(n=1)))
 
@@ -137,9 +142,7 @@ async def test_a_publish_stored_whose_answer_is_lost_with_its_connection_returns
 
 async def test_a_publish_that_never_reached_the_broker_before_its_connection_dropped_is_stored_by_the_resend() -> None:
     async with relayed() as (relay, transport, raw):
-        await transport.ensure_consumer(TOPIC, GROUP)
-        stream = transport._stream_of(TOPIC).name
-        before = await stored(raw, stream)
+        stream, before = await inbox_ready(transport, raw)
         relay.swallow_to_server = True
         publishing = asyncio.create_task(transport.publish(TOPIC, event(n=1)))
 
@@ -156,9 +159,7 @@ async def test_a_publish_that_never_reached_the_broker_before_its_connection_dro
 
 async def test_a_broker_that_stays_connected_and_silent_gets_one_send_and_the_caller_hears_unconfirmed() -> None:
     async with relayed() as (relay, transport, raw):
-        await transport.ensure_consumer(TOPIC, GROUP)
-        stream = transport._stream_of(TOPIC).name
-        before = await stored(raw, stream)
+        stream, before = await inbox_ready(transport, raw)
         relay.swallow_to_client = True
         connections = relay.connections
         with pytest.raises(Unconfirmed):
@@ -169,9 +170,7 @@ async def test_a_broker_that_stays_connected_and_silent_gets_one_send_and_the_ca
 
 async def test_two_publishes_of_the_same_bytes_are_two_events_since_each_send_has_its_own_id() -> None:
     async with relayed() as (_, transport, raw):
-        await transport.ensure_consumer(TOPIC, GROUP)
-        stream = transport._stream_of(TOPIC).name
-        before = await stored(raw, stream)
+        stream, before = await inbox_ready(transport, raw)
         data = event(n=1)
         first, second = await transport.publish(TOPIC, data), await transport.publish(TOPIC, data)
         assert second == first + 1

@@ -9,7 +9,6 @@ tests/test_notifications_routing.py's.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 
 from django.db import DatabaseError

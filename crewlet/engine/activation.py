@@ -15,9 +15,8 @@ from django.db import transaction
 
 from crewlet import events
 from crewlet.events import Trace
-from crewlet.company.fields import CompanyError
 from crewlet.company.parse import parse_company_text
-from crewlet.company.revisions import STEPS, Activation, activate_cas, active_row, POLL_EVERY_S
+from crewlet.company.revisions import POLL_EVERY_S, Activation, activate_cas, active_row
 from crewlet.engine import runtime
 from crewlet.engine.interfaces import CONFIG_POLLER, SEAT_RUNTIME, SeatLoops
 from crewlet.engine.services import Periodic, Service

@@ -47,7 +47,6 @@ from crewlet.engine.services import (
     Interval,
     Named,
     NoService,
-    Periodic,
     Service,
     Task,
     cancel_and_wait,
@@ -195,7 +194,7 @@ class Engine:
         first_after_s: float = 0.0,
         logger: Optional[logging.Logger] = None,
     ) -> None:
-        """Register a :class:`Periodic` duty: ``fn`` now (or after ``first_after_s``) and every ``every_s``."""
+        """Register a :class:`~crewlet.engine.services.Periodic` duty: ``fn`` now (or after ``first_after_s``) and every ``every_s``."""
         self.add(periodic(name, every_s, fn, depends_on=depends_on, first_after_s=first_after_s, logger=logger))
 
     @property

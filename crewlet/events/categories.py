@@ -22,7 +22,7 @@ rather than keeping a second list of type names:
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from crewlet.events import types as _types  # noqa: F401  (every type registered before the maps are read)
 from crewlet.events.labels import delivery_label
@@ -99,11 +99,6 @@ __all__ = [
     "INBOUND_DELIVERY",
     "NOT_FED",
     "NOT_STORED",
-    "SOCKET_EVENT_POSTED",
-    "SURFACES",
-    "SURFACE_FORGE",
-    "SURFACE_SOCKET",
-    "SURFACE_WEBHOOK",
     "category_of",
     "delivery_label",
     "is_fed",

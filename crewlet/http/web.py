@@ -30,21 +30,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
-from crewlet.http.bounded import REASON_BODY_TOO_SLOW, bounded_http
-from crewlet.http.limits import (
-    CONNECTIONS_MIN,
-    FDS_PER_CONNECTION,
-    PER_CLIENT_MAX,
-    PER_CLIENT_MIN,
-    PER_CLIENT_SHARE,
-    RESERVED_FDS_MIN,
-    SHED_LINGER_MAX,
-    Limits,
-    derived_connection_caps,
-    limits_from_settings,
-    nofile_limit,
-)
-from crewlet.http.shedding import SHED_EVENT, SHED_PER_CLIENT, SHED_REASONS, SHED_TOTAL, ShedLog, capped_factory
+from crewlet.http.bounded import bounded_http
+from crewlet.http.limits import FDS_PER_CONNECTION, RESERVED_FDS_MIN, Limits, limits_from_settings, nofile_limit
+from crewlet.http.shedding import SHED_EVENT, SHED_REASONS, ShedLog, capped_factory
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine.core import Engine
