@@ -3,7 +3,7 @@
 Each node here is what an engine contributes (``eventstore.fanout.FleetReads``
 on a JetStream client of one real nats-server), serving its own database and
 asking the other two; the roster is the three of them. The route-level twin
-through ``manage.py up`` processes is tests/test_fleet_reads_up.py.
+through ``manage.py up`` processes is tests/fleet/test_fleet_reads_up.py.
 """
 from __future__ import annotations
 

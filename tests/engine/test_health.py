@@ -16,7 +16,7 @@ from crewlet.base.db_router import EVENTS_ALIAS
 from crewlet.engine.services import Task
 from crewlet.engine.interfaces import NOTIFY, SEAT_RUNTIME, ServiceKey
 from engine_support import engine_here
-from tests.test_up import FakeQueue, FakeSeatRuntime, no_process_queue  # noqa: F401 - the fixture is used by name
+from tests.up.test_up import FakeQueue, FakeSeatRuntime, no_process_queue  # noqa: F401 - the fixture is used by name
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "events"])
 

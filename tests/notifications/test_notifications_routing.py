@@ -1,7 +1,7 @@
 """The notify router on the memory twin and the test database: recipients, follows, store trips, retries, end to end.
 
 What routing refuses (every skip with its fixed phrase) and the rate valve are
-tests/test_notifications_skips.py's, which routes with the helpers here.
+tests/notifications/test_notifications_skips.py's, which routes with the helpers here.
 """
 from __future__ import annotations
 

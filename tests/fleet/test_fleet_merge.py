@@ -1,7 +1,7 @@
 """The fleet read's merges and its reply cut, as pure functions: no broker, no store.
 
 The same merges run on a real broker over three PostgreSQL stores in
-tests/test_fleet_reads.py; here each rule is held on its own, fast, on any
+tests/fleet/test_fleet_reads.py; here each rule is held on its own, fast, on any
 database.
 """
 from __future__ import annotations

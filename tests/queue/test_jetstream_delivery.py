@@ -4,7 +4,7 @@ What the puller asks the broker for (a batch, a wait, nothing behind a closed
 gate) and how a hand-back and a Nak are placed; where the size limit falls;
 that a broadcast consumer is ephemeral, narrowed on the broker and never
 takes from a durable; and that core NATS scatter/gather answers concurrently.
-The fixtures and helpers are tests/test_jetstream_backend.py's. Every test
+The fixtures and helpers are tests/queue/test_jetstream_backend.py's. Every test
 runs a real embedded nats-server; nothing about the broker is mocked.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from crewlet.queue.broker import EmbeddedBroker
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
 from crewlet.queue.errors import Gone, TooLarge
 from crewlet.queue.jetstream import BROADCAST_PREFIX, JetStreamTransport, is_subset
-from tests.test_jetstream_backend import (  # noqa: F401 - fixtures are used by name
+from tests.queue.test_jetstream_backend import (  # noqa: F401 - fixtures are used by name
     NS,
     always_ready,
     broker,

@@ -20,7 +20,7 @@ import yaml
 from crewlet.company.conf import known_settings
 from crewlet.company.loading import load_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 #: Where the container commands are documented (the README's "In a container" section moved there).

@@ -4,7 +4,7 @@ A broker that is not there, refuses the credential, stops or freezes makes
 every verb ``Unavailable`` (never a nats-py type); a read loop that dies
 reconnects at once; a file store keeps the mail across a broker restart; and
 a task cancelled while it asks JetStream stops. The fixtures and helpers are
-tests/test_jetstream_backend.py's. Every test runs a real embedded
+tests/queue/test_jetstream_backend.py's. Every test runs a real embedded
 nats-server; nothing about the broker is mocked.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from crewlet.queue.errors import QueueError, Unavailable
 from crewlet.queue.jetstream import JetStreamQueue, JetStreamTransport
 from crewlet.queue.natsclient import LOG_READ_LOOP_ENDED, LatePongClient
 from tests.process_support import is_stopped
-from tests.test_jetstream_backend import (  # noqa: F401 - fixtures are used by name
+from tests.queue.test_jetstream_backend import (  # noqa: F401 - fixtures are used by name
     TIMINGS,
     always_ready,
     broker,

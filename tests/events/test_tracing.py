@@ -32,7 +32,7 @@ from crewlet.events.tracing import (
 
 # ../shared/fixtures beside the repository, as the issue asks (the conftest's
 # CREWLET_SHARED_DIR override is honoured the same way).
-FIXTURES = Path(os.environ.get("CREWLET_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared") / "fixtures"
+FIXTURES = Path(os.environ.get("CREWLET_SHARED_DIR") or Path(__file__).resolve().parents[2].parent / "shared") / "fixtures"
 TRACEPARENT_FIXTURE = FIXTURES / "traceparent.json"
 
 

@@ -14,7 +14,7 @@ from crewlet.http.bodies import MAX_DEPTH, BodyRefused, parse_object
 from crewlet.base.jsontext import nesting_depth
 from seats.delivery_models import SeatPause
 from crewlet.base.tokens import OperatorToken
-from tests.test_request_bridge import Up
+from tests.engine.test_request_bridge import Up
 from tests.up_support import serve
 
 #: Every route that takes a JSON body, with a body it would accept.

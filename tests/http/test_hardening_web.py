@@ -4,8 +4,8 @@ Body limits enforced while reading, header timeouts, the sign-in throttle,
 credentials kept out of the logs, ``/healthz``'s broker round trip and the
 production settings ``check --deploy`` asks for. ``/ws/stream``'s re-checks
 and Origin rule and the admin's static files are
-tests/test_hardening_web_sessions.py's, the caps on slow clients
-tests/test_hardening_web_caps.py's; both start ``up`` with the helpers here.
+tests/http/test_hardening_web_sessions.py's, the caps on slow clients
+tests/http/test_hardening_web_caps.py's; both start ``up`` with the helpers here.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Mapping
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: The bottom: infrastructure every app uses (queue, events, tracing, engine, settings, the
 #: company file, operator tokens and the API's authentication).

@@ -28,7 +28,7 @@ from waiting_support import eventually
 pytestmark = pytest.mark.integration  # the embedded broker is a nats-server child
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 async def js_info(url: str) -> dict:

@@ -4,7 +4,7 @@ A delivery that wakes nobody is recorded as a ``notification_skipped`` whose
 reason is one of the fixed phrases (``SKIP_REASONS``), each produced here; the
 rate valve is off by default, shares its counters between nodes and fails
 open when the store is unreachable. The routing helpers are
-tests/test_notifications_routing.py's.
+tests/notifications/test_notifications_routing.py's.
 """
 from __future__ import annotations
 

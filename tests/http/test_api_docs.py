@@ -175,7 +175,7 @@ def within_the_cross_parameter_rules(case: Any) -> bool:
     A per-parameter schema cannot state them — ``since`` not after ``until``,
     a ``bucket`` not longer than the ``window`` and at most ``MAX_BARS`` bars —
     so a positive case breaking one is not sent: the server's 400 for it is
-    its documented answer (tests/test_hardening_api_params.py holds the same
+    its documented answer (tests/http/test_hardening_api_params.py holds the same
     set). Worked out here from the values, not by asking the server.
     """
     query = case.query or {}

@@ -19,7 +19,7 @@ import pytest
 
 from crewlet.fleet.placement import REASON_PINNED_NODE_NOT_LIVE
 from tests.browser_support import LoopThread
-from tests.test_up_inflight import Up, Watcher, broker, loop  # noqa: F401  (fixtures)
+from tests.up.test_up_inflight import Up, Watcher, broker, loop  # noqa: F401  (fixtures)
 from tests.up_support import UpProcess, http_json, up_env
 from waiting_support import wait_until
 

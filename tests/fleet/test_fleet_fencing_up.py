@@ -1,7 +1,7 @@
 """A node frozen in the middle of a tool call wakes after its seat moved and makes no further call.
 
 Two real `manage.py up` nodes share a nats-server and the PostgreSQL
-coordination store (the fleet of ``tests/test_fleet_up.py``). Seat ada's
+coordination store (the fleet of ``tests/fleet/test_fleet_up.py``). Seat ada's
 model (a local OpenAI-compatible server) answers a DM's first round with a
 call to an MCP tool that says it started and waits to be opened. While that
 call runs on n1, n1 is frozen with SIGSTOP; the tool is opened, so its answer
@@ -25,8 +25,8 @@ import pytest
 from seats_support import json_vendor
 from tests.mcp_support import stdio_command
 from tests.process_support import is_stopped
-from tests.test_fleet_up import MOVE_S, Fleet, Node, fleet, seen, watcher  # noqa: F401  (fixtures)
-from tests.test_up_inflight import Watcher, broker, loop  # noqa: F401  (fixtures)
+from tests.fleet.test_fleet_up import MOVE_S, Fleet, Node, fleet, seen, watcher  # noqa: F401  (fixtures)
+from tests.up.test_up_inflight import Watcher, broker, loop  # noqa: F401  (fixtures)
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.timeout(400)]

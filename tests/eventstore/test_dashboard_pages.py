@@ -1,7 +1,7 @@
 """The dashboard's server-rendered pages, through Django's test client on the test store.
 
 The live parts (the socket, a seat changing as a webhook lands, replaying a
-dead letter) are driven in a real browser by tests/test_dashboard_browser.py;
+dead letter) are driven in a real browser by tests/eventstore/test_dashboard_browser.py;
 here: who may look, and what each page renders from the store.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ from notifications_support import company, fixture_bytes, holder, set_secrets, s
 from seats_support import Recorder, memory_queues
 from test_notifications_edge import edge_on, post
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The modules that must reach a vendor only through the registry.
 VENDOR_NEUTRAL = ("edge.py", "parsers.py", "service.py", "runtime.py", "urls.py", "views.py", "sockets/__init__.py")
 

@@ -27,7 +27,7 @@ from crewlet.http import bounded, limits, shedding
 from eventstore import stream
 from tests.browser_support import slack_message
 from tests.process_support import REPO_ROOT
-from tests.test_hardening_web import WAIT_S, Socket, Up
+from tests.http.test_hardening_web import WAIT_S, Socket, Up
 from waiting_support import wait_until
 
 pytestmark = pytest.mark.integration

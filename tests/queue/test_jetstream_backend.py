@@ -6,8 +6,8 @@ what only the JetStream backend has: what the broker is actually told, and
 how nats-py's failures come out as the queue's own errors. Here: the streams
 and their retentions, the durables' settings and listing, the dead-letter
 stream's headers, the public client over JetStream and the duplicate window.
-Pulling, broadcast and ask/serve are tests/test_jetstream_delivery.py's;
-reachability and cancellation tests/test_jetstream_reachability.py's. The
+Pulling, broadcast and ask/serve are tests/queue/test_jetstream_delivery.py's;
+reachability and cancellation tests/queue/test_jetstream_reachability.py's. The
 fixtures and helpers every one of them uses live here. Every test runs a
 real embedded nats-server; nothing about the broker is mocked.
 """

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.test_operability import Receiver
+from tests.engine.test_operability import Receiver
 from tests.up_support import UpProcess, http_call, serve, up_env
 from waiting_support import wait_until
 

@@ -20,7 +20,7 @@ from crewlet.queue import topics
 from crewlet.queue.broker import EmbeddedBroker
 from crewlet.queue.errors import Unconfirmed
 from crewlet.queue.jetstream import JetStreamTransport
-from tests.test_jetstream_backend import TIMINGS, event, stream_info
+from tests.queue.test_jetstream_backend import TIMINGS, event, stream_info
 from waiting_support import eventually
 
 pytestmark = pytest.mark.integration  # every test here runs a real nats-server

@@ -4,7 +4,7 @@
 host and port) or a trusted one, and closes a socket with 4401 once its token is
 revoked or its session signs out; ``up`` serves the admin's CSS and JS, and
 signing in lands on the dashboard. ``up``, the browser and the socket are
-tests/test_hardening_web.py's.
+tests/http/test_hardening_web.py's.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from tests.test_hardening_web import (  # noqa: F401 - start_up is a fixture, used by name
+from tests.http.test_hardening_web import (  # noqa: F401 - start_up is a fixture, used by name
     STAFF_PASSWORD,
     STAFF_USER,
     WAIT_S,

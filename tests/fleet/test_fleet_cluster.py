@@ -18,7 +18,7 @@ import pytest
 
 from tests.browser_support import slack_message
 from tests.cluster_support import free_ports, node_name, start_together, stop_together, up_node_env
-from tests.test_fleet_up import AGENTS, SLACK_ID, Fleet, _pg
+from tests.fleet.test_fleet_up import AGENTS, SLACK_ID, Fleet, _pg
 from tests.up_support import UpProcess, http_call
 from waiting_support import wait_until
 
