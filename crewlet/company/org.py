@@ -103,6 +103,49 @@ class McpServer:
 
 
 @dataclass(frozen=True)
+class ToolGrant:
+    """A seat's grant of one MCP server with credentials of its own: ``seats[].tools: [{server, env?, headers?}]``.
+
+    ``env`` maps a variable the server declares in ``env_from`` to the node
+    variable this seat's child reads it from; ``headers`` maps a header the
+    server declares in ``headers_from`` to the node variable holding this
+    seat's value. Names only, like the server's own, so two seats granted one
+    server act under two identities without a secret in the company file.
+    """
+
+    server: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GrantedServer:
+    """An MCP server as one seat is granted it: which node variable each of its variables and headers is read from.
+
+    Compared whole (server and both mappings), so a session opened for one
+    grant is never kept for a changed one, nor shared with another seat's.
+    """
+
+    server: McpServer
+    #: The child's variable -> the node variable holding this seat's value (every ``env_from`` name).
+    env_from: Mapping[str, str] = field(default_factory=dict)
+    #: The header -> the node variable holding this seat's value (every ``headers_from`` header).
+    headers_from: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    @property
+    def transport(self) -> str:
+        return self.server.transport
+
+    def variables(self) -> list[str]:
+        """The node variables this grant reads, each once (names, never values)."""
+        return sorted({*self.env_from.values(), *self.headers_from.values()})
+
+
+@dataclass(frozen=True)
 class Surface:
     """One surface kind as the company configures it.
 
@@ -169,6 +212,8 @@ class Seat:
     turn_token_budget: int = 0
     #: Which nodes of a fleet may run the seat (``seats[].placement``).
     placement: Placement = field(default_factory=Placement)
+    #: The grants in ``tools`` that map a server's variables or headers to the seat's own, by server name.
+    grants: Mapping[str, ToolGrant] = field(default_factory=dict)
 
     @property
     def is_agent(self) -> bool:
@@ -232,6 +277,31 @@ class Organization:
     def mcp_servers_of(self, seat: Seat) -> tuple[McpServer, ...]:
         """The MCP servers ``seat`` is granted, in the order its ``tools`` names them."""
         return tuple(self.mcp_servers[name] for name in seat.tools if name in self.mcp_servers)
+
+    def granted_servers(self, seat: Seat) -> tuple[GrantedServer, ...]:
+        """The MCP servers ``seat`` is granted, each with the node variables its credentials are read from for this seat."""
+        return tuple(
+            GrantedServer(server, env_from=grant_env(seat, server), headers_from=grant_headers(seat, server))
+            for server in self.mcp_servers_of(seat)
+        )
+
+
+def grant_env(seat: Seat, server: McpServer) -> dict[str, str]:
+    """Each variable ``server`` declares in ``env_from`` -> the node variable ``seat``'s child reads it from.
+
+    A variable is read under its own name unless the seat's grant maps it
+    (``seats[].tools: [{server, env: {VAR: SEAT_VAR}}]``). The one place a
+    seat's default for a server's variables is decided: a default the seat
+    brings itself goes here, under the grant's explicit mapping.
+    """
+    mapped = dict(seat.grants[server.name].env) if server.name in seat.grants else {}
+    return {name: mapped.get(name, name) for name in server.env_from}
+
+
+def grant_headers(seat: Seat, server: McpServer) -> dict[str, str]:
+    """Each header ``server`` declares in ``headers_from`` -> the node variable holding ``seat``'s value for it."""
+    mapped = dict(seat.grants[server.name].headers) if server.name in seat.grants else {}
+    return {header: mapped.get(header, var) for header, var in server.headers_from.items()}
 
 
 class CompanyHolder:

@@ -53,6 +53,7 @@ from crewlet.company.org import (
     Surface,
     agent_id_for,
 )
+from crewlet.company.grants import _seat_tools
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -245,22 +246,6 @@ def _placement(value: Any, name: str, kind: str, source: Optional[str]) -> Place
     return Placement(node=node, labels=tuple(labels))
 
 
-def _seat_tools(value: Any, name: str, servers: Mapping[str, McpServer], source: Optional[str]) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    allowed = ", ".join([*servers, *BUILTIN_TOOLS])
-    if not isinstance(value, list):
-        raise CompanyError(name, value, f"must be a list of tool grants ({allowed})", source)
-    tools: list[str] = []
-    for i, tool in enumerate(value):
-        if not isinstance(tool, str) or (tool not in servers and tool not in BUILTIN_TOOLS):
-            raise CompanyError(f"{name}[{i}]", tool, f"must be an mcp_servers name or a built-in tool ({allowed})", source)
-        if tool in tools:
-            raise CompanyError(f"{name}[{i}]", tool, "is granted twice", source)
-        tools.append(tool)
-    return tuple(tools)
-
-
 _TOP_KEYS = (
     "org",
     "providers",
@@ -412,6 +397,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
         identities = {}
         for surface, ident in idents.items():
             identities[surface] = _string(str(ident) if isinstance(ident, int) else ident, f"{name}.identities.{surface}", source)
+        tools, grants = _seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source)
         seats.append(
             Seat(
                 handle=handle,
@@ -420,7 +406,8 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 display_name=display,
                 identities=identities,
                 agent_id=agent_id_for(org, handle),
-                tools=_seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source),
+                tools=tools,
+                grants=grants,
                 max_rounds=_number(
                     entry.get("max_rounds", DEFAULT_MAX_ROUNDS), f"{name}.max_rounds", *MAX_ROUNDS_RANGE, True, source
                 ),
