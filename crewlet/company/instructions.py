@@ -33,7 +33,9 @@ INSTRUCTIONS_FILE_KEY = "instructions_file"
 #: The name a revision's included files go by in a refusal (the admin form's field).
 INCLUDED_FILES = "included_files"
 
-_TOO_LARGE = f"is larger than {INSTRUCTIONS_MAX_BYTES} bytes (32 KiB), the most a seat's instructions may be"
+_TOO_LARGE = (
+    f"is larger than {INSTRUCTIONS_MAX_BYTES} bytes ({INSTRUCTIONS_MAX_BYTES // 1024} KiB), the most a seat's instructions may be"
+)
 _PATH_RULE = "must be a relative path inside the company file's directory (no leading '/', no '..')"
 
 

@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 
 from crewlet.company import revisions
+from crewlet.company.fields import CompanyError
 from crewlet.company.revisions import FILE_IMPORTED, FILE_NOT_ACTIVATED, FILE_NOT_GIVEN, FILE_UNCHANGED
 from crewlet.engine import activation
 from crewlet.models import ConfigRevision
@@ -134,7 +135,7 @@ def test_up_without_a_company_file_imports_the_example_only_into_an_empty_store(
 def test_a_bad_instruction_file_at_start_stores_nothing(tmp_path: Path) -> None:
     path = write(tmp_path)
     (tmp_path / "ada.md").unlink()
-    with pytest.raises(Exception) as info:
+    with pytest.raises(CompanyError) as info:
         revisions.import_company_file(path)
     assert str(info.value).startswith("seats[0].instructions_file='ada.md': cannot be read (No such file or directory")
     assert not ConfigRevision.objects.exists()
