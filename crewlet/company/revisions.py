@@ -219,7 +219,13 @@ def import_company_file(path: str | Path, author: str = "up", *, given: bool = T
     p = Path(path)
     shown = str(p.resolve())
     org = load_company(p)
-    text, files = org.source_text, dict(org.source_files)
+
+    def store(note: str) -> Any:
+        return ConfigRevision.objects.create(
+            yaml_text=org.source_text, included_files=dict(org.source_files), author=author,
+            note=f"imported from {p.name}{note}"[:300], imported_from=shown[:500],
+        )
+
     with transaction.atomic(using="default"):
         pointer = (
             ActivationPointer.objects.select_for_update().select_related("revision")
@@ -228,37 +234,32 @@ def import_company_file(path: str | Path, author: str = "up", *, given: bool = T
         active = content_of(pointer.revision) if pointer is not None else None
         last_row = ConfigRevision.objects.exclude(imported_from="").order_by("-pk").first()
         last = content_of(last_row) if last_row is not None else None
+        file_is_last = last is not None and last.served_by(org)
         if not given and (active is not None or ConfigRevision.objects.exists()):
-            done = FileImport(FILE_NOT_GIVEN, active.revision if active else 0, 0,
-                              "no --company given: the store's active revision runs")
+            why = "no --company given: the store's active revision runs"
+            done = FileImport(FILE_NOT_GIVEN, active.revision if active else 0, 0, why)
         elif active is not None and active.served_by(org):
-            done = FileImport(FILE_UNCHANGED, active.revision, active.revision,
-                              "the file is unchanged since it was imported as this revision"
-                              if last is not None and last.revision == active.revision
-                              else "the file's content is the active revision's")
+            imported_as_this = last is not None and last.revision == active.revision
+            why = ("the file is unchanged since it was imported as this revision" if imported_as_this
+                   else "the file's content is the active revision's")
+            done = FileImport(FILE_UNCHANGED, active.revision, active.revision, why)
         elif active is None or (last is not None and last.revision == active.revision):
-            stored = last_row if last is not None and last.served_by(org) else ConfigRevision.objects.create(
-                yaml_text=text, included_files=files, author=author, note=f"imported from {p.name}"[:300],
-                imported_from=shown[:500],
-            )
+            stored = last_row if file_is_last else store("")
             change = activate_cas(stored.pk, author)
             why = (f"the file differs from revision {active.revision}, which it was last imported as"
                    if active is not None else "the store had no active revision")
-            done = FileImport(FILE_IMPORTED, stored.pk, stored.pk, why,
-                              replace(change, source_file=shown) if change is not None else None)
-        elif last is not None and last.served_by(org):
-            done = FileImport(FILE_UNCHANGED, active.revision, last.revision,
-                              f"revision {active.revision} was activated in the admin after the file was imported as "
-                              f"revision {last.revision}, and the file is unchanged since")
+            announce = replace(change, source_file=shown) if change is not None else None
+            done = FileImport(FILE_IMPORTED, stored.pk, stored.pk, why, announce)
+        elif last is not None and file_is_last:
+            why = (f"revision {active.revision} was activated in the admin after the file was imported as "
+                   f"revision {last.revision}, and the file is unchanged since")
+            done = FileImport(FILE_UNCHANGED, active.revision, last.revision, why)
         else:
-            stored = ConfigRevision.objects.create(
-                yaml_text=text, included_files=files, author=author, note=f"imported from {p.name}, not activated"[:300],
-                imported_from=shown[:500],
-            )
-            since = f"the last import (revision {last.revision})" if last is not None else "the store was first filled"
-            done = FileImport(FILE_NOT_ACTIVATED, active.revision, stored.pk,
-                              f"revision {active.revision} was activated in the admin since {since}: it stays active, "
-                              f"and the file is stored as revision {stored.pk}; activate that in the admin to serve the file")
+            stored = store(", not activated")
+            since = f"since the last import (revision {last.revision})" if last is not None else "and no file was imported before"
+            why = (f"revision {active.revision} was activated in the admin {since}: it stays active, "
+                   f"and the file is stored as revision {stored.pk}; activate that in the admin to serve the file")
+            done = FileImport(FILE_NOT_ACTIVATED, active.revision, stored.pk, why)
     level = logging.WARNING if done.outcome == FILE_NOT_ACTIVATED else logging.INFO
     log.log(level, f"company_file_{done.outcome}",
             extra={"revision": done.serving, "file_revision": done.revision, "path": shown, "reason": done.reason})

@@ -1,4 +1,5 @@
-"""A seat's own instructions (inline or from a file beside the company file) and its own model chain: read, bounded, refused in one line."""
+"""A seat's own instructions (inline or from a file beside the company file) and its own model chain: read, bounded,
+refused in one line."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -97,14 +98,16 @@ def test_an_instructions_file_that_cannot_serve_is_refused_in_one_line_naming_th
 
 
 def test_a_file_at_the_bound_is_taken_and_one_byte_past_it_is_not(tmp_path: Path) -> None:
-    assert len(load_company(on_disk(tmp_path, b"x" * INSTRUCTIONS_MAX_BYTES)).seat_by_handle("ada").instructions) == INSTRUCTIONS_MAX_BYTES
+    at_bound = load_company(on_disk(tmp_path, b"x" * INSTRUCTIONS_MAX_BYTES)).seat_by_handle("ada")
+    assert len(at_bound.instructions) == INSTRUCTIONS_MAX_BYTES
     assert "32 KiB" in load_refused(on_disk(tmp_path, b"x" * (INSTRUCTIONS_MAX_BYTES + 1)))
 
 
 @pytest.mark.parametrize(
     "ada,field,allowed",
     [
-        ({"instructions": "a", "instructions_file": "a.md"}, "seats[0].instructions_file='a.md'", "either instructions (text) or instructions_file"),
+        ({"instructions": "a", "instructions_file": "a.md"}, "seats[0].instructions_file='a.md'",
+         "either instructions (text) or instructions_file"),
         ({"instructions": "é" * (INSTRUCTIONS_MAX_BYTES // 2 + 1)}, "seats[0].instructions=", "is larger than 32768 bytes"),
         ({"instructions": "   "}, "seats[0].instructions='   '", "must be non-empty text"),
         ({"instructions": 7}, "seats[0].instructions=7", "must be non-empty text"),
@@ -116,7 +119,8 @@ def test_a_file_at_the_bound_is_taken_and_one_byte_past_it_is_not(tmp_path: Path
         ({"providers": {"llm": [{"kind": "echo"}]}}, "seats[0].providers=", "must be a non-empty list"),
         ({"providers": [{"kind": "gpt"}]}, "seats[0].providers[0].kind='gpt'", "must be one of echo, openai, anthropic"),
         ({"providers": [{"kind": "openai", "model": "m"}]}, "seats[0].providers[0]", "base_url"),
-        ({"providers": [{"kind": "anthropic", "model": "m", "api_key": "sk-live"}]}, "seats[0].providers[0].api_key='[redacted]'", "name the environment variable"),
+        ({"providers": [{"kind": "anthropic", "model": "m", "api_key": "sk-live"}]},
+         "seats[0].providers[0].api_key='[redacted]'", "name the environment variable"),
         ({"kind": "human", "providers": [{"kind": "echo"}]}, "seats[0].providers=", "applies only to an agent seat"),
     ],
 )
