@@ -214,6 +214,13 @@ class Seat:
     placement: Placement = field(default_factory=Placement)
     #: The grants in ``tools`` that map a server's variables or headers to the seat's own, by server name.
     grants: Mapping[str, ToolGrant] = field(default_factory=dict)
+    #: The seat's own instructions (``instructions``, or the content of ``instructions_file``), composed into
+    #: its system prompt after the engine's framing; "" = none.
+    instructions: str = ""
+    #: ``instructions_file`` as written (relative to the company file) when the instructions came from one.
+    instructions_file: str = ""
+    #: The seat's own model chain (``seats[].providers``); empty = the company's ``providers.llm``.
+    providers: tuple[Provider, ...] = ()
 
     @property
     def is_agent(self) -> bool:
@@ -247,6 +254,9 @@ class Organization:
     schedules: tuple[Schedule, ...]
     source_text: str = ""
     mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)
+    #: The files the company includes (``seats[].instructions_file``), by path relative to the company
+    #: file: with ``source_text``, the whole content a revision stores.
+    source_files: Mapping[str, str] = field(default_factory=dict)
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)
@@ -273,6 +283,15 @@ class Organization:
     @property
     def has_provider(self) -> bool:
         return bool(self.providers)
+
+    def providers_of(self, seat: Seat) -> tuple[Provider, ...]:
+        """The model chain ``seat``'s turns call: its own ``providers`` when it names any, else the company's."""
+        return seat.providers or self.providers
+
+    def has_provider_for(self, handle: str) -> bool:
+        """Whether the seat ``handle`` has a model to call (a seat no longer in the company: the company's chain)."""
+        seat = self.seat_by_handle(handle)
+        return bool(self.providers_of(seat) if seat is not None else self.providers)
 
     def mcp_servers_of(self, seat: Seat) -> tuple[McpServer, ...]:
         """The MCP servers ``seat`` is granted, in the order its ``tools`` names them."""

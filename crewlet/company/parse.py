@@ -11,6 +11,7 @@ steps share are :mod:`crewlet.company.fields`.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -54,6 +55,14 @@ from crewlet.company.org import (
     agent_id_for,
 )
 from crewlet.company.grants import _seat_tools
+from crewlet.company.instructions import (
+    INSTRUCTIONS_FILE_KEY,
+    INSTRUCTIONS_KEY,
+    FilesOnDisk,
+    IncludedFiles,
+    StoredFiles,
+    seat_instructions,
+)
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -291,9 +300,14 @@ def _providers(value: Any, source: Optional[str]) -> list[Provider]:
         llm = []
     if not isinstance(llm, list):
         raise CompanyError("providers.llm", llm, "must be a list (empty = a company with no model provider)", source)
+    return _provider_entries(llm, "providers.llm", source)
+
+
+def _provider_entries(llm: list[Any], prefix: str, source: Optional[str]) -> list[Provider]:
+    """A model chain's entries (``providers.llm``, a seat's ``providers``), each kind's keys checked and no secret inline."""
     providers = []
     for i, entry in enumerate(llm):
-        name = f"providers.llm[{i}]"
+        name = f"{prefix}[{i}]"
         entry = _mapping(entry, name, source)
         kind = entry.get("kind")
         if kind not in PROVIDER_KINDS:
@@ -374,7 +388,8 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
         _known(
             entry,
             f"{name}.",
-            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement"),
+            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
+             *SEAT_OWN_KEYS),
             source,
         )
         handle = _string(
@@ -431,6 +446,30 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
     return seats
 
 
+#: The keys of a seat read by :func:`_seats_own`: its instructions and its own model chain.
+SEAT_OWN_KEYS = (INSTRUCTIONS_KEY, INSTRUCTIONS_FILE_KEY, "providers")
+
+
+def _seats_own(seats_raw: Any, seats: list[Seat], included: IncludedFiles, source: Optional[str]) -> list[Seat]:
+    """Each seat's own instructions (inline or from its file) and its own model chain, over what :func:`_seats` read."""
+    own = []
+    for i, (entry, seat) in enumerate(zip(seats_raw, seats)):
+        name = f"seats[{i}]"
+        for key in SEAT_OWN_KEYS:
+            if entry.get(key) is not None and not seat.is_agent:
+                raise CompanyError(f"{name}.{key}", entry[key], "applies only to an agent seat (a person runs no turns)", source)
+        instructions, instructions_file = seat_instructions(entry, name, included, source)
+        chain = entry.get("providers")
+        if chain is not None and (not isinstance(chain, list) or not chain):
+            raise CompanyError(
+                f"{name}.providers", chain,
+                "must be a non-empty list of providers.llm entries (leave it out for the company's providers.llm)", source,
+            )
+        providers = tuple(_provider_entries(chain, f"{name}.providers", source)) if chain else ()
+        own.append(replace(seat, instructions=instructions, instructions_file=instructions_file, providers=providers))
+    return own
+
+
 def _schedules(schedules_raw: Any, seats: list[Seat], source: Optional[str]) -> list[Schedule]:
     """``schedules``: each one's unique name, the agent seat it wakes, its cadence and its task."""
     if not isinstance(schedules_raw, list):
@@ -461,14 +500,18 @@ def _schedules(schedules_raw: Any, seats: list[Seat], source: Optional[str]) -> 
     return schedules
 
 
-def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") -> Organization:
+def parse_company(
+    data: Any, *, source: Optional[str] = None, text: str = "", included: Optional[IncludedFiles] = None
+) -> Organization:
     """Validate a decoded company document; raises :class:`CompanyError`.
 
     The sections are read in a fixed order, each by its own step, so a file
     with several bad values is refused for the same one every time: the seats
     after the MCP servers their ``tools`` grant, the schedules after the seats
-    they wake.
+    they wake. ``included`` is where the files the company includes are read
+    from (a seat's ``instructions_file``): a stored revision's, none by default.
     """
+    included = included if included is not None else StoredFiles()
     if not isinstance(data, Mapping):
         raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(_TOP_KEYS), source)
     _known(data, "", _TOP_KEYS, source)
@@ -479,6 +522,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
     mcp_servers = _mcp_servers(data.get("mcp_servers"), source)
     surfaces = _surfaces(data.get("surfaces"), source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
+    seats = _seats_own(data.get("seats", []), seats, included, source)
     schedules = _schedules(data.get("schedules", []), seats, source)
 
     return Organization(
@@ -493,13 +537,21 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
         schedules=tuple(schedules),
         source_text=text,
         mcp_servers=mcp_servers,
+        source_files=dict(sorted(included.files.items())),
     )
 
 
-def parse_company_text(text: str, *, source: Optional[str] = None) -> Organization:
-    """Validate the company file's text (a file's, or a revision's when ``source`` is None); raises :class:`CompanyError`."""
+def parse_company_text(
+    text: str, *, source: Optional[str] = None, files: Optional[Mapping[str, str]] = None,
+    included: Optional[IncludedFiles] = None,
+) -> Organization:
+    """Validate the company file's text (a file's, or a revision's when ``source`` is None); raises :class:`CompanyError`.
+
+    A revision's included files are ``files`` (path -> content, as stored);
+    a file on disk reads its own through ``included`` (:func:`load_company`).
+    """
     data = load_yaml(text, document="company", name=source, error=CompanyError)
-    return parse_company(data, source=source, text=text)
+    return parse_company(data, source=source, text=text, included=included or StoredFiles(files))
 
 
 def read_company_text(path: str | Path) -> str:
@@ -508,4 +560,5 @@ def read_company_text(path: str | Path) -> str:
 
 
 def load_company(path: str | Path = EXAMPLE_COMPANY) -> Organization:
-    return parse_company_text(read_company_text(path), source=str(path))
+    """The company file at ``path``, its included files read from beside it (``Organization.source_files``)."""
+    return parse_company_text(read_company_text(path), source=str(path), included=FilesOnDisk(Path(path).parent))
