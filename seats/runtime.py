@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
@@ -44,6 +45,7 @@ from seats.inbox import STORE_RETRY_S, InboxLoop
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
+from seats.provider_keys import warn_unset_provider_keys
 from seats.scheduler import TICK_S, Scheduler, aprune_firings
 from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.turns import TurnRunner
@@ -185,6 +187,7 @@ class SeatRuntime:
         self._duties.append(Periodic("seat_pauses", self.pause_poll_s, self.reconcile_pauses, logger=log))
         for duty in self._duties:
             await duty.start()
+        warn_unset_provider_keys(org, os.environ)
         log.info(
             "seat_runtime_started",
             extra={"node": self.node_id, "org": org.org, "seats": len(self.loops), "max_concurrent": self.gate.limit},

@@ -117,6 +117,8 @@ class Surface:
     mode: str = MODE_WEBHOOK
     token_env: str = ""
     server: str = ""
+    #: Whether the company file names this surface under ``surfaces``: start-up warns only about those.
+    configured: bool = False
 
     @property
     def socket(self) -> bool:

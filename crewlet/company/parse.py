@@ -373,7 +373,9 @@ def _surfaces(value: Any, source: Optional[str]) -> dict[str, Surface]:
         verify = body.get("verify", True)
         if not isinstance(verify, bool):
             raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
-        surfaces[name] = Surface(name=name, secret_env=env or "", verify=verify, **_surface_socket(name, body, source))
+        surfaces[name] = Surface(
+            name=name, secret_env=env or "", verify=verify, configured=name in surfaces_body, **_surface_socket(name, body, source)
+        )
     return surfaces
 
 
