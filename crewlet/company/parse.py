@@ -28,7 +28,6 @@ from crewlet.company.fields import (
     _refuse_inline_secret,
     _refuse_non_finite,
     _string,
-    parse_duration_s,
 )
 from crewlet.company.org import (
     BUILTIN_TOOLS,
@@ -48,11 +47,11 @@ from crewlet.company.org import (
     Organization,
     Placement,
     Provider,
-    Schedule,
     Seat,
     Surface,
     agent_id_for,
 )
+from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -272,6 +271,7 @@ _TOP_KEYS = (
     "seats",
     "schedules",
     "mcp_servers",
+    "timezone",
 )
 
 
@@ -446,36 +446,6 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
     return seats
 
 
-def _schedules(schedules_raw: Any, seats: list[Seat], source: Optional[str]) -> list[Schedule]:
-    """``schedules``: each one's unique name, the agent seat it wakes, its cadence and its task."""
-    if not isinstance(schedules_raw, list):
-        raise CompanyError("schedules", schedules_raw, "must be a list of schedules", source)
-    schedules = []
-    names = set()
-    for i, entry in enumerate(schedules_raw):
-        name = f"schedules[{i}]"
-        entry = _mapping(entry, name, source)
-        _known(entry, f"{name}.", ("name", "seat", "every", "task"), source)
-        sname = _string(entry.get("name"), f"{name}.name", source)
-        if sname in names:
-            raise CompanyError(f"{name}.name", sname, "must be unique", source)
-        names.add(sname)
-        seat_handle = _string(entry.get("seat"), f"{name}.seat", source)
-        target = next((s for s in seats if s.handle == seat_handle), None)
-        if target is None or not target.is_agent:
-            agents = ", ".join(s.handle for s in seats if s.is_agent) or "none"
-            raise CompanyError(f"{name}.seat", seat_handle, f"must be an agent seat of this company ({agents})", source)
-        schedules.append(
-            Schedule(
-                name=sname,
-                seat=seat_handle,
-                every_s=parse_duration_s(entry.get("every"), f"{name}.every", source),
-                task=_string(entry.get("task"), f"{name}.task", source),
-            )
-        )
-    return schedules
-
-
 def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") -> Organization:
     """Validate a decoded company document; raises :class:`CompanyError`.
 
@@ -494,7 +464,8 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
     mcp_servers = _mcp_servers(data.get("mcp_servers"), source)
     surfaces = _surfaces(data.get("surfaces"), source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
-    schedules = _schedules(data.get("schedules", []), seats, source)
+    timezone = parse_timezone(data.get("timezone"), "timezone", source)
+    schedules = parse_schedules(data.get("schedules", []), seats, timezone, source)
 
     return Organization(
         org=org,
@@ -508,6 +479,7 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
         schedules=tuple(schedules),
         source_text=text,
         mcp_servers=mcp_servers,
+        timezone=timezone,
     )
 
 
