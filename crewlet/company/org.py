@@ -50,6 +50,8 @@ SURFACE_SERVER_REQUIRED = frozenset({"mattermost"})
 PROVIDER_KINDS = ("echo", "openai", "anthropic")
 #: A seat's ``max_rounds`` when the company names none.
 DEFAULT_MAX_ROUNDS = 12
+#: The zone a ``cron`` schedule is read in when neither it nor the company (``timezone``) names one.
+DEFAULT_TIMEZONE = "UTC"
 
 #: The tool built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
 A2A_ASK_TOOL = "a2a_ask"
@@ -160,6 +162,8 @@ class Surface:
     mode: str = MODE_WEBHOOK
     token_env: str = ""
     server: str = ""
+    #: Whether the company file names this surface under ``surfaces``: start-up warns only about those.
+    configured: bool = False
 
     @property
     def socket(self) -> bool:
@@ -233,10 +237,21 @@ class Seat:
 
 @dataclass(frozen=True)
 class Schedule:
+    """One ``schedules[]`` entry: every ``every_s`` seconds (aligned to the epoch), or at each ``cron`` instant in ``timezone``."""
+
     name: str
     seat: str
     every_s: float
     task: str
+    #: A five-field cron expression (minute hour day-of-month month day-of-week), or "" for an ``every`` schedule.
+    cron: str = ""
+    #: The IANA zone ``cron`` is read in (the schedule's own ``timezone``, else the company's).
+    timezone: str = DEFAULT_TIMEZONE
+
+    @property
+    def cadence(self) -> str:
+        """When it fires, in words: a schedule whose cadence changes is a new schedule to the scheduler."""
+        return f"cron {self.cron} {self.timezone}" if self.cron else f"every {self.every_s:g}s"
 
 
 @dataclass(frozen=True)
@@ -257,6 +272,8 @@ class Organization:
     #: The files the company includes (``seats[].instructions_file``), by path relative to the company
     #: file: with ``source_text``, the whole content a revision stores.
     source_files: Mapping[str, str] = field(default_factory=dict)
+    #: The company's ``timezone``: what its ``cron`` schedules are read in unless one names its own.
+    timezone: str = DEFAULT_TIMEZONE
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)

@@ -29,7 +29,6 @@ from crewlet.company.fields import (
     _refuse_inline_secret,
     _refuse_non_finite,
     _string,
-    parse_duration_s,
 )
 from crewlet.company.org import (
     BUILTIN_TOOLS,
@@ -49,7 +48,6 @@ from crewlet.company.org import (
     Organization,
     Placement,
     Provider,
-    Schedule,
     Seat,
     Surface,
     agent_id_for,
@@ -63,6 +61,7 @@ from crewlet.company.instructions import (
     StoredFiles,
     seat_instructions,
 )
+from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -266,6 +265,7 @@ _TOP_KEYS = (
     "seats",
     "schedules",
     "mcp_servers",
+    "timezone",
 )
 
 
@@ -372,7 +372,9 @@ def _surfaces(value: Any, source: Optional[str]) -> dict[str, Surface]:
         verify = body.get("verify", True)
         if not isinstance(verify, bool):
             raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
-        surfaces[name] = Surface(name=name, secret_env=env or "", verify=verify, **_surface_socket(name, body, source))
+        surfaces[name] = Surface(
+            name=name, secret_env=env or "", verify=verify, configured=name in surfaces_body, **_surface_socket(name, body, source)
+        )
     return surfaces
 
 
@@ -470,36 +472,6 @@ def _seats_own(seats_raw: Any, seats: list[Seat], included: IncludedFiles, sourc
     return own
 
 
-def _schedules(schedules_raw: Any, seats: list[Seat], source: Optional[str]) -> list[Schedule]:
-    """``schedules``: each one's unique name, the agent seat it wakes, its cadence and its task."""
-    if not isinstance(schedules_raw, list):
-        raise CompanyError("schedules", schedules_raw, "must be a list of schedules", source)
-    schedules = []
-    names = set()
-    for i, entry in enumerate(schedules_raw):
-        name = f"schedules[{i}]"
-        entry = _mapping(entry, name, source)
-        _known(entry, f"{name}.", ("name", "seat", "every", "task"), source)
-        sname = _string(entry.get("name"), f"{name}.name", source)
-        if sname in names:
-            raise CompanyError(f"{name}.name", sname, "must be unique", source)
-        names.add(sname)
-        seat_handle = _string(entry.get("seat"), f"{name}.seat", source)
-        target = next((s for s in seats if s.handle == seat_handle), None)
-        if target is None or not target.is_agent:
-            agents = ", ".join(s.handle for s in seats if s.is_agent) or "none"
-            raise CompanyError(f"{name}.seat", seat_handle, f"must be an agent seat of this company ({agents})", source)
-        schedules.append(
-            Schedule(
-                name=sname,
-                seat=seat_handle,
-                every_s=parse_duration_s(entry.get("every"), f"{name}.every", source),
-                task=_string(entry.get("task"), f"{name}.task", source),
-            )
-        )
-    return schedules
-
-
 def parse_company(
     data: Any, *, source: Optional[str] = None, text: str = "", included: Optional[IncludedFiles] = None
 ) -> Organization:
@@ -523,7 +495,8 @@ def parse_company(
     surfaces = _surfaces(data.get("surfaces"), source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
     seats = _seats_own(data.get("seats", []), seats, included, source)
-    schedules = _schedules(data.get("schedules", []), seats, source)
+    timezone = parse_timezone(data.get("timezone"), "timezone", source)
+    schedules = parse_schedules(data.get("schedules", []), seats, timezone, source)
 
     return Organization(
         org=org,
@@ -538,6 +511,7 @@ def parse_company(
         source_text=text,
         mcp_servers=mcp_servers,
         source_files=dict(sorted(included.files.items())),
+        timezone=timezone,
     )
 
 
