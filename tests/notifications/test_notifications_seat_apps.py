@@ -7,6 +7,7 @@ the test routes what it published, as the notify group would). What a real
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from typing import Any, AsyncIterator, Mapping, Optional
 
@@ -20,6 +21,7 @@ from notifications.parsers import FORM_MEDIA, JSON_MEDIA, WHY_DM, WHY_MENTION
 from notifications.seat_identities import missing_seat_variables
 from notifications.service import RouteResult
 from notifications.sockets import company_sockets
+from notifications.sockets.mattermost import MattermostSocket
 from notifications.sources.base import InboundRequest
 from notifications_support import slack_headers
 from seat_apps_support import (
@@ -27,6 +29,7 @@ from seat_apps_support import (
     env_of, mention, seat_apps_yaml, slash_to, url_verification,
 )
 from test_notifications_routing import STORE, Routed, only_wake, routing
+from waiting_support import eventually
 
 pytestmark = STORE
 
@@ -218,3 +221,62 @@ def test_each_app_token_and_with_socket_mode_each_bot_is_a_socket_and_a_duty_lea
     assert company_sockets(org_of(seat_apps_yaml())) == []
     one_app: Any = company_sockets(org_of("org: acme\nsurfaces: {slack: {mode: socket, app_token_env: SLACK_APP_TOKEN}}\nseats: [{handle: ada}]\n"))
     assert [s.name for s in one_app] == ["surface_socket:slack"]
+
+
+async def test_a_seats_bot_whose_seat_names_no_mattermost_identity_is_told_once_which_user_id_to_name(caplog: pytest.LogCaptureFixture) -> None:
+    surfaces = "{mattermost: {mode: socket, server: 'http://127.0.0.1:9'}}"
+    caplog.set_level(logging.WARNING, logger="crewlet.notifications.sockets.mattermost")
+
+    def hello(connection: str) -> bytes:
+        return json.dumps({
+            "event": "hello", "seq": 0, "data": {"connection_id": connection},
+            "broadcast": {"user_id": "8xadabotuserid0000000000aa", "channel_id": "", "team_id": ""},
+        }).encode()
+
+    for mattermost_ids, told in ((False, 1), (True, 0)):
+        caplog.clear()
+        org = org_of(seat_apps_yaml(surfaces=surfaces, mattermost_ids=mattermost_ids))
+        spec = next(s for s in company_sockets(org) if s.name == "surface_socket:mattermost:ada")
+        async with apps(org) as a:
+            client = MattermostSocket(spec.surface, a.edge, environ=env_of(), seat=spec.seat, named_by=spec.named_by, identity=spec.identity)
+            await client.frame(hello("conn1"))
+            await client.frame(hello("conn2"))  # a new connection later: said once all the same
+        lines = [r.getMessage() for r in caplog.records if r.getMessage() == "mattermost_bot_identity_unset"]
+        assert len(lines) == told
+        if told:
+            record = next(r for r in caplog.records if r.getMessage() == "mattermost_bot_identity_unset")
+            assert "set seats.ada.identities.mattermost: 8xadabotuserid0000000000aa" in record.__dict__["hint"]
+
+
+@pytest.mark.integration
+async def test_on_two_nodes_each_bots_socket_is_opened_once_under_a_duty_lease_of_its_own() -> None:
+    from asgiref.sync import sync_to_async
+
+    from crewlet.fleet.member import FleetMember
+    from crewlet.models import DutyLease
+    from notifications.sockets import SocketTimings
+    from chat_servers_support import MattermostBots
+    from notifications_support import ADA_MM_ID, LINUS_MM_ID
+
+    fast = SocketTimings(retry_min_s=0.02, retry_max_s=0.1, ping_s=2.0, deliver_timeout_s=10.0, duty_check_s=0.05)
+    tokens = {SECRETS["ADA_MM_BOT_TOKEN"]: ADA_MM_ID, SECRETS["LINUS_MM_BOT_TOKEN"]: LINUS_MM_ID}
+    with MattermostBots(tokens) as server:
+        org = org_of(seat_apps_yaml(surfaces=f"{{mattermost: {{mode: socket, server: '{server.url}'}}}}"))
+        specs = [s for s in company_sockets(org) if s.surface.name == "mattermost"]
+        nodes = [FleetMember("node-a", ttl_s=30.0), FleetMember("node-b", ttl_s=30.0)]
+        async with apps(org) as a:
+            clients = [
+                MattermostSocket(s.surface, a.edge, environ=env_of(), timings=fast, hold_duty=n.hold_duty, seat=s.seat, identity=s.identity)
+                for n in nodes for s in specs
+            ]
+            try:
+                for client in clients:
+                    await client.start()
+                await eventually(lambda: server.bot_connected(ADA_MM_ID) and server.bot_connected(LINUS_MM_ID), what="both bots connected")
+                await eventually(lambda: sum(c.status.standby for c in clients) == 2, what="one standby per bot")
+                assert server.most_open == 2  # each bot's socket once, across both nodes
+                holders = await sync_to_async(lambda: dict(DutyLease.objects.filter(name__startswith="surface_socket:mattermost").values_list("name", "holder")))()
+                assert sorted(holders) == ["surface_socket:mattermost:ada", "surface_socket:mattermost:linus"]
+            finally:
+                for client in clients:
+                    await client.stop()
