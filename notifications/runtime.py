@@ -25,7 +25,7 @@ from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
 from notifications import service, store
-from notifications.seat_identities import warn_seat_identities
+from notifications.seat_identities import verified_by_seats, warn_seat_identities
 from notifications.sockets import SocketClient, SocketSpec, SocketTimings, client_for, company_sockets, missing_token
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,6 +64,7 @@ def unconfigured_surfaces(org: Organization, environ: Mapping[str, str]) -> list
         for name, surface in org.surfaces.items()
         # A socket surface naming no token of its own leaves its sockets to the seats' own (seat_identities warns of those).
         if (surface.token_env and missing_token(surface, environ) if surface.socket else surface.verify and not (surface.secret_env and environ.get(surface.secret_env, "")))
+        and (surface.secret_env or not verified_by_seats(org, name))  # no company-level app: the seats' own verify
     ]
 
 

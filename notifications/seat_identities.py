@@ -58,6 +58,11 @@ def missing_seat_variables(org: Organization, environ: Mapping[str, str]) -> lis
     return found
 
 
+def verified_by_seats(org: Organization, surface: str) -> bool:
+    """Whether seats' own apps verify ``surface``'s deliveries (Slack), so a company naming no secret of its own lacks none."""
+    return surface == "slack" and any(seat.slack is not None for seat in org.seats)
+
+
 def warn_seat_identities(org: Organization, environ: Mapping[str, str]) -> list[MissingVariable]:
     """Say at start, once per variable and by its name, which of the seats' own identities cannot work yet."""
     missing = missing_seat_variables(org, environ)
@@ -72,4 +77,4 @@ def warn_seat_identities(org: Organization, environ: Mapping[str, str]) -> list[
     return missing
 
 
-__all__ = ["MissingVariable", "missing_seat_variables", "warn_seat_identities"]
+__all__ = ["MissingVariable", "missing_seat_variables", "verified_by_seats", "warn_seat_identities"]

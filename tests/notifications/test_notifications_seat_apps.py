@@ -280,3 +280,12 @@ async def test_on_two_nodes_each_bots_socket_is_opened_once_under_a_duty_lease_o
             finally:
                 for client in clients:
                     await client.stop()
+
+
+def test_a_company_whose_seats_bring_their_own_apps_is_not_warned_of_a_missing_company_level_slack_secret() -> None:
+    from notifications.runtime import unconfigured_surfaces
+
+    seats_only = org_of(seat_apps_yaml(surfaces="{github: {verify: false}, jira: {verify: false}, confluence: {verify: false}, mattermost: {verify: false}}"))
+    assert unconfigured_surfaces(seats_only, env_of()) == []
+    named = org_of(seat_apps_yaml(surfaces="{slack: {signing_secret_env: SLACK_SIGNING_SECRET}}"))
+    assert ("slack", "SLACK_SIGNING_SECRET") in unconfigured_surfaces(named, env_of(without={"SLACK_SIGNING_SECRET"}))
