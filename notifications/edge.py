@@ -11,10 +11,13 @@ share one path. In order:
    Slack's ``v0`` signing with a 5-minute timestamp window, GitHub's
    ``X-Hub-Signature-256``, Atlassian's ``X-Hub-Signature`` or ``?secret=``,
    Mattermost's token), constant-time (``hmac.compare_digest``). Nothing
-   else of the body is decoded before this step (Mattermost's body token is
-   read with the depth-limited decoder). A surface whose secret variable is
-   unset is refused (401, "not configured", naming the variable) unless the
-   company says ``verify: false`` for it;
+   else of the body is decoded before this step (Mattermost's body token,
+   and Slack's ``api_app_id`` naming the app whose signing secret verifies
+   it when seats have apps of their own, are read with the depth-limited
+   decoder). A surface whose secret variable is unset is refused (401, "not
+   configured", naming the variable) unless the company says
+   ``verify: false`` for it; so is a delivery for a seat's app whose secret
+   variable is unset, or one naming an app the company does not have;
 3. content type — JSON (``application/json`` or ``+json``), or
    ``application/x-www-form-urlencoded`` for a source that reads forms
    (GitHub's ``payload=`` field, Slack's slash commands and interactivity);
@@ -80,7 +83,7 @@ from notifications.parsers import (
 )
 from notifications.service import NOTIFY_GROUP
 from notifications.sources import NAMES, VENDOR_HEADERS, Source, source_for
-from notifications.sources.base import InboundRequest
+from notifications.sources.base import Credential, InboundRequest
 from opentelemetry.trace import SpanKind
 
 log = logging.getLogger("crewlet.notifications.edge")
@@ -123,6 +126,30 @@ def verify(source: Source, surface: Surface, req: InboundRequest, now: float, en
         return 401, f"the {name} surface is not configured: {what} (its {SECRET_NOT_CONFIGURED}), or say verify: false for it"
     why = source.verify(secret, req, now)
     return (401, why) if why else None
+
+
+def verify_with(
+    source: Source, credentials: tuple[Credential, ...] | str, req: InboundRequest, now: float, environ: Mapping[str, str]
+) -> Optional[tuple[int, str]]:
+    """(401, reason) unless one of ``credentials`` (a source's pick of the company's secrets) verifies the request.
+
+    Every secret set is tried, whichever passes: each check is the source's
+    constant-time one, and trying them all keeps how many were tried from
+    saying which one matched. A pick that is a reason is refused with it.
+    """
+    if isinstance(credentials, str):
+        return 401, credentials
+    usable = [(credential, secret) for credential in credentials if (secret := environ.get(credential.env, ""))]
+    names = ", ".join(f"{c.env} (named by {c.key})" for c in credentials)
+    if not usable and len(credentials) == 1:
+        return 401, f"{credentials[0].owner} is not configured: set {names} (its {SECRET_NOT_CONFIGURED})"
+    if not usable:
+        return 401, f"none of the secrets this delivery may be verified with is set: set one of {names} ({SECRET_NOT_CONFIGURED})"
+    reasons = [source.verify(secret, req, now) for _, secret in usable]
+    if any(why is None for why in reasons):
+        return None
+    whose = usable[0][0].owner if len(usable) == 1 else f"each of {', '.join(c.owner for c, _ in usable)}"
+    return 401, f"{reasons[0]} (checked with the signing secret of {whose})"
 
 
 # -- the edge ---------------------------------------------------------------------
@@ -220,11 +247,16 @@ class Edge:
         return await self._accept(req, source, payload, meta)
 
     async def _authenticate(self, source: Source, surface: Optional[Surface], req: InboundRequest) -> Optional[tuple[int, str]]:
-        """The company secret's check for a company surface; the source's own (a store-held token) otherwise."""
+        """The company secret's check for a company surface (or the secret its source picks); the source's own (a store-held token) otherwise."""
+        org = self.holder.current()
         if source.authenticate is not None:
-            return await source.authenticate(req, self.holder.current())
+            return await source.authenticate(req, org)
         assert surface is not None
-        return verify(source, surface, req, self.clock(), self.environ if self.environ is not None else os.environ)
+        environ = self.environ if self.environ is not None else os.environ
+        picked = source.credentials(req, org) if source.credentials is not None and surface.verify else None
+        if picked is not None:
+            return verify_with(source, picked, req, self.clock(), environ)
+        return verify(source, surface, req, self.clock(), environ)
 
     def _unstorable(self, req: InboundRequest, source: Source, payload: dict[str, Any], meta: DeliveryMeta) -> Optional[str]:
         """What in the delivery no store downstream can hold (NUL, a lone surrogate), or None.
@@ -323,4 +355,5 @@ __all__ = [
     "is_json_content_type",
     "refuse",
     "verify",
+    "verify_with",
 ]

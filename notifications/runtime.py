@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from crewlet.engine.interfaces import EVENT_STORE, FLEET, NOTIFY
 from crewlet.engine.services import Periodic, Service
 from crewlet.queue.emit import Emitter
-from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization, Surface
+from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Organization
 from crewlet.queue.contract import EventQueue
 from notifications import edge as edge_module
 from notifications import service, store
-from notifications.sockets import SocketClient, SocketTimings, client_for, missing_token, service_name, socket_surfaces
+from notifications.seat_identities import verified_by_seats, warn_seat_identities
+from notifications.sockets import SocketClient, SocketSpec, SocketTimings, client_for, company_sockets, missing_token
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine.core import Engine
@@ -65,7 +66,9 @@ def unconfigured_surfaces(org: Organization, environ: Mapping[str, str]) -> list
         (name, surface.token_env if surface.socket else surface.secret_env)
         for name, surface in org.surfaces.items()
         if surface.configured
-        and (missing_token(surface, environ) if surface.socket else surface.verify and not (surface.secret_env and environ.get(surface.secret_env, "")))
+        # A socket surface naming no token of its own leaves its sockets to the seats' own (seat_identities warns of those).
+        and (surface.token_env and missing_token(surface, environ) if surface.socket else surface.verify and not (surface.secret_env and environ.get(surface.secret_env, "")))
+        and (surface.secret_env or not verified_by_seats(org, name))  # no company-level app: the seats' own verify
     ]
 
 
@@ -127,6 +130,7 @@ class NotifyService:
         warn_unverified(org)
         environ = self.edge_options.get("environ")
         warn_unconfigured(org, environ if environ is not None else os.environ)
+        warn_seat_identities(org, environ if environ is not None else os.environ)
         log_modes(org)
         if self.install_edge:
             self.edge = edge_module.Edge(self.queue, self.holder, **self.edge_options)
@@ -170,21 +174,22 @@ def services(engine: "Engine") -> list[Service]:
         assert engine.queue is not None
         return NotifyService(engine.queue, engine.company, emitter=engine.emitter)
 
-    def client_of(surface: Surface) -> Service:
+    def client_of(spec: SocketSpec) -> Service:
         def make_client(engine: "Engine") -> SocketClient:
             edge = engine.get(NOTIFY).edge
             # The notify service this engine started (depends_on) made this app's Edge: a socket feeds it.
             assert isinstance(edge, edge_module.Edge)
+            whose = {"seat": spec.seat, "named_by": spec.named_by, "identity": spec.identity}
             member = engine.find(FLEET)
             if member is None:
-                return client_for(surface, edge)
+                return client_for(spec.surface, edge, **whose)
             timings = dataclasses.replace(SocketTimings.from_settings(), duty_check_s=member.renew_every_s)
-            return client_for(surface, edge, hold_duty=member.hold_duty, timings=timings)
+            return client_for(spec.surface, edge, hold_duty=member.hold_duty, timings=timings, **whose)
 
-        return Service(service_name(surface.name), make_client, depends_on=(NOTIFY,), after=(FLEET,))
+        return Service(spec.name, make_client, depends_on=(NOTIFY,), after=(FLEET,))
 
     org = engine.company.current() if engine.company is not None else None
-    return [Service(NOTIFY, make, after=(EVENT_STORE,)), *(client_of(s) for s in (socket_surfaces(org) if org else []))]
+    return [Service(NOTIFY, make, after=(EVENT_STORE,)), *(client_of(s) for s in (company_sockets(org) if org else []))]
 
 
 __all__ = [

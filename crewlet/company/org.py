@@ -200,6 +200,40 @@ class Placement:
         return " and ".join(parts) or "any node"
 
 
+#: A seat's own chat identity in the company file (``seats[].slack``, ``seats[].mattermost``), key by key.
+SEAT_SLACK_KEYS = ("app_id", "signing_secret_env", "bot_token_env", "app_token_env")
+SEAT_MATTERMOST_KEYS = ("bot_token_env",)
+#: The surfaces a seat's own socket token opens a socket on (the key naming it), and those whose seat
+#: sockets open whatever ``surfaces.<kind>.mode`` says: a Slack app-level token serves Socket Mode alone,
+#: while a Mattermost bot's token is for acting too, so its socket opens only with ``mode: socket``.
+SEAT_SOCKET_TOKEN_KEYS = {"slack": "app_token_env", "mattermost": "bot_token_env"}
+SEAT_SOCKET_ANY_MODE = frozenset({"slack"})
+
+
+@dataclass(frozen=True)
+class SlackApp:
+    """An agent seat's own Slack app (``seats[].slack``): in Slack every bot is an app of its own.
+
+    A delivery naming ``app_id`` (its ``api_app_id``) is verified with this
+    app's signing secret and a DM to its bot reaches this seat. Each field
+    but ``app_id`` names an environment variable, never holds the value:
+    the signing secret, the bot token (``xoxb-``, what the seat acts with)
+    and, for Socket Mode, the app-level token (``xapp-``).
+    """
+
+    app_id: str
+    signing_secret_env: str
+    bot_token_env: str
+    app_token_env: str = ""
+
+
+@dataclass(frozen=True)
+class MattermostBot:
+    """An agent seat's own Mattermost bot account (``seats[].mattermost``): the variable holding its token."""
+
+    bot_token_env: str
+
+
 @dataclass(frozen=True)
 class Seat:
     handle: str
@@ -225,10 +259,27 @@ class Seat:
     instructions_file: str = ""
     #: The seat's own model chain (``seats[].providers``); empty = the company's ``providers.llm``.
     providers: tuple[Provider, ...] = ()
+    #: The seat's own chat identity (``seats[].slack``, ``seats[].mattermost``); None: the company-level one.
+    slack: Optional[SlackApp] = None
+    mattermost: Optional[MattermostBot] = None
 
     @property
     def is_agent(self) -> bool:
         return self.kind == "agent"
+
+    def own_socket_token_env(self, surface: str) -> str:
+        """The variable holding the seat's own socket token on ``surface`` (:data:`SEAT_SOCKET_TOKEN_KEYS`); "" when none."""
+        if surface == "slack" and self.slack is not None:
+            return self.slack.app_token_env
+        if surface == "mattermost" and self.mattermost is not None:
+            return self.mattermost.bot_token_env
+        return ""
+
+    def own_ids(self, surface: str) -> tuple[str, ...]:
+        """Every id that is this seat on ``surface``: its identity there and, on Slack, its own app's id."""
+        ident = self.identities.get(surface, "")
+        app = self.slack.app_id if surface == "slack" and self.slack is not None else ""
+        return tuple(i for i in (ident, app) if i)
 
     def labels(self) -> SeatLabels:
         """The three fields that name this seat on every event about it: ``Body(**seat.labels(), ...)``."""
@@ -289,6 +340,10 @@ class Organization:
 
     def seat_by_identity(self, surface: str, identity: str) -> Optional[Seat]:
         return next((s for s in self.seats if s.identities.get(surface) == identity), None)
+
+    def seat_by_slack_app(self, app_id: str) -> Optional[Seat]:
+        """The seat whose own Slack app (``seats[].slack.app_id``) is ``app_id``."""
+        return next((s for s in self.seats if s.slack is not None and s.slack.app_id == app_id), None) if app_id else None
 
     def resolve(self, ref: str) -> Optional[Seat]:
         """A handle, an agent id or a role name to its seat."""

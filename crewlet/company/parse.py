@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from crewlet.base.logfmt import is_secret_name
+from crewlet.company.chat_identity import check_seat_identities, seat_mattermost, seat_slack, seat_socket_kinds
 from crewlet.company.conf import NODE_ID_PATTERN
 from crewlet.company.fields import (
     _ENV,
@@ -44,6 +45,7 @@ from crewlet.company.org import (
     SURFACE_SERVER_REQUIRED,
     SURFACE_SOCKET_TOKEN_KEYS,
     SURFACES,
+    SEAT_SOCKET_ANY_MODE,
     McpServer,
     Organization,
     Placement,
@@ -269,26 +271,35 @@ _TOP_KEYS = (
 )
 
 
-def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str]) -> dict[str, str]:
-    """A surface's mode, and in ``socket`` mode the token variable and the server it connects with."""
+def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, str]:
+    """A surface's mode, and in ``socket`` mode the token variable and the server it connects with.
+
+    ``seat_sockets``: the kinds a seat names its own socket token for; those
+    sockets dial the surface's server, and the company-level token may be left out.
+    """
     mode = body.get("mode", MODE_WEBHOOK)
     if mode not in SURFACE_MODES:
         raise CompanyError(f"surfaces.{name}.mode", mode, f"must be one of {', '.join(SURFACE_MODES)}", source)
+    seat_socket_now = name in seat_sockets and name in SEAT_SOCKET_ANY_MODE
     if mode != MODE_SOCKET:
-        for key in (SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)):
+        for key in (SURFACE_SOCKET_TOKEN_KEYS.get(name), None if seat_socket_now else SURFACE_SERVER_KEYS.get(name)):
             if key and key in body:
                 raise CompanyError(f"surfaces.{name}.{key}", body[key], "is read only with mode: socket", source)
-        return {"mode": mode}
+        if not seat_socket_now:
+            return {"mode": mode}
     token_key, server_key = SURFACE_SOCKET_TOKEN_KEYS[name], SURFACE_SERVER_KEYS[name]
-    if token_key not in body:
-        raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
-    token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
+    token_env = ""
+    if token_key in body or mode == MODE_SOCKET and name not in seat_sockets:
+        what = "is required with mode: socket (the variable holding its token)"
+        if token_key not in body:
+            raise CompanyError(f"surfaces.{name}.{token_key}", None, what, source)
+        token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
     server = body.get(server_key, "")
     if server or name in SURFACE_SERVER_REQUIRED:
         server = _string(server or None, f"surfaces.{name}.{server_key}", source)
         if not re.match(r"^https?://[^/\s]+", server):
             raise CompanyError(f"surfaces.{name}.{server_key}", server, "must be an http:// or https:// URL", source)
-    return {"mode": mode, "token_env": token_env, "server": server.rstrip("/")}
+    return {"mode": mode, "token_env": token_env, "server": server.rstrip("/") if server else ""}
 
 
 def _providers(value: Any, source: Optional[str]) -> list[Provider]:
@@ -356,7 +367,7 @@ def _notification_pacing(data: Mapping[str, Any], source: Optional[str]) -> tupl
     return window, max_batch, rate
 
 
-def _surfaces(value: Any, source: Optional[str]) -> dict[str, Surface]:
+def _surfaces(value: Any, source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, Surface]:
     """``surfaces``: every surface kind, configured or not, with its secret variable, verification and mode."""
     surfaces_body = _mapping(value, "surfaces", source)
     _known(surfaces_body, "surfaces.", SURFACES, source)
@@ -373,7 +384,8 @@ def _surfaces(value: Any, source: Optional[str]) -> dict[str, Surface]:
         if not isinstance(verify, bool):
             raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
         surfaces[name] = Surface(
-            name=name, secret_env=env or "", verify=verify, configured=name in surfaces_body, **_surface_socket(name, body, source)
+            name=name, secret_env=env or "", verify=verify, configured=name in surfaces_body,
+            **_surface_socket(name, body, source, seat_sockets),
         )
     return surfaces
 
@@ -391,7 +403,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
             entry,
             f"{name}.",
             ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
-             *SEAT_OWN_KEYS),
+             *SEAT_OWN_KEYS, "slack", "mattermost"),
             source,
         )
         handle = _string(
@@ -432,8 +444,11 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                     entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
                 ),
                 placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
+                slack=seat_slack(entry.get("slack"), f"{name}.slack", kind, source),
+                mattermost=seat_mattermost(entry.get("mattermost"), f"{name}.mattermost", kind, source),
             )
         )
+    check_seat_identities(seats, source)
     for surface in SURFACES:
         owners: dict[str, str] = {}
         for seat in seats:
@@ -492,7 +507,7 @@ def parse_company(
     max_concurrent = _node(data.get("node"), source)
     window, max_batch, rate = _notification_pacing(data, source)
     mcp_servers = _mcp_servers(data.get("mcp_servers"), source)
-    surfaces = _surfaces(data.get("surfaces"), source)
+    surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
     seats = _seats_own(data.get("seats", []), seats, included, source)
     timezone = parse_timezone(data.get("timezone"), "timezone", source)

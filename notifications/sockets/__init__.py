@@ -11,6 +11,15 @@ is acknowledged (Slack) or counted as read (Mattermost's ``seq``) only once
 the edge has put it on the broker, so a frame the node could not take is sent
 again by the vendor.
 
+A seat with a chat identity of its own opens a socket of its own beside the
+company-level one (:func:`company_sockets`): one per Slack app whose seat
+names ``app_token_env`` (an app-level token serves Socket Mode alone, so it
+opens whatever ``surfaces.slack.mode`` says), and, with
+``surfaces.mattermost.mode: socket``, one per seat's Mattermost bot — a bot
+is sent only the events of the channels it is in, so a DM to a seat's bot
+reaches no other bot's socket. Each is a service and a duty lease of its own,
+``surface_socket:<kind>:<seat>``.
+
 Each client is an engine service (``surface_socket:<kind>``) that keeps a
 :class:`SurfaceStatus`: whether it is connected, when the last frame came,
 the last error. ``/readyz`` lists it among its components and the dashboard's
@@ -25,14 +34,16 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 
 from django.conf import settings
 
 from crewlet.engine.services import Task, cancel_and_wait
-from crewlet.company.org import MODE_SOCKET, SURFACE_SOCKET_TOKEN_KEYS, Organization, Surface
+from crewlet.company.org import (
+    MODE_SOCKET, SEAT_SOCKET_ANY_MODE, SEAT_SOCKET_TOKEN_KEYS, SURFACE_SOCKET_TOKEN_KEYS, Organization, Surface,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from notifications.edge import Edge, EdgeResponse
@@ -64,8 +75,9 @@ class FrameNotTaken(SocketError):
     """The edge could not put a frame on the broker: the session ends without counting it read, so it comes again."""
 
 
-def service_name(surface: str) -> str:
-    return f"{SERVICE_PREFIX}{surface}"
+def service_name(surface: str, seat: str = "") -> str:
+    """``surface_socket:<kind>``, or ``surface_socket:<kind>:<seat>`` for a seat's own: the service, the duty lease, the component."""
+    return f"{SERVICE_PREFIX}{surface}" + (f":{seat}" if seat else "")
 
 
 def route_of(surface: str) -> str:
@@ -80,6 +92,40 @@ def socket_surfaces(org: Organization) -> list[Surface]:
 def token_key(surface: Surface) -> str:
     """The company file's key naming ``surface``'s socket token variable (for a hint)."""
     return SURFACE_SOCKET_TOKEN_KEYS.get(surface.name, "token_env")
+
+
+@dataclass(frozen=True)
+class SocketSpec:
+    """One socket the company opens: the surface as it dials it (its token variable, its server), and whose token it is.
+
+    ``seat`` is "" for the company-level socket (``surfaces.<kind>``);
+    ``named_by`` is the company-file key naming the token variable, for a hint;
+    ``identity`` the seat's ``identities.<kind>`` (what routing knows its bot as).
+    """
+
+    surface: Surface
+    seat: str = ""
+    named_by: str = ""
+    identity: str = ""
+
+    @property
+    def name(self) -> str:
+        return service_name(self.surface.name, self.seat)
+
+
+def company_sockets(org: Organization) -> list[SocketSpec]:
+    """Every socket the company opens: the company-level ones that name a token, then each seat's own (see the module's docstring)."""
+    specs = [SocketSpec(s, named_by=f"surfaces.{s.name}.{token_key(s)}") for s in socket_surfaces(org) if s.token_env]
+    for seat in org.agent_seats():
+        for kind, key in SEAT_SOCKET_TOKEN_KEYS.items():
+            surface, token_env = org.surfaces.get(kind), seat.own_socket_token_env(kind)
+            if surface is None or not token_env or not (surface.socket or kind in SEAT_SOCKET_ANY_MODE):
+                continue
+            specs.append(SocketSpec(
+                replace(surface, mode=MODE_SOCKET, token_env=token_env), seat.handle,
+                f"seats.{seat.handle}.{kind}.{key}", seat.identities.get(kind, ""),
+            ))
+    return specs
 
 
 @dataclass(frozen=True)
@@ -148,6 +194,8 @@ class SurfaceStatus:
     last_error: str = ""
     last_error_at: Optional[float] = None
     hint: str = ""
+    #: The seat whose own token the socket uses ("" = the company-level socket).
+    seat: str = ""
 
     def frame(self) -> None:
         self.frames += 1
@@ -184,16 +232,19 @@ class SurfaceStatus:
             "last_error": self.last_error,
             "last_error_at": _iso(self.last_error_at),
         }
+        if self.seat:
+            out["seat"] = self.seat
         if self.hint:
             out["hint"] = self.hint
         return out
 
 
-def missing_token(surface: Surface, environ: Mapping[str, str]) -> str:
+def missing_token(surface: Surface, environ: Mapping[str, str], named_by: str = "") -> str:
     """Why ``surface``'s socket cannot connect for want of its token ("" when the variable is set)."""
     if environ.get(surface.token_env, ""):
         return ""
-    return f"set {surface.token_env} (named by surfaces.{surface.name}.{token_key(surface)}) in this process's environment"
+    named_by = named_by or f"surfaces.{surface.name}.{token_key(surface)}"
+    return f"set {surface.token_env} (named by {named_by}) in this process's environment"
 
 
 #: ``hold_duty(name)``: whether this node runs once-per-fleet duty ``name`` now (the fleet member's).
@@ -206,6 +257,10 @@ class SocketClient(abc.ABC):
     A subclass says how to :meth:`serve` (connect, read, reconnect) and how to
     :meth:`close` what it opened. The edge is the notify service's
     (:class:`~notifications.edge.Edge`), so a frame takes the webhook route's path.
+
+    ``seat`` names the seat whose own token it connects with (its service and
+    lease are ``surface_socket:<kind>:<seat>``); ``named_by`` the company-file
+    key naming the token variable; ``identity`` what routing knows the seat as there.
 
     With ``hold_duty`` (the fleet member's), the socket runs only on the node
     holding the duty lease named after the service (``surface_socket:<kind>``):
@@ -225,18 +280,22 @@ class SocketClient(abc.ABC):
         timings: Optional[SocketTimings] = None,
         clock: Callable[[], float] = time.time,
         hold_duty: Optional[HoldDuty] = None,
+        seat: str = "",
+        named_by: str = "",
+        identity: str = "",
     ) -> None:
         self.surface, self.edge, self.hold_duty = surface, edge, hold_duty
+        self.seat, self.named_by, self.identity = seat, named_by, identity
         self.environ: Mapping[str, str] = environ if environ is not None else os.environ
         self.timings = timings or SocketTimings.from_settings()
-        self.status = SurfaceStatus(surface.name, self.transport, clock=clock)
+        self.status = SurfaceStatus(surface.name, self.transport, clock=clock, seat=seat)
         self.backoff = Backoff(self.timings.retry_min_s, self.timings.retry_max_s)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._task: Optional[Task] = None
 
     @property
     def name(self) -> str:
-        return service_name(self.surface.name)
+        return service_name(self.surface.name, self.seat)
 
     @property
     def token(self) -> str:
@@ -245,14 +304,17 @@ class SocketClient(abc.ABC):
     async def start(self) -> None:
         """Start connecting; with the token variable unset, report ``not configured`` (the notify service warned at start)."""
         self.loop = asyncio.get_running_loop()
-        why = missing_token(self.surface, self.environ)
+        why = missing_token(self.surface, self.environ, self.named_by)
         if why:
             self.status.configured = False
             self.status.hint = why
             return
         log.info(
             "surface_socket_starting",
-            extra={"surface": self.surface.name, "transport": self.transport, "server": self.surface.server or "(default)"},
+            extra={
+                "surface": self.surface.name, "seat": self.seat, "transport": self.transport,
+                "server": self.surface.server or "(default)",
+            },
         )
         self._task = Task(self.name, self.run)
         await self._task.start()
@@ -290,13 +352,13 @@ class SocketClient(abc.ABC):
                 await asyncio.sleep(self.timings.duty_check_s)
                 continue
             self.status.standby = False
-            log.info("surface_socket_duty_held", extra={"surface": self.surface.name, "duty": self.name})
+            log.info("surface_socket_duty_held", extra={"surface": self.surface.name, "seat": self.seat, "duty": self.name})
             serving = asyncio.create_task(self.serve(), name=f"{self.name}:serve")
             try:
                 while not serving.done():
                     await asyncio.wait({serving}, timeout=self.timings.duty_check_s)
                     if not serving.done() and not await self._holds():
-                        log.warning("surface_socket_duty_lost", extra={"surface": self.surface.name, "duty": self.name})
+                        log.warning("surface_socket_duty_lost", extra={"surface": self.surface.name, "seat": self.seat, "duty": self.name})
                         break
             finally:
                 await cancel_and_wait([serving])
@@ -329,7 +391,7 @@ class SocketClient(abc.ABC):
         delay_s = self.backoff.next_s()
         log.warning(
             "surface_socket_disconnected",
-            extra={"surface": self.surface.name, "transport": self.transport, "error": why, "retry_in_s": round(delay_s, 3)},
+            extra={"surface": self.surface.name, "seat": self.seat, "transport": self.transport, "error": why, "retry_in_s": round(delay_s, 3)},
         )
         await asyncio.sleep(delay_s)
 
@@ -379,9 +441,11 @@ __all__ = [
     "SocketClient",
     "SocketError",
     "SocketRefused",
+    "SocketSpec",
     "SocketTimings",
     "SurfaceStatus",
     "client_for",
+    "company_sockets",
     "missing_token",
     "route_of",
     "service_name",

@@ -23,6 +23,10 @@ events, each with the connection's next ``seq``.
   Routing's dedupe on the post id keeps a frame the server sends twice from
   waking a seat twice.
 * Reconnects back off exponentially (:class:`~notifications.sockets.Backoff`).
+* A seat's own bot (``seats[].mattermost``) has a socket of its own. Its
+  ``hello`` names the bot's user id (``broadcast.user_id``); routing knows the
+  bot only by ``identities.mattermost``, so a seat that names none is told
+  once which id to name (``mattermost_bot_identity_unset``).
 """
 from __future__ import annotations
 
@@ -70,6 +74,7 @@ class MattermostSocket(SocketClient):
         self._action_seq = 0
         self._challenge_seq = 0
         self._ws: Optional[ClientConnection] = None
+        self._told_identity = False
 
     async def serve(self) -> None:
         """Sessions until stopped: each ends in an error, a drop or a frame not taken, then a backoff."""
@@ -153,7 +158,7 @@ class MattermostSocket(SocketClient):
         self.backoff.reset()
         log.info(
             "surface_socket_connected",
-            extra={"surface": self.surface.name, "transport": self.transport, "resuming": bool(self.connection_id)},
+            extra={"surface": self.surface.name, "seat": self.seat, "transport": self.transport, "resuming": bool(self.connection_id)},
         )
 
     def _hello(self, frame: dict[str, Any], seq: Optional[int], resuming: str) -> None:
@@ -163,6 +168,7 @@ class MattermostSocket(SocketClient):
         connection_id = str(data.get("connection_id") or "")
         if connection_id == self.connection_id:
             return
+        self._check_identity(frame)
         if resuming:
             log.warning(
                 "mattermost_socket_resume_lost",
@@ -174,6 +180,22 @@ class MattermostSocket(SocketClient):
             )
         self.connection_id = connection_id
         self.next_seq = seq
+
+    def _check_identity(self, hello: dict[str, Any]) -> None:
+        """A seat's bot whose seat names no ``identities.mattermost``: say, once, which user id to name."""
+        found = hello.get("broadcast")
+        user_id = str((found if isinstance(found, dict) else {}).get("user_id") or "")
+        if not self.seat or self.identity or not user_id or self._told_identity:
+            return
+        self._told_identity = True
+        log.warning(
+            "mattermost_bot_identity_unset",
+            extra={
+                "seat": self.seat, "user_id": user_id,
+                "hint": f"set seats.{self.seat}.identities.mattermost: {user_id}, so a DM or mention of the bot reaches "
+                "the seat and the bot's own posts are known as the seat's",
+            },
+        )
 
     async def close(self) -> None:
         ws = self._ws

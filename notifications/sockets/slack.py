@@ -1,4 +1,7 @@
-"""Slack Socket Mode: ``surfaces.slack: {mode: socket, app_token_env: SLACK_APP_TOKEN}``.
+"""Slack Socket Mode: ``surfaces.slack: {mode: socket, app_token_env: SLACK_APP_TOKEN}``, and each seat's own app's.
+
+A seat whose app names ``app_token_env`` (``seats[].slack``) has a socket of
+its own, dialling ``surfaces.slack.api_url`` like the company-level one.
 
 ``slack_sdk``'s built-in Socket Mode client (its asyncio clients need
 ``aiohttp``, which this service does not ship) asks ``apps.connections.open``
@@ -82,7 +85,7 @@ class SlackSocket(SocketClient):
             self.backoff.reset()
             log.info(
                 "surface_socket_opened",
-                extra={"surface": self.surface.name, "transport": self.transport, "connected": self.connected()},
+                extra={"surface": self.surface.name, "seat": self.seat, "transport": self.transport, "connected": self.connected()},
             )
             await asyncio.Event().wait()  # the SDK's threads carry the session until stop() cancels this
 

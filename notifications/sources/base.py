@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Optional
+from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
 from crewlet.company.org import Organization, Seat
 from notifications.parsers import DeliveryMeta, FormReader, Parser, Recipient, body_digest_id
@@ -61,6 +61,23 @@ class Acknowledgement:
     body: Optional[Mapping[str, Any]] = None
 
 
+@dataclass(frozen=True)
+class Credential:
+    """One secret a delivery may be verified with, by name: the variable holding it and what it belongs to.
+
+    ``owner`` says whose secret it is in a refusal ("the Slack app A0ADA of
+    seat ada"); ``key`` is the company-file key naming the variable, for the
+    hint when it is unset. Never the value.
+    """
+
+    env: str
+    owner: str
+    key: str
+
+
+#: ``credentials(request, org)``: which secrets verify this delivery (one passing is enough), a refusal's
+#: reason, or None for the surface's own secret (``surfaces.<kind>``), as every vendor's is by default.
+CredentialPicker = Callable[[InboundRequest, Organization], Union[tuple[Credential, ...], str, None]]
 #: ``verify(secret, request, now)``: None when the request is authentic, else why not.
 Verifier = Callable[[str, InboundRequest, float], Optional[str]]
 #: ``meta(request)``: the labels the headers and the query give a delivery.
@@ -88,21 +105,24 @@ def no_handshake(payload: Mapping[str, Any]) -> Optional[Handshake]:
 
 
 def seat_for(org: Organization, parser: Parser, identity: str, aliases: tuple[str, ...] = ()) -> Optional[Seat]:
-    """The seat whose identity on ``parser``'s surface is ``identity`` or one of ``aliases`` (compared as the surface compares)."""
+    """The seat that ``identity`` or one of ``aliases`` is on ``parser``'s surface (compared as the surface compares).
+
+    A seat is its identity there and, on Slack, its own app too
+    (:meth:`~crewlet.company.org.Seat.own_ids`): a post by its bot names the app.
+    """
     wanted = {parser.normalize(i) for i in (identity, *aliases) if i}
     if not wanted:
         return None
     for seat in org.seats:
-        ident = seat.identities.get(parser.source)
-        if ident and parser.normalize(ident) in wanted:
+        if any(parser.normalize(ident) in wanted for ident in seat.own_ids(parser.source)):
             return seat
     return None
 
 
 def seat_of_recipient(org: Organization, parser: Parser, recipient: Recipient) -> Optional[Seat]:
-    """The seat a recipient names: by handle when it was addressed by one, else by its surface identity."""
+    """The seat a recipient names: by handle when it was addressed by one (else by its aliases), else by its surface identity."""
     if recipient.by_handle:
-        return org.seat_by_handle(recipient.identity)
+        return org.seat_by_handle(recipient.identity) or seat_for(org, parser, "", recipient.aliases)
     return seat_for(org, parser, recipient.identity, recipient.aliases)
 
 
@@ -146,6 +166,8 @@ class Source:
     acknowledge: Optional[Acknowledger] = None
     validate: Optional[Validator] = None
     authenticate: Optional[Authenticator] = None
+    #: Which of the company's secrets verify a delivery when the surface has several (Slack: one per app).
+    credentials: Optional[CredentialPicker] = None
     path: str = ""
     anonymous_id: AnonymousId = body_digest_id
 
@@ -174,6 +196,8 @@ __all__ = [
     "Acknowledger",
     "AnonymousId",
     "Authenticator",
+    "Credential",
+    "CredentialPicker",
     "Handshake",
     "HandshakeReader",
     "InboundRequest",

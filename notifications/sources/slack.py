@@ -29,6 +29,22 @@ body. Their retry key is the ``trigger_id`` (a new one per invocation).
   whose message carries the component — and belong to its thread. Any other
   interaction (a modal's submission, a global shortcut) concerns no seat:
   filtered as an unhandled event.
+
+One app per seat (``seats[].slack``). Every delivery names the app it is
+for in ``api_app_id`` — at the top of an event's JSON, a field of a slash
+command's form, at the top of an interaction's ``payload=`` JSON — and
+:func:`credentials` verifies it with THAT app's signing secret: the body is
+read for it (with the depth-limited decoder) before the signature is
+checked, and nothing else of it is. A delivery naming none of the seats'
+apps is the company-level app's (``surfaces.slack``), refused when there is
+none; one naming no app at all (``url_verification``, sent when a Request
+URL is set) passes with any of the company's secrets. The app is the seat
+for routing too: a DM's recipient is the receiving app's bot user, a
+mention of the receiving app's bot user is that app, a post by a bot names
+its app (``app_id``, ``bot_profile.app_id``), an interaction is for the
+app whose message carries it, and a slash command naming no seat is for
+the app it was registered on — each matched to the seat whose
+``seats[].slack.app_id`` it is (:func:`notifications.sources.base.seat_for`).
 """
 from __future__ import annotations
 
@@ -39,10 +55,10 @@ from crewlet.company.org import Organization
 from notifications.parsers import (
     FILTER_DELETED_POST, FILTER_EDIT, FILTER_HANDSHAKE, FILTER_SYSTEM_POST, FILTER_UNHANDLED, FORM_PAYLOAD_FIELD,
     WHY_ADDRESSED, WHY_DM, WHY_MENTION, DeliveryMeta, MalformedForm, Parsed, ParseError, Parser, Recipient, as_dict,
-    as_list, as_text, form_json, need,
+    as_list, as_text, decode_body, form_json, need,
 )
 from notifications.sources.base import (
-    Acknowledgement, Handshake, InboundRequest, Source, hmac_sha256_hex, query_meta, same, seat_of_recipient,
+    Acknowledgement, Credential, Handshake, InboundRequest, Source, hmac_sha256_hex, query_meta, same, seat_of_recipient,
 )
 
 NAME = "slack"
@@ -53,6 +69,8 @@ KEPT_HEADERS = ("x-slack-retry-num", "x-slack-retry-reason")
 #: The outer ``type`` of the endpoint check Slack sends when the URL is registered.
 URL_VERIFICATION = "url_verification"
 SLACK_TOLERANCE_S = 300.0
+#: Where every delivery (event, slash command, interaction) names the app it is for.
+APP_ID_FIELD = "api_app_id"
 #: The event name of a slash command (its form names the command, not an event).
 SLASH_COMMAND = "slash_command"
 #: The form fields a slash command cannot be routed without.
@@ -90,6 +108,55 @@ def verify(secret: str, req: InboundRequest, now: float) -> Optional[str]:
 
 
 meta = query_meta
+
+
+def app_named(req: InboundRequest) -> str:
+    """The ``api_app_id`` a delivery names, read with the depth-limited decoder; "" when it names none or cannot be read."""
+    try:
+        payload = decode_body(req.body, req.content_type, form)
+    except ValueError:
+        return ""
+    return as_text(payload.get(APP_ID_FIELD)) if isinstance(payload, dict) else ""
+
+
+def credentials(req: InboundRequest, org: Organization) -> tuple[Credential, ...] | str | None:
+    """The signing secret(s) a delivery is verified with when seats have apps of their own; None: ``surfaces.slack``'s alone.
+
+    The app the delivery names, when it is a seat's; the company-level
+    app's, when it names another; every app's when it names none. A
+    delivery naming an app that is nobody's, in a company with no
+    company-level app, is refused with the reason.
+    """
+    seats = [seat for seat in org.seats if seat.slack is not None]
+    if not seats:
+        return None
+    app_id = app_named(req)
+    owner = org.seat_by_slack_app(app_id)
+    if owner is not None and owner.slack is not None:
+        return (_credential(owner.handle, owner.slack.app_id, owner.slack.signing_secret_env),)
+    company = org.surfaces.get(NAME)
+    company_app = (
+        (Credential(company.secret_env, "the company-level Slack app", f"surfaces.{NAME}.signing_secret_env"),)
+        if company is not None and company.secret_env else ()
+    )
+    if app_id and company_app:
+        return company_app
+    if app_id:
+        apps = ", ".join(s.slack.app_id for s in seats if s.slack is not None)
+        return (
+            f"the Slack app {_quoted_app(app_id)} is none of this company's (seats[].slack.app_id: {apps}) "
+            f"and no company-level app is configured (surfaces.{NAME}.signing_secret_env)"
+        )
+    return company_app + tuple(_credential(s.handle, s.slack.app_id, s.slack.signing_secret_env) for s in seats if s.slack is not None)
+
+
+def _credential(handle: str, app_id: str, env: str) -> Credential:
+    return Credential(env, f"the Slack app {app_id} of seat {handle}", f"seats.{handle}.slack.signing_secret_env")
+
+
+def _quoted_app(app_id: str) -> str:
+    """A sender's ``api_app_id`` as a refusal quotes it: bounded, printable (a log line and a JSON answer carry it)."""
+    return repr(app_id[:40]) if not app_id.isalnum() or len(app_id) > 40 else app_id
 
 
 def handshake(payload: Mapping[str, Any]) -> Optional[Handshake]:
@@ -160,15 +227,29 @@ _LEADING_MENTION = re.compile(r"\s*<@([UWB][A-Z0-9]+)(?:\|[^>]*)?>")
 _LEADING_HANDLE = re.compile(r"\s*@([A-Za-z0-9][A-Za-z0-9_-]{0,62})(?![\w-])")
 
 
-def addressee(command: str, text: str) -> tuple[Recipient, str]:
-    """The seat a slash command addresses, and the ask that follows (see the module's docstring)."""
+def addressee(command: str, text: str, app: str = "") -> tuple[Recipient, str]:
+    """The seat a slash command addresses, and the ask that follows (see the module's docstring).
+
+    Named by neither its text nor its name, it is for the seat whose app
+    ``app`` (the command's ``api_app_id``) is.
+    """
     mention = _LEADING_MENTION.match(text)
     if mention:
         return Recipient(mention.group(1), WHY_MENTION), text[mention.end():].strip()
     handle = _LEADING_HANDLE.match(text)
     if handle:
         return Recipient(handle.group(1).lower(), WHY_ADDRESSED, by_handle=True), text[handle.end():].strip()
-    return Recipient(command.lstrip("/").lower(), WHY_ADDRESSED, by_handle=True), text.strip()
+    return Recipient(command.lstrip("/").lower(), WHY_ADDRESSED, aliases=_ids(app), by_handle=True), text.strip()
+
+
+def _ids(*ids: str) -> tuple[str, ...]:
+    """The non-empty ids among ``ids``, each once."""
+    return tuple(dict.fromkeys(i for i in ids if i))
+
+
+def _poster_apps(message: Mapping[str, Any]) -> tuple[str, ...]:
+    """The app a bot's post was made by (``app_id``, ``bot_profile.app_id``): the seat's own app for its own bot."""
+    return _ids(as_text(message.get("app_id")), as_text(as_dict(message.get("bot_profile")).get("app_id")))
 
 #: Message subtypes that are somebody saying something; every other subtype
 #: (joins, topic changes, pins, ...) is a system post.
@@ -226,6 +307,7 @@ class SlackParser(Parser):
             text = as_text(message.get("text"))
             user = as_text(message.get("user")) or as_text(previous.get("user"))
             bot = as_text(message.get("bot_id"))
+            apps = _poster_apps(message) or _poster_apps(previous)
             display = as_text(message.get("username"))
             before = set(_SLACK_MENTION.findall(as_text(previous.get("text"))))
             mentions = [m for m in _SLACK_MENTION.findall(text) if m not in before]
@@ -237,6 +319,7 @@ class SlackParser(Parser):
             text = as_text(previous.get("text"))
             user = as_text(previous.get("user"))
             bot = as_text(previous.get("bot_id"))
+            apps = _poster_apps(previous)
             display = ""
             mentions = []
             filtered = FILTER_DELETED_POST
@@ -246,6 +329,7 @@ class SlackParser(Parser):
             text = as_text(event.get("text"))
             user = as_text(event.get("user"))
             bot = as_text(event.get("bot_id"))
+            apps = _poster_apps(event)
             profile = as_dict(event.get("user_profile"))
             display = (
                 as_text(profile.get("display_name"))
@@ -261,15 +345,18 @@ class SlackParser(Parser):
         dm = self.is_dm(event)
         thread_reply = bool(root) and root != ts
         sender = user or bot
-        recipients = [Recipient(m, WHY_MENTION) for m in mentions]
+        # The receiving app's bot user is that app: a mention of it, or the DM it is in, is for the app's seat.
+        app = as_text(payload.get(APP_ID_FIELD))
+        authorized = self.authorized_users(payload)
+        recipients = [Recipient(m, WHY_MENTION, aliases=_ids(app) if m in authorized else ()) for m in mentions]
         if dm and not filtered:
-            for auth in self.authorized_users(payload):
+            for auth in authorized:
                 if auth != sender:
-                    recipients.append(Recipient(auth, WHY_DM))
+                    recipients.append(Recipient(auth, WHY_DM, aliases=_ids(app)))
         return Parsed.chat_message(
             self.source, name, delivery, f"{channel}:{ts}", channel=channel, root=root, dm=dm, thread_reply=thread_reply,
             kind="Slack message", place=f"<#{channel}>", sender=sender,
-            sender_aliases=tuple(a for a in (bot,) if a and a != sender), sender_name=display, body=text,
+            sender_aliases=tuple(a for a in _ids(bot, *apps) if a != sender), sender_name=display, body=text,
             recipients=recipients, filtered=filtered,
         )
 
@@ -278,7 +365,7 @@ class SlackParser(Parser):
         trigger = need(payload.get("trigger_id"), "trigger_id")
         user = need(payload.get("user_id"), "user_id")
         channel = as_text(payload.get("channel_id"))
-        recipient, ask = addressee(command, as_text(payload.get("text")))
+        recipient, ask = addressee(command, as_text(payload.get("text")), as_text(payload.get(APP_ID_FIELD)))
         dm = channel.startswith("D") or as_text(payload.get("channel_name")) == "directmessage"
         # A DM's command joins the DM's conversation; a channel's stands alone.
         key = f"{NAME}:{channel}" if dm and channel else ""
@@ -310,7 +397,8 @@ class SlackParser(Parser):
             did = f"used the shortcut {as_text(payload.get('callback_id')) or '(unnamed)'}"
         quoted = as_text(message.get("text"))
         author, bot = as_text(message.get("user")), as_text(message.get("bot_id"))
-        recipients = [Recipient(author or bot, WHY_ADDRESSED, aliases=tuple(a for a in (bot,) if a and a != author))]
+        aliases = tuple(a for a in _ids(bot, *_poster_apps(message)) if a != (author or bot))
+        recipients = [Recipient(author or bot, WHY_ADDRESSED, aliases=aliases)]
         body = f"{who} {did} on your message" + (f":\n> {quoted}" if quoted else "")
         return Parsed.chat_message(
             self.source, kind, delivery, f"action:{delivery}", channel=channel, root=root, dm=dm, thread_reply=root != ts,
@@ -340,6 +428,7 @@ PARSER = SlackParser()
 SOURCE = Source(
     parser=PARSER,
     verify=verify,
+    credentials=credentials,
     meta=meta,
     headers=KEPT_HEADERS,
     handshake=handshake,
@@ -349,6 +438,7 @@ SOURCE = Source(
 )
 
 __all__ = [
+    "APP_ID_FIELD",
     "INTERACTION_TYPES",
     "NAME",
     "PARSER",
@@ -358,6 +448,8 @@ __all__ = [
     "SlackParser",
     "acknowledge",
     "addressee",
+    "app_named",
+    "credentials",
     "form",
     "handshake",
     "is_slash_command",
