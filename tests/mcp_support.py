@@ -63,7 +63,7 @@ def build() -> MCPServer:
         """This server's process id."""
         return os.getpid()
 
-    @server.tool(name="read.file", annotations=ToolAnnotations(readOnlyHint=True))
+    @server.tool(name="read.file", annotations=ToolAnnotations(read_only_hint=True))
     def read_file(path: str) -> str:
         """The text of the file at ``path``."""
         return Path(path).read_text(encoding="utf-8")
