@@ -68,7 +68,10 @@ async def abandon(
             )
     log.warning(
         "turn_trigger_abandoned",
-        extra={"seat": seat.handle, "turn_id": result.turn_id, "reason": reason, "events": len(covered), "error_kind": result.error_kind},
+        extra={
+            "seat": seat.handle, "turn_id": result.turn_id, "reason": reason, "events": len(covered),
+            "error_kind": result.error_kind,
+        },
     )
 
 

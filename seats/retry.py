@@ -101,7 +101,9 @@ class Retrier:
                     if exc.kind in RETRYABLE_KINDS and number <= policy.attempts:
                         log.info(
                             "provider_retry_declined",
-                            extra={**where, "kind": exc.kind, "retry_after_s": exc.retry_after_s, "max_wait_s": policy.max_wait_s},
+                            extra={
+                                **where, "kind": exc.kind, "retry_after_s": exc.retry_after_s, "max_wait_s": policy.max_wait_s,
+                            },
                         )
                     raise
                 if not proceed():

@@ -280,19 +280,28 @@ class TurnRunner:
                 return
 
     async def _before_write(self, loop: TurnState, result: TurnResult) -> bool:
-        """The completion ledger's row, before the turn's first call that can change the world; False when it could not be written."""
+        """The completion ledger's row, before the turn's first call that can change the world; False if it could not be."""
         if loop.trigger.before_write is not None:
             try:
                 await loop.trigger.before_write()
             except Exception as exc:
                 result.error_kind, result.error = ERR_LEDGER, short_reason(exc, 1000)
-                log.warning("seat_turn_unrecorded", extra={"seat": loop.seat.handle, "turn_id": loop.trigger.turn_id, "error": result.error})
+                log.warning(
+                    "seat_turn_unrecorded", extra={"seat": loop.seat.handle, "turn_id": loop.trigger.turn_id, "error": result.error}
+                )
                 return False
         loop.wrote = result.wrote = True
         return True
 
-    def _complete(self, loop: TurnState, config: ProviderConfig, provider: ModelProvider, request: ModelRequest, retries: list[dict[str, Any]]) -> Awaitable[Completion]:
-        """One provider entry's call, retried within its ``retry`` bound while the seat is this node's and nobody stopped the turn."""
+    def _complete(
+        self,
+        loop: TurnState,
+        config: ProviderConfig,
+        provider: ModelProvider,
+        request: ModelRequest,
+        retries: list[dict[str, Any]],
+    ) -> Awaitable[Completion]:
+        """One entry's call, retried within its ``retry`` bound while the seat is this node's and nobody stopped the turn."""
         return self.retrier.call(
             lambda: provider.complete(request),
             retry_policy(config.options),
