@@ -6,6 +6,7 @@ The provider is the OpenAI SDK against a local server scripted per request
 """
 from __future__ import annotations
 
+import socket
 from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
@@ -117,6 +118,18 @@ async def test_a_provider_that_stays_down_is_given_its_attempts_then_the_chain_f
     assert [(r["attempt"], r["kind"], r["wait_s"]) for r in failed["retries"]] == [(1, "server_error", 1.0), (2, "server_error", 2.0)]
     [fallback] = rec.of("provider_fallback")
     assert (fallback.data.from_provider_key, fallback.data.to_provider_key) == ("openai:local-7b", "echo")
+
+
+async def test_a_connection_nobody_answers_is_retried_as_unreachable_before_the_hand_off() -> None:
+    clock = Clock()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # bound, never listening: every connect is refused
+        org = company(providers=[openai(nobody, timeout_s=5, retry={"attempts": 1}), {"kind": "echo"}])
+        result, rec = await one_turn(org, clock)
+    assert result.ok and result.provider_key == "echo" and clock.waits == [1.0]
+    [phase] = rec.of("agent_phase_completed")
+    assert [r["kind"] for r in phase.data.rounds[0]["retries"]] == ["unreachable"]
 
 
 @pytest.mark.parametrize("status", [401, 400])
