@@ -24,7 +24,9 @@ handler here decides, per partition, in this order (design: Inbox Batching,
    that out; the turn runs in its :class:`~seats.turn_task.TurnTask`. Its
    triggers go to the ledger when it completes (or a person stopped it), and
    a failed turn NAKs its partition, which returns behind newer mail of the
-   same conversation.
+   same conversation — unless it wrote before it broke (or its model
+   declined): then it is abandoned (:mod:`seats.abandon`), acked with a
+   ``turn_trigger_skipped`` naming why.
 
 One poison event never takes its batch-mates down with it. Every wake is
 first made storable (``seats.ledger.storable_event``: a NUL or a lone
@@ -86,6 +88,7 @@ from seats import coalescer
 from seats.coalescer import Degrade, Merge, partition_key_of
 from seats.gate import ConcurrencyGate, GateClosed
 from seats.hooks import run_after_turn
+from seats.abandon import abandon, abandoned_reason
 from seats.ledger import FAULT_VALUE, SKIP_ALREADY_WORKED, arecord, ascreen, storable_event, store_fault
 from seats.ownership import Ownership
 from seats.turn_task import TurnTask, log_failure
@@ -468,7 +471,7 @@ class InboxLoop:
                 await coalescer.publish_record(self.runner.emitter, chosen.record, seat=seat.handle)
             covered = chosen.covers
             trigger = self._trigger(chosen.trigger, key, first_delivery)
-            trigger.before_tools = self._recorder(seat, trigger.turn_id, covered, identities)
+            trigger.before_write = self._recorder(seat, trigger.turn_id, covered, identities)
             result = await self.turn.run(seat, trigger)
 
         turn_id = trigger.turn_id
@@ -476,6 +479,7 @@ class InboxLoop:
         if result.outcome == OUTCOME_STOPPED and (handed_back or result.fenced):
             log.info("seat_turn_handed_back", extra={"seat": seat.handle, "turn_id": turn_id, "events": len(fresh)})
             return Outcome.DEFER
+        abandoned = abandoned_reason(result)
         if not (result.ok or result.outcome == OUTCOME_STOPPED):
             self.stats.failed += 1
             log.warning(
@@ -488,6 +492,9 @@ class InboxLoop:
                     "events": len(fresh),
                 },
             )
+            if abandoned:  # it changed the world before it broke (its ledger row is written): never worked again
+                await abandon(self._emit, seat, covered, result, abandoned)
+                return Outcome.ACK
             crashed = result.error_kind == ERR_CRASHED
             if crashed and len(covered) > 1:  # one of the events it covers is why: each is worked alone
                 degraded = coalescer.degrade(covered, ERR_CRASHED)
@@ -505,13 +512,15 @@ class InboxLoop:
         except (DatabaseError, ValueError) as exc:
             # The turn happened; redoing it would be the duplicate the ledger exists to prevent.
             self._failure("seat_ledger_record_failed", exc, first_delivery, turn_id=turn_id, fault=store_fault(exc))
+        if abandoned:
+            await abandon(self._emit, seat, covered, result, abandoned)
         return Outcome.ACK
 
     @staticmethod
     def _recorder(
         seat: Seat, turn_id: str, covered: Sequence[Event], identities: dict[str, str]
     ) -> Callable[[], Awaitable[None]]:
-        """The ledger write a turn makes before its first tool call: from then on it has acted, and is not rerun.
+        """The ledger write a turn makes before its first call that can change the world: from then on it is not rerun.
 
         The write after the turn (``ignore_conflicts``) then keeps this row.
         """

@@ -34,13 +34,12 @@ from django.utils import timezone
 
 from crewlet.base.db import in_store
 from crewlet.events import Event
+from crewlet.events.types.phrases import TRIGGER_ALREADY_WORKED as SKIP_ALREADY_WORKED
 from crewlet.base.jsontext import holds_unstorable, storable, storable_value
 from seats.delivery_models import LedgerEntry, SeatPause
 
 log = logging.getLogger("crewlet.seats.ledger")
 
-#: ``turn_trigger_skipped`` reasons this module decides; wire phrases a reader matches exactly.
-SKIP_ALREADY_WORKED = "already worked"
 #: The payload keys that carry a provider's identity for the message, in precedence order.
 IDENTITY_KEYS: tuple[str, ...] = ("message_id", "delivery_id")
 #: How long a ledger row is kept. Far past any redelivery: 25 deliveries of

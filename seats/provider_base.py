@@ -40,11 +40,16 @@ ROLE_TOOL = "tool"
 
 
 class ProviderError(Exception):
-    """One provider call that failed; ``kind`` is what the fallback event files it under."""
+    """One provider call that failed; ``kind`` is what the fallback event files it under.
 
-    def __init__(self, kind: str, message: str) -> None:
+    ``retry_after_s`` is how long the provider asked to be left alone
+    (its ``Retry-After``), when it said.
+    """
+
+    def __init__(self, kind: str, message: str, *, retry_after_s: Optional[float] = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,24 @@
 """What the vendors' SDK clients share: the SDK loaded on first use, its errors translated, a whole-call deadline, the key.
 
-The SDKs retry nothing here (``max_retries=0``): the fallback chain is the
-retry, and a vendor's own back-off would hold the round past the chain's next
-member. Every SDK exception is translated at this boundary into
+The SDKs retry nothing here (``max_retries=0``): the round retries a
+transient failure itself (:mod:`seats.retry`), so each retry is recorded, is
+bounded by the company's ``retry`` and never runs inside a call's deadline.
+Every SDK exception is translated at this boundary into
 :class:`~seats.provider_base.ProviderError`, filed under the kind
-``provider_fallback`` reports. Keys are read from the named environment
+``provider_fallback`` reports, with the provider's ``Retry-After`` (seconds
+or an HTTP date) when it sent one. Keys are read from the named environment
 variable at call time, so rotating one needs no restart, and a key never
 appears in an error or a log line.
 """
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import importlib
+import math
 import os
 import sys
+import time
 from types import ModuleType
 from typing import Any, Awaitable, Optional, TypeVar
 
@@ -79,17 +84,63 @@ def _loaded_errors(attribute: str) -> tuple[type[BaseException], ...]:
     return tuple(getattr(m, attribute) for m in loaded if m is not None and _imported(m) and hasattr(m, attribute))
 
 
+#: A provider's own word on when to come back: milliseconds (OpenAI's) first, then the standard header.
+RETRY_AFTER_MS_HEADER = "retry-after-ms"
+RETRY_AFTER_HEADER = "retry-after"
+#: A whole-call deadline, when the company names none.
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def _seconds(text: str, scale: float = 1.0) -> Optional[float]:
+    """``text`` as a finite, non-negative number of seconds (``scale`` per unit), else None."""
+    try:
+        value = float(text) * scale
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def retry_after_s(headers: Any, now: Optional[float] = None) -> Optional[float]:
+    """The wait a response's ``Retry-After`` asks for (delay seconds or an HTTP date), or None when it asks none.
+
+    A date in the past is no wait at all; a value that is neither form is
+    ignored (the backoff decides), never trusted as a number.
+    """
+    if headers is None:
+        return None
+    millis = headers.get(RETRY_AFTER_MS_HEADER)
+    if millis is not None and _seconds(str(millis), 0.001) is not None:
+        return _seconds(str(millis), 0.001)
+    text = str(headers.get(RETRY_AFTER_HEADER) or "").strip()
+    if not text:
+        return None
+    seconds = _seconds(text)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
 def translate(exc: Exception, where: str, *secrets: str) -> ProviderError:
     """An SDK's exception as the seats' :class:`ProviderError`, filed under its kind, its words made :func:`error_text`."""
     if isinstance(exc, ProviderError):
-        return ProviderError(exc.kind, error_text(str(exc), *secrets))
+        return ProviderError(exc.kind, error_text(str(exc), *secrets), retry_after_s=exc.retry_after_s)
     if isinstance(exc, _loaded_errors("APITimeoutError")):
         return ProviderError(ERR_TIMEOUT, error_text(f"{where}: no answer before the timeout"))
     if isinstance(exc, _loaded_errors("APIConnectionError")):
         return ProviderError(ERR_UNREACHABLE, error_text(f"{where}: {exc}", *secrets))
     if isinstance(exc, _loaded_errors("APIStatusError")):
         status = getattr(exc, "status_code", 0)
-        return ProviderError(_status_kind(status), error_text(f"HTTP {status} from {where}: {getattr(exc, 'message', exc)}", *secrets))
+        return ProviderError(
+            _status_kind(status),
+            error_text(f"HTTP {status} from {where}: {getattr(exc, 'message', exc)}", *secrets),
+            retry_after_s=retry_after_s(getattr(getattr(exc, "response", None), "headers", None)),
+        )
     return ProviderError(ERR_BAD_RESPONSE, error_text(f"{where}: {exc}", *secrets))
 
 
@@ -124,7 +175,7 @@ class VendorProvider:
         model: str,
         base_url: str = "",
         api_key_env: str = "",
-        timeout_s: float = 60.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         max_tokens: Optional[int] = None,
         key: str = "",
     ) -> None:
@@ -157,4 +208,4 @@ class VendorProvider:
             await client.close()
 
 
-__all__ = ["SDKS", "VendorProvider", "load_sdk", "translate", "within"]
+__all__ = ["DEFAULT_TIMEOUT_S", "SDKS", "VendorProvider", "load_sdk", "retry_after_s", "translate", "within"]

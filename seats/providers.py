@@ -16,7 +16,8 @@ Three kinds, as the company file names them:
 order on every round. What every provider speaks — the conversation, the
 answer, the failure kinds — is :mod:`seats.provider_base`; what the two SDK
 clients share (no retries of their own, errors translated, keys read at call
-time and never shown) is :mod:`seats.provider_sdk`.
+time and never shown) is :mod:`seats.provider_sdk`; how a round retries one
+entry before the chain moves on is :mod:`seats.retry`.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from seats.provider_base import (
     approx_tokens,
 )
 from seats.provider_openai import OpenAIProvider
-from seats.provider_sdk import VendorProvider
+from seats.provider_sdk import DEFAULT_TIMEOUT_S, VendorProvider
 from seats.tools.base import ToolCall
 
 
@@ -155,7 +156,7 @@ def build_provider(config: ProviderConfig) -> ModelProvider:
         model=str(opts["model"]),
         base_url=str(opts.get("base_url", "") or ""),
         api_key_env=str(opts.get("api_key_env", "") or ""),
-        timeout_s=float(opts.get("timeout_s", 60.0)),
+        timeout_s=float(opts.get("timeout_s", DEFAULT_TIMEOUT_S)),
         max_tokens=opts.get("max_tokens"),
         key=config.key,
     )

@@ -48,6 +48,7 @@ from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
 from seats.provider_keys import warn_unset_provider_keys
 from seats.scheduler import TICK_S, Scheduler, aprune_firings, rehearsal_clock
 from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
+from seats.retry import Retrier
 from seats.turns import TurnRunner
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,13 +128,16 @@ class SeatRuntime:
         hold_duty: Optional[HoldDuty] = None,
         placement_every_s: float = PLACEMENT_EVERY_S,
         scheduler_clock: Optional[Callable[[], float]] = None,
+        provider_retry_scale: float = 1.0,
     ) -> None:
         self.queue = queue
         self.holder = holder
         self.node_id = node_id or queue.node
         #: The telemetry emitter is closed at stop only when this runtime made it (an engine's is the engine's).
         self._owns_emitter = runner is None and emitter is None
-        self.runner = runner or TurnRunner(queue, holder, emitter=emitter, toolbox=toolbox)
+        self.runner = runner or TurnRunner(
+            queue, holder, emitter=emitter, toolbox=toolbox, retrier=Retrier(scale=provider_retry_scale)
+        )
         self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
         self.runner.owns = self.ownership.owns  # the turn's fence: no call once the seat is another node's
         self.hold_duty: HoldDuty = hold_duty or _always
@@ -482,6 +486,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
         options.setdefault("stop_grace_s", engine.settings.node.stop_grace_s)
+        options.setdefault("provider_retry_scale", engine.settings.delivery.provider_retry_scale)
         options.setdefault("toolbox", engine.find(TOOLBOX))
         options.setdefault("scheduler_clock", rehearsal_clock())
         member = engine.find(FLEET)

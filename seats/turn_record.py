@@ -22,6 +22,7 @@ from crewlet.events.types import (
     PromptSize,
     STOP_PAUSED,
     STOP_REFUSAL,
+    TurnGuardBreach,
 )
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
 from seats.provider_base import approx_tokens
@@ -119,7 +120,8 @@ def record_calls(
 
 
 async def finish(emit: Emit, loop: TurnState, result: TurnResult, tags: TurnTags) -> None:
-    """The turn's record: its phase (cut to fit the wire), ``agent_turn_stopped`` if it stopped, ``agent_turn_completed``."""
+    """The turn's record: its phase (cut to fit the wire), ``agent_turn_stopped`` if it stopped, ``turn.guard_breach``
+    if a guard ended it (a failed turn, never a stop), then ``agent_turn_completed``."""
     seat = loop.seat
     stopped = result.outcome == OUTCOME_STOPPED
     failed = result.outcome == OUTCOME_FAILED
@@ -150,6 +152,10 @@ async def finish(emit: Emit, loop: TurnState, result: TurnResult, tags: TurnTags
         await emit(
             AgentTurnStopped(**tags, stopped_by=STOPPED_BY_ENGINE, reason=f"{result.stop_reason}: {result.error}"[:1000])
         )
+    if result.guard:
+        detail = result.error.removeprefix(f"{result.guard}: ")[:1000]
+        await emit(TurnGuardBreach(**tags, guard=result.guard, detail=detail))
+        log.warning("turn_guard_breach", extra={"seat": seat.handle, "turn_id": loop.trigger.turn_id, "guard": result.guard})
     await emit(
         AgentTurnCompleted(
             **tags,

@@ -79,9 +79,9 @@ class TurnTask:
 
         ``hand_back`` (a lost lease): the work was not this node's to finish,
         so its mail is deferred to the seat's next holder rather than recorded
-        as worked. A turn that already called a tool wrote its ledger row
-        first, so the next holder skips it: a turn that has acted is never
-        run twice.
+        as worked. A turn that already called a tool that can change the
+        world wrote its ledger row first, so the next holder skips it: a turn
+        that has acted is never run twice (one that only read is).
         """
         task = self._task
         if task is None or task.done():

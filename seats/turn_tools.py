@@ -4,7 +4,8 @@ The tools a seat is granted are its MCP tools, listed by the
 :class:`~seats.tools.base.Toolbox`, and the built-ins it names (the
 runner's :class:`~seats.hooks.TurnHooks`). A tool that fails or times out
 is a result the model reads, never a crashed turn; a built-in that ends the
-turn (``a2a_ask``) says so on the turn's state.
+turn (``a2a_ask``) says so on the turn's state. :func:`writes` says which
+calls can change the world (the ledger is written before the first).
 """
 from __future__ import annotations
 
@@ -59,6 +60,18 @@ async def granted(toolbox: Toolbox, builtins: Mapping[str, BuiltinTool], seat: S
     return specs
 
 
+def writes(loop: TurnState, call: ToolCall, answer: Completion) -> bool:
+    """Whether running ``call`` can change the world: a well-formed call of an offered tool not marked read-only.
+
+    A call :func:`act` refuses without running (not offered, arguments that
+    are no object) changes nothing.
+    """
+    if call.id in answer.invalid:
+        return False
+    spec = next((t for t in loop.tools if t.name == call.name), None)
+    return spec is not None and not spec.read_only
+
+
 async def act(
     queue: EventQueue,
     toolbox: Toolbox,
@@ -102,4 +115,4 @@ async def act(
     )
 
 
-__all__ = ["NoTools", "act", "admitted_result", "granted", "refused"]
+__all__ = ["NoTools", "act", "admitted_result", "granted", "refused", "writes"]

@@ -29,10 +29,8 @@ ERR_LLM_UNAVAILABLE = "llm_unavailable"
 ERR_NO_PROVIDER = "no_provider"
 #: The turn itself raised (a bug, or content nothing downstream could handle): not a provider kind.
 ERR_CRASHED = "crashed"
-#: The completion ledger could not record the trigger before the turn's first tool call ran.
+#: The completion ledger could not record the trigger before the turn's first call that can change the world.
 ERR_LEDGER = "ledger_unavailable"
-#: The seat's ``max_rounds`` ended the turn (an ``agent_turn_stopped`` reason and the phase's ``error_kind``).
-STOP_MAX_ROUNDS = "max_rounds"
 #: A turn fenced off its seat: the lease was gone (the node froze, the store was away) before its next call.
 STOP_LEASE_LOST = "lease_lost"
 #: Who ``agent_turn_stopped`` names when the engine, not a person, ended a turn.
@@ -70,10 +68,11 @@ class Trigger:
 
     ``first_delivery`` says every event is on its first delivery: a failure
     then logs its traceback, and the same failure on a redelivery logs one line.
-    ``before_tools`` is awaited once, before the turn's first tool call runs:
-    the inbox records the triggers in the completion ledger there, so a turn
-    that has begun to act is never run again for them. ``stop`` is set by
-    the inbox while the turn runs, when a person's pause asks it to end.
+    ``before_write`` is awaited once, before the turn's first call that can
+    change the world (a tool not marked read-only) runs: the inbox records the
+    triggers in the completion ledger there, so a turn that has begun to act
+    is never run again for them, while one that only read can be. ``stop`` is
+    set by the inbox while the turn runs, when a person's pause asks it to end.
     """
 
     events: list[Event]
@@ -81,7 +80,7 @@ class Trigger:
     partition_key: str = ""
     conversation_key: str = ""
     first_delivery: bool = True
-    before_tools: Optional[Callable[[], Awaitable[None]]] = None
+    before_write: Optional[Callable[[], Awaitable[None]]] = None
     stop: Optional[TurnStop] = None
 
     @property
@@ -134,10 +133,14 @@ class TurnResult:
     duration_ms: int = 0
     #: Every tool call the turn made, in order, as the phase records it (arguments included).
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    #: Why the loop ended: a STOP_REASONS value, or STOP_MAX_ROUNDS / budget_exhausted / STOP_LEASE_LOST on a stopped turn.
+    #: Why the loop ended: a STOP_REASONS value, or budget_exhausted / STOP_LEASE_LOST on a stopped turn.
     stop_reason: str = ""
     #: The seat stopped being this node's mid-turn: its mail goes back to the seat's next holder.
     fenced: bool = False
+    #: A call that can change the world ran (its triggers are in the ledger): a failure is abandoned, never rerun.
+    wrote: bool = False
+    #: The runtime invariant that ended the turn (a GUARDS value: ``turn.guard_breach``), or "".
+    guard: str = ""
 
     @property
     def ok(self) -> bool:
@@ -156,7 +159,7 @@ class TurnState:
     tools: list[ToolSpec]
     messages: list[Message] = field(default_factory=list)
     providers: dict[str, ModelProvider] = field(default_factory=dict)
-    acted: bool = False
+    wrote: bool = False
     ended_by_tool: bool = False
     #: The phase's start on the monotonic clock: each round's ``started_ms`` is measured from it.
     started: float = field(default_factory=time.monotonic)
@@ -174,7 +177,6 @@ __all__ = [
     "PHASE_RESPOND",
     "STOPPED_BY_ENGINE",
     "STOP_LEASE_LOST",
-    "STOP_MAX_ROUNDS",
     "Trigger",
     "TurnResult",
     "TurnState",

@@ -9,9 +9,10 @@ by the :class:`~seats.tools.base.Toolbox`, and the built-ins it names
 times out is a result the model reads, never a crashed turn. The loop ends
 on the model's ``end``; on ``refusal`` or ``max_tokens`` (the turn completes
 with what was said, the phase's ``error_kind`` saying why); after a built-in
-that ends the turn (``a2a_ask``); or, stopped, on the seat's ``max_rounds``
-or its ``turn_token_budget`` (``agent_turn_stopped``, the trigger counted as
-worked).
+that ends the turn (``a2a_ask``); stopped, on its ``turn_token_budget``
+(``agent_turn_stopped``, the trigger counted as worked); or failed, on the
+seat's ``max_rounds`` — a guard breach (``turn.guard_breach`` ``max_iter``),
+not a stop.
 
 A person's pause with ``stop_running`` ends the turn at its next round: the
 inbox sets ``Trigger.stop``, and the loop reads it wherever it would start
@@ -30,27 +31,35 @@ running state are :mod:`seats.turn_types`.
 
 Providers come from the seat's own ``providers``, else the company's
 ``providers.llm`` (``Organization.providers_of``), read per turn from the
-holder (never a snapshot), and are tried in order on every round: each
+holder (never a snapshot), and are tried in order on every round: a transient
+failure is first retried on the same entry within its ``retry`` bound
+(:mod:`seats.retry`, each retry in the round's ``retries``), then each
 hand-off publishes ``provider_fallback`` (``to_provider_key`` empty on the last
-member) and an exhausted chain ``llm_unavailable``. A failed turn is the
-caller's to NAK.
+member) and an exhausted chain ``llm_unavailable``. Before every provider call
+— a retry and a hand-off included — the turn checks its seat is still this
+node's and nobody asked it to stop.
 
-A redelivered trigger never runs a second turn, and that includes a turn
-whose rounds already called tools and then died with its process: before the
-first tool call of a turn runs, ``Trigger.before_tools`` (the inbox's
-completion-ledger write) records the trigger as worked by this turn. A
-ledger that cannot be written fails the turn before anything acted.
+A redelivered trigger never runs a second turn once the first changed the
+world, and that includes a turn that died with its process mid-tool: before
+the turn's first call of a tool not marked read-only (``ToolSpec.read_only``)
+runs, ``Trigger.before_write`` (the inbox's completion-ledger write) records
+the trigger as worked by this turn, and ``TurnResult.wrote`` says so. A turn
+that failed having only read is the caller's to NAK (worked again); one that
+failed after a write is the caller's to abandon. A ledger that cannot be
+written fails the turn before the write.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from crewlet.queue.emit import Emitter
 from crewlet.base.logfmt import short_reason
+from crewlet.company.provider_retry import retry_policy
 from crewlet.events.types import (
     ERROR_KIND_BUDGET_EXHAUSTED,
+    GUARD_MAX_ITER,
     AgentPhaseStarted,
     AgentTurnCompleted,
     AgentTurnStarted,
@@ -79,10 +88,12 @@ from seats.provider_base import (
     admitted,
     error_text,
 )
+from seats.provider_sdk import DEFAULT_TIMEOUT_S
 from seats.providers import build_provider
+from seats.retry import Retrier
 from seats.tools.base import ToolResult, ToolSpec, Toolbox
 from seats.turn_record import finish, prompt_size, record_calls
-from seats.turn_tools import NoTools, act, granted
+from seats.turn_tools import NoTools, act, granted, writes
 from seats.turn_types import (
     ERR_CRASHED,
     ERR_LEDGER,
@@ -93,7 +104,6 @@ from seats.turn_types import (
     OUTCOME_STOPPED,
     PHASE_RESPOND,
     STOP_LEASE_LOST,
-    STOP_MAX_ROUNDS,
     Trigger,
     TurnResult,
     TurnState,
@@ -134,7 +144,8 @@ class TurnRunner:
     the seats' MCP tools (none unless the engine gives it one). ``hooks`` are
     the built-in tools its turns offer and the after-turn hooks: the apps'
     declarations (:func:`~seats.hooks.declared_hooks`), read once here, unless
-    given.
+    given. ``retrier`` waits between a provider entry's retries (its scale and
+    sleep are what a test shrinks).
     """
 
     def __init__(
@@ -147,6 +158,7 @@ class TurnRunner:
         toolbox: Optional[Toolbox] = None,
         owns: Callable[[str], bool] = lambda handle: True,
         hooks: Optional[TurnHooks] = None,
+        retrier: Optional[Retrier] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -159,6 +171,7 @@ class TurnRunner:
         self.emitter = emitter or Emitter(queue)
         self.toolbox: Toolbox = toolbox or NoTools()
         self.hooks: TurnHooks = declared_hooks() if hooks is None else hooks
+        self.retrier = retrier or Retrier()
 
     async def _emit(self, body: Any, extras: Optional[dict[str, Any]] = None) -> None:
         """Telemetry never fails a turn: a publish that fails is logged (and retried while the broker is away)."""
@@ -192,7 +205,7 @@ class TurnRunner:
             await self._rounds(loop, result, tags)
         except Exception as exc:
             # The turn may already have acted (its triggers are in the ledger
-            # before its first tool call), so it must still end on record:
+            # before its first write), so it must still end on record:
             # a failure the operator sees, never a silent skip on redelivery.
             log.error(
                 "agent_turn_crashed",
@@ -223,9 +236,9 @@ class TurnRunner:
             if self._stopped(loop, result, number + 1):
                 return
             if number >= seat.max_rounds:
-                result.outcome, result.stop_reason = OUTCOME_STOPPED, STOP_MAX_ROUNDS
-                result.error_kind = STOP_MAX_ROUNDS
-                result.error = f"no answer after {seat.max_rounds} rounds (the seat's max_rounds)"
+                result.outcome, result.guard = OUTCOME_FAILED, GUARD_MAX_ITER
+                result.error_kind = GUARD_MAX_ITER
+                result.error = f"{GUARD_MAX_ITER}: no answer after {seat.max_rounds} rounds (the seat's max_rounds)"
                 return
             budget = seat.turn_token_budget
             if budget and result.input_tokens + result.output_tokens >= budget:
@@ -253,24 +266,18 @@ class TurnRunner:
                 if answer.stop_reason in (STOP_REFUSAL, STOP_MAX_TOKENS):
                     result.error_kind = answer.stop_reason
                 return
-            if not loop.acted and loop.trigger.before_tools is not None:
-                try:
-                    await loop.trigger.before_tools()
-                except Exception as exc:
-                    result.error_kind, result.error = ERR_LEDGER, short_reason(exc, 1000)
-                    log.warning("seat_turn_unrecorded", extra={"seat": seat.handle, "turn_id": loop.trigger.turn_id, "error": result.error})
-                    return
-            loop.acted = True
             results: list[tuple[str, ToolResult]] = []
             for call in answer.calls:
                 if loop.trigger.stop is not None:
                     break  # nothing new starts once a person asked the turn to stop
                 if self._fenced(loop, result):
                     break
+                if not loop.wrote and writes(loop, call, answer) and not await self._before_write(loop, result):
+                    break
                 done = await act(self.queue, self.toolbox, self.hooks.builtin_tools, loop, call, answer)
                 results.append((call.id, done))
             record_calls(result, round_record, number, answer.calls, results)
-            if result.fenced:
+            if result.fenced or result.error_kind == ERR_LEDGER:
                 return
             loop.messages.append(Message(role=ROLE_ASSISTANT, text=answer.text, calls=answer.calls))
             loop.messages.append(Message(role=ROLE_TOOL, results=tuple(results)))
@@ -278,6 +285,38 @@ class TurnRunner:
                 result.outcome = OUTCOME_COMPLETED
                 result.error = result.error_kind = ""
                 return
+
+    async def _before_write(self, loop: TurnState, result: TurnResult) -> bool:
+        """The completion ledger's row, before the turn's first call that can change the world; False if it could not be."""
+        if loop.trigger.before_write is not None:
+            try:
+                await loop.trigger.before_write()
+            except Exception as exc:
+                result.error_kind, result.error = ERR_LEDGER, short_reason(exc, 1000)
+                log.warning(
+                    "seat_turn_unrecorded", extra={"seat": loop.seat.handle, "turn_id": loop.trigger.turn_id, "error": result.error}
+                )
+                return False
+        loop.wrote = result.wrote = True
+        return True
+
+    def _complete(
+        self,
+        loop: TurnState,
+        config: ProviderConfig,
+        provider: ModelProvider,
+        request: ModelRequest,
+        retries: list[dict[str, Any]],
+    ) -> Awaitable[Completion]:
+        """One entry's call, retried within its ``retry`` bound while the seat is this node's and nobody stopped the turn."""
+        return self.retrier.call(
+            lambda: provider.complete(request),
+            retry_policy(config.options),
+            deadline_s=float(config.options.get("timeout_s", DEFAULT_TIMEOUT_S)),
+            proceed=lambda: loop.trigger.stop is None and self.owns(loop.seat.handle),
+            retries=retries,
+            where={"seat": loop.seat.handle, "turn_id": loop.trigger.turn_id, "provider": config.key},
+        )
 
     def _fenced(self, loop: TurnState, result: TurnResult) -> bool:
         """End the turn here, as stopped and handed back, when its seat is no longer this node's."""
@@ -320,11 +359,12 @@ class TurnRunner:
         request = ModelRequest(system=loop.system, messages=list(loop.messages), tools=loop.tools, seat=loop.seat.handle)
         for i, config in enumerate(chain):
             call_started = time.monotonic()
+            retries: list[dict[str, Any]] = []
             try:
                 provider = loop.providers.get(config.key)
                 if provider is None:
                     provider = loop.providers[config.key] = self.provider_factory(config)
-                answer = await provider.complete(request)
+                answer = await self._complete(loop, config, provider, request, retries)
             except ProviderError as exc:
                 kind, message = exc.kind, error_text(str(exc))
             except (ValueError, TypeError) as exc:  # a provider that cannot even be built is a hand-off too
@@ -355,6 +395,8 @@ class TurnRunner:
                 }
                 if answer.refusal is not None:
                     entry["refusal"] = answer.refusal
+                if retries:
+                    entry["retries"] = retries
                 result.rounds.append(entry)
                 result.provider_key = config.key
                 return answer
@@ -365,9 +407,12 @@ class TurnRunner:
                     "started_ms": int((call_started - loop.started) * 1000),
                     "duration_ms": int((time.monotonic() - call_started) * 1000),
                     "error_kind": kind,
+                    **({"retries": retries} if retries else {}),
                 }
             )
             result.error_kind, result.error = kind, message
+            if self._fenced(loop, result) or self._stopped(loop, result, number):
+                return None  # no hand-off either: the next call is not this node's to make, or a person stopped the turn
             to_key = chain[i + 1].key if i + 1 < len(chain) else ""
             log.warning(
                 "provider_fallback",

@@ -4,7 +4,8 @@ Its tools are what the tests need of a server: ``write`` really writes a file,
 ``fail`` reports a tool error, ``sleep`` outlives a call timeout, ``gate``
 says it started and answers once a test opens it, ``pid`` names the
 process so a test can kill it, and ``read.file`` has a name the
-model vendors would refuse until it is sanitised. Over HTTP it refuses every
+model vendors would refuse until it is sanitised (and is the one tool
+annotated ``readOnlyHint: true``). Over HTTP it refuses every
 request whose ``Authorization`` header is not ``--require-auth``'s value, so
 a session that starts proves the header went through.
 """
@@ -22,6 +23,7 @@ import contextlib
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 
 HERE = Path(__file__).resolve()
 
@@ -61,7 +63,7 @@ def build() -> MCPServer:
         """This server's process id."""
         return os.getpid()
 
-    @server.tool(name="read.file")
+    @server.tool(name="read.file", annotations=ToolAnnotations(read_only_hint=True))
     def read_file(path: str) -> str:
         """The text of the file at ``path``."""
         return Path(path).read_text(encoding="utf-8")

@@ -195,11 +195,15 @@ class Reply:
 
     ``stop`` is the vendor-neutral reason (``end``, ``tool_use``, ``refusal``,
     ``max_tokens``); by default ``tool_use`` when there are calls, else ``end``.
+    A ``status`` other than 200 answers that request with that HTTP failure
+    and ``headers`` (a ``Retry-After``) instead.
     """
 
     text: str = ""
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     stop: str = ""
+    status: int = 200
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def stop_reason(self) -> str:
@@ -217,7 +221,9 @@ class FakeModelServer:
     ``POST /v1/chat/completions`` answers in OpenAI's shape, ``POST
     /v1/messages`` in Anthropic's. With ``replies`` the n-th request gets the
     n-th reply (the last one again once they run out: a model that never
-    stops); without, every request gets ``reply`` as its text.
+    stops); without, every request gets ``reply`` as its text. ``scripts``
+    does the same per seat (the OpenAI request's ``user``), counting that
+    seat's requests only, so one server can play each seat's model.
     """
 
     status: int = 200
@@ -225,6 +231,7 @@ class FakeModelServer:
     replies: list[Reply] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    scripts: dict[str, list[Reply]] = field(default_factory=dict)
     port: int = 0
 
     @property
@@ -242,9 +249,22 @@ class FakeModelServer:
             return Reply(text=self.reply)
         return self.replies[min(len(self.requests) - 1, len(self.replies) - 1)]
 
-    def openai_answer(self, model: str) -> dict[str, Any]:
+    def reply_for(self, body: dict[str, Any]) -> Reply:
+        """The reply to the request just recorded: its seat's script when it has one, else :meth:`next_reply`."""
+        seat = str(body.get("user") or "")
+        script = self.scripts.get(seat)
+        if not script:
+            return self.next_reply()
+        n = sum(1 for r in self.requests if str(r.get("user") or "") == seat)
+        return script[min(n - 1, len(script) - 1)]
+
+    def of_seat(self, seat: str) -> list[dict[str, Any]]:
+        """The requests made for ``seat``, in order."""
+        return [r for r in self.requests if r.get("user") == seat]
+
+    def openai_answer(self, model: str, answer: Optional[Reply] = None) -> dict[str, Any]:
         n = len(self.requests)
-        answer = self.next_reply()
+        answer = answer or self.next_reply()
         message: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
         if answer.calls:
             message["tool_calls"] = [
@@ -260,9 +280,9 @@ class FakeModelServer:
             "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
         }
 
-    def anthropic_answer(self, model: str) -> dict[str, Any]:
+    def anthropic_answer(self, model: str, answer: Optional[Reply] = None) -> dict[str, Any]:
         n = len(self.requests)
-        answer = self.next_reply()
+        answer = answer or self.next_reply()
         content: list[dict[str, Any]] = [{"type": "text", "text": answer.text}] if answer.text else []
         content += [
             {"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args}
@@ -280,10 +300,14 @@ class FakeModelServer:
         }
 
 
-def send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any]) -> None:
-    """Answer an ``http.server`` request with ``payload`` as JSON."""
+def send_json(
+    handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any], headers: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Answer an ``http.server`` request with ``payload`` as JSON (and ``headers``)."""
     data = json.dumps(payload).encode()
     handler.send_response(status)
+    for name, value in headers:
+        handler.send_header(name, value)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
@@ -304,15 +328,18 @@ def model_server(
             state.requests.append(body)
             state.headers.append({k.lower(): v for k, v in self.headers.items()})
             route = routes.get(self.path)
+            answer = state.reply_for(body)
             if route is None:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
             elif state.status != 200:
                 self._send(state.status, {"error": {"message": "the model is overloaded"}})
+            elif answer.status != 200:
+                self._send(answer.status, {"error": {"message": f"scripted HTTP {answer.status}"}}, answer.headers)
             else:
-                self._send(200, route(str(body.get("model", ""))))
+                self._send(200, route(str(body.get("model", "")), answer))
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            send_json(self, status, payload)
+        def _send(self, status: int, payload: dict[str, Any], headers: Sequence[tuple[str, str]] = ()) -> None:
+            send_json(self, status, payload, headers)
 
         def log_message(self, *args: Any) -> None:
             pass

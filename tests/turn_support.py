@@ -12,7 +12,7 @@ NOTE_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "re
 
 @dataclass
 class NotesToolbox:
-    """``notes__write`` keeps a note and says so; ``notes__broken`` answers as a server that timed out.
+    """``notes__write`` keeps a note and says so; ``notes__read`` (read-only) lists them; ``notes__broken`` answers as a server that timed out.
 
     ``hold`` (when set) keeps every call waiting until it is set; ``entered``
     is set as soon as a call arrives, and ``running`` is the task making it,
@@ -29,6 +29,7 @@ class NotesToolbox:
         return [
             ToolSpec(name="notes__write", description="Keep a note.", input_schema=NOTE_SCHEMA),
             ToolSpec(name="notes__broken", description="A note server that is down.", input_schema=NOTE_SCHEMA),
+            ToolSpec(name="notes__read", description="The notes kept.", input_schema={"type": "object"}, read_only=True),
         ]
 
     async def call(self, handle: str, call: ToolCall) -> ToolResult:
@@ -42,6 +43,9 @@ class NotesToolbox:
                 ok=False, content="", bytes=0, server="notes", tool="broken", duration_s=5.0,
                 error="the notes server did not answer within 5 s",
             )
+        if call.name == "notes__read":
+            content = "\n".join(self.notes)
+            return ToolResult(ok=True, content=content, bytes=len(content), server="notes", tool="read", duration_s=0.01)
         self.notes.append(str(call.arguments.get("text", "")))
         content = f"saved note {len(self.notes)}"
         return ToolResult(ok=True, content=content, bytes=len(content), server="notes", tool="write", duration_s=0.01)

@@ -357,6 +357,10 @@ class DeliverySettings(_Section):
         Timings.backoff_cap_s, env="CREWLET_DELIVERY_BACKOFF_CAP_S", bounds=(MIN_BACKOFF_S, 3600),
         doc="the most a redelivery's spacing grows to",
     )
+    provider_retry_scale: float = setting(
+        1.0, env="CREWLET_DELIVERY_PROVIDER_RETRY_SCALE", bounds=(0.001, 1),
+        doc="multiplies every wait before a model provider's call is retried (its Retry-After and the backoff alike)",
+    )
 
 
 @dataclass(frozen=True)

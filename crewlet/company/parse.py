@@ -64,6 +64,7 @@ from crewlet.company.instructions import (
     seat_instructions,
 )
 from crewlet.company.schedules import parse_schedules, parse_timezone
+from crewlet.company.provider_retry import RETRY_KEY, parse_retry
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -200,7 +201,7 @@ def _echo_options(options: dict[str, Any], name: str, source: Optional[str]) -> 
 
 def _model_options(kind: str, options: dict[str, Any], name: str, source: Optional[str]) -> None:
     """A vendor SDK's keys: the model, where it is served, the variable holding its key, and limits."""
-    _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens"), source)
+    _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens", RETRY_KEY), source)
     if kind == "openai" or "base_url" in options:
         base_url = _string(options.get("base_url"), f"{name}.base_url", source)
         if _looks_secret(base_url):
@@ -217,6 +218,8 @@ def _model_options(kind: str, options: dict[str, Any], name: str, source: Option
         options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", *PROVIDER_TIMEOUT_RANGE_S, False, source)
     if "max_tokens" in options:
         options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
+    if RETRY_KEY in options:
+        options[RETRY_KEY] = parse_retry(options[RETRY_KEY], f"{name}.{RETRY_KEY}", source)
 
 
 def _mcp_servers(value: Any, source: Optional[str]) -> dict[str, McpServer]:

@@ -11,7 +11,8 @@ Where each number comes from:
   (this class) of every publish and every settlement it decides, so the
   publish, delivery (ack / nak / defer / dead letter) and dead-letter counters
   are counted in the one place that decides them, for every service alike. The
-  turn counters, turn and round latencies and tokens are read off the
+  turn counters, turn and round latencies, tokens and a round's provider
+  retries (``rounds[].retries``, by the failure's kind) are read off the
   ``agent_turn_*`` and ``agent_phase_completed`` events as they are published.
 * The webhook view reports each delivery's status and how long it took to answer.
 * ``/ws/stream`` reports its sockets opening and closing.
@@ -144,6 +145,11 @@ class EngineMetrics:
             "crewlet_llm_tokens", "Model tokens spent by agent turns, by kind (input, output, cache_read).",
             ["kind"], registry=r,
         )
+        self.llm_retries = Counter(
+            "crewlet_llm_retries",
+            "Model provider calls retried within a round before the chain moved on, by the failure's kind.",
+            ["kind"], registry=r,
+        )
         self.ws_clients = Gauge("crewlet_ws_stream_clients", "Open /ws/stream sockets.", registry=r)
         self._depths: dict[str, int] = {}
         # Each labelled child looked up once (keyed by its bounded labels): publishes and settlements are the hot path.
@@ -177,6 +183,14 @@ class EngineMetrics:
                 seconds = _seconds_of_ms(one.get("duration_ms")) if isinstance(one, dict) else None
                 if seconds is not None:
                     self.round_seconds.observe(seconds)
+                self._retries(one.get("retries") if isinstance(one, dict) else None)
+
+    def _retries(self, retries: Any) -> None:
+        """One round entry's retries counted by kind (a provider kind: a bounded label)."""
+        for retry in retries if isinstance(retries, list) else ():
+            kind = retry.get("kind") if isinstance(retry, dict) else None
+            if isinstance(kind, str) and kind and len(kind) <= 64:
+                self.llm_retries.labels(kind).inc()
 
     def _turn_completed(self, event: Event) -> None:
         (self.turns_failed if _field(event, "failed") else self.turns_completed).inc()

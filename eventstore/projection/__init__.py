@@ -42,6 +42,13 @@ The seat states, by precedence (the first that holds wins):
 * ``idle`` — none of the above. A person's seat (kind ``human``) is never run
   by the engine and always reads ``idle``.
 
+Beside its state each seat row carries ``last_error``: what last went wrong
+with its work — a failed turn's error, a ``turn.guard_breach`` (``max_iter:
+…``), a trigger abandoned after a write (``turn_trigger_skipped`` with an
+abandon phrase, which took no queued wake off: its turn already had) — until a
+turn of the seat completes without failing. It is live only: a seeded
+projection starts with none.
+
 The counters (the overview's): ``turns_completed`` (a completion that did not
 fail; a stopped or parked one included), ``turns_failed``, ``tokens`` (input
 plus output of turn completions — the sum of their phases, so phases are not

@@ -21,11 +21,13 @@ from crewlet.company.org import Organization, Seat
 from eventstore import questions as qs
 from eventstore.projection.seed import SeedData, fleet_seed, read_seed, seat_holders
 from eventstore.projection.states import (
+    ABANDONED_REASONS,
     ABSENT,
     BUDGET_EXHAUSTED,
     COALESCED,
     COUNTER_WINDOW,
     FEED_SIZE,
+    GUARD_BREACH,
     HELD,
     HELD_NO_PROVIDER,
     IDLE,
@@ -34,6 +36,7 @@ from eventstore.projection.states import (
     K_FEED,
     K_SEATS,
     K_SEEDED,
+    LAST_ERROR_CHARS,
     LLM_UNAVAILABLE,
     PAUSED,
     QUEUED,
@@ -119,6 +122,8 @@ class SeatLive:
     turn_id: str = ""
     queued: int = 0
     stopped: str = ""
+    #: What last went wrong with its work (a failed turn, a guard breach, an abandoned trigger); "" once a turn succeeds.
+    last_error: str = ""
     last_turn: Optional[dict[str, Any]] = None
     counters: dict[str, int] = field(default_factory=lambda: {C_TURNS_COMPLETED: 0, C_TURNS_FAILED: 0, C_TOKENS: 0})
     #: Whether a live event moved it: a seed never overwrites what the stream already said.
@@ -225,6 +230,7 @@ class LiveProjection:
             "turn_id": live.turn_id or None,
             "queued": live.queued,
             "last_turn": dict(live.last_turn) if live.last_turn else None,
+            "last_error": live.last_error,
             "counters": dict(live.counters),
         }
 
@@ -356,7 +362,9 @@ class LiveProjection:
                 live.turn_id = ""
             outcome = turn_outcome(event)
             if outcome == qs.OUTCOME_OK:
-                live.stopped = ""  # it works again
+                live.stopped = live.last_error = ""  # it works again
+            elif outcome == qs.OUTCOME_FAILED:
+                live.last_error = (_text(event.field("error")) or "the turn failed")[:LAST_ERROR_CHARS]
             live.last_turn = self._last_turn(event, row, outcome)
             if counted:
                 key = C_TURNS_FAILED if outcome == qs.OUTCOME_FAILED else C_TURNS_COMPLETED
@@ -373,8 +381,12 @@ class LiveProjection:
             live.stopped = STOPPED_BUDGET
         elif etype == COALESCED:
             live.queued = max(live.queued - max(_count(event.field("count")) - 1, 0), 0)
+        elif etype == TRIGGER_SKIPPED and _text(event.field("reason")) in ABANDONED_REASONS:
+            live.last_error = f"{_text(event.field('reason'))}: {_text(event.field('detail'))}"[:LAST_ERROR_CHARS]
         elif etype == TRIGGER_SKIPPED:
             live.queued = max(live.queued - 1, 0)
+        elif etype == GUARD_BREACH:
+            live.last_error = f"{_text(event.field('guard'))}: {_text(event.field('detail'))}"[:LAST_ERROR_CHARS]
 
     @staticmethod
     def _last_turn(event: Event, row: Optional[dict[str, Any]], outcome: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from crewlet.events import types
+from crewlet.events.types.phrases import TRIGGER_ABANDONED
 from eventstore.questions import TURN_COMPLETED, TURN_STARTED, TURN_STOPPED
 
 #: The feed ring's size: "the company's last few hundred events".
@@ -52,6 +53,11 @@ LLM_UNAVAILABLE = types.LLMUnavailable.event_type
 BUDGET_EXHAUSTED = types.BudgetExhausted.event_type
 COALESCED = types.NotificationsCoalesced.event_type
 TRIGGER_SKIPPED = types.TurnTriggerSkipped.event_type
+GUARD_BREACH = types.TurnGuardBreach.event_type
+#: ``turn_trigger_skipped`` reasons that abandon a trigger its turn already took (the seat's ``last_error``).
+ABANDONED_REASONS: frozenset[str] = frozenset(TRIGGER_ABANDONED)
+#: How much of an error a seat's ``last_error`` keeps.
+LAST_ERROR_CHARS = 500
 #: Records of work put in a seat's inbox, and the body field naming that seat.
 WORK_ARRIVED: dict[str, str] = {
     types.ExternalNotification.event_type: "seat",
@@ -74,5 +80,6 @@ SEAT_TYPES: frozenset[str] = frozenset(
         BUDGET_EXHAUSTED,
         COALESCED,
         TRIGGER_SKIPPED,
+        GUARD_BREACH,
     }
 )

@@ -24,12 +24,17 @@ class ToolSpec:
     ``^[a-zA-Z0-9_-]{1,64}$``) that both model vendors accept; the toolbox
     keeps the mapping back to the server's own tool name. ``input_schema`` is
     the JSON Schema the server listed, passed through unchanged so the model
-    is held to the same contract the server enforces.
+    is held to the same contract the server enforces. ``read_only`` is the
+    server's word (its MCP annotations' ``readOnlyHint: true``), or a
+    built-in's, that a call changes nothing outside the engine: a turn's
+    completion-ledger row is written before its first call of a tool that is
+    not, so a turn that failed having only read is worked again.
     """
 
     name: str
     description: str
     input_schema: dict[str, Any]
+    read_only: bool = False
 
 
 @dataclass(frozen=True)

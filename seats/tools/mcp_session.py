@@ -206,7 +206,11 @@ class McpSession:
             page = await client.list_tools(cursor=cursor)
             for tool in page.tools:
                 name = exposed_name(self.server.name, tool.name, set(tools))
-                spec = ToolSpec(name=name, description=tool.description or "", input_schema=dict(tool.input_schema))
+                hints = tool.annotations
+                spec = ToolSpec(
+                    name=name, description=tool.description or "", input_schema=dict(tool.input_schema),
+                    read_only=hints is not None and hints.read_only_hint is True,
+                )
                 tools[name] = ServerTool(server=self.server.name, name=tool.name, spec=spec)
             cursor = page.next_cursor
             if not cursor:

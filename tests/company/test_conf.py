@@ -70,6 +70,7 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "node.labels": "CREWLET_NODE_LABELS",
         "delivery.backoff_base_s": "CREWLET_DELIVERY_BACKOFF_BASE_S",
         "delivery.backoff_cap_s": "CREWLET_DELIVERY_BACKOFF_CAP_S",
+        "delivery.provider_retry_scale": "CREWLET_DELIVERY_PROVIDER_RETRY_SCALE",
         "tools.call_timeout_s": "CREWLET_TOOLS_CALL_TIMEOUT_S",
         "tools.start_timeout_s": "CREWLET_TOOLS_START_TIMEOUT_S",
         "tools.restart_backoff_s": "CREWLET_TOOLS_RESTART_BACKOFF_S",

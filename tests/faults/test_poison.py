@@ -86,7 +86,10 @@ def model() -> Iterator[FakeModel]:
 def test_a_poison_delivery_is_delivered_exactly_25_times_dead_lettered_once_and_replayable_once(
     tmp_path: Path, figures: Figures, model: FakeModel
 ) -> None:
-    company = company_yaml(providers=f"[{{kind: openai, base_url: '{model.base_url}', model: fake, timeout_s: 10}}]")
+    # No retries inside a round: each delivery is one model call, so the calls count the deliveries.
+    company = company_yaml(
+        providers=f"[{{kind: openai, base_url: '{model.base_url}', model: fake, timeout_s: 10, retry: {{attempts: 0}}}}]"
+    )
     up = Up(tmp_path, company=company, env={"CREWLET_DELIVERY_BACKOFF_BASE_S": "0.05", "CREWLET_DELIVERY_BACKOFF_CAP_S": "0.2"})
     try:
         up.start()

@@ -216,6 +216,8 @@ def fuzzed_up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused-signing-secret", HARDENING_OPENAI_KEY=API_KEY,
         # A failing delivery spends its whole budget in about a second, so its dead letter is part of the case.
         CREWLET_DELIVERY_BACKOFF_BASE_S="0.01", CREWLET_DELIVERY_BACKOFF_CAP_S="0.02",
+        # A 429 or 500 is retried within the round first: its waits shrunk alike, through the same code.
+        CREWLET_DELIVERY_PROVIDER_RETRY_SCALE="0.001",
     )
     if request.param == "postgres":
         env.update(_pg_env("hardening_fuzz"))

@@ -25,7 +25,8 @@ SEAT_EVENTS = ("agent_turn_started", "agent_phase_started", "agent_phase_complet
 
 
 def openai(base_url: str, **extra: Any) -> dict[str, Any]:
-    return {"kind": "openai", "base_url": base_url, "model": "local-7b", **extra}
+    """An entry with no retries of its own: these tests are about the chain (retries: test_provider_retry.py)."""
+    return {"kind": "openai", "base_url": base_url, "model": "local-7b", "retry": {"attempts": 0}, **extra}
 
 
 async def ask(provider: ModelProvider, system: str, user: str) -> Completion:

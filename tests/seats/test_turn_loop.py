@@ -86,15 +86,15 @@ async def test_a_vendor_model_calls_a_tool_then_answers_and_the_phase_records_a_
     [done] = rec.of("agent_turn_completed")
     assert (done.data.tool_calls, done.data.tools, done.payload["outcome"]) == (1, ["notes__write"], "completed")
     [size] = rec.of("prompt.size")
-    assert size.data.tool_count == 3 and size.data.tool_bytes > 0  # two MCP tools and a2a_ask
+    assert size.data.tool_count == 4 and size.data.tool_bytes > 0  # three MCP tools and a2a_ask
 
     asked, fed_back = server.requests
     if kind == "openai":
-        assert [t["function"]["name"] for t in asked["tools"]] == ["notes__write", "notes__broken", "a2a_ask"]
+        assert [t["function"]["name"] for t in asked["tools"]] == ["notes__write", "notes__broken", "notes__read", "a2a_ask"]
         assert fed_back["messages"][-2]["tool_calls"][0]["id"] == "call_1_0"
         assert fed_back["messages"][-1] == {"role": "tool", "tool_call_id": "call_1_0", "content": "saved note 1"}
     else:
-        assert [t["name"] for t in asked["tools"]] == ["notes__write", "notes__broken", "a2a_ask"]
+        assert [t["name"] for t in asked["tools"]] == ["notes__write", "notes__broken", "notes__read", "a2a_ask"]
         assert fed_back["messages"][-1] == {
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": "toolu_1_0", "content": "saved note 1", "is_error": False}],
@@ -130,18 +130,23 @@ async def test_a_refusal_ends_the_turn_and_the_phase_carries_it() -> None:
 # -- the scripted echo model -------------------------------------------------------------------
 
 
-async def test_max_rounds_stops_a_model_that_never_stops_calling_tools() -> None:
+async def test_max_rounds_fails_a_model_that_never_stops_calling_tools_with_a_max_iter_guard_breach() -> None:
     tools = NotesToolbox()
     org = org_with(echo(call("notes__write", text="{trigger}"), repeat=True), max_rounds=3)
     result, rec = await one_turn(org, "loop forever", tools)
-    assert result.outcome == "stopped" and len(tools.calls) == 3 and tools.notes == ["sam: loop forever"] * 3
-    [stop] = rec.of("agent_turn_stopped")
-    assert stop.data.stopped_by == "engine" and stop.data.reason.startswith("max_rounds: no answer after 3 rounds")
+    assert result.outcome == "failed" and len(tools.calls) == 3 and tools.notes == ["sam: loop forever"] * 3
+    assert (result.guard, result.wrote) == ("max_iter", True)
+    assert rec.of("agent_turn_stopped") == []  # a guard breach is a failed turn, never a stop
+    [breach] = rec.of("turn.guard_breach")
+    assert (breach.data.guard, breach.data.turn_id) == ("max_iter", result.turn_id)
+    assert breach.data.detail == "no answer after 3 rounds (the seat's max_rounds)"
     [phase] = rec.of("agent_phase_completed")
     assert [r["stop_reason"] for r in phase.data.rounds] == ["tool_use"] * 3
-    assert (phase.data.failed, phase.data.error_kind) == (False, "max_rounds")
+    assert (phase.data.failed, phase.data.error_kind) == (True, "max_iter")
     [done] = rec.of("agent_turn_completed")
-    assert (done.data.stopped, done.data.failed, done.payload["outcome"]) == (True, False, "stopped")
+    assert (done.data.stopped, done.data.failed, done.payload["outcome"]) == (False, True, "failed")
+    assert done.data.error.startswith("max_iter: no answer after 3 rounds")
+    assert rec.types().index("turn.guard_breach") < rec.types().index("agent_turn_completed")
 
 
 async def test_the_turn_token_budget_stops_the_turn_before_the_round_that_would_pass_it() -> None:

@@ -31,6 +31,16 @@ SKIP_REASONS: tuple[str, ...] = (
     SKIP_RATE_LIMITED,
 )
 
+# turn_trigger_skipped reasons (design: the event list, turn_trigger_skipped): a
+# redelivery the completion ledger had already worked, or a trigger whose turn
+# was ABANDONED rather than redelivered. What the turn said goes in ``detail``.
+TRIGGER_ALREADY_WORKED = "already worked"
+TRIGGER_WROTE_BEFORE_BREAKING = "wrote outside the engine before breaking"
+TRIGGER_PANICKED = "panicked"
+TRIGGER_MODEL_DECLINED = "model declined"
+TRIGGER_ABANDONED: tuple[str, ...] = (TRIGGER_WROTE_BEFORE_BREAKING, TRIGGER_PANICKED, TRIGGER_MODEL_DECLINED)
+TRIGGER_SKIP_REASONS: tuple[str, ...] = (TRIGGER_ALREADY_WORKED, *TRIGGER_ABANDONED)
+
 # sandbox_run_answered: what the answer became, and by which route.
 ANSWER_RESUMED = "resumed"
 ANSWER_NOT_AWAITING = "not_awaiting"

@@ -3,7 +3,9 @@
 Run by the engine as a child over stdio (``mcp_servers: {notes: {command:
 [python, -m, seats.tools.examples.notes_server], env: {NOTES_DIR: var/notes}}}``)
 it offers three tools — ``write_note``, ``read_note`` and ``list_notes`` —
-that write and read UTF-8 files under ``NOTES_DIR``. It is written with the
+that write and read UTF-8 files under ``NOTES_DIR`` (the two that only read
+say so: ``readOnlyHint: true``, so a turn that only read them and failed is
+worked again). It is written with the
 official ``mcp`` SDK's :class:`~mcp.server.mcpserver.MCPServer`, exactly as a
 company would write its own tool server, so the README's example, the tests
 and the benchmark exercise a real server rather than a stand-in.
@@ -19,6 +21,10 @@ from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+#: What a tool that changes nothing says of itself (a turn's ledger row waits for a tool that can).
+READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 #: Where the notes are written; relative paths are taken from the server's working directory.
 NOTES_DIR_ENV = "NOTES_DIR"
@@ -55,7 +61,7 @@ def build() -> MCPServer:
         path.write_text(text, encoding="utf-8")
         return f"wrote {len(text.encode('utf-8'))} bytes to {path.name}"
 
-    @server.tool()
+    @server.tool(annotations=READ_ONLY)
     def read_note(title: str) -> str:
         """The text of the note called ``title``."""
         path = note_path(title)
@@ -63,7 +69,7 @@ def build() -> MCPServer:
             raise ToolError(f"there is no note called {title!r}")
         return path.read_text(encoding="utf-8")
 
-    @server.tool()
+    @server.tool(annotations=READ_ONLY)
     def list_notes() -> list[str]:
         """The titles of every note, in order."""
         return sorted(p.stem for p in notes_dir().glob("*.md"))
