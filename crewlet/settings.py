@@ -84,19 +84,23 @@ def _flag(name: str, default: bool = False) -> bool:
     return value in TRUE_WORDS
 
 
+def _bounded(name: str, value: str, low: float, high: float, allowed: str, *, whole: bool) -> float:
+    """``value`` read as a finite number within [low, high] (a whole one when ``whole``), else refused with ``allowed``."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise EnvironmentValueError(name, value, allowed) from None
+    if not math.isfinite(number) or (whole and not number.is_integer()) or not low <= number <= high:
+        raise EnvironmentValueError(name, value, allowed)
+    return number
+
+
 def _number(name: str, default: float, low: float, high: float) -> float:
     """A finite numeric variable within [low, high]; a bad one stops start-up naming it."""
     value = _env(name).strip()
     if not value:
         return default
-    allowed = f"must be a number between {low:g} and {high:g}"
-    try:
-        number = float(value)
-    except ValueError:
-        raise EnvironmentValueError(name, value, allowed) from None
-    if not math.isfinite(number) or not low <= number <= high:
-        raise EnvironmentValueError(name, value, allowed)
-    return number
+    return _bounded(name, value, low, high, f"must be a number between {low:g} and {high:g}", whole=False)
 
 
 def _integer(name: str, default: int, low: int, high: int, env: Mapping[str, str] = os.environ) -> int:
@@ -104,14 +108,7 @@ def _integer(name: str, default: int, low: int, high: int, env: Mapping[str, str
     value = _env(name, env).strip()
     if not value:
         return default
-    allowed = f"must be a whole number between {low} and {high}"
-    try:
-        number = float(value)
-    except ValueError:
-        raise EnvironmentValueError(name, value, allowed) from None
-    if not math.isfinite(number) or not number.is_integer() or not low <= number <= high:
-        raise EnvironmentValueError(name, value, allowed)
-    return int(number)
+    return int(_bounded(name, value, low, high, f"must be a whole number between {low} and {high}", whole=True))
 
 
 def _choice(name: str, default: str, choices: tuple[str, ...], env: Mapping[str, str] = os.environ, *, fold: bool = False) -> str:

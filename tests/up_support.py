@@ -32,6 +32,17 @@ REQUEST_TIMEOUT_S = 60.0
 
 U = TypeVar("U", bound="UpProcess")
 
+#: The company file's surfaces and seats where ada may ask linus (``a2a_ask``, four rounds a turn) and
+#: grace, a person, writes to her on Slack (unverified): the tail of an up test's company after its providers.
+ADA_ASKS_LINUS_ON_SLACK = """\
+surfaces:
+  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
+seats:
+  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [a2a_ask], max_rounds: 4}
+  - {handle: linus, kind: agent, role: reviewer, identities: {slack: U0LINUS}}
+  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
+"""
+
 
 def up_env(**extra: str) -> dict[str, str]:
     """The test's environment without any ``CREWLET_`` setting (SQLite, the defaults), unbuffered, plus ``extra``."""

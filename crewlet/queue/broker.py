@@ -42,7 +42,7 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Final, Optional, Union
 from urllib.parse import quote
 
 from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, route_config, unreachable_peers
@@ -100,21 +100,24 @@ class EmbeddedBroker:
             raise InvalidArgument(f"port={port!r}: must be 0 (ephemeral) or a TCP port")
         if int(max_payload_bytes) <= 0:
             raise InvalidArgument(f"max_payload_bytes={max_payload_bytes!r}: must be > 0")
-        self._store_dir: Optional[Path] = Path(store_dir).expanduser().absolute() if store_dir else None
-        self._host = host
+        #: Where JetStream keeps its streams; None keeps them in memory.
+        self.store_dir: Final[Optional[Path]] = Path(store_dir).expanduser().absolute() if store_dir else None
+        self.host: Final[str] = host
         self._port = int(port)
         self._max_payload = int(max_payload_bytes)
         self._binary = str(binary) if binary is not None else None
         self._start_timeout_s = float(start_timeout_s)
         self._stop_timeout_s = float(stop_timeout_s)
         self._supervise = bool(supervise)
-        self._server_name = server_name
+        #: The member's name in its cluster (the node id).
+        self.server_name: Final[str] = server_name
         if cluster is not None and cluster.peer_addresses() and not cluster_secret:
             raise InvalidArgument("cluster_secret: required when the cluster has peers (CREWLET_CLUSTER_SECRET)")
         self._cluster = cluster
         self._cluster_secret = cluster_secret
-        self._user = "crewlet"
-        self._password = secrets.token_hex(24)
+        #: The per-boot credential every client connects with.
+        self.user: Final[str] = "crewlet"
+        self.password: Final[str] = secrets.token_hex(24)
         self._proc: Optional[subprocess.Popen[bytes]] = None
         self._runtime: Optional[Path] = None
         self._log_path: Optional[Path] = None
@@ -129,20 +132,7 @@ class EmbeddedBroker:
     @property
     def memory_storage(self) -> bool:
         """True when streams must be memory-backed (no ``store_dir``)."""
-        return self._store_dir is None
-
-    @property
-    def store_dir(self) -> Optional[Path]:
-        return self._store_dir
-
-    @property
-    def server_name(self) -> str:
-        """The member's name in its cluster (the node id)."""
-        return self._server_name
-
-    @property
-    def host(self) -> str:
-        return self._host
+        return self.store_dir is None
 
     @property
     def port(self) -> int:
@@ -150,24 +140,16 @@ class EmbeddedBroker:
         return self._port
 
     @property
-    def user(self) -> str:
-        return self._user
-
-    @property
-    def password(self) -> str:
-        return self._password
-
-    @property
     def url(self) -> str:
         """``nats://user:secret@127.0.0.1:PORT`` (the credential rides in the URL)."""
         if not self._port:
             raise BrokerStartError("the embedded broker has not been started: it has no port yet")
-        return f"nats://{self._user}:{self._password}@{self._host}:{self._port}"
+        return f"nats://{self.user}:{self.password}@{self.host}:{self._port}"
 
     @property
     def client_url(self) -> str:
         """The URL without the credential (for logs)."""
-        return f"nats://{self._host}:{self._port}"
+        return f"nats://{self.host}:{self._port}"
 
     @property
     def pid(self) -> Optional[int]:
@@ -227,15 +209,15 @@ class EmbeddedBroker:
         port = self._port if self._port else -1
         conf = "\n".join(
             [
-                f"server_name: {quote_conf(self._server_name)}",
-                f"host: {quote_conf(self._host)}",
+                f"server_name: {quote_conf(self.server_name)}",
+                f"host: {quote_conf(self.host)}",
                 f"port: {port}",
                 f"max_payload: {self._max_payload}",
                 f"max_pending: {max(64 * 1024 * 1024, 4 * self._max_payload)}",
                 f"ports_file_dir: {quote_conf(runtime)}",
                 "authorization {",
-                f"  user: {quote_conf(self._user)}",
-                f"  password: {quote_conf(self._password)}",
+                f"  user: {quote_conf(self.user)}",
+                f"  password: {quote_conf(self.password)}",
                 "}",
                 "jetstream {",
                 f"  store_dir: {quote_conf(store)}",
@@ -260,10 +242,10 @@ class EmbeddedBroker:
         runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX))
         os.chmod(runtime, 0o700)
         (runtime / "owner.pid").write_text(str(os.getpid()))
-        if self._store_dir is None:
+        if self.store_dir is None:
             store = runtime / "store"
         else:
-            store = self._store_dir
+            store = self.store_dir
         try:
             store.mkdir(parents=True, exist_ok=True)
             conf = self._write_config(runtime, store)
@@ -298,9 +280,9 @@ class EmbeddedBroker:
             extra={
                 "pid": self._proc.pid,
                 "url": self.client_url,
-                "store_dir": str(self._store_dir) if self._store_dir else None,
+                "store_dir": str(self.store_dir) if self.store_dir else None,
                 "memory_storage": self.memory_storage,
-                "server_name": self._server_name,
+                "server_name": self.server_name,
                 "cluster": self._cluster.name if self._cluster is not None else None,
             },
         )
@@ -316,7 +298,7 @@ class EmbeddedBroker:
             rc = proc.poll()
             if rc is not None:
                 raise BrokerStartError(
-                    f"nats-server exited with status {rc} while starting on {self._host}:{self._port or 'ephemeral'}:\n"
+                    f"nats-server exited with status {rc} while starting on {self.host}:{self._port or 'ephemeral'}:\n"
                     f"{self.log_tail()}"
                 )
             if loop.time() > deadline:
@@ -366,7 +348,7 @@ class EmbeddedBroker:
                 if await self._meta_leader_elected(nc):
                     logger.info(
                         "embedded_broker_cluster_formed",
-                        extra={"cluster": cluster.name, "server_name": self._server_name, "waited_s": round(asked - started, 3)},
+                        extra={"cluster": cluster.name, "server_name": self.server_name, "waited_s": round(asked - started, 3)},
                     )
                     return
                 rc = proc.poll()
@@ -382,7 +364,7 @@ class EmbeddedBroker:
                         "embedded_broker_cluster_waiting",
                         extra={
                             "cluster": cluster.name,
-                            "server_name": self._server_name,
+                            "server_name": self.server_name,
                             "waited_s": round(now - started, 1),
                             "timeout_s": cluster.form_timeout_s,
                             "unreached": ",".join(await unreachable_peers(peers)) or "(none)",
@@ -427,7 +409,7 @@ class EmbeddedBroker:
         import nats  # the readiness probe is the one other place nats is used
 
         # A plain TCP connect first: it fails at once while the server is not listening yet.
-        _, writer = await asyncio.wait_for(asyncio.open_connection(self._host, self._port), timeout=1.0)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self._port), timeout=1.0)
         writer.close()
         try:
             await writer.wait_closed()

@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Awaitable, Callable, Coroutine, Optional
+from typing import Any, Awaitable, Callable, Coroutine, Final, Optional
 
 from crewlet.base.aio import close_each, keeping_cancel, spawn_kept
 from crewlet.events import Event
@@ -135,12 +135,13 @@ class QueueClient:
     """An :class:`~crewlet.queue.contract.EventQueue` over one Transport."""
 
     def __init__(self, transport: Transport, *, node: str = "", timings: Timings = Timings()) -> None:
-        self._transport = transport
-        self._node = node or ""
+        self.transport: Final[Transport] = transport
+        #: The node id stamped on each event this client publishes that names none ("" stamps nothing).
+        self.node: Final[str] = node or ""
         self._timings = timings
         self._listeners: list[PublishListener] = []
         self._observers: list[QueueObserver] = []
-        self._settler = Settler(self._transport, self._timings, self._observers, self.publish)
+        self._settler = Settler(self.transport, self._timings, self._observers, self.publish)
         self._pairs: dict[tuple[str, str], _Pair] = {}
         self._paused = False
         self._closed = False
@@ -158,20 +159,12 @@ class QueueClient:
 
     @property
     def name(self) -> str:
-        return self._transport.name
-
-    @property
-    def node(self) -> str:
-        return self._node
-
-    @property
-    def transport(self) -> Transport:
-        return self._transport
+        return self.transport.name
 
     @property
     def connected(self) -> bool:
         """Open, and the transport's broker connection is up (``/healthz``)."""
-        return not self._closed and self._transport.is_connected
+        return not self._closed and self.transport.is_connected
 
     @property
     def closed(self) -> bool:
@@ -181,12 +174,12 @@ class QueueClient:
     @property
     def poll_s(self) -> float:
         """How long one fetch of a consume loop waits before it looks at its gate again (the transport's)."""
-        return self._transport.poll_s
+        return self.transport.poll_s
 
     async def round_trip(self, timeout_s: float) -> None:
         """The broker answers within ``timeout_s`` (a frozen broker keeps its socket, so ``connected`` cannot tell)."""
         self._live()
-        await self._transport.round_trip(timeout_s)
+        await self.transport.round_trip(timeout_s)
 
     def _live(self) -> None:
         if self._closed:
@@ -199,7 +192,7 @@ class QueueClient:
         if not isinstance(event, Event):
             raise InvalidArgument(f"publish to {topic!r}: an Event is required, got {type(event).__name__}")
         topics.validate_subject(topic)
-        stamped = event if (event.node or not self._node) else dataclasses.replace(event, node=self._node)
+        stamped = event if (event.node or not self.node) else dataclasses.replace(event, node=self.node)
         data = stamped.to_json()
         if len(data) > MAX_PAYLOAD_BYTES:
             raise TooLarge(f"event {event.id} is {len(data)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
@@ -209,7 +202,7 @@ class QueueClient:
         self._live()
         _, data = self.encode(topic, event)
         try:
-            await self._transport.publish(topic, data)
+            await self.transport.publish(topic, data)
         except Exception as exc:
             self._observe_publish(topic, event, PUBLISHED_FAILED)
             if isinstance(exc, Unconfirmed):
@@ -252,7 +245,7 @@ class QueueClient:
         self._live()
         topics.validate_subject(topic)
         _validate_group(group)
-        return await self._transport.ensure_consumer(topic, group)
+        return await self.transport.ensure_consumer(topic, group)
 
     async def delete_subscription(self, topic: str, group: str) -> bool:
         self._live()
@@ -261,21 +254,21 @@ class QueueClient:
         pair = self._pairs.get((topic, group))
         if pair is not None:
             pair.detach(list(pair.attachments))
-        return await self._transport.delete_consumer(topic, group)
+        return await self.transport.delete_consumer(topic, group)
 
     async def list_subscriptions(self, pattern: str) -> list[SubscriptionRef]:
         self._live()
         topics.validate_pattern(pattern)
-        refs = await self._transport.list_consumers(pattern)
+        refs = await self.transport.list_consumers(pattern)
         return sorted(set(refs), key=lambda r: (r.topic, r.group))
 
     async def backlog(self, topic: str, group: str) -> int:
         self._live()
-        return await self._transport.backlog(topic, group)
+        return await self.transport.backlog(topic, group)
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         self._live()
-        return await self._transport.dead_letters(limit)
+        return await self.transport.dead_letters(limit)
 
     async def replay_dead_letter(self, ref: str) -> DeadLetter:
         """Publish the entry's bytes onto its topic, then take it off CREWLET_DLQ (see the contract).
@@ -288,15 +281,15 @@ class QueueClient:
         self._live()
         if not isinstance(ref, str) or not ref.strip():
             raise Gone(f"dead letter ref={ref!r}: no such entry")
-        letter = await self._transport.dead_letter(ref)
+        letter = await self.transport.dead_letter(ref)
         topics.validate_subject(letter.topic)
         await self._refuse_dropping(letter)
         try:
-            await self._transport.publish(letter.topic, letter.data, {H_MSG_ID: replay_msg_id(ref)})
+            await self.transport.publish(letter.topic, letter.data, {H_MSG_ID: replay_msg_id(ref)})
         except QueueError as e:
             raise Unavailable(f"replaying dead letter {ref} onto {letter.topic!r} failed (it stays): {e}") from e
         try:
-            taken = await self._transport.delete_dead_letter(ref)
+            taken = await self.transport.delete_dead_letter(ref)
         except QueueError as e:
             logger.warning("dead_letter_replayed_not_taken", extra={"ref": ref, "topic": letter.topic})
             raise Unavailable(
@@ -315,7 +308,7 @@ class QueueClient:
         """A mailbox topic nobody's subscription covers drops a publish: refuse rather than lose the event."""
         if topics.stream_for(letter.topic).retention != "interest":
             return
-        if not await self._transport.list_consumers(letter.topic):
+        if not await self.transport.list_consumers(letter.topic):
             raise InvalidArgument(
                 f"no durable subscription reads {letter.topic!r} any more: replaying dead letter {letter.ref} would drop it"
             )
@@ -338,8 +331,8 @@ class QueueClient:
         _validate_group(group)
         if not callable(handler):
             raise InvalidArgument("handler must be an async callable")
-        await self._transport.ensure_consumer(topic, group)
-        puller = await self._transport.open_puller(topic, group)
+        await self.transport.ensure_consumer(topic, group)
+        puller = await self.transport.open_puller(topic, group)
         if self._closed:
             await puller.close()
             raise NotLive()
@@ -516,7 +509,7 @@ class QueueClient:
             except Exception:
                 logger.exception("queue_stream_handler_failed", extra={"subject": subject})
 
-        inner = await self._transport.open_broadcast(pattern, on_message)
+        inner = await self.transport.open_broadcast(pattern, on_message)
         sub = _Broadcast(self, inner)
         self._closables.add(sub)
         return sub
@@ -528,12 +521,12 @@ class QueueClient:
             raise TooLarge(f"request of {len(request)} bytes is over {MAX_PAYLOAD_BYTES}")
         if want <= 0:
             return []
-        return await self._transport.ask(subject, bytes(request), int(want), max(float(timeout_s), 0.0))
+        return await self.transport.ask(subject, bytes(request), int(want), max(float(timeout_s), 0.0))
 
     async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> _Broadcast:
         self._live()
         topics.validate_subject(subject)
-        inner = await self._transport.serve(subject, answer)
+        inner = await self.transport.serve(subject, answer)
         sub = _Broadcast(self, inner)
         self._closables.add(sub)
         return sub
@@ -566,4 +559,4 @@ class QueueClient:
         self._pairs.clear()
         self._listeners.clear()
         self._observers.clear()
-        await self._transport.close()
+        await self.transport.close()

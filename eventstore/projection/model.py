@@ -55,15 +55,14 @@ from eventstore.projection.states import (
 )
 from eventstore.questions import (
     COUNTER_KEYS,
-    C_EVENTS,
-    C_TOKENS,
-    C_TURNS_COMPLETED,
-    C_TURNS_FAILED,
-    SPEND_TYPES,
     TURN_COMPLETED,
     TURN_STARTED,
     TURN_STOPPED,
+    as_count,
+    count_event,
+    count_turn,
     new_counters,
+    new_seat_counters,
 )
 from eventstore.rows import is_failed, row_for
 
@@ -75,10 +74,6 @@ log = logging.getLogger("crewlet.eventstore.projection")
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _summary(event: Event) -> str:
@@ -125,7 +120,7 @@ class SeatLive:
     #: What last went wrong with its work (a failed turn, a guard breach, an abandoned trigger); "" once a turn succeeds.
     last_error: str = ""
     last_turn: Optional[dict[str, Any]] = None
-    counters: dict[str, int] = field(default_factory=lambda: {C_TURNS_COMPLETED: 0, C_TURNS_FAILED: 0, C_TOKENS: 0})
+    counters: dict[str, int] = field(default_factory=new_seat_counters)
     #: Whether a live event moved it: a seed never overwrites what the stream already said.
     touched: bool = False
 
@@ -312,21 +307,13 @@ class LiveProjection:
             self._seed_at is not None and is_stored(event.type) and event.timestamp <= self._seed_at
         )  # a seeded projection already counted the store's rows up to its instant
         if counted:
-            self._count(event)
+            count_event(self._counters, event)
         if row is not None:
             self._feed.appendleft(row)
         handle = self._moved_seat(event)
         if handle:
             self._move(handle, event, row, counted)
         return True
-
-    def _count(self, event: Event) -> None:
-        c = self._counters
-        c[C_EVENTS] += 1
-        if event.type == TURN_COMPLETED:
-            c[C_TURNS_FAILED if is_failed(event) else C_TURNS_COMPLETED] += 1
-        if event.type in SPEND_TYPES:
-            c[C_TOKENS] += _count(event.field("input_tokens")) + _count(event.field("output_tokens"))
 
     def _move(self, handle: str, event: Event, row: Optional[dict[str, Any]], counted: bool) -> None:
         live = self._live(handle)
@@ -367,9 +354,7 @@ class LiveProjection:
                 live.last_error = (_text(event.field("error")) or "the turn failed")[:LAST_ERROR_CHARS]
             live.last_turn = self._last_turn(event, row, outcome)
             if counted:
-                key = C_TURNS_FAILED if outcome == qs.OUTCOME_FAILED else C_TURNS_COMPLETED
-                live.counters[key] += 1
-                live.counters[C_TOKENS] += _count(event.field("input_tokens")) + _count(event.field("output_tokens"))
+                count_turn(live.counters, event, failed=outcome == qs.OUTCOME_FAILED)
         elif etype == TURN_STOPPED:
             turn_id = _text(event.field("turn_id"))
             if not live.turn_id or live.turn_id == turn_id:
@@ -380,11 +365,11 @@ class LiveProjection:
         elif etype == BUDGET_EXHAUSTED:
             live.stopped = STOPPED_BUDGET
         elif etype == COALESCED:
-            live.queued = max(live.queued - max(_count(event.field("count")) - 1, 0), 0)
-        elif etype == TRIGGER_SKIPPED and _text(event.field("reason")) in ABANDONED_REASONS:
-            live.last_error = f"{_text(event.field('reason'))}: {_text(event.field('detail'))}"[:LAST_ERROR_CHARS]
+            live.queued = max(live.queued - max(as_count(event.field("count")) - 1, 0), 0)
         elif etype == TRIGGER_SKIPPED:
             live.queued = max(live.queued - 1, 0)
+            if _text(event.field("reason")) in ABANDONED_REASONS:
+                live.last_error = f"{_text(event.field('reason'))}: {_text(event.field('detail'))}"[:LAST_ERROR_CHARS]
         elif etype == GUARD_BREACH:
             live.last_error = f"{_text(event.field('guard'))}: {_text(event.field('detail'))}"[:LAST_ERROR_CHARS]
 

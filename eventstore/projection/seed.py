@@ -29,13 +29,11 @@ from eventstore.projection.states import (
 )
 from eventstore.questions import (
     COUNTER_KEYS,
-    C_TOKENS,
-    C_TURNS_COMPLETED,
-    C_TURNS_FAILED,
     TURN_COMPLETED,
     TURN_STARTED,
     TURN_STOPPED,
     count_rows,
+    new_seat_counters,
 )
 
 
@@ -119,7 +117,7 @@ def _seed_turn(turn: dict[str, Any]) -> SeedTurn:
         },
         running=turn["turn_id"] if outcome == qs.OUTCOME_RUNNING else "",
         stopped=stopped,
-        counters={C_TURNS_COMPLETED: 0, C_TURNS_FAILED: 0, C_TOKENS: 0},
+        counters=new_seat_counters(),
     )
 
 

@@ -17,16 +17,19 @@ from typing import Any
 
 from django.db import connections
 
-from crewlet.events import types
+from crewlet.events import Event, types
 from eventstore.questions.model import NodeScope, Question
 from eventstore.questions.sql import TABLE
 from eventstore.questions.turns import TURN_COMPLETED
+from eventstore.rows import is_failed
 
 C_EVENTS = "events"
 C_TURNS_COMPLETED = "turns_completed"
 C_TURNS_FAILED = "turns_failed"
 C_TOKENS = "tokens"
 COUNTER_KEYS: tuple[str, ...] = (C_TURNS_COMPLETED, C_TURNS_FAILED, C_TOKENS, C_EVENTS)
+#: One seat's counters: the node's, less ``events``.
+SEAT_COUNTER_KEYS: tuple[str, ...] = (C_TURNS_COMPLETED, C_TURNS_FAILED, C_TOKENS)
 
 AUXILIARY_SPEND = types.AuxiliarySpend.event_type
 #: Types whose tokens are spend: a turn's completion (the sum of its phases,
@@ -37,6 +40,36 @@ SPEND_TYPES: tuple[str, ...] = (TURN_COMPLETED, AUXILIARY_SPEND)
 def new_counters() -> dict[str, int]:
     """Every counter at zero, so a live count and a stored one always carry the same keys."""
     return {name: 0 for name in COUNTER_KEYS}
+
+
+def new_seat_counters() -> dict[str, int]:
+    """One seat's counters at zero, live or stored alike."""
+    return {name: 0 for name in SEAT_COUNTER_KEYS}
+
+
+def as_count(value: Any) -> int:
+    """A body's count as a live counter takes it: a positive whole number, else 0 (a bool is no count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def spent_tokens(event: Event) -> int:
+    """The tokens a spend event (:data:`SPEND_TYPES`) reports: its input plus its output."""
+    return as_count(event.field("input_tokens")) + as_count(event.field("output_tokens"))
+
+
+def count_turn(counters: dict[str, int], event: Event, *, failed: bool) -> None:
+    """Count one completed turn live: completed or failed, and the tokens it spent."""
+    counters[C_TURNS_FAILED if failed else C_TURNS_COMPLETED] += 1
+    counters[C_TOKENS] += spent_tokens(event)
+
+
+def count_event(counters: dict[str, int], event: Event) -> None:
+    """Count one live event into the node's counters, by the rule :func:`count_rows` counts stored rows with."""
+    counters[C_EVENTS] += 1
+    if event.type == TURN_COMPLETED:
+        count_turn(counters, event, failed=is_failed(event))
+    elif event.type in SPEND_TYPES:
+        counters[C_TOKENS] += spent_tokens(event)
 
 
 def count_rows(scope: NodeScope, since: datetime, at: datetime) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
@@ -65,7 +98,7 @@ def count_rows(scope: NodeScope, since: datetime, at: datetime) -> tuple[dict[st
         counters[C_TURNS_FAILED] += failed
         counters[C_TURNS_COMPLETED] += count - failed
         if seat:
-            mine = per_seat.setdefault(seat, {C_TURNS_COMPLETED: 0, C_TURNS_FAILED: 0, C_TOKENS: 0})
+            mine = per_seat.setdefault(seat, new_seat_counters())
             mine[C_TURNS_FAILED] += failed
             mine[C_TURNS_COMPLETED] += count - failed
             mine[C_TOKENS] += tokens
@@ -85,8 +118,14 @@ __all__ = [
     "C_TOKENS",
     "C_TURNS_COMPLETED",
     "C_TURNS_FAILED",
+    "SEAT_COUNTER_KEYS",
     "SPEND_TYPES",
     "answer_counts",
+    "as_count",
+    "count_event",
     "count_rows",
+    "count_turn",
     "new_counters",
+    "new_seat_counters",
+    "spent_tokens",
 ]

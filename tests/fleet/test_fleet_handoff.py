@@ -35,6 +35,7 @@ from seats.ledger import trigger_identity, worked
 from seats.runtime import SeatRuntime
 from seats.turns import TurnRunner
 from seats_support import FAST, company, eventually, holder, send, wake
+from waiting_support import ManualClock
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "events"]),
@@ -187,17 +188,7 @@ async def test_a_node_stopping_while_a_turn_runs_keeps_the_seat_until_that_turn_
     assert log[:3] == [("n1", "start"), ("n1", "end"), ("n2", "start")]
 
 
-class Clock:
-    """Node n1's monotonic clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def log_when_lost(lose: Callable[[FleetMember, Clock], Awaitable[None]]) -> list[tuple[str, str]]:
+async def log_when_lost(lose: Callable[[FleetMember, ManualClock], Awaitable[None]]) -> list[tuple[str, str]]:
     """Run n1 on a member with the test's clock, start ada's turn, ``lose`` the seat; the model log as ``lose`` returns.
 
     ada's lease is taken while the clock stands at its start, so its own
@@ -205,7 +196,7 @@ async def log_when_lost(lose: Callable[[FleetMember, Clock], Awaitable[None]]) -
     """
     log: list[tuple[str, str]] = []
     model = Model("n1", log, blocked=True)
-    clock = Clock()
+    clock = ManualClock()
     member = FleetMember("n1", ttl_s=TTL_S, clock=clock)
     engine = node_n1(MemoryBroker(FAST), model, lambda _e: [Service(FLEET, lambda _e: member, stop_last=True)])
     serving = asyncio.create_task(engine.serve())
@@ -227,7 +218,7 @@ async def log_when_lost(lose: Callable[[FleetMember, Clock], Awaitable[None]]) -
 
 
 async def test_a_seat_whose_renewal_is_refused_has_its_running_turn_cancelled_and_awaited_before_the_renewal_returns() -> None:
-    async def taken_behind_its_back(member: FleetMember, _clock: Clock) -> None:
+    async def taken_behind_its_back(member: FleetMember, _clock: ManualClock) -> None:
         await in_store(lambda: leases.model_of(SEAT).objects.filter(name="ada").update(holder="n2"))()
         await member.renew()
 
@@ -235,7 +226,7 @@ async def test_a_seat_whose_renewal_is_refused_has_its_running_turn_cancelled_an
 
 
 async def test_a_seat_whose_renewals_do_not_get_through_is_given_up_and_its_turn_ended_before_the_nodes_own_deadline() -> None:
-    async def store_silent(member: FleetMember, clock: Clock) -> None:
+    async def store_silent(member: FleetMember, clock: ManualClock) -> None:
         deadline = clock.now + TTL_S
         assert member.holds_seat("ada")
         clock.now = deadline - member.guard_s / 2  # no renewal got through since: inside the guard, short of the deadline

@@ -8,16 +8,9 @@ from crewlet.fleet import StoreClaimed, leases
 from crewlet.fleet.leases import SEAT
 from crewlet.fleet.member import FleetMember
 from crewlet.fleet.roster import live_nodes
+from waiting_support import ManualClock
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "events"])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_a_member_is_on_the_roster_with_its_labels_and_store_and_leaves_it_at_a_clean_stop() -> None:
@@ -44,7 +37,7 @@ async def test_a_second_node_on_the_same_event_store_is_refused_naming_both() ->
 
 
 async def test_a_seat_taken_by_another_node_is_lost_at_the_next_renewal_and_the_listener_hears_of_it() -> None:
-    clock = Clock()
+    clock = ManualClock()
     member = FleetMember("n1", ttl_s=30, clock=clock)
     await member.start()
     heard: list[frozenset[str]] = []

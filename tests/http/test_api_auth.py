@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from crewlet.http.auth import MIN_TOKEN_LENGTH, SEEDED_TOKEN_NAME, seed_operator_token_from_env
 from crewlet.base.tokens import OperatorToken
+from waiting_support import ManualClock
 
 pytestmark = [pytest.mark.django_db(databases=["default", "events"])]
 
@@ -159,22 +160,12 @@ def test_the_openapi_schema_describes_every_read(api_client: Any) -> None:
 # -- the in-process cache of verified tokens ---------------------------------------------
 
 
-class _Clock:
-    """A monotonic clock the test moves by hand: the cache's TTL is checked without sleeping."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def tokens(monkeypatch: pytest.MonkeyPatch) -> Any:
     """This process's verified-token cache, fresh and on a hand-moved clock."""
     from crewlet.base import tokens as token_module
 
-    cache = token_module.VerifiedTokens(ttl_s=token_module.TOKEN_CACHE_TTL_S, max_size=4, clock=_Clock())
+    cache = token_module.VerifiedTokens(ttl_s=token_module.TOKEN_CACHE_TTL_S, max_size=4, clock=ManualClock())
     monkeypatch.setattr(token_module, "VERIFIED_TOKENS", cache)
     return cache
 

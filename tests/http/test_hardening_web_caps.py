@@ -27,8 +27,8 @@ from crewlet.http import bounded, limits, shedding
 from eventstore import stream
 from tests.browser_support import slack_message
 from tests.process_support import REPO_ROOT
-from tests.http.test_hardening_web import WAIT_S, Socket, Up
 from waiting_support import wait_until
+from web_support import WAIT_S, Socket, Up, bearer
 
 pytestmark = pytest.mark.integration
 
@@ -223,7 +223,7 @@ def test_past_the_total_cap_any_address_is_shed_and_a_closed_websocket_gives_its
         CREWLET_HTTP_IDLE_TIMEOUT_S=HOLD_S,
         CREWLET_HTTP_BODY_TIMEOUT_S=HOLD_S,
     )
-    auth = {"Authorization": f"Bearer {up.manage('operator_token', 'caps-tab').strip()}"}
+    auth = bearer(up.operator_token("caps-tab"))
     held = [slow_body(up, ip) for ip in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")]
     for ip in ("127.0.0.4", "127.0.0.5"):  # addresses holding nothing, refused all the same
         sock = socket.create_connection((up.host, up.port), timeout=WAIT_S, source_address=(ip, 0))
@@ -301,8 +301,7 @@ def test_past_the_nodes_live_stream_cap_a_socket_is_told_4013_try_again_later_wh
     start_up: Callable[..., Up]
 ) -> None:
     up = start_up(CREWLET_WS_MAX_STREAMS="2")
-    token = up.manage("operator_token", "cap-tab").strip()
-    auth = {"Authorization": f"Bearer {token}"}
+    auth = bearer(up.operator_token("cap-tab"))
     tabs = [Socket(up, auth) for _ in range(2)]
     for tab in tabs:
         assert tab.status == 101 and tab.text()["kind"] == stream.KIND_SNAPSHOT
@@ -347,8 +346,8 @@ def test_events_follow_against_a_node_with_no_stream_to_spare_exits_non_zero_say
     start_up: Callable[..., Up]
 ) -> None:
     up = start_up(CREWLET_WS_MAX_STREAMS="1")
-    token = up.manage("operator_token", "cap-cli").strip()
-    tab = Socket(up, {"Authorization": f"Bearer {token}"})
+    token = up.operator_token("cap-cli")
+    tab = Socket(up, bearer(token))
     assert tab.status == 101 and tab.text()["kind"] == stream.KIND_SNAPSHOT
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "manage.py"), "events", "--follow", "--limit", "1", "--url", up.url, "--token", token],

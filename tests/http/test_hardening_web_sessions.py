@@ -4,7 +4,7 @@
 host and port) or a trusted one, and closes a socket with 4401 once its token is
 revoked or its session signs out; ``up`` serves the admin's CSS and JS, and
 signing in lands on the dashboard. ``up``, the browser and the socket are
-tests/http/test_hardening_web.py's.
+tests/web_support.py's.
 """
 from __future__ import annotations
 
@@ -12,16 +12,7 @@ from typing import Callable
 
 import pytest
 
-from tests.http.test_hardening_web import (  # noqa: F401 - start_up is a fixture, used by name
-    STAFF_PASSWORD,
-    STAFF_USER,
-    WAIT_S,
-    Browser,
-    Socket,
-    Up,
-    staff_user,
-    start_up,
-)
+from web_support import STAFF_PASSWORD, STAFF_USER, WAIT_S, Browser, Socket, Up, bearer, staff_user
 
 pytestmark = pytest.mark.integration
 
@@ -59,8 +50,7 @@ def test_a_socket_opened_with_an_operator_token_is_closed_4401_once_the_token_is
     start_up: Callable[..., Up]
 ) -> None:
     up = start_up(CREWLET_WS_RECHECK_S="0.2")
-    token = up.manage("operator_token", "ws-tab").strip()
-    ws = Socket(up, {"Authorization": f"Bearer {token}"})
+    ws = Socket(up, bearer(up.operator_token("ws-tab")))
     assert ws.status == 101
     assert ws.text()["kind"] == "snapshot"
     up.manage("operator_token", "ws-tab", "--revoke")  # another process: the web process's cache never heard of it

@@ -15,6 +15,7 @@ from django.core.cache.backends.locmem import LocMemCache
 from django.test import Client
 
 from crewlet.http.throttle import ADDRESS_LIMIT_FACTOR, SCOPE_ACCOUNT, SCOPE_ADDRESS, SignInThrottle
+from waiting_support import ManualClock
 
 STRANGER = "203.0.113.66"
 OWNER = "198.51.100.7"
@@ -25,23 +26,13 @@ WINDOW_S = 60.0
 _caches = itertools.count()
 
 
-class Clock:
-    """A clock a test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_000_000.0)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def throttle(clock: Clock) -> SignInThrottle:
+def throttle(clock: ManualClock) -> SignInThrottle:
     cache = LocMemCache(f"signin-throttle-{next(_caches)}", {})
     return SignInThrottle(cache, LIMIT, WINDOW_S, clock=clock)
 
@@ -55,7 +46,7 @@ def test_a_strangers_wrong_passwords_lock_the_account_only_from_the_strangers_ad
 
 
 def test_guessing_one_accounts_password_from_one_address_is_held_to_the_limit_each_window(
-    throttle: SignInThrottle, clock: Clock
+    throttle: SignInThrottle, clock: ManualClock
 ) -> None:
     locked = [throttle.failed(STRANGER, ADMIN) for _ in range(LIMIT)]
     assert [c.scope for c in locked[-1]] == [SCOPE_ACCOUNT] and not any(locked[:-1])

@@ -26,11 +26,10 @@ from typing import Iterator, Mapping
 
 import pytest
 
-from test_layering import PACKAGES, REPO_ROOT, module_name
+from imports_support import REPO_ROOT, dynamically_imported, imported_from, module_name, package_of
+from test_layering import PACKAGES
 
 STORE = "eventstore"
-
-_DYNAMIC_IMPORTERS = {"import_module", "import_string", "__import__"}
 
 #: module -> (its source, whether it is a package's ``__init__``).
 Sources = Mapping[str, tuple[str, bool]]
@@ -66,7 +65,7 @@ def _named(source: str, module: str, is_package: bool, annotations: bool = True)
 
     ``annotations=False`` leaves out what sits under ``if TYPE_CHECKING``.
     """
-    package = module if is_package else module.rpartition(".")[0]
+    package = package_of(module, is_package)
     tree = ast.parse(source)
     hidden = set() if annotations else _for_annotations(tree)
     for node in ast.walk(tree):
@@ -76,19 +75,11 @@ def _named(source: str, module: str, is_package: bool, annotations: bool = True)
             for alias in node.names:
                 yield node.lineno, [alias.name]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                frm = ".".join([*base, node.module] if node.module else base)
-            else:
-                frm = node.module or ""
+            frm = imported_from(node, package)
             for alias in node.names:
                 yield node.lineno, [f"{frm}.{alias.name}", frm]  # a submodule by that name, else the module itself
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if called in _DYNAMIC_IMPORTERS and isinstance(node.args[0].value, str):
-                yield node.lineno, [node.args[0].value]
+        elif dynamic := dynamically_imported(node):
+            yield node.lineno, [dynamic]
 
 
 def _resolve(names: list[str], modules: Mapping[str, object]) -> str:

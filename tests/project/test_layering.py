@@ -12,12 +12,11 @@ more than the rest of it: the arrow stays in that room. Inside the core,
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from imports_support import REPO_ROOT, dynamically_imported, imported_from, module_name, package_of
 
 #: The bottom: infrastructure every app uses (queue, events, tracing, engine, settings, the
 #: company file, operator tokens and the API's authentication).
@@ -66,36 +65,17 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("crewlet.http",),  # the web server, bodies and errors, authentication, health, /metrics
 )
 
-_DYNAMIC_IMPORTERS = {"import_module", "import_string", "__import__"}
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def imported_names(source: str, module: str, is_package: bool = False) -> Iterator[tuple[int, str]]:
     """(line, dotted name) of every module ``source`` imports, wherever the statement sits."""
-    package = module if is_package else module.rpartition(".")[0]
+    package = package_of(module, is_package)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                name = ".".join([*base, node.module] if node.module else base)
-            else:
-                name = node.module or ""
-            yield node.lineno, name
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if called in _DYNAMIC_IMPORTERS and isinstance(node.args[0].value, str):
-                yield node.lineno, node.args[0].value
+            yield node.lineno, imported_from(node, package)
+        elif dynamic := dynamically_imported(node):
+            yield node.lineno, dynamic
 
 
 def arrows() -> Iterator[tuple[str, str, str]]:

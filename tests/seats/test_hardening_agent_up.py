@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from tests.browser_support import slack_message
 from seats_support import json_vendor
-from tests.up_support import UpProcess, http_call, http_json, up_env
+from tests.up_support import ADA_ASKS_LINUS_ON_SLACK, UpProcess, http_call, http_json, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -39,13 +39,7 @@ org: acme
 providers:
   llm:
     - {kind: openai, base_url: "BASE_URL", model: gpt-test, api_key_env: HARDENING_OPENAI_KEY, timeout_s: 20}
-surfaces:
-  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
-seats:
-  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [a2a_ask], max_rounds: 4}
-  - {handle: linus, kind: agent, role: reviewer, identities: {slack: U0LINUS}}
-  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
-"""
+""" + ADA_ASKS_LINUS_ON_SLACK
 
 
 def _completion(content: Optional[str], calls: list[tuple[str, dict[str, Any]]] = ()) -> dict[str, Any]:

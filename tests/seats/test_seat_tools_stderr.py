@@ -22,6 +22,7 @@ from crewlet.company.parse import parse_company
 from seats.tools.mcp import McpToolbox
 from seats.tools.mcp_transport import STDERR_LINE_MAX_CHARS
 from stderr_mcp_support import BEARER, FORGED, LAST_WORDS, VENDOR_KEY, command
+from tests.browser_support import slack_message
 from tests.up_support import UpProcess, http_json, turn_completed, up_env
 from waiting_support import eventually, wait_until
 
@@ -119,13 +120,7 @@ def test_a_tool_servers_stderr_and_a_start_up_error_holding_forged_lines_leave_e
     up: UpProcess,
 ) -> None:
     log_format = up.env["CREWLET_LOG_FORMAT"]
-    mention = {
-        "type": "event_callback",
-        "event_id": f"Ev{uuid.uuid4().hex[:10]}",
-        "event": {"type": "message", "channel": "D0ADA", "channel_type": "im", "user": "U0GRACE",
-                  "text": "<@U0ADA> are your tools up?", "ts": "1718000000.000300"},
-        "authorizations": [{"user_id": "U0ADA", "is_bot": True}],
-    }
+    mention = slack_message(f"Ev{uuid.uuid4().hex[:10]}", "are your tools up?")
     status, accepted = http_json("POST", f"{up.url}/webhooks/slack", json.dumps(mention).encode(), {"Content-Type": "application/json"})
     assert status == 202 and accepted["accepted"], accepted
     turn_completed(up.url + "/", accepted["trace_id"], TOKEN)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.browser_support import slack_message
 from tests.process_support import REPO_ROOT, descendants, is_running
 from up_support import UpProcess, http_json, turn_completed, up_env
 from waiting_support import wait_until
@@ -40,13 +41,7 @@ def test_a_slack_mention_makes_ada_write_a_note_through_her_mcp_tool_in_two_reco
     data_dir = tmp_path / "data"
     env = up_env(CREWLET_OPERATOR_TOKEN=TOKEN)
     with UpProcess(tmp_path, "--data-dir", str(data_dir), "--company", str(NOTES_COMPANY), node="t1", env=env) as up:
-        mention = {
-            "type": "event_callback",
-            "event_id": f"Ev{uuid.uuid4().hex[:10]}",
-            "event": {"type": "message", "channel": "D0ADA", "channel_type": "im", "user": "U0GRACE",
-                      "text": "<@U0ADA> remember the deploy is on Friday", "ts": "1718000000.000200"},
-            "authorizations": [{"user_id": "U0ADA", "is_bot": True}],
-        }
+        mention = slack_message(f"Ev{uuid.uuid4().hex[:10]}", "remember the deploy is on Friday")
         status, accepted = http_json(
             "POST", f"{up.url}/webhooks/slack", json.dumps(mention).encode(), {"Content-Type": "application/json"}
         )

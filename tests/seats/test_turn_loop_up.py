@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.browser_support import slack_message
-from tests.up_support import UpProcess, up_env
+from tests.up_support import ADA_ASKS_LINUS_ON_SLACK, UpProcess, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -29,13 +29,7 @@ providers:
       match: "ask linus"
       script:
         - {tool: a2a_ask, arguments: {to: linus, brief: "is the deploy green?"}}
-surfaces:
-  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
-seats:
-  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [a2a_ask], max_rounds: 4}
-  - {handle: linus, kind: agent, role: reviewer, identities: {slack: U0LINUS}}
-  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
-"""
+""" + ADA_ASKS_LINUS_ON_SLACK
 
 
 def api(up: UpProcess, path: str) -> Any:

@@ -1,9 +1,9 @@
-"""What every typed body shares: the actor rule, a seat in a sentence, a fallback summary, and a turn's tags.
+"""What every typed body shares: the actor rule, a seat in a sentence, a fallback summary, a seat's fields and a turn's tags.
 
 :class:`EventBody` holds no fields, so it adds nothing to the wire. The
 phrase helpers (``_s``, ``_tail``, ``_person``, ``_plural``) are what every
-``summary()`` is written with. ``_TurnBody`` is here rather than with the
-learning bodies because the system bodies about a turn build on it too.
+``summary()`` is written with. ``_SeatBody`` and ``_TurnBody`` are here
+because bodies of every category build on them.
 """
 from __future__ import annotations
 
@@ -68,11 +68,17 @@ class EventBody:
 
 
 @dataclass
-class _TurnBody(EventBody):
-    """Fields every event about one seat's turn shares (tags the store promotes)."""
+class _SeatBody(EventBody):
+    """The seat a body is about and whose it is: the fields :meth:`EventBody.actor` reads, first on the wire."""
 
     seat: str = ""
     role: str = ""
     agent_id: str = ""
+
+
+@dataclass
+class _TurnBody(_SeatBody):
+    """Fields every event about one seat's turn shares (tags the store promotes)."""
+
     turn_id: str = ""
     conversation_key: str = ""

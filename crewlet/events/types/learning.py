@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import LEARNING, register
-from crewlet.events.types.base import EventBody, _plural, _s, _tail, _TurnBody
+from crewlet.events.types.base import _plural, _s, _SeatBody, _tail, _TurnBody
 from crewlet.events.types.phrases import VIA_GET_PAGE, VIA_SEARCH
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,10 +64,7 @@ class ReflectionCompleted(_TurnBody):
 
 
 @dataclass
-class _SkillBody(EventBody):
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
+class _SkillBody(_SeatBody):
     skill_id: str = ""
     skill_name: str = ""
     version: int = 0

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from crewlet.events.registry import LIFECYCLE, register
-from crewlet.events.types.base import EventBody, _person, _plural, _s, _tail
+from crewlet.events.types.base import EventBody, _person, _plural, _s, _SeatBody, _tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
@@ -157,12 +157,9 @@ class SeatResumed(EventBody):
 
 @register("agent_spawned", category=LIFECYCLE, stored=False)
 @dataclass
-class AgentSpawned(EventBody):
+class AgentSpawned(_SeatBody):
     """Not stored: this node acquired a seat. Placement moves seats on every rebalance; live projection only."""
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     reason: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
@@ -172,12 +169,9 @@ class AgentSpawned(EventBody):
 
 @register("agent_terminated", category=LIFECYCLE, stored=False)
 @dataclass
-class AgentTerminated(EventBody):
+class AgentTerminated(_SeatBody):
     """Not stored: this node released a seat. Placement moves seats on every rebalance; live projection only."""
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     reason: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:

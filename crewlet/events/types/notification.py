@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import NOTIFICATION, register
-from crewlet.events.types.base import EventBody, _plural, _s, _tail
+from crewlet.events.types.base import EventBody, _plural, _s, _SeatBody, _tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @register("external_notification", category=NOTIFICATION)
 @dataclass
-class ExternalNotification(EventBody):
+class ExternalNotification(_SeatBody):
     """Inbound from a third-party app webhook or chat socket, as the wake a seat receives.
 
     The envelope's ``source`` names the app. Per the design, the partition key
@@ -24,9 +24,6 @@ class ExternalNotification(EventBody):
     alone.
     """
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     event_name: str = ""
     delivery_id: str = ""
     sender: str = ""
@@ -64,16 +61,13 @@ class NotificationSkipped(EventBody):
 
 @register("notifications_coalesced", category=NOTIFICATION)
 @dataclass
-class NotificationsCoalesced(EventBody):
+class NotificationsCoalesced(_SeatBody):
     """N same-partition inbox events merged into one digest trigger.
 
     Names the PARTITION that merged (``partition_key``), the only event that
     carries one; ``conversation_key`` elsewhere is the conversation identity.
     """
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     partition_key: str = ""
     count: int = 0
     event_ids: list[str] = field(default_factory=list)
@@ -87,12 +81,9 @@ class NotificationsCoalesced(EventBody):
 
 @register("turn_trigger_skipped", category=NOTIFICATION)
 @dataclass
-class TurnTriggerSkipped(EventBody):
+class TurnTriggerSkipped(_SeatBody):
     """A trigger not run: already worked (ledger), answered by a later turn in its thread, or abandoned."""
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     trigger_event_id: str = ""
     turn_id: str = ""
     conversation_key: str = ""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import LIFECYCLE, SYSTEM, register
-from crewlet.events.types.base import EventBody, _person, _plural, _s, _tail, _TurnBody
+from crewlet.events.types.base import EventBody, _person, _plural, _s, _SeatBody, _tail, _TurnBody
 from crewlet.events.types.phrases import STEER_EXPIRED
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -337,10 +337,7 @@ class PhaseToolSkillBlocked(_TurnBody):
 
 @register("skill_telemetry_write_failed", category=SYSTEM)
 @dataclass
-class SkillTelemetryWriteFailed(EventBody):
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
+class SkillTelemetryWriteFailed(_SeatBody):
     skill_id: str = ""
     error: str = ""
 
@@ -436,12 +433,9 @@ class MessageDeadLettered(EventBody):
 
 
 @dataclass
-class _ToolServerBody(EventBody):
+class _ToolServerBody(_SeatBody):
     """One seat's session with one MCP server: whose, which server, over what, and what went wrong."""
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     server: str = ""
     transport: str = ""  # stdio | http (crewlet.company.org.MCP_STDIO / MCP_HTTP)
     error: str = ""

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import TASK, register
-from crewlet.events.types.base import EventBody, _person, _s, _tail
+from crewlet.events.types.base import _person, _s, _SeatBody, _tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
@@ -13,12 +13,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @register("task_assigned", category=TASK)
 @dataclass
-class TaskAssigned(EventBody):
+class TaskAssigned(_SeatBody):
     """Work published to a seat's inbox by the scheduler."""
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     schedule_id: str = ""
     title: str = ""
     instructions: str = ""
@@ -31,12 +28,9 @@ class TaskAssigned(EventBody):
 
 
 @dataclass
-class _RunBody(EventBody):
+class _RunBody(_SeatBody):
     """Fields every coding-run event shares."""
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     run_id: str = ""
     turn_id: str = ""
     conversation_key: str = ""
@@ -125,12 +119,9 @@ class SandboxAnswerGiven(_RunBody):
 
 @register("scheduled_task_fired", category=TASK)
 @dataclass
-class ScheduledTaskFired(EventBody):
+class ScheduledTaskFired(_SeatBody):
     """A schedule fired and created a task for its target seat."""
 
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
     schedule_id: str = ""
     schedule_name: str = ""
     task_event_id: str = ""
