@@ -73,6 +73,11 @@ class CallLog:
             return [c for c in self.calls if c.vendor == vendor and c.path == path]
 
 
+def _wait(gate: Optional[threading.Event]) -> None:
+    if gate is not None:
+        gate.wait(timeout=60)
+
+
 def _bearer(handler: BaseHTTPRequestHandler) -> str:
     scheme, _, token = (handler.headers.get("Authorization") or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
@@ -104,6 +109,8 @@ class SlackWebApi:
         self.threads: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._ts = itertools.count(1)
         self.url = ""
+        #: While set to an unset event, every call waits for it before it is answered (a vendor that is slow).
+        self.gate: Optional[threading.Event] = None
 
     def answer(self, verb: str, method: str, token: str, args: dict[str, Any]) -> dict[str, Any]:
         self.log.add("slack", verb, method, token, args)
@@ -140,6 +147,7 @@ def slack_web_api(log: CallLog, tokens: set[str]) -> Iterator[SlackWebApi]:
         def _serve(self) -> None:
             path = urlsplit(self.path).path
             method = path[len("/api/"):] if path.startswith("/api/") else ""
+            _wait(api.gate)
             send_json(self, 200, api.answer(self.command, method, _bearer(self), _arguments(self)))
 
         do_GET = do_POST = _serve  # noqa: N815 - http.server's naming
@@ -170,6 +178,8 @@ class MattermostApi:
         self.fail: dict[str, int] = {}
         self.posts: dict[str, dict[str, Any]] = {}
         self.url = ""
+        #: While set to an unset event, every call waits for it before it is answered (a vendor that is slow).
+        self.gate: Optional[threading.Event] = None
 
     def add_post(self, channel_id: str, user_id: str, message: str, root_id: str = "", post_id: str = "") -> dict[str, Any]:
         now = int(time.time() * 1000) + len(self.posts)
@@ -225,6 +235,7 @@ def mattermost_api(log: CallLog, tokens: dict[str, str], prefix: str = "") -> It
             if not path.startswith(base):
                 send_json(self, 404, mattermost_error(404, "api.context.404.app_error", "Sorry, we could not find the page."))
                 return
+            _wait(api.gate)
             send_json(self, *api.answer(self.command, path[len(base):], _bearer(self), _arguments(self)))
 
         do_GET = do_POST = do_DELETE = _serve  # noqa: N815 - http.server's naming
