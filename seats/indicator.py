@@ -51,8 +51,8 @@ from crewlet.engine.interfaces import ServiceKey
 from crewlet.engine.runtime import find_service
 from crewlet.engine.services import Service
 from seats.hooks import TurnEnd
-from seats.tools.servers.mattermost import driver
-from seats.tools.servers.slack import web_client
+from seats.tools.servers.mattermost import DRIVER_ERRORS, driver, refusal as mattermost_refusal
+from seats.tools.servers.slack import refusal as slack_refusal, web_client
 from seats.turn_types import Trigger
 from seats.wake import Wake
 
@@ -130,6 +130,8 @@ class TurnIndicator:
         self.url = url
         self.settings = settings
         self.failures = 0
+        #: The vendor calls made so far (shown, re-sent, cleared), failed ones included.
+        self.calls = 0
         self._ended = asyncio.Event()
 
     def end(self) -> None:
@@ -137,10 +139,16 @@ class TurnIndicator:
         self._ended.set()
 
     async def run(self) -> None:
+        """Show, wait for the turn's end, clear; then say so (``working_indicator_cleared``, with the calls made)."""
         if self.target.surface == SLACK.surface:
             await self._slack()
         else:
             await self._mattermost()
+        log.info(
+            "working_indicator_cleared",
+            extra={"seat": self.seat, "turn_id": self.turn_id, "surface": self.target.surface, "calls": self.calls,
+                   "failures": self.failures},
+        )
 
     async def _slack(self) -> None:
         client = web_client(self.token, self.url, timeout_s=self.settings.indicator_timeout_s, retries=False)
@@ -176,6 +184,7 @@ class TurnIndicator:
         ``fine`` are Slack error codes that mean it did (the reaction was
         already there, or already gone).
         """
+        self.calls += 1
         try:
             await asyncio.wait_for(asyncio.to_thread(call), timeout=self.settings.indicator_timeout_s)
             return True
@@ -187,11 +196,21 @@ class TurnIndicator:
             self._failed(what, exc)
             return False
 
+    def _why(self, what: str, exc: BaseException) -> str:
+        """The failure in the vendor's words, as the chat tools put it (one line, no token)."""
+        if not isinstance(exc, Exception) or isinstance(exc, TimeoutError):
+            return f"{what} did not answer within {self.settings.indicator_timeout_s:g}s"
+        if self.target.surface == SLACK.surface:
+            return slack_refusal(what, exc, self.url)
+        if isinstance(exc, DRIVER_ERRORS):
+            return mattermost_refusal(what, exc)
+        return short_reason(exc, 300)
+
     def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
         fields = {
             "seat": self.seat, "turn_id": self.turn_id, "surface": self.target.surface, "call": what,
-            "error": redact(short_reason(exc, 300)),
+            "error": redact(self._why(what, exc))[:500],
         }
         if self.failures == 1:
             log.warning("working_indicator_failed", extra=fields)

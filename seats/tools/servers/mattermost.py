@@ -23,6 +23,7 @@ naming the server's own message.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
@@ -35,6 +36,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from crewlet.company.builtin_servers import MATTERMOST
 from seats.tools.servers.common import ADDS, ADDS_ONCE, READS, from_env, message_text, need_text
+
+# The driver sets its loggers to INFO as it is imported and logs every refusal at ERROR itself, once per call.
+# Whoever calls it here reports a failure with its context (the tool error the model reads; the working
+# indicator's one warning per turn), so the driver's own lines are muted rather than repeated.
+for _name in ("mattermostautodriver.api", "mattermostautodriver.websocket"):
+    logging.getLogger(_name).setLevel(logging.CRITICAL)
 
 #: How long one REST call may take, in seconds (the engine's own ``tools.call_timeout_s`` bounds the tool call).
 CALL_TIMEOUT_S = 30.0

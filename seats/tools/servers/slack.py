@@ -63,13 +63,13 @@ def web_client(token: str, base_url: str, *, timeout_s: float = CALL_TIMEOUT_S, 
     return client
 
 
-def refusal(method: str, exc: Exception) -> str:
-    """What a failed Web API call tells the model: Slack's error code (and the scope it wanted), or why Slack was not reached."""
+def refusal(method: str, exc: Exception, url: str = "") -> str:
+    """What a failed Web API call says: Slack's error code (and the scope it wanted), or why Slack (at ``url``) was not reached."""
     if isinstance(exc, SlackApiError):
         code = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
         needed = exc.response.get("needed")
         return f"Slack refused {method}: {code}" + (f" (the bot needs the scope {needed})" if needed else "")
-    return f"could not reach Slack's {method} at {api_url()}: {type(exc).__name__}: {exc}"
+    return f"could not reach Slack's {method} at {url or api_url()}: {type(exc).__name__}: {exc}"
 
 
 def ts_arg(value: str, field: str) -> str:
