@@ -20,13 +20,14 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from crewlet.company import revisions
 from crewlet.engine import activation
 from crewlet.models import ActivationPointer, ConfigRevision
 from crewlet.base.tokens import OperatorToken, hash_token, new_token
 from crewlet.company.fields import CompanyError
+from crewlet.company.instructions import INCLUDED_FILES, files_as_yaml, files_from_yaml
 
 
 def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
@@ -35,19 +36,59 @@ def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
     )
 
 
+def revision_diff(active: ConfigRevision, obj: ConfigRevision) -> str:
+    """The YAML's diff, then each included file's (a file only one of them includes diffed against nothing)."""
+    old_files, new_files = active.included_files or {}, obj.included_files or {}
+    parts = [unified_diff(active.yaml_text, obj.yaml_text, f"revision {active.pk} (active)", f"revision {obj.pk}")]
+    for path in sorted(set(old_files) | set(new_files)):
+        parts.append(
+            unified_diff(
+                old_files.get(path, ""), new_files.get(path, ""),
+                f"revision {active.pk} (active): {path}", f"revision {obj.pk}: {path}",
+            )
+        )
+    return "".join(part if part.endswith("\n") or not part else part + "\n" for part in parts)
+
+
+#: What the change page of a stored revision shows, all read-only.
+SHOWN_FIELDS = ("author", "created_at", "note", "imported_from", "diff_against_active", "yaml_text_shown", "included_files_shown")
+
+
 class ConfigRevisionForm(forms.ModelForm):
+    """The company's YAML and the files it includes (path: text, YAML), validated together as the file is."""
+
+    included = forms.CharField(
+        label="Included files",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 12, "cols": 100, "spellcheck": "false"}),
+        help_text="The text of each file the company includes (a seat's instructions_file), as a YAML mapping "
+        "of path: text; use a | block for several lines. Files the company does not include are not stored.",
+    )
+
     class Meta:
         model = ConfigRevision
         fields = ("yaml_text", "note")
         widgets = {"yaml_text": forms.Textarea(attrs={"rows": 30, "cols": 100, "spellcheck": "false"})}
 
-    def clean_yaml_text(self) -> str:
-        text = self.cleaned_data["yaml_text"]
+    def clean_included(self) -> dict[str, str]:
         try:
-            revisions.validate(text)
+            return files_from_yaml(self.cleaned_data.get("included") or "")
         except CompanyError as exc:
             raise forms.ValidationError(str(exc), code="company") from None
-        return text
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        text, files = cleaned.get("yaml_text"), cleaned.get("included")
+        if text is None or files is None:
+            return cleaned  # a field's own error already stands
+        try:
+            org = revisions.validate(text, files)
+        except CompanyError as exc:
+            field = "included" if exc.field.startswith(INCLUDED_FILES) else "yaml_text"
+            self.add_error(field, forms.ValidationError(str(exc), code="company"))
+            return cleaned
+        self.instance.included_files = dict(org.source_files)
+        return cleaned
 
 
 def _activate(modeladmin: admin.ModelAdmin, request: HttpRequest, revision: ConfigRevision) -> None:
@@ -91,28 +132,38 @@ class ConfigRevisionAdmin(admin.ModelAdmin):
             return "No revision is active yet."
         if active.pk == obj.pk:
             return "This is the active revision."
-        diff = unified_diff(active.yaml_text, obj.yaml_text, f"revision {active.pk} (active)", f"revision {obj.pk}")
+        diff = revision_diff(active, obj)
         return format_html("<pre class='crewlet-diff'>{}</pre>", diff or "(no differences)")
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
-            return ("yaml_text", "note")
-        return ("author", "created_at", "note", "diff_against_active", "yaml_text_shown")
+            return ("yaml_text", "included", "note")
+        return SHOWN_FIELDS
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return ()
-        return ("author", "created_at", "note", "diff_against_active", "yaml_text_shown")
+        return SHOWN_FIELDS
 
     @admin.display(description="YAML")
     def yaml_text_shown(self, obj: ConfigRevision) -> str:
         return format_html("<pre>{}</pre>", obj.yaml_text)
+
+    @admin.display(description="included files")
+    def included_files_shown(self, obj: ConfigRevision) -> str:
+        files = obj.included_files or {}
+        if not files:
+            return "None."
+        return format_html_join(
+            "", "<h4 class='crewlet-included'>{}</h4><pre>{}</pre>", sorted(files.items())
+        )
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         initial = super().get_changeform_initial_data(request)
         active = revisions.active_revision()
         if active is not None and "yaml_text" not in initial:
             initial["yaml_text"] = active.yaml_text
+            initial["included"] = files_as_yaml(active.included_files or {})
         return initial
 
     def save_model(self, request: HttpRequest, obj: ConfigRevision, form: Any, change: bool) -> None:

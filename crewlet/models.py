@@ -16,9 +16,24 @@ from crewlet.base.tokens import OperatorToken  # noqa: F401  (a model of this ap
 
 
 class ConfigRevision(models.Model):
-    """One version of the company file, validated when it was written."""
+    """One version of the company file, validated when it was written.
+
+    Its content is ``yaml_text`` and ``included_files``: the text of every
+    file the company includes (a seat's ``instructions_file``), by its path
+    relative to the company file, read when the revision was written, so a
+    revision is parsed from what it stores and never from a disk.
+    ``imported_from`` names the company file a revision was imported from by
+    ``up`` ("" for one written in the admin): the last such revision is what
+    the next start compares the file with.
+    """
 
     yaml_text = models.TextField(help_text="The company file (YAML), validated on save like the file is.")
+    included_files = models.JSONField(
+        default=dict, blank=True, help_text="The files the company includes, by path relative to the company file: their text."
+    )
+    imported_from = models.CharField(
+        max_length=500, blank=True, default="", help_text="The company file this revision was imported from by up."
+    )
     author = models.CharField(max_length=150, blank=True, default="")
     note = models.CharField(max_length=300, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -21,8 +21,9 @@ import logging
 import math
 import os
 import secrets
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -122,6 +123,21 @@ def _choice(name: str, default: str, choices: tuple[str, ...], env: Mapping[str,
     if chosen not in choices:
         raise EnvironmentValueError(name, value, f"must be one of {', '.join(choices)}")
     return chosen
+
+
+def _instant(name: str) -> Optional[float]:
+    """An ISO 8601 instant with its UTC offset, as epoch seconds; unset or empty is None."""
+    value = _env(name).strip()
+    if not value:
+        return None
+    allowed = "must be an ISO 8601 instant with its UTC offset, like 2025-03-31T08:59:58+02:00"
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError:
+        raise EnvironmentValueError(name, value, allowed) from None
+    if instant.tzinfo is None:
+        raise EnvironmentValueError(name, value, allowed)
+    return instant.timestamp()
 
 
 def _list(name: str, default: str = "") -> list[str]:
@@ -256,6 +272,10 @@ HEALTH_STORE_TIMEOUT_S = _number("CREWLET_HEALTH_STORE_TIMEOUT_S", 2.0, 0.05, 30
 SURFACE_SOCKET_RETRY_MIN_S = _number("CREWLET_SOCKET_RETRY_MIN_S", 1.0, 0.01, 600.0)
 SURFACE_SOCKET_RETRY_MAX_S = _number("CREWLET_SOCKET_RETRY_MAX_S", 60.0, 0.01, 3600.0)
 SURFACE_SOCKET_PING_S = _number("CREWLET_SOCKET_PING_S", 10.0, 0.1, 600.0)
+#: A rehearsal of the company's schedules: the scheduler's clock reads this instant at its first pass and runs at
+#: real speed from there (seats.scheduler.StartedClock), so what fires at a given instant can be watched now.
+#: None (unset) is the real clock; every other clock of the node stays real.
+SCHEDULER_CLOCK_START_S = _instant("CREWLET_SCHEDULER_CLOCK_START")
 #: A bearer token that may read GET /metrics and nothing else (an operator token may too); "" = none.
 METRICS_TOKEN = _env("CREWLET_METRICS_TOKEN", secret=True).strip()
 if METRICS_TOKEN and (len(METRICS_TOKEN) < 16 or not METRICS_TOKEN.isascii() or any(c.isspace() for c in METRICS_TOKEN)):

@@ -2,9 +2,10 @@
 
 ``start()`` warns about every surface the company left unverified (the
 example company does, so the README's curl example works) and about every
-verified surface whose secret variable is unset (``webhook_secret_missing``,
-naming the variable: such a surface refuses every delivery; for a
-``mode: socket`` surface, its token variable), logs how each surface's
+verified surface the company configures whose secret variable is unset
+(``webhook_secret_missing``, naming the variable: such a surface refuses
+every delivery; for a ``mode: socket`` surface, its token variable) — a
+surface the company file never names is not warned about — logs how each surface's
 deliveries arrive (``surface_mode``: webhook or socket), builds the
 webhook edge on ``queue`` (``POST /webhooks/<source>`` served by this process
 asks the running engine's notify service for it and publishes through it), creates the fleet-wide ``notify`` group
@@ -51,17 +52,20 @@ def warn_unverified(org: Organization) -> list[str]:
 
 
 def unconfigured_surfaces(org: Organization, environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(surface, variable) for each surface whose deliveries cannot arrive for want of its variable in ``environ``.
+    """(surface, variable) for each configured surface whose deliveries cannot arrive for want of its variable in ``environ``.
 
-    A webhook surface: verified, with its secret variable unset or empty
-    (``variable`` is "" when the company names none); the edge refuses every
-    delivery to it (401, "not configured"). A socket surface: its token
+    Only surfaces the company file names under ``surfaces`` count: one it
+    never names is not expected to receive anything. A webhook surface:
+    verified, with its secret variable unset or empty (``variable`` is ""
+    when the company names none); the edge refuses every delivery to it
+    (401, "not configured"). A socket surface: its token
     variable unset or empty; its client cannot connect.
     """
     return [
         (name, surface.token_env if surface.socket else surface.secret_env)
         for name, surface in org.surfaces.items()
-        if (missing_token(surface, environ) if surface.socket else surface.verify and not (surface.secret_env and environ.get(surface.secret_env, "")))
+        if surface.configured
+        and (missing_token(surface, environ) if surface.socket else surface.verify and not (surface.secret_env and environ.get(surface.secret_env, "")))
     ]
 
 

@@ -14,13 +14,15 @@ must be claimable exactly once across every node.
   compare-and-set on ``version`` so exactly one caller announces each change.
 * :class:`ScheduleFiring` — one row per (schedule, slot): the unique key is
   what makes a fleet fire each slot once.
+* :class:`ScheduleSeen` — when the fleet first saw each (schedule, cadence):
+  a ``cron`` schedule fires no slot that began before it existed.
 """
 from __future__ import annotations
 
 from django.db import models
 from django.utils import timezone
 
-__all__ = ["SeatRecord", "LedgerEntry", "SeatPause", "ScheduleFiring"]
+__all__ = ["SeatRecord", "LedgerEntry", "SeatPause", "ScheduleFiring", "ScheduleSeen"]
 
 
 class SeatRecord(models.Model):
@@ -120,3 +122,24 @@ class ScheduleFiring(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule}@{self.slot}"
+
+
+class ScheduleSeen(models.Model):
+    """The first instant any node of the fleet saw a schedule with this cadence (epoch milliseconds, its clock).
+
+    The first insert wins and every node reads the same row, so a schedule
+    added (or given a new cadence) at 10:00 does not fire its 09:00 slot
+    anywhere, while a slot that began after it was first seen is still owed
+    to a node that was down at the boundary.
+    """
+
+    schedule = models.CharField(max_length=200)
+    cadence = models.CharField(max_length=300)
+    first_seen_ms = models.BigIntegerField()
+
+    class Meta:
+        db_table = "seats_schedule_seen"
+        constraints = [models.UniqueConstraint(fields=["schedule", "cadence"], name="seats_schedule_seen_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} ({self.cadence})"

@@ -202,7 +202,7 @@ class InboxLoop:
         """Take whatever holds apply BEFORE attaching, so not even one delivery is spent on them."""
         if self._sub is not None:
             return
-        if not self.holder.current().has_provider:
+        if not self.holder.current().has_provider_for(self.handle):
             await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
         if self._paused:
             await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
@@ -245,8 +245,8 @@ class InboxLoop:
         return self._pause_version
 
     async def provider_changed(self, org: Organization) -> None:
-        """Hold while the company has no model provider; lift it the moment one appears."""
-        if org.has_provider:
+        """Hold while the seat has no model provider (its own or the company's); lift it the moment one appears."""
+        if org.has_provider_for(self.handle):
             await self.queue.release(self.topic, self.group, HOLD_NO_PROVIDER)
             await self.reopen()
         else:
@@ -256,7 +256,7 @@ class InboxLoop:
         """Fetch again after a hand-back (which quiesced the attachment), unless a reason still stands."""
         if self._sub is None or self._paused or not self.ownership.owns(self.handle):
             return
-        if not self.holder.current().has_provider:
+        if not self.holder.current().has_provider_for(self.handle):
             return
         if await self._sub.unquiesce():
             log.info("seat_inbox_reopened", extra={"seat": self.handle})
@@ -276,7 +276,7 @@ class InboxLoop:
         if self._paused:
             await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
             return HOLD_PAUSED
-        if not self.holder.current().has_provider:
+        if not self.holder.current().has_provider_for(self.handle):
             await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
             return HOLD_NO_PROVIDER
         return None

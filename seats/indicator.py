@@ -27,9 +27,10 @@ Which chat and message: the trigger's partition key (``slack:<channel>:<root>``,
 chat message (a schedule, an A2A ask, a slash command) shows nothing.
 
 Whose token: the seat's grant of the shipped chat server of that surface
-(``mcp_servers: {<name>: {builtin: slack}}``), read from the variable that
-server is fed its token from; a seat granted none shows nothing, since any
-other token would show somebody else at work.
+(``mcp_servers: {<name>: {builtin: slack}}``), read from the node variable
+that grant feeds the server's token from (:func:`token_variable`); a seat
+granted none shows nothing, since any other token would show somebody else at
+work.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from crewlet.base.logfmt import short_reason
 from crewlet.base.redact import redact
 from crewlet.company.builtin_servers import BUILTIN_SERVERS, MATTERMOST, SLACK, builtin_grant
 from crewlet.company.conf import ToolSettings
-from crewlet.company.org import Organization, Seat
+from crewlet.company.org import Organization, Seat, grant_env
 from crewlet.engine.interfaces import ServiceKey
 from crewlet.engine.runtime import find_service
 from crewlet.engine.services import Service
@@ -106,9 +107,18 @@ def target_of(trigger: Trigger) -> Optional[ChatTarget]:
 
 
 def token_variable(org: Organization, seat: Seat, surface: str) -> str:
-    """The variable holding the seat's own bot token on ``surface``: its grant of the shipped server's; '' without one."""
+    """The node variable holding the seat's own bot token on ``surface``; '' when it is granted no shipped server there.
+
+    The one its grant of the shipped server feeds that server's token from
+    (``seats[].tools: [{server: slack, env: {SLACK_BOT_TOKEN: ADA_SLACK_BOT_TOKEN}}]``,
+    else the server's own ``SLACK_BOT_TOKEN``): the indicator shows the seat
+    with the very token its replies are posted with.
+    """
     server = builtin_grant(org, seat, surface)
-    return BUILTIN_SERVERS[surface].token_env if server is not None else ""
+    if server is None:
+        return ""
+    name = BUILTIN_SERVERS[surface].token_env
+    return grant_env(seat, server).get(name, name)
 
 
 def api_url_of(org: Organization, seat: Seat, surface: str) -> str:

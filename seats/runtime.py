@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
@@ -45,7 +46,8 @@ from seats.indicator import WORKING_INDICATOR
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
-from seats.scheduler import TICK_S, Scheduler, aprune_firings
+from seats.provider_keys import warn_unset_provider_keys
+from seats.scheduler import TICK_S, Scheduler, aprune_firings, rehearsal_clock
 from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.turns import TurnRunner
 
@@ -97,7 +99,9 @@ class SeatRuntime:
 
     Every duration is injectable so tests run the real paths in seconds;
     ``clock`` (epoch seconds) drives the scheduler's slots and the
-    retirement clock, so 24 hours can pass in a test without waiting for them.
+    retirement clock, so 24 hours can pass in a test without waiting for them;
+    ``scheduler_clock``, when given, drives the scheduler alone (the
+    ``CREWLET_SCHEDULER_CLOCK_START`` rehearsal clock).
     """
 
     def __init__(
@@ -123,6 +127,7 @@ class SeatRuntime:
         toolbox: Optional[Toolbox] = None,
         hold_duty: Optional[HoldDuty] = None,
         placement_every_s: float = PLACEMENT_EVERY_S,
+        scheduler_clock: Optional[Callable[[], float]] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -148,7 +153,7 @@ class SeatRuntime:
         self.node_max_concurrent = node_max_concurrent
         self.gate = ConcurrencyGate(self.turn_limit(holder.current()))
         self.scheduler = Scheduler(
-            queue, holder, node_id=self.node_id, clock=clock, tick_s=scheduler_tick_s, emitter=self.runner.emitter
+            queue, holder, node_id=self.node_id, clock=scheduler_clock or clock, tick_s=scheduler_tick_s, emitter=self.runner.emitter
         )
         self.loops: dict[str, InboxLoop] = {}
         self._lock: Optional[asyncio.Lock] = None
@@ -180,12 +185,14 @@ class SeatRuntime:
             self._started = True
         await self._subscribe_nudges()
         if self.run_scheduler:
+            await self.scheduler.note_schedules()  # a cron schedule is owed no slot from before this instant
             self._duties.append(self._scheduler_under_duty())
         self._duties.append(Periodic("seat_sweep", self.sweep_every_s, self.sweep, logger=log))
         self._duties.append(self._placement)
         self._duties.append(Periodic("seat_pauses", self.pause_poll_s, self.reconcile_pauses, logger=log))
         for duty in self._duties:
             await duty.start()
+        warn_unset_provider_keys(org, os.environ)
         log.info(
             "seat_runtime_started",
             extra={"node": self.node_id, "org": org.org, "seats": len(self.loops), "max_concurrent": self.gate.limit},
@@ -478,6 +485,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
         options.setdefault("stop_grace_s", engine.settings.node.stop_grace_s)
         options.setdefault("toolbox", engine.find(TOOLBOX))
+        options.setdefault("scheduler_clock", rehearsal_clock())
         member = engine.find(FLEET)
         if member is not None and "ownership" not in options:
             # Seat leases are the fleet member's own (crewlet.fleet.member), which leased ownership works through.

@@ -1,13 +1,24 @@
 """The scheduler: each schedule's slot fires once across the fleet, as ``task_assigned`` to its seat's inbox.
 
-Slots are aligned to the epoch, ``every`` long, so every node computes the
-same slot for the same instant; the slot is claimed by inserting a
-``ScheduleFiring`` row whose (schedule, slot) is unique, and only the node whose
-insert landed publishes. The task's event id is derived from the org, the
-schedule and the slot, so even a publish retried after an unclear failure is
-one trigger to the completion ledger. A schedule whose slot began before this
-node started fires at once if nobody fired it — a node that was down at the
-boundary still owes it — and never twice.
+An ``every`` schedule's slots are aligned to the epoch, ``every`` long; a
+``cron`` schedule's slot is the latest instant of its expression, read in its
+time zone by cronsim (Debian cron's rules: a 09:00 stays 09:00 local across a
+daylight-saving change, a time skipped by the spring change fires at the
+change, a time repeated in autumn fires once). Either way every node computes
+the same slot, in epoch milliseconds, for the same instant; the slot is
+claimed by inserting a ``ScheduleFiring`` row whose (schedule, slot) is
+unique, and only the node whose insert landed publishes. The task's event id
+is derived from the org, the schedule and the slot, so even a publish retried
+after an unclear failure is one trigger to the completion ledger. A slot that
+began before this node started fires at once if nobody fired it — a node that
+was down at the boundary still owes it — and never twice.
+
+A ``cron`` schedule fires no slot that began before the fleet first saw it
+(:class:`~seats.delivery_models.ScheduleSeen`, per schedule name and
+cadence, recorded by the first node to start with it or to tick with it):
+a stand-up added on a Tuesday afternoon first fires on Wednesday morning,
+not at once. An ``every`` schedule keeps its first rule: the slot the
+schedule is first seen in fires at once.
 
 The target is resolved from the company current at the firing (a seat removed
 or flipped to human by an applied revision is skipped), and the firing is
@@ -21,8 +32,11 @@ import time
 import uuid
 from datetime import datetime, timezone as dt_timezone
 from typing import Callable, Optional
+from zoneinfo import ZoneInfo
 
+from cronsim import CronSim
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 
 from crewlet import events
 from crewlet.engine.services import Periodic
@@ -33,7 +47,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.events.tracing import start_span, trace_of
-from seats.delivery_models import ScheduleFiring
+from seats.delivery_models import ScheduleFiring, ScheduleSeen
 from crewlet.base.db import in_store
 
 log = logging.getLogger("crewlet.seats.scheduler")
@@ -44,10 +58,45 @@ TASK_ID_NAMESPACE = uuid.UUID("0b5e8a52-3c1d-5f0e-8e37-73636865646c")
 TICK_S = 1.0
 
 
-def slot_of(schedule: Schedule, now_s: float) -> int:
-    """The start of the slot ``now_s`` falls in, in epoch milliseconds."""
+def slot_of(schedule: Schedule, now_s: float) -> Optional[int]:
+    """The start of the slot ``now_s`` falls in, in epoch milliseconds (None: a cron with no instant in the 50 years before)."""
+    if schedule.cron:
+        return _cron_slot_ms(schedule, now_s)
     every_ms = max(int(round(schedule.every_s * 1000)), 1)
     return (int(now_s * 1000) // every_ms) * every_ms
+
+
+def next_slot_s(schedule: Schedule, now_s: float) -> Optional[float]:
+    """When the first slot after ``now_s`` begins, in epoch seconds (None: a cron with no instant in the next 50 years)."""
+    if schedule.cron:
+        try:
+            return next(CronSim(schedule.cron, _local(schedule, now_s))).timestamp()
+        except StopIteration:
+            return None
+    return now_s + schedule.every_s - math.fmod(now_s, schedule.every_s)
+
+
+def _local(schedule: Schedule, epoch_s: float) -> datetime:
+    """``epoch_s`` as a time in the schedule's zone (by way of UTC, so the fold of a repeated hour is right)."""
+    return datetime.fromtimestamp(epoch_s, dt_timezone.utc).astimezone(ZoneInfo(schedule.timezone))
+
+
+def _cron_slot_ms(schedule: Schedule, now_s: float) -> Optional[int]:
+    """The latest instant of the cron expression at or before ``now_s``.
+
+    cronsim's backward walk finds an instant at or before ``now_s``; around an
+    autumn change it can land a day early, so the forward walk (the one with
+    Debian cron's rules) steps from there to the latest instant not after ``now_s``.
+    """
+    try:
+        slot = next(CronSim(schedule.cron, _local(schedule, math.floor(now_s / 60) * 60 + 60), reverse=True))
+        for later in CronSim(schedule.cron, _local(schedule, slot.timestamp())):
+            if later.timestamp() > now_s:
+                break
+            slot = later
+    except StopIteration:
+        return None
+    return int(slot.timestamp()) * 1000
 
 
 def task_event_id(org: Organization, schedule: Schedule, slot: int) -> str:
@@ -72,14 +121,53 @@ def unclaim_slot(schedule: str, slot: int, node: str) -> None:
 
 
 def prune_firings(before: datetime) -> int:
-    """Forget firings older than ``before``: a slot that old can never be current again."""
-    deleted, _ = ScheduleFiring.objects.filter(fired_at__lt=before).delete()
+    """Forget firings older than ``before``, except each schedule's latest.
+
+    The latest may still be its current slot — a monthly cron's, or a long
+    ``every``'s — and forgetting it would fire that slot again.
+    """
+    latest = ScheduleFiring.objects.filter(schedule=OuterRef("schedule")).order_by("-slot").values("pk")[:1]
+    deleted, _ = ScheduleFiring.objects.filter(fired_at__lt=before).exclude(pk=Subquery(latest)).delete()
     return deleted
+
+
+def first_seen(schedule: str, cadence: str, now_ms: int) -> tuple[int, bool]:
+    """When the fleet first saw (schedule, cadence), in epoch ms, recording ``now_ms`` if nobody had; and whether this call did."""
+    row, created = ScheduleSeen.objects.get_or_create(schedule=schedule, cadence=cadence, defaults={"first_seen_ms": now_ms})
+    return row.first_seen_ms, created
+
+
+class StartedClock:
+    """A clock that reads ``start_s`` when it is first read and runs at real speed from there (a schedule's rehearsal)."""
+
+    def __init__(self, start_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.start_s = start_s
+        self.monotonic = monotonic
+        self._origin: Optional[float] = None
+
+    def __call__(self) -> float:
+        now = self.monotonic()
+        if self._origin is None:
+            self._origin = now
+        return self.start_s + (now - self._origin)
+
+
+def rehearsal_clock() -> Optional[StartedClock]:
+    """The scheduler's clock ``CREWLET_SCHEDULER_CLOCK_START`` asks for (warned once), or None for the real one."""
+    from django.conf import settings
+
+    start_s = getattr(settings, "SCHEDULER_CLOCK_START_S", None)
+    if start_s is None:
+        return None
+    at = datetime.fromtimestamp(start_s, dt_timezone.utc)
+    log.warning("scheduler_clock_rehearsal", extra={"starts_at": events.format_timestamp(at), "hint": "unset CREWLET_SCHEDULER_CLOCK_START for the real clock"})
+    return StartedClock(start_s)
 
 
 aclaim_slot = in_store(claim_slot)
 aunclaim_slot = in_store(unclaim_slot)
 aprune_firings = in_store(prune_firings)
+afirst_seen = in_store(first_seen)
 
 
 class Scheduler:
@@ -104,6 +192,32 @@ class Scheduler:
         self.fired = 0
         #: Completed passes of ``run`` (a liveness gauge; tests wait on it rather than on the clock).
         self.passes = 0
+        #: (schedule, cadence) -> when the fleet first saw it, epoch ms: read from the store once per node.
+        self._seen: dict[tuple[str, str], int] = {}
+
+    async def note_schedules(self, now_s: Optional[float] = None) -> None:
+        """Record (or read) when the fleet first saw each ``cron`` schedule of the current company."""
+        at = self.clock() if now_s is None else now_s
+        for schedule in self.holder.current().schedules:
+            if schedule.cron:
+                await self._first_seen_ms(schedule, at)
+
+    async def _first_seen_ms(self, schedule: Schedule, at: float) -> int:
+        key = (schedule.name, schedule.cadence)
+        if key not in self._seen:
+            seen_ms, created = await afirst_seen(schedule.name, schedule.cadence, int(at * 1000))
+            if created:
+                upcoming = next_slot_s(schedule, seen_ms / 1000)
+                log.info(
+                    "schedule_first_seen",
+                    extra={
+                        "schedule": schedule.name,
+                        "cadence": schedule.cadence,
+                        "next_slot": events.format_timestamp(datetime.fromtimestamp(upcoming, dt_timezone.utc)) if upcoming else "never",
+                    },
+                )
+            self._seen[key] = seen_ms
+        return self._seen[key]
 
     async def fire_due(self, now_s: Optional[float] = None) -> list[str]:
         """Fire every schedule whose current slot nobody fired yet; returns the task event ids this call published."""
@@ -116,6 +230,8 @@ class Scheduler:
                 log.warning("schedule_target_not_an_agent", extra={"schedule": schedule.name, "seat": schedule.seat})
                 continue
             slot = slot_of(schedule, at)
+            if slot is None or (schedule.cron and slot < await self._first_seen_ms(schedule, at)):
+                continue  # a cron slot that began before the schedule existed is not owed
             event_id = task_event_id(org, schedule, slot)
             fired_at = datetime.fromtimestamp(at, dt_timezone.utc)
             if not await aclaim_slot(schedule.name, slot, seat.handle, event_id, self.node_id, fired_at):
@@ -162,9 +278,9 @@ class Scheduler:
         """Seconds to the next slot boundary of any schedule, capped at one tick."""
         wait = self.tick_s
         for schedule in self.holder.current().schedules:
-            every = schedule.every_s
-            left = every - math.fmod(now_s, every)
-            wait = min(wait, max(left, 0.001))
+            upcoming = next_slot_s(schedule, now_s)
+            if upcoming is not None:
+                wait = min(wait, max(upcoming - now_s, 0.001))
         return wait
 
     async def _pass(self) -> None:
@@ -185,4 +301,15 @@ class Scheduler:
         await self.periodic().run()
 
 
-__all__ = ["Scheduler", "TICK_S", "claim_slot", "prune_firings", "slot_of", "task_event_id"]
+__all__ = [
+    "Scheduler",
+    "StartedClock",
+    "TICK_S",
+    "claim_slot",
+    "first_seen",
+    "next_slot_s",
+    "prune_firings",
+    "rehearsal_clock",
+    "slot_of",
+    "task_event_id",
+]

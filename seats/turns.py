@@ -28,7 +28,8 @@ each tool call it led to; the phase, ``prompt.size`` and the turn's closing
 events are :mod:`seats.turn_record`. The trigger, the result and the turn's
 running state are :mod:`seats.turn_types`.
 
-Providers come from the company's ``providers.llm``, read per turn from the
+Providers come from the seat's own ``providers``, else the company's
+``providers.llm`` (``Organization.providers_of``), read per turn from the
 holder (never a snapshot), and are tried in order on every round: each
 hand-off publishes ``provider_fallback`` (``to_provider_key`` empty on the last
 member) and an exhausted chain ``llm_unavailable``. A failed turn is the
@@ -103,12 +104,15 @@ log = logging.getLogger("crewlet.seats.turns")
 
 
 def system_prompt(org: Organization, seat: Seat, tools: Sequence[ToolSpec] = (), where: str = "") -> str:
-    """Who the seat is; with tools, also where the message came from, so a chat tool can answer in place.
+    """Who the seat is; with tools, also where the message came from, so a chat tool can answer in place; then its instructions.
 
     ``where`` is the trigger's partition key — ``slack:<channel>:<thread
     root ts>`` for a chat thread, ``slack:<channel>`` for a direct message,
     ``jira:<issue>`` for a tracker item — the only place a model learns which
-    channel and thread its reply belongs in.
+    channel and thread its reply belongs in. The seat's own instructions
+    (``seats[].instructions`` or its file) follow the engine's framing,
+    after a blank line, so what the company says about the seat's job is
+    read with the facts of this turn already given.
     """
     role = f", the {seat.role}" if seat.role else ""
     text = f"You are {seat.display_name}{role} at {org.org}. Answer the message below."
@@ -116,6 +120,8 @@ def system_prompt(org: Organization, seat: Seat, tools: Sequence[ToolSpec] = (),
         text += " Use your tools to act; your final answer ends the turn."
         if where:
             text += f" The message came from {where}; to answer there, use your own tools for it."
+    if seat.instructions:
+        text += "\n\n" + seat.instructions
     return text
 
 
@@ -207,9 +213,10 @@ class TurnRunner:
     async def _rounds(self, loop: TurnState, result: TurnResult, tags: TurnTags) -> None:
         """Call, act, feed back — until the model ends, a limit stops it, or the chain is exhausted."""
         seat = loop.seat
-        chain: Sequence[ProviderConfig] = loop.org.providers
+        chain: Sequence[ProviderConfig] = loop.org.providers_of(seat)
         if not chain:
-            result.error_kind, result.error = ERR_NO_PROVIDER, "the company configures no model provider"
+            result.error_kind = ERR_NO_PROVIDER
+            result.error = "no model provider: neither the seat's providers nor the company's providers.llm names one"
             return
         number = 0
         while True:
@@ -309,7 +316,7 @@ class TurnRunner:
 
     async def _call_chain(self, loop: TurnState, result: TurnResult, tags: TurnTags, number: int) -> Optional[Completion]:
         """One round: the chain in order, each failure a hand-off; None (and ``llm_unavailable``) when all failed."""
-        chain: Sequence[ProviderConfig] = loop.org.providers
+        chain: Sequence[ProviderConfig] = loop.org.providers_of(loop.seat)
         request = ModelRequest(system=loop.system, messages=list(loop.messages), tools=loop.tools, seat=loop.seat.handle)
         for i, config in enumerate(chain):
             call_started = time.monotonic()

@@ -9,6 +9,7 @@ import re
 import time
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -242,3 +243,48 @@ def with_changes(payload: dict[str, Any], **changes: Any) -> dict[str, Any]:
     out = copy.deepcopy(payload)
     out.update(changes)
     return out
+
+
+
+def github_form(json_text: bytes) -> bytes:
+    """The body GitHub sends under ``application/x-www-form-urlencoded``: the JSON in one ``payload`` field."""
+    return urlencode({"payload": json_text.decode("utf-8")}).encode("ascii")
+
+
+def slash(text: str, *, command: str = "/ask", trigger: str = "", user: str = "U0GRACE", channel: str = "C777", **extra: str) -> bytes:
+    """A slash command's form body, with the fields Slack's documentation lists for one."""
+    fields = {
+        "token": "verification_token", "team_id": "T111", "team_domain": "acme", "channel_id": channel,
+        "channel_name": "general", "user_id": user, "user_name": "grace", "command": command, "text": text,
+        "api_app_id": "A111", "is_enterprise_install": "false",
+        "response_url": "https://hooks.slack.com/commands/T111/1/x", "trigger_id": trigger or f"{time.monotonic_ns()}.1.ab",
+    }
+    fields.update(extra)
+    return urlencode(fields).encode("ascii")
+
+
+def interaction(payload: dict[str, Any]) -> bytes:
+    return f"payload={quote(json.dumps(payload))}".encode("ascii")
+
+
+def block_actions(*, author: str = "W111", trigger: str = "111.222.valid", thread_ts: str = "") -> dict[str, Any]:
+    """A button click on a message ``author`` posted, shaped as Slack's block_actions payload."""
+    message: dict[str, Any] = {"type": "message", "user": author, "ts": "1718000000.000100", "text": "Deploy the fix?"}
+    if thread_ts:
+        message["thread_ts"] = thread_ts
+    return {
+        "type": "block_actions",
+        "user": {"id": "U0GRACE", "username": "grace", "name": "grace", "team_id": "T111"},
+        "api_app_id": "A111",
+        "token": "verification_token",
+        "container": {"type": "message", "message_ts": "1718000000.000100", "channel_id": "C777", "is_ephemeral": False},
+        "trigger_id": trigger,
+        "team": {"id": "T111", "domain": "acme"},
+        "channel": {"id": "C777", "name": "general"},
+        "message": message,
+        "response_url": "https://hooks.slack.com/actions/T111/1/x",
+        "actions": [
+            {"action_id": "deploy", "block_id": "b", "text": {"type": "plain_text", "text": "Deploy"}, "value": "yes",
+             "type": "button", "action_ts": "1718000001.000200"}
+        ],
+    }

@@ -52,6 +52,8 @@ SURFACE_SERVER_REQUIRED = frozenset({"mattermost"})
 PROVIDER_KINDS = ("echo", "openai", "anthropic")
 #: A seat's ``max_rounds`` when the company names none.
 DEFAULT_MAX_ROUNDS = 12
+#: The zone a ``cron`` schedule is read in when neither it nor the company (``timezone``) names one.
+DEFAULT_TIMEZONE = "UTC"
 
 #: The tool built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
 A2A_ASK_TOOL = "a2a_ask"
@@ -108,6 +110,49 @@ class McpServer:
 
 
 @dataclass(frozen=True)
+class ToolGrant:
+    """A seat's grant of one MCP server with credentials of its own: ``seats[].tools: [{server, env?, headers?}]``.
+
+    ``env`` maps a variable the server declares in ``env_from`` to the node
+    variable this seat's child reads it from; ``headers`` maps a header the
+    server declares in ``headers_from`` to the node variable holding this
+    seat's value. Names only, like the server's own, so two seats granted one
+    server act under two identities without a secret in the company file.
+    """
+
+    server: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GrantedServer:
+    """An MCP server as one seat is granted it: which node variable each of its variables and headers is read from.
+
+    Compared whole (server and both mappings), so a session opened for one
+    grant is never kept for a changed one, nor shared with another seat's.
+    """
+
+    server: McpServer
+    #: The child's variable -> the node variable holding this seat's value (every ``env_from`` name).
+    env_from: Mapping[str, str] = field(default_factory=dict)
+    #: The header -> the node variable holding this seat's value (every ``headers_from`` header).
+    headers_from: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    @property
+    def transport(self) -> str:
+        return self.server.transport
+
+    def variables(self) -> list[str]:
+        """The node variables this grant reads, each once (names, never values)."""
+        return sorted({*self.env_from.values(), *self.headers_from.values()})
+
+
+@dataclass(frozen=True)
 class Surface:
     """One surface kind as the company configures it.
 
@@ -124,6 +169,8 @@ class Surface:
     mode: str = MODE_WEBHOOK
     token_env: str = ""
     server: str = ""
+    #: Whether the company file names this surface under ``surfaces``: start-up warns only about those.
+    configured: bool = False
 
     @property
     def socket(self) -> bool:
@@ -176,6 +223,15 @@ class Seat:
     turn_token_budget: int = 0
     #: Which nodes of a fleet may run the seat (``seats[].placement``).
     placement: Placement = field(default_factory=Placement)
+    #: The grants in ``tools`` that map a server's variables or headers to the seat's own, by server name.
+    grants: Mapping[str, ToolGrant] = field(default_factory=dict)
+    #: The seat's own instructions (``instructions``, or the content of ``instructions_file``), composed into
+    #: its system prompt after the engine's framing; "" = none.
+    instructions: str = ""
+    #: ``instructions_file`` as written (relative to the company file) when the instructions came from one.
+    instructions_file: str = ""
+    #: The seat's own model chain (``seats[].providers``); empty = the company's ``providers.llm``.
+    providers: tuple[Provider, ...] = ()
 
     @property
     def is_agent(self) -> bool:
@@ -188,10 +244,21 @@ class Seat:
 
 @dataclass(frozen=True)
 class Schedule:
+    """One ``schedules[]`` entry: every ``every_s`` seconds (aligned to the epoch), or at each ``cron`` instant in ``timezone``."""
+
     name: str
     seat: str
     every_s: float
     task: str
+    #: A five-field cron expression (minute hour day-of-month month day-of-week), or "" for an ``every`` schedule.
+    cron: str = ""
+    #: The IANA zone ``cron`` is read in (the schedule's own ``timezone``, else the company's).
+    timezone: str = DEFAULT_TIMEZONE
+
+    @property
+    def cadence(self) -> str:
+        """When it fires, in words: a schedule whose cadence changes is a new schedule to the scheduler."""
+        return f"cron {self.cron} {self.timezone}" if self.cron else f"every {self.every_s:g}s"
 
 
 @dataclass(frozen=True)
@@ -209,6 +276,11 @@ class Organization:
     schedules: tuple[Schedule, ...]
     source_text: str = ""
     mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)
+    #: The files the company includes (``seats[].instructions_file``), by path relative to the company
+    #: file: with ``source_text``, the whole content a revision stores.
+    source_files: Mapping[str, str] = field(default_factory=dict)
+    #: The company's ``timezone``: what its ``cron`` schedules are read in unless one names its own.
+    timezone: str = DEFAULT_TIMEZONE
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)
@@ -236,9 +308,43 @@ class Organization:
     def has_provider(self) -> bool:
         return bool(self.providers)
 
+    def providers_of(self, seat: Seat) -> tuple[Provider, ...]:
+        """The model chain ``seat``'s turns call: its own ``providers`` when it names any, else the company's."""
+        return seat.providers or self.providers
+
+    def has_provider_for(self, handle: str) -> bool:
+        """Whether the seat ``handle`` has a model to call (a seat no longer in the company: the company's chain)."""
+        seat = self.seat_by_handle(handle)
+        return bool(self.providers_of(seat) if seat is not None else self.providers)
+
     def mcp_servers_of(self, seat: Seat) -> tuple[McpServer, ...]:
         """The MCP servers ``seat`` is granted, in the order its ``tools`` names them."""
         return tuple(self.mcp_servers[name] for name in seat.tools if name in self.mcp_servers)
+
+    def granted_servers(self, seat: Seat) -> tuple[GrantedServer, ...]:
+        """The MCP servers ``seat`` is granted, each with the node variables its credentials are read from for this seat."""
+        return tuple(
+            GrantedServer(server, env_from=grant_env(seat, server), headers_from=grant_headers(seat, server))
+            for server in self.mcp_servers_of(seat)
+        )
+
+
+def grant_env(seat: Seat, server: McpServer) -> dict[str, str]:
+    """Each variable ``server`` declares in ``env_from`` -> the node variable ``seat``'s child reads it from.
+
+    A variable is read under its own name unless the seat's grant maps it
+    (``seats[].tools: [{server, env: {VAR: SEAT_VAR}}]``). The one place a
+    seat's default for a server's variables is decided: a default the seat
+    brings itself goes here, under the grant's explicit mapping.
+    """
+    mapped = dict(seat.grants[server.name].env) if server.name in seat.grants else {}
+    return {name: mapped.get(name, name) for name in server.env_from}
+
+
+def grant_headers(seat: Seat, server: McpServer) -> dict[str, str]:
+    """Each header ``server`` declares in ``headers_from`` -> the node variable holding ``seat``'s value for it."""
+    mapped = dict(seat.grants[server.name].headers) if server.name in seat.grants else {}
+    return {header: mapped.get(header, var) for header, var in server.headers_from.items()}
 
 
 class CompanyHolder:

@@ -11,6 +11,7 @@ steps share are :mod:`crewlet.company.fields`.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -29,7 +30,6 @@ from crewlet.company.fields import (
     _refuse_inline_secret,
     _refuse_non_finite,
     _string,
-    parse_duration_s,
 )
 from crewlet.company.org import (
     BUILTIN_TOOLS,
@@ -49,11 +49,20 @@ from crewlet.company.org import (
     Organization,
     Placement,
     Provider,
-    Schedule,
     Seat,
     Surface,
     agent_id_for,
 )
+from crewlet.company.grants import _seat_tools
+from crewlet.company.instructions import (
+    INSTRUCTIONS_FILE_KEY,
+    INSTRUCTIONS_KEY,
+    FilesOnDisk,
+    IncludedFiles,
+    StoredFiles,
+    seat_instructions,
+)
+from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -263,22 +272,6 @@ def _placement(value: Any, name: str, kind: str, source: Optional[str]) -> Place
     return Placement(node=node, labels=tuple(labels))
 
 
-def _seat_tools(value: Any, name: str, servers: Mapping[str, McpServer], source: Optional[str]) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    allowed = ", ".join([*servers, *BUILTIN_TOOLS])
-    if not isinstance(value, list):
-        raise CompanyError(name, value, f"must be a list of tool grants ({allowed})", source)
-    tools: list[str] = []
-    for i, tool in enumerate(value):
-        if not isinstance(tool, str) or (tool not in servers and tool not in BUILTIN_TOOLS):
-            raise CompanyError(f"{name}[{i}]", tool, f"must be an mcp_servers name or a built-in tool ({allowed})", source)
-        if tool in tools:
-            raise CompanyError(f"{name}[{i}]", tool, "is granted twice", source)
-        tools.append(tool)
-    return tuple(tools)
-
-
 _TOP_KEYS = (
     "org",
     "providers",
@@ -290,6 +283,7 @@ _TOP_KEYS = (
     "seats",
     "schedules",
     "mcp_servers",
+    "timezone",
 )
 
 
@@ -325,9 +319,14 @@ def _providers(value: Any, source: Optional[str]) -> list[Provider]:
         llm = []
     if not isinstance(llm, list):
         raise CompanyError("providers.llm", llm, "must be a list (empty = a company with no model provider)", source)
+    return _provider_entries(llm, "providers.llm", source)
+
+
+def _provider_entries(llm: list[Any], prefix: str, source: Optional[str]) -> list[Provider]:
+    """A model chain's entries (``providers.llm``, a seat's ``providers``), each kind's keys checked and no secret inline."""
     providers = []
     for i, entry in enumerate(llm):
-        name = f"providers.llm[{i}]"
+        name = f"{prefix}[{i}]"
         entry = _mapping(entry, name, source)
         kind = entry.get("kind")
         if kind not in PROVIDER_KINDS:
@@ -392,7 +391,9 @@ def _surfaces(value: Any, source: Optional[str]) -> dict[str, Surface]:
         verify = body.get("verify", True)
         if not isinstance(verify, bool):
             raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
-        surfaces[name] = Surface(name=name, secret_env=env or "", verify=verify, **_surface_socket(name, body, source))
+        surfaces[name] = Surface(
+            name=name, secret_env=env or "", verify=verify, configured=name in surfaces_body, **_surface_socket(name, body, source)
+        )
     return surfaces
 
 
@@ -408,7 +409,8 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
         _known(
             entry,
             f"{name}.",
-            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement"),
+            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
+             *SEAT_OWN_KEYS),
             source,
         )
         handle = _string(
@@ -431,6 +433,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
         identities = {}
         for surface, ident in idents.items():
             identities[surface] = _string(str(ident) if isinstance(ident, int) else ident, f"{name}.identities.{surface}", source)
+        tools, grants = _seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source)
         seats.append(
             Seat(
                 handle=handle,
@@ -439,7 +442,8 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 display_name=display,
                 identities=identities,
                 agent_id=agent_id_for(org, handle),
-                tools=_seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source),
+                tools=tools,
+                grants=grants,
                 max_rounds=_number(
                     entry.get("max_rounds", DEFAULT_MAX_ROUNDS), f"{name}.max_rounds", *MAX_ROUNDS_RANGE, True, source
                 ),
@@ -463,44 +467,43 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
     return seats
 
 
-def _schedules(schedules_raw: Any, seats: list[Seat], source: Optional[str]) -> list[Schedule]:
-    """``schedules``: each one's unique name, the agent seat it wakes, its cadence and its task."""
-    if not isinstance(schedules_raw, list):
-        raise CompanyError("schedules", schedules_raw, "must be a list of schedules", source)
-    schedules = []
-    names = set()
-    for i, entry in enumerate(schedules_raw):
-        name = f"schedules[{i}]"
-        entry = _mapping(entry, name, source)
-        _known(entry, f"{name}.", ("name", "seat", "every", "task"), source)
-        sname = _string(entry.get("name"), f"{name}.name", source)
-        if sname in names:
-            raise CompanyError(f"{name}.name", sname, "must be unique", source)
-        names.add(sname)
-        seat_handle = _string(entry.get("seat"), f"{name}.seat", source)
-        target = next((s for s in seats if s.handle == seat_handle), None)
-        if target is None or not target.is_agent:
-            agents = ", ".join(s.handle for s in seats if s.is_agent) or "none"
-            raise CompanyError(f"{name}.seat", seat_handle, f"must be an agent seat of this company ({agents})", source)
-        schedules.append(
-            Schedule(
-                name=sname,
-                seat=seat_handle,
-                every_s=parse_duration_s(entry.get("every"), f"{name}.every", source),
-                task=_string(entry.get("task"), f"{name}.task", source),
+#: The keys of a seat read by :func:`_seats_own`: its instructions and its own model chain.
+SEAT_OWN_KEYS = (INSTRUCTIONS_KEY, INSTRUCTIONS_FILE_KEY, "providers")
+
+
+def _seats_own(seats_raw: Any, seats: list[Seat], included: IncludedFiles, source: Optional[str]) -> list[Seat]:
+    """Each seat's own instructions (inline or from its file) and its own model chain, over what :func:`_seats` read."""
+    own = []
+    for i, (entry, seat) in enumerate(zip(seats_raw, seats)):
+        name = f"seats[{i}]"
+        for key in SEAT_OWN_KEYS:
+            if entry.get(key) is not None and not seat.is_agent:
+                raise CompanyError(f"{name}.{key}", entry[key], "applies only to an agent seat (a person runs no turns)", source)
+        instructions, instructions_file = seat_instructions(entry, name, included, source)
+        chain = entry.get("providers")
+        if chain is not None and (not isinstance(chain, list) or not chain):
+            raise CompanyError(
+                f"{name}.providers", chain,
+                "must be a non-empty list of providers.llm entries (leave it out for the company's providers.llm)", source,
             )
-        )
-    return schedules
+        providers = tuple(_provider_entries(chain, f"{name}.providers", source)) if chain else ()
+        own.append(replace(seat, instructions=instructions, instructions_file=instructions_file, providers=providers))
+    return own
 
 
-def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") -> Organization:
+def parse_company(
+    data: Any, *, source: Optional[str] = None, text: str = "", included: Optional[IncludedFiles] = None
+) -> Organization:
     """Validate a decoded company document; raises :class:`CompanyError`.
 
     The sections are read in a fixed order, each by its own step, so a file
     with several bad values is refused for the same one every time: the seats
     after the MCP servers their ``tools`` grant, the schedules after the seats
     they wake, the MCP servers after the surfaces a builtin one calls.
+    ``included`` is where the files the company includes are read from (a
+    seat's ``instructions_file``): a stored revision's, none by default.
     """
+    included = included if included is not None else StoredFiles()
     if not isinstance(data, Mapping):
         raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(_TOP_KEYS), source)
     _known(data, "", _TOP_KEYS, source)
@@ -511,7 +514,9 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
     surfaces = _surfaces(data.get("surfaces"), source)
     mcp_servers = _mcp_servers(data.get("mcp_servers"), surfaces, source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
-    schedules = _schedules(data.get("schedules", []), seats, source)
+    seats = _seats_own(data.get("seats", []), seats, included, source)
+    timezone = parse_timezone(data.get("timezone"), "timezone", source)
+    schedules = parse_schedules(data.get("schedules", []), seats, timezone, source)
 
     return Organization(
         org=org,
@@ -525,13 +530,22 @@ def parse_company(data: Any, *, source: Optional[str] = None, text: str = "") ->
         schedules=tuple(schedules),
         source_text=text,
         mcp_servers=mcp_servers,
+        source_files=dict(sorted(included.files.items())),
+        timezone=timezone,
     )
 
 
-def parse_company_text(text: str, *, source: Optional[str] = None) -> Organization:
-    """Validate the company file's text (a file's, or a revision's when ``source`` is None); raises :class:`CompanyError`."""
+def parse_company_text(
+    text: str, *, source: Optional[str] = None, files: Optional[Mapping[str, str]] = None,
+    included: Optional[IncludedFiles] = None,
+) -> Organization:
+    """Validate the company file's text (a file's, or a revision's when ``source`` is None); raises :class:`CompanyError`.
+
+    A revision's included files are ``files`` (path -> content, as stored);
+    a file on disk reads its own through ``included`` (:func:`load_company`).
+    """
     data = load_yaml(text, document="company", name=source, error=CompanyError)
-    return parse_company(data, source=source, text=text)
+    return parse_company(data, source=source, text=text, included=included or StoredFiles(files))
 
 
 def read_company_text(path: str | Path) -> str:
@@ -540,4 +554,5 @@ def read_company_text(path: str | Path) -> str:
 
 
 def load_company(path: str | Path = EXAMPLE_COMPANY) -> Organization:
-    return parse_company_text(read_company_text(path), source=str(path))
+    """The company file at ``path``, its included files read from beside it (``Organization.source_files``)."""
+    return parse_company_text(read_company_text(path), source=str(path), included=FilesOnDisk(Path(path).parent))

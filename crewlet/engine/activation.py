@@ -15,11 +15,10 @@ from django.db import transaction
 
 from crewlet import events
 from crewlet.events import Trace
-from crewlet.company.parse import parse_company_text
 from crewlet.company.revisions import POLL_EVERY_S, Activation, activate_cas, active_row
 from crewlet.engine import runtime
 from crewlet.engine.interfaces import CONFIG_POLLER, SEAT_RUNTIME, SeatLoops
-from crewlet.engine.services import Periodic, Service
+from crewlet.engine.services import Periodic, Service, Task
 from crewlet.events.types import ConfigRevisionApplied
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
@@ -33,6 +32,8 @@ log = logging.getLogger("crewlet.company.revisions")
 
 #: How long the sync path waits for the engine loop to publish an activation.
 ANNOUNCE_TIMEOUT_S = 10.0
+#: The service that announces an activation ``up`` made before the engine ran.
+ANNOUNCE_AT_START = "config_revision_announce_at_start"
 
 
 # -- announcing ---------------------------------------------------------------------------
@@ -83,6 +84,29 @@ async def aactivate(revision_id: int, by: str, *, queue: Optional[EventQueue] = 
     return True
 
 
+def announce_at_start(engine: "Engine", change: Activation) -> None:
+    """Register the announcement of ``change`` on ``engine``: published once every service registered so far runs.
+
+    ``up`` moves the pointer to the company file's new revision before the
+    engine (and its queue) exists; this publishes that activation as soon as
+    it can, after the event store's writer listens, so the event is recorded.
+    A publish that fails is logged and never stops the engine: the pointer
+    has moved whatever happens to the announcement.
+    """
+
+    async def announce() -> None:
+        assert engine.queue is not None
+        await _announce(engine.queue, change)
+
+    engine.add(
+        Service(
+            ANNOUNCE_AT_START,
+            lambda _engine: Task(ANNOUNCE_AT_START, announce),
+            after=tuple(s.name for s in engine.registered),
+        )
+    )
+
+
 # -- the poller ---------------------------------------------------------------------------------
 
 
@@ -115,8 +139,8 @@ class ConfigPoller:
 
     async def start(self) -> None:
         row = await sync_to_async(active_row)()
-        if row is not None and row[1] == self.runtime.holder.current().source_text:
-            self.applied = row[0]
+        if row is not None and row.served_by(self.runtime.holder.current()):
+            self.applied = row.revision
 
         async def nudge(_topic: str, _event: events.Event) -> None:
             self._periodic.wake()
@@ -138,12 +162,12 @@ class ConfigPoller:
     async def poll(self) -> Optional[ConfigRevisionApplied]:
         """One pass: apply the active revision if it is not the one applied; what was published, if anything."""
         row = await sync_to_async(active_row)()
-        if row is None or row[0] == self.applied:
+        if row is None or row.revision == self.applied:
             return None
-        revision_id, text = row
+        revision_id = row.revision
         result = ConfigRevisionApplied(revision=revision_id, outcome="failed", reached="read")
         try:
-            org = parse_company_text(text)
+            org = row.company()
             result.reached = "parsed"
             await self.runtime.apply(org)
             result.reached = "applied"
@@ -185,4 +209,4 @@ def services(engine: "Engine", interval_s: float = POLL_EVERY_S) -> list[Service
     return [Service(CONFIG_POLLER, make, depends_on=(SEAT_RUNTIME,))]
 
 
-__all__ = ["ANNOUNCE_TIMEOUT_S", "ConfigPoller", "aactivate", "activate", "services"]
+__all__ = ["ANNOUNCE_AT_START", "ANNOUNCE_TIMEOUT_S", "ConfigPoller", "aactivate", "activate", "announce_at_start", "services"]

@@ -192,6 +192,7 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
             lambda queue: queue.backlog(topics.agent_inbox(handle), topics.agent_inbox_group(handle))
         )
     live = projected.seat(handle) if projected is not None else None
+    chain = projected.company().providers_of(target) if projected is not None and target is not None else ()
     return render(
         request,
         "dashboard/seat.html",
@@ -206,6 +207,7 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
             "recent": recent,
             "depth": depth,
             "depth_error": depth_error,
+            "chain": [provider.key for provider in chain],
         },
     )
 

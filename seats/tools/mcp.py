@@ -7,7 +7,10 @@ session is opened to each server the seat is granted — a child process over
 stdio, or streamable HTTP — with the official ``mcp`` SDK's :class:`mcp.Client`,
 and it stays open for the seat's later turns. A seat's sessions are its own
 (a server's state — a login, a cursor — is never shared between seats) and
-live only on the node that runs the seat's turns.
+live only on the node that runs the seat's turns. A session is opened for
+the seat's grant (:class:`~crewlet.company.org.GrantedServer`): the server
+and the node variables this seat's credentials for it are read from, so two
+seats granted one server run two children, each with its own token.
 
 Each session is a task that owns its client from open to close
 (:class:`~seats.tools.mcp_session.McpSession`): it starts the server, lists
@@ -30,7 +33,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import anyio
 import mcp_types
@@ -40,11 +43,12 @@ from crewlet.company.conf import ToolSettings
 from crewlet.engine.services import Service
 from crewlet.queue.emit import Emitter
 from crewlet.engine.interfaces import EVENT_STORE
-from crewlet.company.org import CompanyHolder
+from crewlet.company.org import CompanyHolder, Seat
 from crewlet.base.redact import redact
 from crewlet.events.tracing import trace_of
 from seats.tools.base import SEAT_TOOLS, ToolCall, ToolResult, ToolSpec
 from seats.tools.mcp_session import NAME_SEPARATOR, McpSession, failure_text
+from seats.tools.mcp_transport import unset_variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine.core import Engine
@@ -87,19 +91,52 @@ class McpToolbox:
     """
 
     def __init__(
-        self, holder: CompanyHolder, *, settings: Optional[ToolSettings] = None, emitter: Optional[Emitter] = None
+        self,
+        holder: CompanyHolder,
+        *,
+        settings: Optional[ToolSettings] = None,
+        emitter: Optional[Emitter] = None,
+        placed: Callable[[Seat], bool] = lambda seat: True,
     ) -> None:
         self.holder = holder
         self.settings = settings or ToolSettings()
         self.emitter = emitter
+        #: Whether a seat may run on this node (its placement), so only its own seats' variables are checked here.
+        self.placed = placed
         self._sessions: dict[str, dict[str, McpSession]] = {}
         self._lock = asyncio.Lock()
         self._stopped = False
+        self._checked_epoch = 0
+        self._warned: set[tuple[str, str, str]] = set()
 
     # -- Lifecycle (an engine service) -----------------------------------------------------
 
     async def start(self) -> None:
-        """Nothing to open yet: a seat's sessions open at its first turn on this node."""
+        """Name the variables the seats' grants read that this node lacks; sessions open at a seat's first turn."""
+        self.check_variables()
+
+    def check_variables(self) -> None:
+        """One ``tool_server_variable_unset`` per seat and server whose grant reads a node variable this node does not set.
+
+        Run at start and again when the company changes (at the next turn
+        after a revision applies), never per turn: a variable already named
+        is not named again while this node runs. Names only, never values.
+        """
+        org = self.holder.current()
+        self._checked_epoch = self.holder.epoch
+        for seat in org.agent_seats():
+            if not self.placed(seat):
+                continue
+            for granted in org.granted_servers(seat):
+                unset = [
+                    v for v in unset_variables(granted) if (seat.handle, granted.name, v) not in self._warned
+                ]
+                if unset:
+                    self._warned.update((seat.handle, granted.name, v) for v in unset)
+                    log.warning(
+                        "tool_server_variable_unset",
+                        extra={"seat": seat.handle, "server": granted.name, "variables": unset},
+                    )
 
     async def stop(self) -> None:
         """Close every session (stdio children are stopped the MCP way: stdin closed, then terminated)."""
@@ -179,9 +216,11 @@ class McpToolbox:
 
     async def _sessions_of(self, handle: str) -> list[McpSession]:
         """The seat's sessions for the servers the current company grants it, opening and closing to match."""
+        if self.holder.epoch != self._checked_epoch:
+            self.check_variables()
         org = self.holder.current()
         seat = org.seat_by_handle(handle)
-        granted = {s.name: s for s in org.mcp_servers_of(seat)} if seat is not None and seat.is_agent else {}
+        granted = {s.name: s for s in org.granted_servers(seat)} if seat is not None and seat.is_agent else {}
         async with self._lock:
             if self._stopped:
                 return []
@@ -215,7 +254,11 @@ def services(engine: "Engine") -> list[Service]:
     """
 
     def make(engine: "Engine") -> McpToolbox:
-        return McpToolbox(engine.company, settings=engine.settings.tools, emitter=engine.emitter)
+        node = engine.settings.node
+        return McpToolbox(
+            engine.company, settings=engine.settings.tools, emitter=engine.emitter,
+            placed=lambda seat: seat.placement.allows(node.id, node.labels),
+        )
 
     return [Service(SEAT_TOOLS, make, after=(EVENT_STORE,))]
 

@@ -33,10 +33,10 @@ from mcp.shared.exceptions import MCPError
 from crewlet.base.logfmt import short_reason
 from crewlet.base.redact import redact
 from crewlet.company.conf import ToolSettings
-from crewlet.company.org import McpServer, Seat
+from crewlet.company.org import GrantedServer, Seat
 from crewlet.events.types import ToolServerRestarted, ToolServerUnavailable
 from seats.tools.base import ToolSpec
-from seats.tools.mcp_transport import open_transport, unset_variables
+from seats.tools.mcp_transport import open_transport
 
 log = logging.getLogger("crewlet.seats.tools")
 
@@ -105,7 +105,7 @@ class ServerTool:
 class McpSession:
     """One seat's session with one MCP server, owned from open to close by its supervising task."""
 
-    def __init__(self, box: SessionOwner, seat: Seat, server: McpServer) -> None:
+    def __init__(self, box: SessionOwner, seat: Seat, server: GrantedServer) -> None:
         self.box = box
         self.seat = seat
         self.server = server
@@ -181,12 +181,6 @@ class McpSession:
         """Open the session, publish its tools, hold it until it ends on its own; raise when it cannot start."""
         self._ended = asyncio.Event()
         self._end_reason = ""
-        unset = unset_variables(self.server)
-        if unset and attempt == 1:
-            log.warning(
-                "tool_server_variable_unset",
-                extra={"seat": self.seat.handle, "server": self.server.name, "variables": unset},
-            )
         deadline = anyio.current_time() + self.box.settings.start_timeout_s
         with anyio.CancelScope(deadline=deadline) as scope:
             async with Client(open_transport(self.server, self._ended, seat=self.seat.handle)) as client:

@@ -9,7 +9,10 @@ record per line, in whichever format the node logs, never as raw text in it.
 
 A server's ``env_from`` and ``headers_from`` are read from this node's
 environment as the transport opens, so a credential is never in the company
-file and a rotated one is used at the next start.
+file and a rotated one is used at the next start. Each is read from the node
+variable the seat's grant names for it (:class:`~crewlet.company.org.GrantedServer`),
+so the child of seat A gets A's value under the server's variable name and
+seat B's child B's; an unset one is left out, never filled from another's.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import asyncio
 import logging
 import os
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, TextIO
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Optional, TextIO
 
 import anyio
 from mcp import StdioServerParameters
@@ -25,7 +28,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from crewlet.company.org import McpServer
+from crewlet.company.org import GrantedServer
 from crewlet.base.redact import redact
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,25 +95,25 @@ async def _watched(
         yield _WatchedRead(read, ended), write
 
 
-def _env_of(server: McpServer, environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The child's extra environment: the plain ``env`` settings, and each ``env_from`` variable as this node has it."""
+def _env_of(granted: GrantedServer, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """The child's extra environment: the plain ``env`` settings, and each ``env_from`` variable from the seat's node variable."""
     source = os.environ if environ is None else environ
-    env = dict(server.env)
-    for name in server.env_from:
-        if name in source:
-            env[name] = source[name]
+    env = dict(granted.server.env)
+    for name, var in granted.env_from.items():
+        if var in source:
+            env[name] = source[var]
     return env
 
 
-def _headers_of(server: McpServer) -> dict[str, str]:
-    """Each ``headers_from`` header with its value read from this node's environment (an unset variable sends no header)."""
-    return {header: os.environ[var] for header, var in server.headers_from.items() if var in os.environ}
+def _headers_of(granted: GrantedServer) -> dict[str, str]:
+    """Each ``headers_from`` header with the seat's value from this node's environment (an unset variable sends no header)."""
+    return {header: os.environ[var] for header, var in granted.headers_from.items() if var in os.environ}
 
 
-def unset_variables(server: McpServer) -> list[str]:
-    """The variables ``env_from`` and ``headers_from`` name that this node's environment does not set (names, never values)."""
-    named = [*server.env_from, *server.headers_from.values()]
-    return sorted({name for name in named if name not in os.environ})
+def unset_variables(granted: GrantedServer, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """The node variables the grant reads for its server that this node's environment does not set (names, never values)."""
+    source = os.environ if environ is None else environ
+    return [name for name in granted.variables() if name not in source]
 
 
 def _log_stderr_line(seat: str, server: str, raw: bytes, cut: bool) -> None:
@@ -188,20 +191,23 @@ async def server_stderr(seat: str, server: str) -> AsyncIterator[TextIO]:
 
 
 @asynccontextmanager
-async def open_transport(server: McpServer, ended: asyncio.Event, *, seat: str = "") -> AsyncIterator["TransportStreams"]:
-    """The SDK transport to ``server`` (stdio child or streamable HTTP), its read side watched for its end.
+async def open_transport(
+    granted: GrantedServer, ended: asyncio.Event, *, seat: str = ""
+) -> AsyncIterator["TransportStreams"]:
+    """The SDK transport to the granted server (stdio child or streamable HTTP), its read side watched for its end.
 
     A stdio child's stderr is read into ``tool_server_stderr`` records under
     ``seat`` and the server's name (:func:`server_stderr`), never inherited.
     """
+    server = granted.server
     if server.command:
-        params = StdioServerParameters(command=server.command[0], args=list(server.command[1:]), env=_env_of(server))
+        params = StdioServerParameters(command=server.command[0], args=list(server.command[1:]), env=_env_of(granted))
         async with server_stderr(seat, server.name) as errlog:
             async with _watched(stdio_client(params, errlog=errlog), ended) as streams:
                 yield streams
         return
     async with AsyncExitStack() as stack:
-        http = await stack.enter_async_context(create_mcp_http_client(headers=_headers_of(server)))
+        http = await stack.enter_async_context(create_mcp_http_client(headers=_headers_of(granted)))
         streams = await stack.enter_async_context(_watched(streamable_http_client(server.url, http_client=http), ended))
         yield streams
 

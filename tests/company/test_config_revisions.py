@@ -77,20 +77,6 @@ def test_a_revision_with_a_bad_value_is_refused_with_the_same_error_as_the_file(
 
 
 @pytest.mark.django_db(databases=["default", "events"])
-def test_the_file_is_imported_as_the_first_revision_only_when_the_store_has_none(tmp_path: Path) -> None:
-    path = tmp_path / "company.yaml"
-    path.write_text(company_yaml())
-    first = revisions.import_first_revision(path)
-    assert first is not None and first.author == "up" and first.yaml_text == company_yaml()
-    assert revisions.active_revision().pk == first.pk
-
-    path.write_text(company_yaml(window_s=5))
-    assert revisions.import_first_revision(path) is None
-    assert list(ConfigRevision.objects.values_list("pk", flat=True)) == [first.pk]
-    assert revisions.active_revision().pk == first.pk
-
-
-@pytest.mark.django_db(databases=["default", "events"])
 def test_activating_moves_the_single_pointer_and_a_second_activation_is_no_change() -> None:
     one = revisions.create_revision(company_yaml(), author="ops")
     two = revisions.create_revision(company_yaml(window_s=2), author="ops")
@@ -290,7 +276,7 @@ async def test_on_the_real_broker_an_activation_nudge_reaches_the_poller_and_the
 
 
 @pytest.mark.django_db(databases=["default", "events"])
-def test_up_imports_its_company_file_and_serves_the_active_revision_over_the_file(tmp_path: Path) -> None:
+def test_up_imports_its_company_file_and_an_activation_in_the_admin_since_wins_over_a_changed_file(tmp_path: Path) -> None:
     from crewlet.management.commands.up import Command
     from crewlet.company.org import CompanyHolder
 
@@ -306,9 +292,10 @@ def test_up_imports_its_company_file_and_serves_the_active_revision_over_the_fil
 
     newer = revisions.create_revision(company_yaml(window_s=9), "ops")
     activation.activate(newer.pk, "ops")
-    path.write_text(company_yaml(window_s=3))  # the next start: the store's active revision wins over the file
+    path.write_text(company_yaml(window_s=3))  # the next start: the admin's activation since the import wins
     cmd.holder = CompanyHolder(load_company(path))
-    cmd.import_company({"company": str(path)})
+    assert cmd.import_company({"company": str(path)}) is None  # nothing to announce: the pointer did not move
     cmd.adopt_active_revision()
-    assert ConfigRevision.objects.count() == 2
+    assert ConfigRevision.objects.count() == 3  # the file is stored, for the admin to activate
+    assert revisions.active_revision().pk == newer.pk
     assert cmd.holder.current().coalesce_window_s == 9

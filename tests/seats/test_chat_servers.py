@@ -20,7 +20,7 @@ from mcp import Client
 
 from chat_vendor_support import CallLog, MattermostApi, SlackWebApi, mattermost_api, slack_web_api
 from crewlet.company.conf import ToolSettings
-from crewlet.company.org import CompanyHolder, McpServer, Organization
+from crewlet.company.org import CompanyHolder, Organization
 from crewlet.company.parse import parse_company
 from seats.tools import ToolCall
 from seats.tools.mcp import McpToolbox
@@ -101,16 +101,19 @@ async def chat() -> AsyncIterator[Vendors]:
         yield running
 
 
-async def listed(server: McpServer) -> dict[str, Any]:
+async def listed(org: Organization, name: str) -> dict[str, Any]:
+    ada = org.seat_by_handle("ada")
+    assert ada is not None
+    (granted,) = [g for g in org.granted_servers(ada) if g.name == name]
     with environment(SLACK_BOT_TOKEN="unused", MATTERMOST_BOT_TOKEN="unused"):
-        async with Client(open_transport(server, asyncio.Event(), seat="ada")) as client:
+        async with Client(open_transport(granted, asyncio.Event(), seat="ada")) as client:
             return {tool.name: tool for tool in (await client.list_tools()).tools}
 
 
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("name", ["slack", "mm"])
 async def test_each_chat_server_lists_its_four_tools_annotated_as_the_read_or_the_write_each_is(chat: Vendors, name: str) -> None:
-    tools = await listed(chat.org.mcp_servers[name])
+    tools = await listed(chat.org, name)
     assert set(tools) == set(HINTS)
     for tool_name, (read_only, destructive, idempotent) in HINTS.items():
         hints = tools[tool_name].annotations

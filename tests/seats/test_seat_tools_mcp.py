@@ -281,8 +281,9 @@ def test_the_variables_a_server_is_given_by_name_and_the_node_lacks_are_named_ne
             "tracker": {"url": "http://127.0.0.1:1/mcp", "headers_from": {"Authorization": "MISSING_AUTH"}},
         }
     )
-    assert unset_variables(org.mcp_servers["chat"]) == ["MISSING_TOKEN"]
-    assert unset_variables(org.mcp_servers["tracker"]) == ["MISSING_AUTH"]
+    chat, tracker = org.granted_servers(org.seat_by_handle("ada"))
+    assert unset_variables(chat) == ["MISSING_TOKEN"]
+    assert unset_variables(tracker) == ["MISSING_AUTH"]
 
 
 def test_a_seat_with_tools_is_told_which_thread_its_message_came_from_so_a_chat_tool_can_answer_there() -> None:

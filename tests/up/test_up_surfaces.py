@@ -12,7 +12,7 @@ import pytest
 
 from notifications.parsers import FORM_MEDIA
 from notifications_support import SECRETS, fixture_bytes, hex_hmac, hub256_headers, slack_headers
-from test_notifications_forms import block_actions, github_form, interaction, slash
+from notifications_support import block_actions, github_form, interaction, slash
 from tests.up_support import UpProcess, http_call, http_json, serve, turn_completed, up_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

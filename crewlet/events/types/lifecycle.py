@@ -44,11 +44,13 @@ class ConfigRevisionActivated(EventBody):
     previous_revision: int = 0
     activated_by: str = ""
     activated_by_seat: str = ""
+    #: The company file the revision was imported from at start ("" for an activation in the admin).
+    source_file: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         who = _s(self.activated_by) or _s(self.activated_by_seat) or self.actor(event)
         prev = f" (was {self.previous_revision})" if self.previous_revision else ""
-        return f"{who} activated config revision {self.revision}{prev}"
+        return f"{who} activated config revision {self.revision}{prev}" + _tail(self.source_file, " from ")
 
 
 @register("config_revision_applied", category=LIFECYCLE)

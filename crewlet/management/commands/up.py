@@ -3,7 +3,9 @@
 In order: the data directory (``--data-dir``: the SQLite files and, unless
 ``--store-dir`` says otherwise, the embedded broker's JetStream directory),
 migrations of both databases (``default`` and ``events``), the company
-(``--company``), ``CREWLET_OPERATOR_TOKEN``, then the engine — embedded broker,
+(``--company``: imported as a new active revision when it changed since its
+last import, see :func:`crewlet.company.revisions.import_company_file`),
+``CREWLET_OPERATOR_TOKEN``, then the engine — embedded broker,
 event store writer, seat runtime (mailboxes, inbox loops, scheduler, sweeps),
 notifications — with the ASGI app served by Daphne on ``--addr`` on the
 engine's own loop (``crewlet.http.web``). ``Crewlet is up: <url> (node <id>)`` is
@@ -24,6 +26,7 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from crewlet.engine import activation
 from crewlet.http import web
 from crewlet.company.conf import SettingsError
 from crewlet.company.loading import load_settings
@@ -111,14 +114,19 @@ class Command(RunConsumersCommand):
             call_command("migrate", database=alias, interactive=False, verbosity=0)
         connections.close_all()  # the engine's threads open their own
 
-    def import_company(self, options: dict[str, Any]) -> None:
-        """The company file becomes the first config revision (and the active one) when the store has none."""
+    def import_company(self, options: dict[str, Any]) -> Any:
+        """The company file becomes the active revision unless it says nothing new or an admin's activation stands.
+
+        What happens and why is :func:`crewlet.company.revisions.import_company_file`'s
+        (and its one log line); the activation it made, if any, to be announced once the engine runs.
+        """
         from crewlet.company.fields import CompanyError
         from crewlet.company.parse import EXAMPLE_COMPANY
-        from crewlet.company.revisions import import_first_revision
+        from crewlet.company.revisions import import_company_file
 
+        given = options.get("company")
         try:
-            import_first_revision(options.get("company") or EXAMPLE_COMPANY, author="up")
+            return import_company_file(given or EXAMPLE_COMPANY, author="up", given=bool(given)).activation
         except CompanyError as exc:
             raise CommandError(str(exc)) from None
 
@@ -139,7 +147,9 @@ class Command(RunConsumersCommand):
         engine = self.engine(options)
         self.migrate()
         self.seed_operator_token()
-        self.import_company(options)
+        imported = self.import_company(options)
+        if imported is not None:
+            activation.announce_at_start(engine, imported)
         self.adopt_active_revision()
         self.hint_staff_user(data_dir)
         self.stdout.write(
