@@ -91,7 +91,15 @@ def test_the_company_file_lines_the_docs_show_grant_ada_both_chat_servers() -> N
         "  slack: {builtin: slack}\n"
         "  mattermost: {builtin: mattermost}\n"
         "seats:\n"
-        "  - {handle: ada, kind: agent, tools: [slack, mattermost], identities: {slack: U0ADA, mattermost: ada}}\n"
+        "  - handle: ada\n"
+        "    kind: agent\n"
+        "    identities: {slack: U0ADA, mattermost: ada}\n"
+        "    tools:\n"
+        "      - {server: slack, env: {SLACK_BOT_TOKEN: ADA_SLACK_BOT_TOKEN}}\n"
+        "      - {server: mattermost, env: {MATTERMOST_BOT_TOKEN: ADA_MATTERMOST_BOT_TOKEN}}\n"
     )
     ada = org.seat_by_handle("ada")
     assert ada is not None and [s.builtin for s in org.mcp_servers_of(ada)] == ["slack", "mattermost"]
+    assert [dict(g.env_from) for g in org.granted_servers(ada)] == [
+        {"SLACK_BOT_TOKEN": "ADA_SLACK_BOT_TOKEN"}, {"MATTERMOST_BOT_TOKEN": "ADA_MATTERMOST_BOT_TOKEN"}
+    ]

@@ -3,7 +3,9 @@ replied to in its thread with ada's own bot token, the working indicator set as 
 it ends, and a vendor refusing the indicator changing nothing else.
 
 The company grants ada the shipped chat servers (``builtin: slack``,
-``builtin: mattermost``) pointed at local servers that speak Slack's Web API
+``builtin: mattermost``), each grant mapping the server's token variable to
+ada's own (``{server: slack, env: {SLACK_BOT_TOKEN: ADA_SLACK_BOT_TOKEN}}``)
+while the shared variables hold other tokens, pointed at local servers that speak Slack's Web API
 and Mattermost's REST API v4 (``tests/chat_vendor_support.py``); the model
 is a local OpenAI-compatible server that answers a known question with the
 reply tool's call. Every vendor call and every model request lands in one
@@ -31,6 +33,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TOKEN = "chat-reply-up-operator-token-0123456789"
 ADA_SLACK_TOKEN = "xoxb-ada-own-bot-token-4242"
 ADA_MM_TOKEN = "ada-own-mattermost-bot-token"
+#: The company-wide bot tokens, under the servers' own variable names: what a seat without a mapping would use.
+SHARED_SLACK_TOKEN = "xoxb-company-shared-bot-token"
+SHARED_MM_TOKEN = "company-shared-mattermost-token"
 ADA_MM_USER = "adabotuser00000000000000aa"
 ADA_MM_ID = "xei6dqz8xfgm7kqzddjziyofyo"
 GRACE_MM_ID = "cmr7sncacib4xfhd6yo3n4tf5e"
@@ -46,8 +51,9 @@ mcp_servers:
   slack: {builtin: slack}
   mattermost: {builtin: mattermost}
 seats:
-  - {handle: ada, kind: agent, role: engineer, tools: [slack, mattermost], max_rounds: 4,
-     identities: {slack: U0ADA, mattermost: ADA_MM_ID}}
+  - {handle: ada, kind: agent, role: engineer, max_rounds: 4, identities: {slack: U0ADA, mattermost: ADA_MM_ID},
+     tools: [{server: slack, env: {SLACK_BOT_TOKEN: ADA_SLACK_BOT_TOKEN}},
+             {server: mattermost, env: {MATTERMOST_BOT_TOKEN: ADA_MATTERMOST_BOT_TOKEN}}]}
   - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE, mattermost: GRACE_MM_ID}}
 """
 
@@ -134,8 +140,8 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatUp]:
     log = CallLog()
     model = Model(log)
     with (
-        slack_web_api(log, {ADA_SLACK_TOKEN}) as slack,
-        mattermost_api(log, {ADA_MM_TOKEN: ADA_MM_USER}) as mattermost,
+        slack_web_api(log, {ADA_SLACK_TOKEN, SHARED_SLACK_TOKEN}) as slack,
+        mattermost_api(log, {ADA_MM_TOKEN: ADA_MM_USER, SHARED_MM_TOKEN: "companybotuser000000000000"}) as mattermost,
         json_vendor(model.answer) as model_url,
     ):
         text = COMPANY
@@ -146,8 +152,10 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatUp]:
         env = up_env(
             CREWLET_OPERATOR_TOKEN=TOKEN, CREWLET_VAR_DIR=str(tmp / "data"), CHAT_UP_OPENAI_KEY="sk-chat-up-test-key",
             SLACK_SIGNING_SECRET="unused", MATTERMOST_WEBHOOK_TOKEN="unused",
-            # What ada's grants feed her servers and her indicator: her own bots' tokens.
-            SLACK_BOT_TOKEN=ADA_SLACK_TOKEN, MATTERMOST_BOT_TOKEN=ADA_MM_TOKEN,
+            # Ada's grants map the servers' token variables to her own bots' tokens; the shared ones are
+            # set too, so a call made with anything but hers would show its token.
+            ADA_SLACK_BOT_TOKEN=ADA_SLACK_TOKEN, ADA_MATTERMOST_BOT_TOKEN=ADA_MM_TOKEN,
+            SLACK_BOT_TOKEN=SHARED_SLACK_TOKEN, MATTERMOST_BOT_TOKEN=SHARED_MM_TOKEN,
             CREWLET_TOOLS_TYPING_EVERY_S="0.2",
         )
         for process in serve(UpProcess(tmp, "--company", str(tmp / "company.yaml"), node="t1", env=env)):
@@ -217,8 +225,8 @@ def test_a_mattermost_post_mentioning_ada_gets_her_reply_in_its_thread_with_her_
     assert not turn["failed"]
     posted = only(chat.log.of("mattermost", "/posts"), root_id=root["id"])
     assert (posted.verb, posted.token, posted.args) == ("POST", ADA_MM_TOKEN, reply)
-    assert chat.mattermost.posts[[i for i, p in chat.mattermost.posts.items() if p["message"] == "Deployed at ten."][0]][
-        "user_id"] == ADA_MM_USER
+    (stored,) = [p for p in chat.mattermost.posts.values() if p["message"] == "Deployed at ten."]
+    assert (stored["user_id"], stored["root_id"]) == (ADA_MM_USER, root["id"])  # posted as ada's bot, in the thread
 
     # The typing event in the thread, from the turn's start, re-sent while it ran and not after it ended.
     typing = [c for c in chat.log.of("mattermost", "/users/me/typing") if c.args.get("parent_id") == root["id"]]

@@ -148,6 +148,26 @@ async def test_a_slack_refusal_is_logged_once_for_the_turn_and_nothing_is_remove
     assert log.of("slack", "reactions.remove") == []
 
 
+async def test_the_token_is_the_one_the_seats_grant_maps_the_servers_token_to(slack: SlackWebApi, log: CallLog) -> None:
+    org = parse_company(
+        {
+            "org": "acme",
+            "surfaces": {"slack": {"api_url": slack.url}},
+            "mcp_servers": {"slack": {"builtin": "slack"}},
+            "seats": [{"handle": "ada", "kind": "agent",
+                       "tools": [{"server": "slack", "env": {"SLACK_BOT_TOKEN": "ADA_SLACK_BOT_TOKEN"}}]}],
+        }
+    )
+    ada = org.seat_by_handle("ada")
+    assert ada is not None
+    running = WorkingIndicators(SETTINGS, environ={"SLACK_BOT_TOKEN": "xoxb-shared", "ADA_SLACK_BOT_TOKEN": SLACK_TOKEN})
+    end = running.begin(org, ada, trigger_of(chat_wake("slack", "slack:C0DEV:1718000000.000100", "C0DEV:1718000000.000100")))
+    assert end is not None
+    end()
+    await eventually(lambda: running.running() == 0, what="the indicator done")
+    assert [c.token for c in log.calls] == [SLACK_TOKEN, SLACK_TOKEN]  # added and removed with ada's own
+
+
 async def test_a_seat_granted_no_slack_server_shows_nothing_there(slack: SlackWebApi, log: CallLog) -> None:
     org, ada = company(slack_url=slack.url, tools=("mm",))
     assert indicators().begin(org, ada, trigger_of(chat_wake("slack", "slack:C0DEV:1718000000.000100", "C0DEV:1718000000.000100"))) is None
