@@ -421,5 +421,7 @@ LOGGING: dict[str, Any] = {
         "nats": {"level": "WARNING", "propagate": True},
         # The model and MCP SDKs' HTTP client logs every request at INFO; a turn logs its own rounds.
         "httpx2": {"level": "WARNING", "propagate": True},
+        # So does the Mattermost driver's (httpx), on every tool call and working-indicator call.
+        "httpx": {"level": "WARNING", "propagate": True},
     },
 }

@@ -17,6 +17,14 @@ the others still run: the turn happened, and redoing it is the duplicate the
 ledger prevents. The a2a app declares the one that sends an answering turn's
 response back.
 
+``around_turn`` holds plain callables ``(org, seat, trigger)`` called as a
+turn starts on the node running it (:func:`begin_turn`, from the turn's
+task); what one returns, when not None, is called as that turn ends,
+however it ends. Neither is awaited, so a hook cannot delay the turn it
+brackets: one with work to do (a vendor call) starts a task of its own. A
+hook that raises is logged and the turn runs all the same. The seats app
+declares the chat working indicator (:mod:`seats.indicator`).
+
 ``builtin_tools`` holds the tools the engine itself offers a model beside a
 seat's MCP tools (a seat is granted one by naming it in its ``tools``). A
 built-in runs in the turn's own task with the turn's queue, seat and
@@ -31,7 +39,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Awaitable, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Awaitable, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 from django.apps import apps
 
@@ -44,6 +52,10 @@ from seats.turn_types import Trigger, TurnResult
 log = logging.getLogger("crewlet.seats.hooks")
 
 AfterTurn = Callable[[EventQueue, Seat, Sequence[Event], TurnResult], Awaitable[None]]
+#: What an around-turn hook returns, called as the turn ends.
+TurnEnd = Callable[[], None]
+AroundTurn = Callable[[Organization, Seat, Trigger], Optional[TurnEnd]]
+_H = TypeVar("_H")
 
 
 class BuiltinToolError(Exception):
@@ -70,25 +82,41 @@ class BuiltinTool:
     ends_turn: bool = False
 
 
+def _once(hooks: Iterable[_H]) -> tuple[_H, ...]:
+    """``hooks`` in order, each once (compared by equality: a hook need not be hashable)."""
+    kept: list[_H] = []
+    for hook in hooks:
+        if hook not in kept:
+            kept.append(hook)
+    return tuple(kept)
+
+
 def _no_tools() -> Mapping[str, BuiltinTool]:
     return MappingProxyType({})
 
 
 @dataclass(frozen=True)
 class TurnHooks:
-    """The after-turn hooks, in the order they run, and the built-in tools by name: a declaration, never changed."""
+    """The after-turn and around-turn hooks, in the order they run, and the built-in tools by name: a declaration, never changed."""
 
     after_turn: tuple[AfterTurn, ...] = ()
     builtin_tools: Mapping[str, BuiltinTool] = field(default_factory=_no_tools)
+    around_turn: tuple[AroundTurn, ...] = ()
 
     @classmethod
-    def of(cls, *, after_turn: Iterable[AfterTurn] = (), builtin_tools: Iterable[BuiltinTool] = ()) -> TurnHooks:
+    def of(
+        cls,
+        *,
+        after_turn: Iterable[AfterTurn] = (),
+        builtin_tools: Iterable[BuiltinTool] = (),
+        around_turn: Iterable[AroundTurn] = (),
+    ) -> TurnHooks:
         """Hooks and tools as one declaration: a hook named twice runs once, and the last tool of a name is the one offered."""
-        hooks: list[AfterTurn] = []
-        for hook in after_turn:
-            if hook not in hooks:
-                hooks.append(hook)
-        return cls(after_turn=tuple(hooks), builtin_tools=MappingProxyType({tool.spec.name: tool for tool in builtin_tools}))
+        return cls(
+            after_turn=_once(after_turn),
+            builtin_tools=MappingProxyType({tool.spec.name: tool for tool in builtin_tools}),
+            around_turn=_once(around_turn),
+        )
 
 
 def declared_hooks() -> TurnHooks:
@@ -99,6 +127,7 @@ def declared_hooks() -> TurnHooks:
     """
     after_turn: list[AfterTurn] = []
     builtin_tools: list[BuiltinTool] = []
+    around_turn: list[AroundTurn] = []
     for config in apps.get_app_configs():
         contribute: Optional[Callable[[], TurnHooks]] = getattr(config, "turn_hooks", None)
         if contribute is None:
@@ -106,7 +135,44 @@ def declared_hooks() -> TurnHooks:
         hooks = contribute()
         after_turn.extend(hooks.after_turn)
         builtin_tools.extend(hooks.builtin_tools.values())
-    return TurnHooks.of(after_turn=after_turn, builtin_tools=builtin_tools)
+        around_turn.extend(hooks.around_turn)
+    return TurnHooks.of(after_turn=after_turn, builtin_tools=builtin_tools, around_turn=around_turn)
+
+
+def _hook_name(hook: object) -> str:
+    return getattr(hook, "__qualname__", None) or repr(hook)
+
+
+def begin_turn(hooks: TurnHooks, org: Organization, seat: Seat, trigger: Trigger) -> TurnEnd:
+    """Call every around-turn hook as ``trigger``'s turn starts; the callable that ends them all (in reverse order).
+
+    Neither this nor what it returns raises for a hook: a failing one is
+    logged and the turn goes on.
+    """
+    ends: list[TurnEnd] = []
+    for hook in hooks.around_turn:
+        try:
+            end = hook(org, seat, trigger)
+        except Exception:
+            log.exception(
+                "seat_around_turn_hook_failed",
+                extra={"seat": seat.handle, "turn_id": trigger.turn_id, "hook": _hook_name(hook), "at": "start"},
+            )
+            continue
+        if end is not None:
+            ends.append(end)
+
+    def end_all() -> None:
+        for end in reversed(ends):
+            try:
+                end()
+            except Exception:
+                log.exception(
+                    "seat_around_turn_hook_failed",
+                    extra={"seat": seat.handle, "turn_id": trigger.turn_id, "hook": _hook_name(end), "at": "end"},
+                )
+
+    return end_all
 
 
 async def run_after_turn(
@@ -131,10 +197,13 @@ async def run_after_turn(
 
 __all__ = [
     "AfterTurn",
+    "AroundTurn",
     "BuiltinCall",
     "BuiltinTool",
     "BuiltinToolError",
+    "TurnEnd",
     "TurnHooks",
+    "begin_turn",
     "declared_hooks",
     "run_after_turn",
 ]

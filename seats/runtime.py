@@ -42,6 +42,7 @@ from seats import actions
 from seats.coalescer import Merge, batch_options, coalesce
 from seats.gate import ConcurrencyGate
 from seats.inbox import STORE_RETRY_S, InboxLoop
+from seats.indicator import WORKING_INDICATOR
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
@@ -475,7 +476,8 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
 
     It starts once the event store's writer is attached (so what it
     publishes is stored) and the seats' toolbox runs (:data:`SEAT_TOOLS`,
-    which its turns call and which stops after it), and publishes telemetry
+    which its turns call and which stops after it, as do the chat working
+    indicators, :data:`~seats.indicator.WORKING_INDICATOR`), and publishes telemetry
     through the engine's emitter. In production a multi-wake partition is merged by the
     digest (``seats.coalescer.coalesce``) into ONE trigger.
     """
@@ -504,7 +506,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
         return runtime
 
-    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS, FLEET))]
+    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS, FLEET, WORKING_INDICATOR))]
 
 
 def install(engine: "Engine", **options: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Optional
 
 from crewlet.base.logfmt import short_reason
 from crewlet.company.org import Seat
+from seats.hooks import begin_turn
 from seats.turn_types import ERR_CRASHED, OUTCOME_FAILED, Trigger, TurnResult, TurnStop
 from seats.turns import TurnRunner
 
@@ -118,7 +119,12 @@ class TurnTask:
             await asyncio.wait({task})
 
     async def run(self, seat: Seat, trigger: Trigger) -> TurnResult:
-        """The runner in its own task, so a person's stop_running can end it; a crash is a failed ``crashed`` result."""
+        """The runner in its own task, so a person's stop_running can end it; a crash is a failed ``crashed`` result.
+
+        The around-turn hooks (the chat working indicator) start with it and
+        end once it has ended, however it ended; neither is waited on.
+        """
+        end_hooks = begin_turn(self.runner.hooks, self.runner.holder.current(), seat, trigger)
         task = asyncio.get_running_loop().create_task(
             self.runner.run(seat, trigger), name=f"seat-turn:{seat.handle}:{trigger.turn_id}"
         )
@@ -136,6 +142,7 @@ class TurnTask:
             log_failure(self.log, self.handle, "seat_turn_crashed", exc, trigger.first_delivery, turn_id=trigger.turn_id)
             return TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, error=short_reason(exc, 1000), error_kind=ERR_CRASHED)
         finally:
+            end_hooks()
             if self._stop_timer is not None:
                 self._stop_timer.cancel()
             self._task = self._trigger = self._stop_timer = None

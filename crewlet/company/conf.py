@@ -372,6 +372,10 @@ class ToolSettings(_Section):
     within ``start_timeout_s`` is reported unavailable and the seat's turn runs
     without it; a server that died is started again after a backoff doubling
     from ``restart_backoff_s`` (up to a minute, or that setting when larger).
+    The chat working indicator a turn shows (``seats.indicator``) is
+    best-effort: each of its calls gives up after ``indicator_timeout_s``,
+    and Mattermost's typing event, which clients show for a few seconds, is
+    sent again every ``typing_every_s`` while the turn runs.
     """
 
     SECTION = "tools"
@@ -387,6 +391,14 @@ class ToolSettings(_Section):
     restart_backoff_s: float = setting(
         1.0, env="CREWLET_TOOLS_RESTART_BACKOFF_S", bounds=(MIN_BACKOFF_S, 3600),
         doc="wait before restarting an MCP server that died or would not start; doubles per failed start, to a minute",
+    )
+    indicator_timeout_s: float = setting(
+        10.0, env="CREWLET_TOOLS_INDICATOR_TIMEOUT_S", bounds=(0.1, 120),
+        doc="the longest one call of the chat working indicator (a reaction, a typing event) may take",
+    )
+    typing_every_s: float = setting(
+        4.0, env="CREWLET_TOOLS_TYPING_EVERY_S", bounds=(0.05, 60),
+        doc="how often a running turn sends Mattermost's typing event again (clients show it for a few seconds)",
     )
 
 

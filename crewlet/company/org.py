@@ -45,6 +45,8 @@ SURFACE_MODES = (MODE_WEBHOOK, MODE_SOCKET)
 #: Web API is ``https://slack.com/api/`` unless said otherwise).
 SURFACE_SOCKET_TOKEN_KEYS = {"slack": "app_token_env", "mattermost": "bot_token_env"}
 SURFACE_SERVER_KEYS = {"slack": "api_url", "mattermost": "server"}
+#: Slack's Web API base when ``surfaces.slack.api_url`` names none (the socket, the chat tools, the working indicator).
+SLACK_DEFAULT_API_URL = "https://slack.com/api/"
 #: The surfaces whose socket needs its server named.
 SURFACE_SERVER_REQUIRED = frozenset({"mattermost"})
 PROVIDER_KINDS = ("echo", "openai", "anthropic")
@@ -89,7 +91,9 @@ class McpServer:
     variables of the node's environment passed through to the child, and
     ``headers_from`` maps an HTTP header to the variable holding its value,
     so the company file (stored, diffed, shown in the admin) holds names only.
-    ``env`` is for plain settings (a directory, a log level).
+    ``env`` is for plain settings (a directory, a log level). ``builtin``
+    names the shipped chat server it runs (``slack``, ``mattermost``;
+    :mod:`crewlet.company.builtin_servers`), empty for a company's own.
     """
 
     name: str
@@ -98,6 +102,7 @@ class McpServer:
     env_from: tuple[str, ...] = ()
     url: str = ""
     headers_from: Mapping[str, str] = field(default_factory=dict)
+    builtin: str = ""
 
     @property
     def transport(self) -> str:
@@ -153,7 +158,9 @@ class Surface:
 
     ``secret_env`` names the variable holding what a webhook delivery is
     verified with; in ``socket`` mode, ``token_env`` names the token the
-    socket authenticates with and ``server`` where it connects.
+    socket authenticates with. ``server`` is the vendor's server in either
+    mode: where the socket connects, and what the shipped chat tools and the
+    working indicator call.
     """
 
     name: str

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 
 from crewlet.base.logfmt import is_secret_name
 from crewlet.company.chat_identity import check_seat_identities, seat_mattermost, seat_slack, seat_socket_kinds
+from crewlet.company.builtin_servers import BUILTIN_KEY, BuiltinServerError, builtin_mcp_server
 from crewlet.company.conf import NODE_ID_PATTERN
 from crewlet.company.fields import (
     _ENV,
@@ -45,7 +46,6 @@ from crewlet.company.org import (
     SURFACE_SERVER_REQUIRED,
     SURFACE_SOCKET_TOKEN_KEYS,
     SURFACES,
-    SEAT_SOCKET_ANY_MODE,
     McpServer,
     Organization,
     Placement,
@@ -222,7 +222,20 @@ def _model_options(kind: str, options: dict[str, Any], name: str, source: Option
         options[RETRY_KEY] = parse_retry(options[RETRY_KEY], f"{name}.{RETRY_KEY}", source)
 
 
-def _mcp_servers(value: Any, source: Optional[str]) -> dict[str, McpServer]:
+def _builtin_server(sname: str, body: Mapping[str, Any], surfaces: Mapping[str, Surface], source: Optional[str]) -> McpServer:
+    """``{builtin: slack}``: a shipped chat server, alone (the engine makes its command and environment)."""
+    for key in body:
+        if key != BUILTIN_KEY:
+            raise CompanyError(
+                f"mcp_servers.{sname}.{key}", body[key], "a builtin server takes no other key (its token and URL are the engine's)", source
+            )
+    try:
+        return builtin_mcp_server(sname, body[BUILTIN_KEY], surfaces)
+    except BuiltinServerError as exc:
+        raise CompanyError(exc.field, exc.value, exc.allowed, source) from None
+
+
+def _mcp_servers(value: Any, surfaces: Mapping[str, Surface], source: Optional[str]) -> dict[str, McpServer]:
     servers: dict[str, McpServer] = {}
     for sname, body in _mapping(value, "mcp_servers", source).items():
         sname = _string(
@@ -231,7 +244,11 @@ def _mcp_servers(value: Any, source: Optional[str]) -> dict[str, McpServer]:
         )
         if sname in BUILTIN_TOOLS:
             raise CompanyError(f"mcp_servers.{sname}", sname, "is the name of a built-in tool; choose another", source)
-        servers[sname] = _mcp_server(sname, _mapping(body, f"mcp_servers.{sname}", source), source)
+        body = _mapping(body, f"mcp_servers.{sname}", source)
+        if BUILTIN_KEY in body:
+            servers[sname] = _builtin_server(sname, body, surfaces, source)
+            continue
+        servers[sname] = _mcp_server(sname, body, source)
     return servers
 
 
@@ -275,34 +292,33 @@ _TOP_KEYS = (
 
 
 def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, str]:
-    """A surface's mode, and in ``socket`` mode the token variable and the server it connects with.
+    """A surface's mode and server (read in either mode), and in ``socket`` mode the token variable.
 
-    ``seat_sockets``: the kinds a seat names its own socket token for; those
-    sockets dial the surface's server, and the company-level token may be left out.
+    The server is read in either mode: a socket dials it, the shipped chat
+    tools call it. ``seat_sockets``: the kinds a seat names its own socket
+    token for; those sockets dial the surface's server too, and the
+    company-level token may then be left out.
     """
     mode = body.get("mode", MODE_WEBHOOK)
     if mode not in SURFACE_MODES:
         raise CompanyError(f"surfaces.{name}.mode", mode, f"must be one of {', '.join(SURFACE_MODES)}", source)
-    seat_socket_now = name in seat_sockets and name in SEAT_SOCKET_ANY_MODE
-    if mode != MODE_SOCKET:
-        for key in (SURFACE_SOCKET_TOKEN_KEYS.get(name), None if seat_socket_now else SURFACE_SERVER_KEYS.get(name)):
-            if key and key in body:
-                raise CompanyError(f"surfaces.{name}.{key}", body[key], "is read only with mode: socket", source)
-        if not seat_socket_now:
-            return {"mode": mode}
-    token_key, server_key = SURFACE_SOCKET_TOKEN_KEYS[name], SURFACE_SERVER_KEYS[name]
-    token_env = ""
-    if token_key in body or mode == MODE_SOCKET and name not in seat_sockets:
-        what = "is required with mode: socket (the variable holding its token)"
-        if token_key not in body:
-            raise CompanyError(f"surfaces.{name}.{token_key}", None, what, source)
-        token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
-    server = body.get(server_key, "")
-    if server or name in SURFACE_SERVER_REQUIRED:
+    token_key, server_key = SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)
+    server = body.get(server_key, "") if server_key else ""
+    if server_key and (server or (mode == MODE_SOCKET and name in SURFACE_SERVER_REQUIRED)):
         server = _string(server or None, f"surfaces.{name}.{server_key}", source)
         if not re.match(r"^https?://[^/\s]+", server):
             raise CompanyError(f"surfaces.{name}.{server_key}", server, "must be an http:// or https:// URL", source)
-    return {"mode": mode, "token_env": token_env, "server": server.rstrip("/") if server else ""}
+    if mode != MODE_SOCKET:
+        if token_key and token_key in body:
+            raise CompanyError(f"surfaces.{name}.{token_key}", body[token_key], "is read only with mode: socket", source)
+        return {"mode": mode, "server": server.rstrip("/")}
+    assert token_key is not None  # the socket modes' surfaces are SURFACE_SOCKET_TOKEN_KEYS'
+    token_env = ""
+    if token_key in body or name not in seat_sockets:
+        if token_key not in body:
+            raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
+        token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
+    return {"mode": mode, "token_env": token_env, "server": server.rstrip("/")}
 
 
 def _providers(value: Any, source: Optional[str]) -> list[Provider]:
@@ -498,8 +514,9 @@ def parse_company(
     The sections are read in a fixed order, each by its own step, so a file
     with several bad values is refused for the same one every time: the seats
     after the MCP servers their ``tools`` grant, the schedules after the seats
-    they wake. ``included`` is where the files the company includes are read
-    from (a seat's ``instructions_file``): a stored revision's, none by default.
+    they wake, the MCP servers after the surfaces a builtin one calls.
+    ``included`` is where the files the company includes are read from (a
+    seat's ``instructions_file``): a stored revision's, none by default.
     """
     included = included if included is not None else StoredFiles()
     if not isinstance(data, Mapping):
@@ -509,8 +526,8 @@ def parse_company(
     providers = _providers(data.get("providers"), source)
     max_concurrent = _node(data.get("node"), source)
     window, max_batch, rate = _notification_pacing(data, source)
-    mcp_servers = _mcp_servers(data.get("mcp_servers"), source)
     surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
+    mcp_servers = _mcp_servers(data.get("mcp_servers"), surfaces, source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
     seats = _seats_own(data.get("seats", []), seats, included, source)
     timezone = parse_timezone(data.get("timezone"), "timezone", source)

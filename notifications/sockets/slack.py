@@ -34,13 +34,14 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web import WebClient
 
+from crewlet.company.org import SLACK_DEFAULT_API_URL
 from crewlet.engine.runtime import EngineAway, call_on_loop
 from notifications.sockets import FrameNotTaken, SocketClient
 
 log = logging.getLogger("crewlet.notifications.sockets.slack")
 
 #: Slack's Web API when the company names none (``surfaces.slack.api_url``).
-DEFAULT_API_URL = "https://slack.com/api/"
+DEFAULT_API_URL = SLACK_DEFAULT_API_URL
 #: The envelope types that carry a delivery; each is handed to the edge the same way.
 ENVELOPE_TYPES = frozenset({"events_api", "slash_commands", "interactive"})
 HELLO = "hello"

@@ -74,6 +74,8 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "tools.call_timeout_s": "CREWLET_TOOLS_CALL_TIMEOUT_S",
         "tools.start_timeout_s": "CREWLET_TOOLS_START_TIMEOUT_S",
         "tools.restart_backoff_s": "CREWLET_TOOLS_RESTART_BACKOFF_S",
+        "tools.indicator_timeout_s": "CREWLET_TOOLS_INDICATOR_TIMEOUT_S",
+        "tools.typing_every_s": "CREWLET_TOOLS_TYPING_EVERY_S",
         "history.fleet_read_budget_s": "CREWLET_FLEET_READ_BUDGET_S",
         "fleet.lease_ttl_s": "CREWLET_FLEET_LEASE_TTL_S",
     }

@@ -171,7 +171,7 @@ def test_every_installed_app_contributes_its_services_and_the_store_starts_befor
     engine = an_engine()
     names = {service.name for service in app_services(engine)}
     keyed = {key.name for key in (FLEET, EVENT_STORE, FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER)}
-    assert keyed | {"eventstore_retention", "a2a_sweep", "seat_tools"} == names
+    assert keyed | {"eventstore_retention", "a2a_sweep", "seat_tools", "working_indicator"} == names
     order = [s.name for s in ordered(app_services(engine))]
 
     def at(key: ServiceKey[Any]) -> int:
