@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-from crewlet.company.org import SLACK_DEFAULT_API_URL, McpServer, Organization, Seat, Surface
+from crewlet.company.org import MATTERMOST_BOT_TOKEN_VAR, SLACK_BOT_TOKEN_VAR, SLACK_DEFAULT_API_URL, McpServer, Organization, Seat, Surface
 
 #: The key of an ``mcp_servers`` entry that names a shipped server instead of a command or a URL.
 BUILTIN_KEY = "builtin"
@@ -50,11 +50,11 @@ class BuiltinServer:
 
 
 SLACK = BuiltinServer(
-    kind="slack", module="seats.tools.servers.slack", token_env="SLACK_BOT_TOKEN", url_env="SLACK_API_URL",
+    kind="slack", module="seats.tools.servers.slack", token_env=SLACK_BOT_TOKEN_VAR, url_env="SLACK_API_URL",
     surface="slack", default_url=SLACK_DEFAULT_API_URL,
 )
 MATTERMOST = BuiltinServer(
-    kind="mattermost", module="seats.tools.servers.mattermost", token_env="MATTERMOST_BOT_TOKEN",
+    kind="mattermost", module="seats.tools.servers.mattermost", token_env=MATTERMOST_BOT_TOKEN_VAR,
     url_env="MATTERMOST_URL", surface="mattermost",
 )
 #: Every shipped server by the name ``builtin:`` gives it.

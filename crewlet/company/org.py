@@ -47,6 +47,10 @@ SURFACE_SOCKET_TOKEN_KEYS = {"slack": "app_token_env", "mattermost": "bot_token_
 SURFACE_SERVER_KEYS = {"slack": "api_url", "mattermost": "server"}
 #: Slack's Web API base when ``surfaces.slack.api_url`` names none (the socket, the chat tools, the working indicator).
 SLACK_DEFAULT_API_URL = "https://slack.com/api/"
+#: The variables a chat tool server reads its bot token from (the shipped ones, and the usual name elsewhere):
+#: a seat with its own chat identity feeds its bot token under these names unless its grant maps them itself.
+SLACK_BOT_TOKEN_VAR = "SLACK_BOT_TOKEN"
+MATTERMOST_BOT_TOKEN_VAR = "MATTERMOST_BOT_TOKEN"
 #: The surfaces whose socket needs its server named.
 SURFACE_SERVER_REQUIRED = frozenset({"mattermost"})
 PROVIDER_KINDS = ("echo", "openai", "anthropic")
@@ -389,11 +393,22 @@ def grant_env(seat: Seat, server: McpServer) -> dict[str, str]:
 
     A variable is read under its own name unless the seat's grant maps it
     (``seats[].tools: [{server, env: {VAR: SEAT_VAR}}]``). The one place a
-    seat's default for a server's variables is decided: a default the seat
-    brings itself goes here, under the grant's explicit mapping.
+    seat's default for a server's variables is decided: a seat with its own
+    chat identity (``seats[].slack``, ``seats[].mattermost``) feeds its bot
+    token under :data:`SLACK_BOT_TOKEN_VAR` / :data:`MATTERMOST_BOT_TOKEN_VAR`
+    to every server that reads one, so the identity is not repeated in each
+    grant; the grant's explicit mapping wins over that.
     """
-    mapped = dict(seat.grants[server.name].env) if server.name in seat.grants else {}
+    mapped = {**identity_env(seat), **(seat.grants[server.name].env if server.name in seat.grants else {})}
     return {name: mapped.get(name, name) for name in server.env_from}
+
+
+def identity_env(seat: Seat) -> dict[str, str]:
+    """The seat's chat identity as tool-server variables: the bot token name -> the node variable holding its token."""
+    own = {SLACK_BOT_TOKEN_VAR: seat.slack.bot_token_env} if seat.slack is not None else {}
+    if seat.mattermost is not None:
+        own[MATTERMOST_BOT_TOKEN_VAR] = seat.mattermost.bot_token_env
+    return own
 
 
 def grant_headers(seat: Seat, server: McpServer) -> dict[str, str]:

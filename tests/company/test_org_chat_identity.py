@@ -113,10 +113,13 @@ def test_a_human_seats_identity_with_an_inline_secret_is_refused_for_the_secret_
 def test_a_seats_app_token_lets_surfaces_slack_name_the_web_api_url_its_socket_dials_without_socket_mode() -> None:
     org = parse_company(doc(surfaces={"slack": {"api_url": "http://127.0.0.1:9/api/"}}))
     assert org.surfaces["slack"].server == "http://127.0.0.1:9/api" and org.surfaces["slack"].mode == "webhook"
-    # with no seat's app token there is no socket to dial it
+    # with no seat's app token it is still the Web API the shipped chat tools call
     no_token = doc(surfaces={"slack": {"api_url": "http://127.0.0.1:9/api/"}})
     no_token["seats"][1]["slack"].pop("app_token_env")
-    assert "surfaces.slack.api_url='http://127.0.0.1:9/api/': is read only with mode: socket" in refusal(no_token)
+    assert parse_company(no_token).surfaces["slack"].server == "http://127.0.0.1:9/api"
+    # the socket's own token stays a socket-mode key
+    app_token = doc(surfaces={"slack": {"app_token_env": "SLACK_APP_TOKEN"}})
+    assert "surfaces.slack.app_token_env='SLACK_APP_TOKEN': is read only with mode: socket" in refusal(app_token)
 
 
 def test_socket_mode_needs_no_company_level_token_when_the_seats_bring_their_own_and_still_does_without() -> None:

@@ -142,3 +142,19 @@ def test_a_company_file_writes_the_grant_inline_and_the_refusal_names_the_file()
         parse_company_text(text.replace("ADA_SLACK_BOT_TOKEN", "xoxb-1-2-secretvalue"), source="acme.yaml")
     assert "seats[0].tools[0].env.SLACK_BOT_TOKEN" in str(info.value) and "acme.yaml" in str(info.value)
     assert "secretvalue" not in str(info.value)
+
+
+def test_a_seats_own_chat_identity_feeds_its_bot_token_to_a_plain_grant_and_an_explicit_mapping_still_wins() -> None:
+    servers = {**SERVERS, "mm": {"command": ["mm-mcp"], "env_from": ["MATTERMOST_BOT_TOKEN"]}}
+    ada_app = {"app_id": "A0ADA", "signing_secret_env": "ADA_SLACK_SIGNING_SECRET", "bot_token_env": "ADA_SLACK_BOT_TOKEN"}
+    grace_app = {"app_id": "A0GRACE", "signing_secret_env": "GRACE_SLACK_SIGNING_SECRET", "bot_token_env": "GRACE_SLACK_BOT_TOKEN"}
+    org = parse_company({"org": "acme", "mcp_servers": servers, "seats": [
+        {"handle": "ada", "slack": ada_app, "mattermost": {"bot_token_env": "ADA_MM_TOKEN"}, "tools": ["slack", "mm"]},
+        {"handle": "grace", "slack": grace_app, "tools": [{"server": "slack", "env": {"SLACK_BOT_TOKEN": "GRACE_OTHER_TOKEN"}}]},
+        {"handle": "linus", "tools": ["slack"]},
+    ]})
+    ada, grace, linus = (org.seat_by_handle(h) for h in ("ada", "grace", "linus"))
+    assert grant_env(ada, org.mcp_servers["slack"]) == {"SLACK_BOT_TOKEN": "ADA_SLACK_BOT_TOKEN", "SLACK_TEAM_ID": "SLACK_TEAM_ID"}
+    assert grant_env(ada, org.mcp_servers["mm"]) == {"MATTERMOST_BOT_TOKEN": "ADA_MM_TOKEN"}
+    assert grant_env(grace, org.mcp_servers["slack"])["SLACK_BOT_TOKEN"] == "GRACE_OTHER_TOKEN"
+    assert grant_env(linus, org.mcp_servers["slack"])["SLACK_BOT_TOKEN"] == "SLACK_BOT_TOKEN"

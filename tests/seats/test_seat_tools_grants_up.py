@@ -74,7 +74,28 @@ def vendor() -> Iterator[tuple[Vendor, str]]:
         yield model, base_url
 
 
-def company(base_url: str, tracker_url: str) -> str:
+def company(base_url: str, tracker_url: str, identities: bool = False) -> str:
+    """Two seats granted ``chat`` and ``tracker``: the token mapped in each grant, or (``identities``) each seat's own Slack app."""
+    if identities:
+        seats = (
+            "  - handle: ada\n"
+            "    slack: {app_id: A0ADA, signing_secret_env: ADA_SLACK_SIGNING_SECRET, bot_token_env: ADA_SLACK_BOT_TOKEN}\n"
+            "    tools: [chat, {server: tracker, headers: {Authorization: ADA_TRACKER_AUTH}}]\n"
+            "  - handle: grace\n"
+            "    slack: {app_id: A0GRACE, signing_secret_env: GRACE_SLACK_SIGNING_SECRET, bot_token_env: GRACE_SLACK_BOT_TOKEN}\n"
+            "    tools: [chat, {server: tracker, headers: {authorization: GRACE_TRACKER_AUTH}}]\n"
+        )
+    else:
+        seats = (
+            "  - handle: ada\n"
+            "    identities: {slack: U0ADA}\n"
+            "    tools: [{server: chat, env: {SLACK_BOT_TOKEN: ADA_SLACK_BOT_TOKEN}},\n"
+            "            {server: tracker, headers: {Authorization: ADA_TRACKER_AUTH}}]\n"
+            "  - handle: grace\n"
+            "    identities: {slack: U0GRACE}\n"
+            "    tools: [{server: chat, env: {SLACK_BOT_TOKEN: GRACE_SLACK_BOT_TOKEN}},\n"
+            "            {server: tracker, headers: {authorization: GRACE_TRACKER_AUTH}}]\n"
+        )
     return (
         "org: acme\n"
         f"providers: {{llm: [{{kind: openai, base_url: \"{base_url}\", model: gpt-test, api_key_env: {API_KEY_ENV}}}]}}\n"
@@ -82,22 +103,15 @@ def company(base_url: str, tracker_url: str) -> str:
         f"  chat: {{command: {json.dumps(stdio_command())}, env_from: [SLACK_BOT_TOKEN, SLACK_TEAM_ID]}}\n"
         f"  tracker: {{url: \"{tracker_url}\", headers_from: {{Authorization: TRACKER_AUTH}}}}\n"
         "surfaces: {slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}}\n"
-        "seats:\n"
-        "  - handle: ada\n"
-        "    identities: {slack: U0ADA}\n"
-        "    tools: [{server: chat, env: {SLACK_BOT_TOKEN: ADA_SLACK_BOT_TOKEN}},\n"
-        "            {server: tracker, headers: {Authorization: ADA_TRACKER_AUTH}}]\n"
-        "  - handle: grace\n"
-        "    identities: {slack: U0GRACE}\n"
-        "    tools: [{server: chat, env: {SLACK_BOT_TOKEN: GRACE_SLACK_BOT_TOKEN}},\n"
-        "            {server: tracker, headers: {authorization: GRACE_TRACKER_AUTH}}]\n"
+        "seats:\n" + seats
     )
 
 
 def direct_message(up: UpProcess, bot: str) -> str:
-    """A Slack DM to ``bot``; the trace id it was accepted under."""
+    """A Slack DM to ``bot`` (through the app ``A<bot's id>``); the trace id it was accepted under."""
     dm = {
         "type": "event_callback",
+        "api_app_id": f"A{bot[1:]}",
         "event_id": f"Ev{uuid.uuid4().hex[:10]}",
         "event": {"type": "message", "channel": f"D{bot}", "channel_type": "im", "user": "U0LEAD",
                   "text": "which token do you have?", "ts": "1718000000.000300"},
@@ -114,13 +128,14 @@ def unset_warnings(output: str) -> list[str]:
     return [line for line in output.splitlines() if "event=tool_server_variable_unset" in line]
 
 
+@pytest.mark.parametrize("identities", [False, True], ids=["mapped in each grant", "from each seat's own slack app"])
 def test_two_seats_granted_the_same_servers_each_call_them_with_their_own_token_and_no_token_reaches_the_log(
-    tmp_path: Path, vendor: tuple[Vendor, str]
+    tmp_path: Path, vendor: tuple[Vendor, str], identities: bool
 ) -> None:
     model, base_url = vendor
     with http_server() as tracker_url:
-        (tmp_path / "company.yaml").write_text(company(base_url, tracker_url))
-        env = up_env(CREWLET_OPERATOR_TOKEN=OPERATOR, **SECRETS)
+        (tmp_path / "company.yaml").write_text(company(base_url, tracker_url, identities))
+        env = up_env(CREWLET_OPERATOR_TOKEN=OPERATOR, ADA_SLACK_SIGNING_SECRET="ada-signing", GRACE_SLACK_SIGNING_SECRET="grace-signing", **SECRETS)
         env.pop("SLACK_TEAM_ID", None)
         argv = ("--data-dir", str(tmp_path / "data"), "--company", str(tmp_path / "company.yaml"))
         with UpProcess(tmp_path, *argv, node="g1", env=env) as up:
