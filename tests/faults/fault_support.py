@@ -29,7 +29,7 @@ import time
 import urllib.parse
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar, cast
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 
 from tests import waiting_support
 from tests.process_support import REPO_ROOT, descendants, is_running
@@ -56,13 +56,25 @@ LOGS = REPO_ROOT / "var" / "ci" / "faults"
 _channel_seq = itertools.count(1)
 
 
+def identity(handle: str) -> str:
+    """The Slack user id of agent seat ``handle`` in :func:`company_yaml` (ada's is :data:`AGENT`)."""
+    return AGENT if handle == "ada" else f"U0{handle.upper()}"
+
+
 def company_yaml(
     *,
     providers: str = "[{kind: echo}]",
     max_concurrent: int = 4,
     coalesce_max_batch: int = 1,
+    agents: Sequence[str] = (),
 ) -> str:
-    """The example company, every surface verified (secrets from :data:`SECRETS`), one delivery per turn."""
+    """The example company, every surface verified (secrets from :data:`SECRETS`), one delivery per turn.
+
+    ``agents`` are more agent seats beside ada and linus, each reached by a DM to :func:`identity`.
+    """
+    more = "".join(
+        f"  - {{handle: {h}, kind: agent, role: engineer, identities: {{slack: {identity(h)}}}}}\n" for h in agents
+    )
     return f"""\
 org: acme
 providers:
@@ -83,7 +95,7 @@ seats:
   - {{handle: linus, kind: agent, role: reviewer, display_name: Linus,
      identities: {{slack: U0LINUS, mattermost: mmlinus, github: linus-bot}}}}
   - {{handle: grace, kind: human, role: lead, identities: {{slack: U0GRACE}}}}
-"""
+{more}"""
 
 
 #: What a check may raise while the process under test restarts: the wait asks again.
@@ -134,8 +146,10 @@ def new_channel(prefix: str = "DF") -> str:
     return f"{prefix}{os.getpid():X}{next(_channel_seq):06d}{uuid.uuid4().hex[:4].upper()}"
 
 
-def slack_dm(channel: str, text: str = "please summarise the build", *, event_id: Optional[str] = None) -> dict[str, Any]:
-    """A Slack DM to ada in ``channel`` (the README's delivery, one conversation per channel)."""
+def slack_dm(
+    channel: str, text: str = "please summarise the build", *, event_id: Optional[str] = None, agent: str = AGENT
+) -> dict[str, Any]:
+    """A Slack DM to the seat whose Slack id is ``agent`` (ada's by default) in ``channel``: one conversation per channel."""
     return {
         "type": "event_callback",
         "event_id": event_id or f"Ev{channel}",
@@ -144,10 +158,10 @@ def slack_dm(channel: str, text: str = "please summarise the build", *, event_id
             "channel": channel,
             "channel_type": "im",
             "user": "U0GRACE",
-            "text": f"<@{AGENT}> {text}",
+            "text": f"<@{agent}> {text}",
             "ts": f"{int(time.time())}.{next(_channel_seq):06d}",
         },
-        "authorizations": [{"user_id": AGENT, "is_bot": True}],
+        "authorizations": [{"user_id": agent, "is_bot": True}],
     }
 
 
@@ -287,6 +301,8 @@ class Outcome:
     started: dict[str, int]
     failed: dict[str, int]
     finished_at: dict[str, float]
+    #: Each delivery's turn starts, in order (wall clock).
+    started_at: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def runs(self, key: str) -> int:
         return self.completed.get(key, 0)
@@ -300,9 +316,9 @@ class Sender:
         self.deliveries: list[Delivery] = []
         self._lock = threading.Lock()
 
-    def new(self, text: str = "please summarise the build") -> Delivery:
+    def new(self, text: str = "please summarise the build", agent: str = AGENT) -> Delivery:
         channel = new_channel()
-        delivery = Delivery(channel, json.dumps(slack_dm(channel, text)).encode())
+        delivery = Delivery(channel, json.dumps(slack_dm(channel, text, agent=agent)).encode())
         with self._lock:
             self.deliveries.append(delivery)
         return delivery
@@ -357,10 +373,12 @@ class Sender:
                 completed[key] = completed.get(key, 0) + 1
                 finished_at[key] = max(finished_at.get(key, 0.0), parse_ts(row["timestamp"]))
         started: dict[str, int] = {}
+        started_at: dict[str, list[float]] = {}
         for row in self.up.events(type="agent_turn_started"):
             key = row.get("conversation_key") or ""
             if key in keys:
                 started[key] = started.get(key, 0) + 1
+                started_at.setdefault(key, []).append(parse_ts(row["timestamp"]))
         return Outcome(
             sent=len(chosen),
             accepted=sum(1 for d in chosen if 202 in d.statuses),
@@ -368,6 +386,7 @@ class Sender:
             started=started,
             failed=failed,
             finished_at=finished_at,
+            started_at={key: sorted(times) for key, times in started_at.items()},
         )
 
     def wait_all_ran(self, timeout_s: float, deliveries: Optional[Iterable[Delivery]] = None) -> Outcome:
