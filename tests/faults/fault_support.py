@@ -271,6 +271,16 @@ class Up(UpProcess):
             params = {**params, "cursor": cursor}
         raise AssertionError("more than 100,000 event rows: the suite never sends that many")
 
+    def metric(self, name: str) -> float:
+        """The value of the unlabelled sample ``name`` on ``/metrics`` (0 when it is not there yet)."""
+        status, body = request(f"{self.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        if status != 200:
+            raise ValueError(f"GET /metrics: {status}")
+        for line in body.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
     def depths(self) -> dict[str, Optional[int]]:
         return {s["handle"]: s["depth"] for s in self.api("/api/seats/")["seats"] if s["kind"] == "agent"}
 
@@ -285,6 +295,7 @@ class Delivery:
     attempts: int = 0
     statuses: list[Any] = dataclasses.field(default_factory=list)
     accepted_at: Optional[float] = None  # wall clock of the 202, to compare with event timestamps
+    trace_id: str = ""  # the 202's
 
     @property
     def key(self) -> str:
@@ -326,13 +337,15 @@ class Sender:
     def attempt(self, delivery: Delivery, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
         """One POST (signed now, as a vendor's retry is); the status, or the connection error's name."""
         delivery.attempts += 1
+        answer = b""
         try:
-            status, _ = request(f"{self.up.url}/webhooks/slack", "POST", delivery.body, sign_slack(delivery.body), timeout_s)
+            status, answer = request(f"{self.up.url}/webhooks/slack", "POST", delivery.body, sign_slack(delivery.body), timeout_s)
         except (OSError, http.client.HTTPException) as exc:
             status = type(exc).__name__
         delivery.statuses.append(status)
         if status == 202 and delivery.accepted_at is None:
             delivery.accepted_at = time.time()
+            delivery.trace_id = str(json.loads(answer or b"{}").get("trace_id") or "")
         return status
 
     def send(self, delivery: Delivery, *, retries: int = 40, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
@@ -345,10 +358,10 @@ class Sender:
             time.sleep(0.25)  # the sender's retry spacing (a vendor's backoff), not a wait for a condition
         return status
 
-    def send_new(self, count: int, text: str = "please summarise the build", **kw: Any) -> list[Delivery]:
+    def send_new(self, count: int, text: str = "please summarise the build", agent: str = AGENT, **kw: Any) -> list[Delivery]:
         out = []
         for _ in range(count):
-            delivery = self.new(text)
+            delivery = self.new(text, agent)
             self.send(delivery, **kw)
             out.append(delivery)
         return out
