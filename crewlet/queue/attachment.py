@@ -152,7 +152,7 @@ class _Attachment:
         """
         self.wake.set()
         if not self.ready():
-            self.puller.interrupt()
+            self.puller.interrupt(leaving=self.stopping())
             if self.stopping():
                 waiting = [msg for msg in self.held if msg not in self.running]
                 if waiting:
@@ -171,10 +171,10 @@ class _Attachment:
         return self.held.pop(msg, _NOT_HELD) != _NOT_HELD
 
     async def _give_back(self, msgs: Sequence[RawMessage]) -> None:
-        """Hand back at the head each of ``msgs`` this loop still holds."""
+        """Hand back at the head each of ``msgs`` this loop still holds (durably when it is :meth:`stopping`)."""
         for msg in msgs:
             if self._forget(msg):
-                await self.settler.hand_back(self.pair, msg)
+                await self.settler.hand_back(self.pair, msg, leaving=self.stopping())
 
     def start(self) -> None:
         self.client.loop_started(self)
@@ -315,9 +315,10 @@ class _Attachment:
             for msg in mine:
                 await settler.nak(self.pair, msg)
         else:  # DEFER: back at the head, and this attachment stops taking work
+            leaving = self.stopping()  # a turn turned away by a stop (the gate closed): durably
             self.quiesced = True
             for msg in mine:
-                await settler.hand_back(self.pair, msg)
+                await settler.hand_back(self.pair, msg, leaving=leaving)
 
 
 def partition_drain(

@@ -380,6 +380,9 @@ class _MemoryMessage:
     async def nak_head(self) -> None:
         self._say("head")
 
+    async def nak_leaving(self) -> None:
+        self._say("head")  # one broker that never restarts: the head is where it stays
+
     async def term(self) -> None:
         self._say("term")
 
@@ -394,8 +397,8 @@ class _MemoryPuller:
         self._key = (topic, group)
         self._interrupted = asyncio.Event()
 
-    def interrupt(self) -> None:
-        self._interrupted.set()
+    def interrupt(self, leaving: bool = False) -> None:
+        self._interrupted.set()  # the twin checks the gate as it takes mail: nothing arrives for an ended fetch
 
     async def fetch(self, max_n: int, timeout_s: float, ready: Callable[[], bool]) -> list[_MemoryMessage]:
         loop = asyncio.get_running_loop()

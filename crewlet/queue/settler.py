@@ -97,9 +97,14 @@ class Settler:
             pair, msg, lambda: msg.nak(self._timings.backoff_s(msg.delivered)), "queue_nak_failed", SETTLED_NAK
         )
 
-    async def hand_back(self, pair: _Pair, msg: RawMessage) -> None:
-        """A hand-back: at the head at once; it spent a delivery like any other."""
-        await self.redeliver_or_bury(pair, msg, msg.nak_head, "queue_hand_back_failed", SETTLED_DEFER)
+    async def hand_back(self, pair: _Pair, msg: RawMessage, *, leaving: bool = False) -> None:
+        """A hand-back: at the head at once; it spent a delivery like any other.
+
+        ``leaving``: by a consume loop that is going away (a stop, a detach),
+        so the hand-back must outlast the broker's memory (``nak_leaving``).
+        """
+        verb = msg.nak_leaving if leaving else msg.nak_head
+        await self.redeliver_or_bury(pair, msg, verb, "queue_hand_back_failed", SETTLED_DEFER)
 
     async def redeliver_or_bury(
         self,

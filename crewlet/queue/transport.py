@@ -63,6 +63,15 @@ class RawMessage(Protocol):
     async def nak_head(self) -> None:
         """Handed back: return at once, at the head, ahead of never-delivered mail."""
 
+    async def nak_leaving(self) -> None:
+        """Handed back by a consumer that is going away (a stop, a detach): as ``nak_head``, and durably.
+
+        The broker that holds the consumer next (the same one, the same one
+        restarted, another cluster member) redelivers it at once, ahead of
+        never-delivered mail. The leaving consumer does not fetch again, so
+        it need not be confirmed ahead of its own next fetch.
+        """
+
     async def term(self) -> None:
         """Never deliver again (after the dead-letter copy was published)."""
 
@@ -85,8 +94,13 @@ class Puller(Protocol):
         messages the caller will hand back.
         """
 
-    def interrupt(self) -> None:
-        """The caller's gate closed or it is detaching: end a waiting fetch early if possible."""
+    def interrupt(self, leaving: bool = False) -> None:
+        """The caller's gate closed or it is detaching: end a waiting fetch early if possible.
+
+        ``leaving``: the caller is going away (a stop, a detach), so what the
+        backend hands back itself (mail that arrives for the ended fetch) is
+        handed back as ``RawMessage.nak_leaving`` does.
+        """
 
     async def close(self) -> None: ...
 

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.faults.fault_postgres import PrivatePostgres
 from tests.process_support import REPO_ROOT
 
 FIGURES_KEY = pytest.StashKey[list]()
@@ -37,6 +38,17 @@ class Figures:
 def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
     store = request.config.stash.setdefault(FIGURES_KEY, [])
     yield Figures(store, request.node.name)
+
+
+@pytest.fixture
+def postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of the case's own (tests/faults/fault_postgres.py), removed after it."""
+    server = PrivatePostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
 
 
 def _cell(value: Any) -> str:

@@ -29,7 +29,7 @@ import time
 import urllib.parse
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar, cast
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 
 from tests import waiting_support
 from tests.process_support import REPO_ROOT, descendants, is_running
@@ -56,13 +56,25 @@ LOGS = REPO_ROOT / "var" / "ci" / "faults"
 _channel_seq = itertools.count(1)
 
 
+def identity(handle: str) -> str:
+    """The Slack user id of agent seat ``handle`` in :func:`company_yaml` (ada's is :data:`AGENT`)."""
+    return AGENT if handle == "ada" else f"U0{handle.upper()}"
+
+
 def company_yaml(
     *,
     providers: str = "[{kind: echo}]",
     max_concurrent: int = 4,
     coalesce_max_batch: int = 1,
+    agents: Sequence[str] = (),
 ) -> str:
-    """The example company, every surface verified (secrets from :data:`SECRETS`), one delivery per turn."""
+    """The example company, every surface verified (secrets from :data:`SECRETS`), one delivery per turn.
+
+    ``agents`` are more agent seats beside ada and linus, each reached by a DM to :func:`identity`.
+    """
+    more = "".join(
+        f"  - {{handle: {h}, kind: agent, role: engineer, identities: {{slack: {identity(h)}}}}}\n" for h in agents
+    )
     return f"""\
 org: acme
 providers:
@@ -83,7 +95,7 @@ seats:
   - {{handle: linus, kind: agent, role: reviewer, display_name: Linus,
      identities: {{slack: U0LINUS, mattermost: mmlinus, github: linus-bot}}}}
   - {{handle: grace, kind: human, role: lead, identities: {{slack: U0GRACE}}}}
-"""
+{more}"""
 
 
 #: What a check may raise while the process under test restarts: the wait asks again.
@@ -134,8 +146,10 @@ def new_channel(prefix: str = "DF") -> str:
     return f"{prefix}{os.getpid():X}{next(_channel_seq):06d}{uuid.uuid4().hex[:4].upper()}"
 
 
-def slack_dm(channel: str, text: str = "please summarise the build", *, event_id: Optional[str] = None) -> dict[str, Any]:
-    """A Slack DM to ada in ``channel`` (the README's delivery, one conversation per channel)."""
+def slack_dm(
+    channel: str, text: str = "please summarise the build", *, event_id: Optional[str] = None, agent: str = AGENT
+) -> dict[str, Any]:
+    """A Slack DM to the seat whose Slack id is ``agent`` (ada's by default) in ``channel``: one conversation per channel."""
     return {
         "type": "event_callback",
         "event_id": event_id or f"Ev{channel}",
@@ -144,10 +158,10 @@ def slack_dm(channel: str, text: str = "please summarise the build", *, event_id
             "channel": channel,
             "channel_type": "im",
             "user": "U0GRACE",
-            "text": f"<@{AGENT}> {text}",
+            "text": f"<@{agent}> {text}",
             "ts": f"{int(time.time())}.{next(_channel_seq):06d}",
         },
-        "authorizations": [{"user_id": AGENT, "is_bot": True}],
+        "authorizations": [{"user_id": agent, "is_bot": True}],
     }
 
 
@@ -257,6 +271,16 @@ class Up(UpProcess):
             params = {**params, "cursor": cursor}
         raise AssertionError("more than 100,000 event rows: the suite never sends that many")
 
+    def metric(self, name: str) -> float:
+        """The value of the unlabelled sample ``name`` on ``/metrics`` (0 when it is not there yet)."""
+        status, body = request(f"{self.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        if status != 200:
+            raise ValueError(f"GET /metrics: {status}")
+        for line in body.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
     def depths(self) -> dict[str, Optional[int]]:
         return {s["handle"]: s["depth"] for s in self.api("/api/seats/")["seats"] if s["kind"] == "agent"}
 
@@ -271,6 +295,7 @@ class Delivery:
     attempts: int = 0
     statuses: list[Any] = dataclasses.field(default_factory=list)
     accepted_at: Optional[float] = None  # wall clock of the 202, to compare with event timestamps
+    trace_id: str = ""  # the 202's
 
     @property
     def key(self) -> str:
@@ -287,6 +312,8 @@ class Outcome:
     started: dict[str, int]
     failed: dict[str, int]
     finished_at: dict[str, float]
+    #: Each delivery's turn starts, in order (wall clock).
+    started_at: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def runs(self, key: str) -> int:
         return self.completed.get(key, 0)
@@ -300,9 +327,9 @@ class Sender:
         self.deliveries: list[Delivery] = []
         self._lock = threading.Lock()
 
-    def new(self, text: str = "please summarise the build") -> Delivery:
+    def new(self, text: str = "please summarise the build", agent: str = AGENT) -> Delivery:
         channel = new_channel()
-        delivery = Delivery(channel, json.dumps(slack_dm(channel, text)).encode())
+        delivery = Delivery(channel, json.dumps(slack_dm(channel, text, agent=agent)).encode())
         with self._lock:
             self.deliveries.append(delivery)
         return delivery
@@ -310,13 +337,15 @@ class Sender:
     def attempt(self, delivery: Delivery, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
         """One POST (signed now, as a vendor's retry is); the status, or the connection error's name."""
         delivery.attempts += 1
+        answer = b""
         try:
-            status, _ = request(f"{self.up.url}/webhooks/slack", "POST", delivery.body, sign_slack(delivery.body), timeout_s)
+            status, answer = request(f"{self.up.url}/webhooks/slack", "POST", delivery.body, sign_slack(delivery.body), timeout_s)
         except (OSError, http.client.HTTPException) as exc:
             status = type(exc).__name__
         delivery.statuses.append(status)
         if status == 202 and delivery.accepted_at is None:
             delivery.accepted_at = time.time()
+            delivery.trace_id = str(json.loads(answer or b"{}").get("trace_id") or "")
         return status
 
     def send(self, delivery: Delivery, *, retries: int = 40, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
@@ -329,10 +358,10 @@ class Sender:
             time.sleep(0.25)  # the sender's retry spacing (a vendor's backoff), not a wait for a condition
         return status
 
-    def send_new(self, count: int, text: str = "please summarise the build", **kw: Any) -> list[Delivery]:
+    def send_new(self, count: int, text: str = "please summarise the build", agent: str = AGENT, **kw: Any) -> list[Delivery]:
         out = []
         for _ in range(count):
-            delivery = self.new(text)
+            delivery = self.new(text, agent)
             self.send(delivery, **kw)
             out.append(delivery)
         return out
@@ -357,10 +386,12 @@ class Sender:
                 completed[key] = completed.get(key, 0) + 1
                 finished_at[key] = max(finished_at.get(key, 0.0), parse_ts(row["timestamp"]))
         started: dict[str, int] = {}
+        started_at: dict[str, list[float]] = {}
         for row in self.up.events(type="agent_turn_started"):
             key = row.get("conversation_key") or ""
             if key in keys:
                 started[key] = started.get(key, 0) + 1
+                started_at.setdefault(key, []).append(parse_ts(row["timestamp"]))
         return Outcome(
             sent=len(chosen),
             accepted=sum(1 for d in chosen if 202 in d.statuses),
@@ -368,6 +399,7 @@ class Sender:
             started=started,
             failed=failed,
             finished_at=finished_at,
+            started_at={key: sorted(times) for key, times in started_at.items()},
         )
 
     def wait_all_ran(self, timeout_s: float, deliveries: Optional[Iterable[Delivery]] = None) -> Outcome:

@@ -12,6 +12,27 @@ from crewlet.queue.errors import Unavailable
 from crewlet.queue.jetstream.wire import _NATS_ERRORS, _num_delivered
 
 
+#: A Nak delayed by one nanosecond. An immediate Nak only queues a message for redelivery in
+#: the running broker's memory; the consumer's stored state keeps the delivery's timestamp,
+#: so a broker that loads the consumer afresh (restarted, or a new leader) redelivers it only
+#: when its ack clock runs out. A delayed Nak makes nats-server rewrite the stored timestamp
+#: to "ack clock ran out ``delay`` from now" (``processNak`` -> ``updateDelivered``, persisted
+#: and replicated): a running broker redelivers it on its next pending check (10 ms), one
+#: that loads the consumer does so as it starts (0.5-1.5 s), ahead of never-delivered mail.
+NAK_EXPIRED = b'-NAK {"delay": 1}'
+
+
+async def nak_expired(nc: NatsClient, reply: str) -> None:
+    """Send :data:`NAK_EXPIRED` for the delivery whose ack subject is ``reply``, confirmed when connected."""
+    if not nc.is_connected:
+        await _settle("nak", nc.publish(reply, NAK_EXPIRED))
+        return  # buffered; it goes out on reconnect
+    try:
+        await nc.request(reply, NAK_EXPIRED, timeout=5)
+    except _NATS_ERRORS as e:
+        raise Unavailable(f"handing back a message failed: {e!r}") from e
+
+
 async def _settle(verb: str, call: Awaitable[None]) -> bool:
     """Send one settlement (``verb`` names it in the error); False when the message was settled already.
 
@@ -86,6 +107,22 @@ class JetStreamMessage:
             await self._nc.request(msg.reply, Msg.Ack.Nak, timeout=5)
         except _NATS_ERRORS as e:
             raise Unavailable(f"handing back a message failed: {e!r}") from e
+
+    async def nak_leaving(self) -> None:
+        """A hand-back by a consumer that is going away: :data:`NAK_EXPIRED`, which the broker stores.
+
+        ``up`` stops its embedded broker with it, so what a clean stop handed
+        back with :meth:`nak_head` waited out its ack clock after the restart.
+        Not used while the consumer stays: the delayed Nak is back on the
+        broker's next pending check, not before the reply, so the consumer's
+        own next fetch could race it.
+        """
+        msg = self._msg
+        if msg._ackd:
+            return
+        msg._ackd = True
+        await self._behind_unsubscribes()
+        await nak_expired(self._nc, msg.reply)
 
     async def term(self) -> None:
         await _settle("term", self._msg.term())

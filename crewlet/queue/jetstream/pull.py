@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 
 from crewlet.base.aio import spawn_kept
 from crewlet.queue.errors import Gone, Unavailable
-from crewlet.queue.jetstream.message import JetStreamMessage
+from crewlet.queue.jetstream.message import JetStreamMessage, nak_expired
 from crewlet.queue.jetstream.wire import _NATS_ERRORS, _ApiError, _status_of, consumer_deleted, next_subject, pull_request
 
 if TYPE_CHECKING:
@@ -76,6 +76,9 @@ class JetStreamPuller:
         self._active: Optional[_Fetch] = None
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: The caller is going away (``interrupt(leaving=True)``, ``close``, a cancelled fetch):
+        #: mail arriving for an ended request goes back with the stored Nak.
+        self._leaving = False
 
     async def _open_sub(self) -> None:
         self._gen += 1
@@ -115,14 +118,12 @@ class JetStreamPuller:
                 f.finish()
             return
         # Delivered for a request we gave up on: never hold it.
-        try:
-            await msg.nak()
-        except Exception:
-            logger.debug("jetstream_orphan_nak_failed", exc_info=True)
+        await self._hand_back(msg)
 
     async def fetch(self, max_n: int, timeout_s: float, ready: Callable[[], bool]) -> list[JetStreamMessage]:
         if self._closed or not ready():
             return []
+        self._leaving = False
         if not self._nc.is_connected:
             raise Unavailable("not connected to the broker")
         n = max(int(max_n), 1)
@@ -154,6 +155,7 @@ class JetStreamPuller:
         except asyncio.CancelledError:
             # The caller gave up: leave neither a live request nor taken mail behind.
             f.done = True
+            self._leaving = True  # only a stop cancels a consume loop's fetch
             self._retire_sub()
             if f.msgs:
                 self._spawn(self._give_back(list(f.msgs)))
@@ -179,14 +181,17 @@ class JetStreamPuller:
             raise
         raise Unavailable(f"the durable {self.consumer} on {self.stream} did not answer a pull")
 
-    def interrupt(self) -> None:
+    def interrupt(self, leaving: bool = False) -> None:
         """End a waiting fetch now, and take its request off the broker.
 
         The reply subscription is retired at once (its UNSUB is queued on the
         connection before anything this transport publishes next), so mail
         published after a hold, a quiesce or a detach is not delivered into a
-        request nobody waits on, and keeps its delivery count.
+        request nobody waits on, and keeps its delivery count. ``leaving``:
+        what still arrives for it goes back with the stored Nak.
         """
+        if leaving:
+            self._leaving = True
         f = self._active
         if f is not None and not f.done:
             f.finish()
@@ -225,16 +230,23 @@ class JetStreamPuller:
 
     async def _give_back(self, msgs: list[JetStreamMessage]) -> None:
         for m in msgs:
-            try:
-                await m._msg.nak()
-            except Exception:
-                logger.debug("jetstream_give_back_failed", exc_info=True)
+            await self._hand_back(m._msg)
+
+    async def _hand_back(self, msg: Msg) -> None:
+        """Nak mail nobody will handle; stored (``nak_expired``) when the caller is going away."""
+        try:
+            if self._leaving or self._closed:
+                await nak_expired(self._nc, msg.reply)
+            else:
+                await msg.nak()
+        except Exception:
+            logger.debug("jetstream_orphan_nak_failed", exc_info=True)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self.interrupt()
+        self.interrupt(leaving=True)
         self._retire_sub()
         self._t._pullers.discard(self)
         if self._background:
