@@ -91,8 +91,12 @@ def warn_unconfigured(org: Organization, environ: Mapping[str, str]) -> list[tup
 
 
 def log_modes(org: Organization) -> dict[str, str]:
-    """Say at start how each surface's deliveries arrive: ``webhook`` (POSTed here) or ``socket`` (this node dials out)."""
-    modes = {name: surface.mode for name, surface in org.surfaces.items()}
+    """Say at start how each surface the company configures receives: ``webhook`` (POSTed here) or ``socket`` (this node dials out).
+
+    A surface the company file never names says nothing: its route answers
+    401 like any unverified delivery, and a line about it would be noise.
+    """
+    modes = {name: surface.mode for name, surface in org.surfaces.items() if surface.configured}
     for name, mode in modes.items():
         surface = org.surfaces[name]
         where = f"/webhooks/{name}" if not surface.socket else (surface.server or "the vendor's default server")
