@@ -90,6 +90,7 @@ from seats.provider_base import (
 )
 from seats.provider_sdk import DEFAULT_TIMEOUT_S
 from seats.providers import build_provider
+from seats.reply_target import with_reply_target
 from seats.retry import Retrier
 from seats.tools.base import ToolResult, ToolSpec, Toolbox
 from seats.turn_record import finish, prompt_size, record_calls
@@ -196,7 +197,7 @@ class TurnRunner:
         )
         await self._emit(AgentPhaseStarted(**tags, phase=PHASE_RESPOND, iteration=1))
         tools = await granted(self.toolbox, self.hooks.builtin_tools, seat)
-        user = trigger.prompt()
+        user = with_reply_target(trigger.prompt(), trigger, org, seat, tools)
         loop = TurnState(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools, trigger.partition_key), user=user, tools=tools)
         loop.messages.append(Message(role=ROLE_USER, text=user))
         await self._emit(prompt_size(tags, loop))

@@ -1,19 +1,24 @@
-"""The MCP servers the engine ships for a chat surface: ``mcp_servers: {<name>: {builtin: slack}}`` (or ``mattermost``).
+"""The MCP servers the engine ships for a surface: ``mcp_servers: {<name>: {builtin: <kind>}}``.
 
-A company grants a seat its chat tools like any other MCP server's; the
-``builtin`` form only spares it the command line. Such a server is the
-repository's own (``seats/tools/servers/``), started by the engine as a
+``<kind>`` is ``slack``, ``mattermost``, ``github``, ``jira`` or
+``confluence``. A company grants a seat its surface tools like any other MCP
+server's; the ``builtin`` form only spares it the command line. Such a server
+is the repository's own (``seats/tools/servers/``), started by the engine as a
 child over stdio with the interpreter the node runs on
 (``python -m <module>``), and told two things through its environment:
 
-* the bot token, under the name the server reads it from
-  (``SLACK_BOT_TOKEN`` / ``MATTERMOST_BOT_TOKEN``), passed through from the
-  node's environment like any ``env_from`` variable — whatever maps a
-  seat's own token onto that name for its grant feeds it the same way;
-* where the vendor's API is: the surface's ``surfaces.slack.api_url`` (the
-  Web API base, ``https://slack.com/api/`` when unset) or
-  ``surfaces.mattermost.server`` (required: Mattermost is self-hosted), as
-  ``SLACK_API_URL`` / ``MATTERMOST_URL``.
+* its credentials, under the names the server reads them from
+  (``SLACK_BOT_TOKEN``, ``MATTERMOST_BOT_TOKEN``, ``GITHUB_TOKEN``,
+  ``JIRA_TOKEN`` with ``JIRA_USER``, ``CONFLUENCE_TOKEN`` with
+  ``CONFLUENCE_USER``), passed through from the node's environment like any
+  ``env_from`` variable — a seat's grant maps them onto its own variables;
+* where the vendor's API is: the surface's server key
+  (``surfaces.slack.api_url``, default ``https://slack.com/api/``;
+  ``surfaces.mattermost.server``; ``surfaces.github.api_url``, default
+  ``https://api.github.com``; ``surfaces.jira.server``;
+  ``surfaces.confluence.server``), as ``SLACK_API_URL`` / ``MATTERMOST_URL`` /
+  ``GITHUB_API_URL`` / ``JIRA_URL`` / ``CONFLUENCE_URL``. A surface with no
+  default (the self-hosted or per-site ones) must name it.
 
 The server's module is named here as text only: the company layer never
 imports the seats app that holds it.
@@ -25,7 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-from crewlet.company.org import MATTERMOST_BOT_TOKEN_VAR, SLACK_BOT_TOKEN_VAR, SLACK_DEFAULT_API_URL, McpServer, Organization, Seat, Surface
+from crewlet.company.org import (
+    GITHUB_DEFAULT_API_URL,
+    MATTERMOST_BOT_TOKEN_VAR,
+    SLACK_BOT_TOKEN_VAR,
+    SLACK_DEFAULT_API_URL,
+    SURFACE_SERVER_KEYS,
+    McpServer,
+    Organization,
+    Seat,
+    Surface,
+)
 
 #: The key of an ``mcp_servers`` entry that names a shipped server instead of a command or a URL.
 BUILTIN_KEY = "builtin"
@@ -35,7 +50,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 @dataclass(frozen=True)
 class BuiltinServer:
-    """One shipped chat server: its module, the surface it speaks to, and the variables it reads."""
+    """One shipped server: its module, the surface it speaks to, and the variables it reads."""
 
     kind: str
     module: str
@@ -47,6 +62,13 @@ class BuiltinServer:
     surface: str
     #: The URL when the surface names none; empty: the surface must name one.
     default_url: str = ""
+    #: Further credentials it reads beside the token (an Atlassian account's user name), optional to set.
+    extra_env: tuple[str, ...] = ()
+
+    @property
+    def env_from(self) -> tuple[str, ...]:
+        """Every variable it reads from the node (what a seat's grant may map onto its own)."""
+        return (self.token_env, *self.extra_env)
 
 
 SLACK = BuiltinServer(
@@ -57,8 +79,20 @@ MATTERMOST = BuiltinServer(
     kind="mattermost", module="seats.tools.servers.mattermost", token_env=MATTERMOST_BOT_TOKEN_VAR,
     url_env="MATTERMOST_URL", surface="mattermost",
 )
+GITHUB = BuiltinServer(
+    kind="github", module="seats.tools.servers.github", token_env="GITHUB_TOKEN", url_env="GITHUB_API_URL",
+    surface="github", default_url=GITHUB_DEFAULT_API_URL,
+)
+JIRA = BuiltinServer(
+    kind="jira", module="seats.tools.servers.jira", token_env="JIRA_TOKEN", url_env="JIRA_URL", surface="jira",
+    extra_env=("JIRA_USER",),
+)
+CONFLUENCE = BuiltinServer(
+    kind="confluence", module="seats.tools.servers.confluence", token_env="CONFLUENCE_TOKEN", url_env="CONFLUENCE_URL",
+    surface="confluence", extra_env=("CONFLUENCE_USER",),
+)
 #: Every shipped server by the name ``builtin:`` gives it.
-BUILTIN_SERVERS: Mapping[str, BuiltinServer] = {s.kind: s for s in (SLACK, MATTERMOST)}
+BUILTIN_SERVERS: Mapping[str, BuiltinServer] = {s.kind: s for s in (SLACK, MATTERMOST, GITHUB, JIRA, CONFLUENCE)}
 
 
 class BuiltinServerError(ValueError):
@@ -90,13 +124,13 @@ def builtin_mcp_server(name: str, kind: str, surfaces: Mapping[str, Surface]) ->
     if not url:
         raise BuiltinServerError(
             f"mcp_servers.{name}.{BUILTIN_KEY}", kind,
-            f"needs surfaces.{server.surface}.server: the URL of the {server.surface} server its tools call",
+            f"needs surfaces.{server.surface}.{SURFACE_SERVER_KEYS[server.surface]}: the URL of the {server.surface} server its tools call",
         )
     return McpServer(
         name=name,
         command=(sys.executable, "-m", server.module),
         env={server.url_env: url, "PYTHONPATH": _REPO_ROOT},
-        env_from=(server.token_env,),
+        env_from=server.env_from,
         builtin=kind,
     )
 
@@ -111,6 +145,9 @@ __all__ = [
     "BUILTIN_SERVERS",
     "BuiltinServer",
     "BuiltinServerError",
+    "CONFLUENCE",
+    "GITHUB",
+    "JIRA",
     "MATTERMOST",
     "SLACK",
     "api_url",

@@ -44,9 +44,13 @@ SURFACE_MODES = (MODE_WEBHOOK, MODE_SOCKET)
 #: (required for Mattermost, which is self-hosted; optional for Slack, whose
 #: Web API is ``https://slack.com/api/`` unless said otherwise).
 SURFACE_SOCKET_TOKEN_KEYS = {"slack": "app_token_env", "mattermost": "bot_token_env"}
-SURFACE_SERVER_KEYS = {"slack": "api_url", "mattermost": "server"}
+#: The key naming each surface's vendor API or server: what its socket dials (Slack, Mattermost) and what the
+#: shipped tool server of that surface calls (every one; :mod:`crewlet.company.builtin_servers`).
+SURFACE_SERVER_KEYS = {"slack": "api_url", "mattermost": "server", "github": "api_url", "jira": "server", "confluence": "server"}
 #: Slack's Web API base when ``surfaces.slack.api_url`` names none (the socket, the chat tools, the working indicator).
 SLACK_DEFAULT_API_URL = "https://slack.com/api/"
+#: GitHub's REST API when ``surfaces.github.api_url`` names none (GitHub Enterprise Server: ``https://<host>/api/v3``).
+GITHUB_DEFAULT_API_URL = "https://api.github.com"
 #: The variables a chat tool server reads its bot token from (the shipped ones, and the usual name elsewhere):
 #: a seat with its own chat identity feeds its bot token under these names unless its grant maps them itself.
 SLACK_BOT_TOKEN_VAR = "SLACK_BOT_TOKEN"

@@ -394,8 +394,9 @@ def _surfaces(value: Any, source: Optional[str], seat_sockets: frozenset[str] = 
     for name in SURFACES:
         body = _mapping(surfaces_body.get(name), f"surfaces.{name}", source)
         key = SURFACE_SECRET_KEYS[name]
-        socket_keys = tuple(k for k in (SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)) if k)
-        _known(body, f"surfaces.{name}.", (key, "verify", *(("mode", *socket_keys) if socket_keys else ())), source)
+        socket_keys = ("mode", SURFACE_SOCKET_TOKEN_KEYS[name]) if name in SURFACE_SOCKET_TOKEN_KEYS else ()
+        server_keys = (SURFACE_SERVER_KEYS[name],) if name in SURFACE_SERVER_KEYS else ()
+        _known(body, f"surfaces.{name}.", (key, "verify", *socket_keys, *server_keys), source)
         env = body.get(key, "")
         if env:
             _string(env, f"surfaces.{name}.{key}", source, _ENV, "must be an environment variable name")
