@@ -21,7 +21,7 @@ from crewlet.http.limits import derived_connection_caps
 from eventstore import stream
 from tests.faults.conftest import Figures
 from tests.faults.fault_support import TOKEN, Sender, Up, company_yaml, request, wait_until
-from tests.http.test_hardening_web import Socket
+from web_support import Socket
 from tests.http.test_hardening_web_caps import children_with_nofile, next_event, served_tab
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
