@@ -69,6 +69,7 @@ async def guarded(rounds: Coroutine[Any, Any, None], loop: TurnState, result: Tu
                 break
     except asyncio.CancelledError:
         task.cancel()
+        await asyncio.wait({task})  # the rounds unwind before the turn closes its providers under them
         raise
     task.cancel()
     await asyncio.wait({task})
