@@ -45,7 +45,8 @@ the poison one keeps failing, alone, toward the dead-letter stream.
 Two store failures, two answers. A database this node cannot reach
 (``OperationalError``/``InterfaceError``, or any fault not caused by a value)
 is the node's problem: the delivery is deferred and the loop retries after
-``store_retry_s``, as for a lost lease. A value the store refuses
+``store_retry_s`` — parked instead once within five deliveries of the
+dead-letter, as on a stopping node (:mod:`seats.park`). A value the store refuses
 (``DataError``, a constraint, an encoding ``ValueError``) follows the event:
 deferring it would park it at the head of the inbox forever and block the
 seat, so it is NAK'd (alone, after the degrade above) and spends its budget
@@ -91,6 +92,7 @@ from seats.hooks import run_after_turn
 from seats.abandon import abandon, abandoned_reason
 from seats.ledger import FAULT_VALUE, SKIP_ALREADY_WORKED, arecord, ascreen, storable_event, store_fault
 from seats.ownership import Ownership
+from seats.park import park, parks
 from seats.turn_task import TurnTask, log_failure
 from seats.turn_types import ERR_CRASHED, OUTCOME_STOPPED, Trigger
 from seats.turns import TurnRunner
@@ -121,6 +123,7 @@ class LoopStats:
     skipped: int = 0
     duplicates: int = 0
     deferred: int = 0
+    parked: int = 0
     failed: int = 0
 
 
@@ -284,6 +287,13 @@ class InboxLoop:
             return HOLD_NO_PROVIDER
         return None
 
+    async def _hand_back(self, why: str, partition: Partition) -> Outcome:
+        """Defer a delivery this node or its store failed; park it instead when few deliveries are left (:mod:`seats.park`)."""
+        if parks(partition) and await park(self.queue, self.handle, partition, why):
+            self.stats.parked += 1
+            return Outcome.ACK
+        return self._defer(why, partition)
+
     def _defer(self, why: str, partition: Partition) -> Outcome:
         self.stats.deferred += 1
         log.info("seat_delivery_deferred", extra={"seat": self.handle, "why": why, "events": len(partition.deliveries)})
@@ -372,7 +382,7 @@ class InboxLoop:
             self._failure("seat_store_failed", exc, first_delivery, level=level, fault=fault, events=len(fresh_events))
             if fault != FAULT_VALUE:
                 self._retry_later()
-                return self._defer("store_unavailable", partition)
+                return await self._hand_back("store_unavailable", partition)
             if len(fresh_events) > 1:
                 return await self._degrade(seat, partition, fresh_events, first_delivery, why=fault)
             return self._nak_isolated(partition, evs)
@@ -402,7 +412,7 @@ class InboxLoop:
                     seat, partition, fresh, {ev.id: identities[ev.id] for ev in fresh}, first_delivery
                 )
         except GateClosed:
-            return self._defer(NODE_STOPPING, partition)  # at the head, for whoever runs the seat next
+            return await self._hand_back(NODE_STOPPING, partition)  # at the head, for whoever runs the seat next
 
     async def _requeue_tail(self, partition: Partition, degraded: Degrade) -> bool:
         """The degraded path's first step, carried out: ``degraded.tail`` back on the inbox, each as its own message.

@@ -4,6 +4,16 @@
 is rendered into content blocks per call (a round's tool results as one user
 message of ``tool_result`` blocks), and the answer's blocks, usage and stop
 reason read back into a :class:`~seats.provider_base.Completion`.
+
+Prompt caching: the system prompt (one text block) and the last tool
+definition carry ``cache_control: {type: ephemeral}`` — the tools breakpoint
+serves every turn of the seat (its system prompt names the conversation, so
+it differs between conversations), the system one every round after a turn's
+first. The usage's ``cache_read_input_tokens`` and
+``cache_creation_input_tokens`` are recorded as the round's
+``cache_read_tokens`` and ``cache_write_tokens``, and its ``input_tokens``
+counts them as Anthropic bills them: reads at :data:`CACHE_READ_RATE`, writes
+(the 5-minute cache) at :data:`CACHE_WRITE_RATE` of an input token.
 """
 from __future__ import annotations
 
@@ -18,7 +28,16 @@ from crewlet.events.types import (
     STOP_REFUSAL,
     STOP_TOOL_USE,
 )
-from seats.provider_base import ROLE_ASSISTANT, ROLE_USER, Completion, ModelRequest, ProviderError, admitted, tool_text
+from seats.provider_base import (
+    ROLE_ASSISTANT,
+    ROLE_USER,
+    Completion,
+    ModelRequest,
+    ProviderError,
+    admitted,
+    billed_input,
+    tool_text,
+)
 from seats.provider_sdk import VendorProvider, load_sdk, translate, within
 from seats.tools.base import ToolCall
 
@@ -27,6 +46,11 @@ if TYPE_CHECKING:
 
 #: The Messages API requires ``max_tokens``; this is it when the company names none.
 ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
+#: What marks a prefix cacheable (the SDK's ``CacheControlEphemeralParam``: the 5-minute cache).
+CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}
+#: A cache read costs a tenth of an input token, a 5-minute cache write one and a quarter (Anthropic's pricing).
+CACHE_READ_RATE = 0.1
+CACHE_WRITE_RATE = 1.25
 
 
 _ANTHROPIC_STOP = {
@@ -45,6 +69,8 @@ class AnthropicProvider(VendorProvider):
 
     vendor = "anthropic"
     default_max_tokens = ANTHROPIC_DEFAULT_MAX_TOKENS
+    #: Whether the system prompt and the tool definitions are marked cacheable (a bench turns it off to compare).
+    prompt_cache = True
 
     def _open(self, api_key: str) -> anthropic.AsyncAnthropic:
         anthropic = sys.modules["anthropic"]
@@ -86,6 +112,11 @@ class AnthropicProvider(VendorProvider):
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.input_schema} for t in request.tools
             ]
+        if self.prompt_cache:
+            if request.system:
+                body["system"] = [{"type": "text", "text": request.system, "cache_control": dict(CACHE_CONTROL)}]
+            if request.tools:
+                body["tools"][-1]["cache_control"] = dict(CACHE_CONTROL)
         if request.seat:
             body["metadata"] = {"user_id": request.seat}
         anthropic = await load_sdk("anthropic")
@@ -107,10 +138,15 @@ class AnthropicProvider(VendorProvider):
         text = "".join(texts)
         stop = _ANTHROPIC_STOP.get(str(answer.stop_reason or "end_turn"), STOP_END)
         usage = answer.usage
+        read = int(getattr(usage, "cache_read_input_tokens", 0) or 0)
+        written = int(getattr(usage, "cache_creation_input_tokens", 0) or 0)
+        uncached = int(getattr(usage, "input_tokens", 0) or 0)
         return admitted(Completion(
             text=text,
             calls=tuple(calls),
-            input_tokens=int(getattr(usage, "input_tokens", 0) or 0),
+            input_tokens=billed_input(uncached, read, written, read_rate=CACHE_READ_RATE, write_rate=CACHE_WRITE_RATE),
+            cache_read_tokens=read,
+            cache_write_tokens=written,
             output_tokens=int(getattr(usage, "output_tokens", 0) or 0),
             stop_reason=stop,
             model=str(answer.model or self.model),
@@ -119,4 +155,4 @@ class AnthropicProvider(VendorProvider):
         ))
 
 
-__all__ = ["ANTHROPIC_DEFAULT_MAX_TOKENS", "AnthropicProvider"]
+__all__ = ["ANTHROPIC_DEFAULT_MAX_TOKENS", "AnthropicProvider", "CACHE_CONTROL", "CACHE_READ_RATE", "CACHE_WRITE_RATE"]

@@ -12,6 +12,7 @@ kind ``provider_fallback`` reports.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
@@ -84,11 +85,18 @@ class Completion:
     ``invalid`` names calls whose arguments the model sent as something other
     than a JSON object: the loop answers each with a tool error rather than
     running it on arguments nobody wrote.
+
+    ``input_tokens`` is the call's input as the vendor bills it, in input
+    tokens (:func:`billed_input`): the uncached input, plus what the prompt
+    cache served or stored at its billed weight. ``cache_read_tokens`` and
+    ``cache_write_tokens`` are those cached tokens as the vendor counted them.
     """
 
     text: str
     calls: tuple[ToolCall, ...] = ()
     input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     output_tokens: int = 0
     stop_reason: str = STOP_END
     model: str = ""
@@ -112,6 +120,16 @@ def tool_text(result: ToolResult) -> str:
         return result.content
     error = result.error or "the tool failed"
     return f"error: {error}\n{result.content}".rstrip() if result.content else f"error: {error}"
+
+
+def billed_input(uncached: int, cache_read: int = 0, cache_write: int = 0, *, read_rate: float, write_rate: float = 1.0) -> int:
+    """Input tokens as billed: ``uncached`` at full price, cache reads and writes at the vendor's fraction of it (rounded up).
+
+    The one place a cached token is weighed, so every total built from
+    ``input_tokens`` — a round's, a turn's, a budget's — counts the money the
+    vendor charges rather than the prompt's size.
+    """
+    return uncached + math.ceil(cache_read * read_rate) + math.ceil(cache_write * write_rate)
 
 
 def approx_tokens(text: str) -> int:
@@ -183,6 +201,7 @@ __all__ = [
     "ROLE_USER",
     "admitted",
     "approx_tokens",
+    "billed_input",
     "error_text",
     "tool_text",
 ]

@@ -3,6 +3,13 @@
 The hosted API, vLLM, llama.cpp or Ollama at ``base_url``. The conversation
 is rendered into chat messages per call, and the answer's tool calls, usage
 and finish reason read back into a :class:`~seats.provider_base.Completion`.
+
+OpenAI caches a repeated prompt prefix by itself (nothing to mark): the
+usage's ``prompt_tokens_details.cached_tokens`` — part of ``prompt_tokens`` —
+is recorded as the round's ``cache_read_tokens``, and its ``input_tokens``
+counts those at :data:`CACHED_INPUT_RATE` of an input token (the discount on
+the gpt-4o family; newer models discount more, so the count never runs short
+of what was billed).
 """
 from __future__ import annotations
 
@@ -11,7 +18,16 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from crewlet.events.types import STOP_END, STOP_MAX_TOKENS, STOP_REFUSAL, STOP_TOOL_USE
-from seats.provider_base import ROLE_ASSISTANT, ROLE_USER, Completion, ModelRequest, ProviderError, admitted, tool_text
+from seats.provider_base import (
+    ROLE_ASSISTANT,
+    ROLE_USER,
+    Completion,
+    ModelRequest,
+    ProviderError,
+    admitted,
+    billed_input,
+    tool_text,
+)
 from seats.provider_sdk import VendorProvider, load_sdk, translate, within
 from seats.tools.base import ToolCall
 
@@ -29,6 +45,9 @@ def _arguments(raw: str) -> tuple[dict[str, Any], str]:
         return {}, f"the tool call's arguments are a JSON {type(value).__name__}, not an object"
     return value, ""
 
+
+#: A cached prompt token costs half an input token (OpenAI's automatic prompt caching).
+CACHED_INPUT_RATE = 0.5
 
 _OPENAI_STOP = {
     "stop": STOP_END,
@@ -102,10 +121,13 @@ class OpenAIProvider(VendorProvider):
         elif stop == STOP_REFUSAL:
             refusal = {"category": "content_filter", "explanation": ""}
         usage = answer.usage
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        cached = min(int(getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", 0) or 0), prompt)
         return admitted(Completion(
             text=str(message.content or ""),
             calls=tuple(calls),
-            input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            input_tokens=billed_input(prompt - cached, cached, read_rate=CACHED_INPUT_RATE),
+            cache_read_tokens=cached,
             output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             stop_reason=stop,
             model=str(answer.model or self.model),
@@ -114,4 +136,4 @@ class OpenAIProvider(VendorProvider):
         ))
 
 
-__all__ = ["OpenAIProvider"]
+__all__ = ["CACHED_INPUT_RATE", "OpenAIProvider"]

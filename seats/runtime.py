@@ -28,7 +28,7 @@ from crewlet.events import Event
 from crewlet.queue.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
 from crewlet.base.db import in_store
-from crewlet.company.conf import STOP_GRACE_S
+from crewlet.company.conf import STOP_GRACE_S, TURN_STALL_S
 from crewlet.fleet.leases import prune_all as prune_leases
 from crewlet.fleet.member import FleetMember
 from crewlet.fleet.placement import Unplaceable
@@ -130,6 +130,7 @@ class SeatRuntime:
         placement_every_s: float = PLACEMENT_EVERY_S,
         scheduler_clock: Optional[Callable[[], float]] = None,
         provider_retry_scale: float = 1.0,
+        turn_stall_s: float = TURN_STALL_S,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -137,7 +138,7 @@ class SeatRuntime:
         #: The telemetry emitter is closed at stop only when this runtime made it (an engine's is the engine's).
         self._owns_emitter = runner is None and emitter is None
         self.runner = runner or TurnRunner(
-            queue, holder, emitter=emitter, toolbox=toolbox, retrier=Retrier(scale=provider_retry_scale)
+            queue, holder, emitter=emitter, toolbox=toolbox, retrier=Retrier(scale=provider_retry_scale), stall_s=turn_stall_s
         )
         self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
         self.runner.owns = self.ownership.owns  # the turn's fence: no call once the seat is another node's
@@ -488,6 +489,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         assert engine.queue is not None
         options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
         options.setdefault("stop_grace_s", engine.settings.node.stop_grace_s)
+        options.setdefault("turn_stall_s", engine.settings.node.turn_stall_s)
         options.setdefault("provider_retry_scale", engine.settings.delivery.provider_retry_scale)
         options.setdefault("toolbox", engine.find(TOOLBOX))
         options.setdefault("scheduler_clock", rehearsal_clock())

@@ -1,7 +1,9 @@
 """A turn's record: every round, every tool call, the phase that holds them, and how the turn ended.
 
 Every provider call is one entry of ``agent_phase_completed.rounds[]``: its
-timing, tokens, ``stop_reason`` and each tool call it led to (server, tool,
+timing, tokens (``input_tokens`` as billed; ``cache_read_tokens`` and
+``cache_write_tokens``, raw, when the prompt cache served or stored any:
+:func:`cache_tokens`), ``stop_reason`` and each tool call it led to (server, tool,
 duration, ok/error, result bytes; the round's ``tool_count`` and
 ``tool_bytes``). The arguments are kept once, on the phase's ``tool_calls``
 beside the prompts — the phase's own durable record — never in the rounds.
@@ -25,7 +27,7 @@ from crewlet.events.types import (
     TurnGuardBreach,
 )
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES
-from seats.provider_base import approx_tokens
+from seats.provider_base import Completion, approx_tokens
 from seats.tools.base import ToolCall, ToolResult
 from seats.turn_types import (
     OUTCOME_FAILED,
@@ -94,6 +96,12 @@ def prompt_size(tags: TurnTags, loop: TurnState) -> PromptSize:
     )
 
 
+def cache_tokens(answer: Completion) -> dict[str, int]:
+    """A round's cached input, raw, under the keys the turn's totals use; nothing when the cache served and stored none."""
+    counts = {"cache_read_tokens": answer.cache_read_tokens, "cache_write_tokens": answer.cache_write_tokens}
+    return counts if any(counts.values()) else {}
+
+
 def record_calls(
     result: TurnResult,
     round_record: dict[str, Any],
@@ -138,6 +146,8 @@ async def finish(emit: Emit, loop: TurnState, result: TurnResult, tags: TurnTags
             rounds=result.rounds,
             input_tokens=result.input_tokens,
             output_tokens=result.output_tokens,
+            cache_read_tokens=result.cache_read_tokens,
+            cache_write_tokens=result.cache_write_tokens,
             duration_ms=result.duration_ms,
             failed=failed,
             error_kind=result.error_kind,
@@ -161,6 +171,8 @@ async def finish(emit: Emit, loop: TurnState, result: TurnResult, tags: TurnTags
             **tags,
             input_tokens=result.input_tokens,
             output_tokens=result.output_tokens,
+            cache_read_tokens=result.cache_read_tokens,
+            cache_write_tokens=result.cache_write_tokens,
             tools=list(dict.fromkeys(c["name"] for c in result.tool_calls)),
             tool_calls=len(result.tool_calls),
             iterations=1,
@@ -191,6 +203,7 @@ __all__ = [
     "CUT_KEEP_CHARS",
     "CUT_MARK",
     "PHASE_RECORD_MAX_BYTES",
+    "cache_tokens",
     "finish",
     "fit_phase",
     "prompt_size",

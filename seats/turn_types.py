@@ -125,8 +125,11 @@ class TurnResult:
     outcome: str
     response: str = ""
     provider_key: str = ""
+    #: Input as billed (cached tokens at their weight: ``provider_base.billed_input``), and the cached tokens counted raw.
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     rounds: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
     error_kind: str = ""
@@ -163,6 +166,12 @@ class TurnState:
     ended_by_tool: bool = False
     #: The phase's start on the monotonic clock: each round's ``started_ms`` is measured from it.
     started: float = field(default_factory=time.monotonic)
+    #: The turn's last progress (a provider's answer, a tool's result) on that clock: the stall guard's mark.
+    progress: float = field(default_factory=time.monotonic)
+
+    def moved(self) -> None:
+        """The turn made progress: the stall guard counts from now."""
+        self.progress = time.monotonic()
 
 
 __all__ = [

@@ -12,7 +12,7 @@ with what was said, the phase's ``error_kind`` saying why); after a built-in
 that ends the turn (``a2a_ask``); stopped, on its ``turn_token_budget``
 (``agent_turn_stopped``, the trigger counted as worked); or failed, on the
 seat's ``max_rounds`` — a guard breach (``turn.guard_breach`` ``max_iter``),
-not a stop.
+not a stop — or on a stall or a scheduled task's timeout (:mod:`seats.guards`).
 
 A person's pause with ``stop_running`` ends the turn at its next round: the
 inbox sets ``Trigger.stop``, and the loop reads it wherever it would start
@@ -56,6 +56,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from crewlet.queue.emit import Emitter
 from crewlet.base.logfmt import short_reason
+from crewlet.company.conf import TURN_STALL_S
 from crewlet.company.provider_retry import retry_policy
 from crewlet.events.types import (
     ERROR_KIND_BUDGET_EXHAUSTED,
@@ -73,6 +74,7 @@ from crewlet.events.types import (
 from crewlet.company.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
 from crewlet.queue.contract import EventQueue
 from crewlet.events.tracing import trace_of
+from seats.guards import guarded
 from seats.hooks import TurnHooks, declared_hooks
 from seats.provider_base import (
     ERR_BAD_REQUEST,
@@ -93,7 +95,7 @@ from seats.providers import build_provider
 from seats.reply_target import with_reply_target
 from seats.retry import Retrier
 from seats.tools.base import ToolResult, ToolSpec, Toolbox
-from seats.turn_record import finish, prompt_size, record_calls
+from seats.turn_record import cache_tokens, finish, prompt_size, record_calls
 from seats.turn_tools import NoTools, act, granted, writes
 from seats.turn_types import (
     ERR_CRASHED,
@@ -160,8 +162,11 @@ class TurnRunner:
         owns: Callable[[str], bool] = lambda handle: True,
         hooks: Optional[TurnHooks] = None,
         retrier: Optional[Retrier] = None,
+        stall_s: float = TURN_STALL_S,
     ) -> None:
         self.queue = queue
+        #: ``node.turn_stall_s``: no provider answer or tool result for this long is a ``stall`` guard breach.
+        self.stall_s = stall_s
         self.holder = holder
         self.provider_factory = provider_factory
         #: Whether this node may still do a seat's work at this instant (its lease, on its own clock):
@@ -203,7 +208,7 @@ class TurnRunner:
         await self._emit(prompt_size(tags, loop))
         result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED)
         try:
-            await self._rounds(loop, result, tags)
+            await guarded(self._rounds(loop, result, tags), loop, result, stall_s=self.stall_s)
         except Exception as exc:
             # The turn may already have acted (its triggers are in the ledger
             # before its first write), so it must still end on record:
@@ -256,8 +261,11 @@ class TurnRunner:
             answer = await self._call_chain(loop, result, tags, number)
             if answer is None:
                 return
+            loop.moved()
             result.input_tokens += answer.input_tokens
             result.output_tokens += answer.output_tokens
+            result.cache_read_tokens += answer.cache_read_tokens
+            result.cache_write_tokens += answer.cache_write_tokens
             result.response = answer.text
             result.stop_reason = answer.stop_reason
             round_record = result.rounds[-1]
@@ -276,6 +284,7 @@ class TurnRunner:
                 if not loop.wrote and writes(loop, call, answer) and not await self._before_write(loop, result):
                     break
                 done = await act(self.queue, self.toolbox, self.hooks.builtin_tools, loop, call, answer)
+                loop.moved()
                 results.append((call.id, done))
             record_calls(result, round_record, number, answer.calls, results)
             if result.fenced or result.error_kind == ERR_LEDGER:
@@ -394,6 +403,7 @@ class TurnRunner:
                     "tool_bytes": 0,
                     "tool_calls": [],
                 }
+                entry.update(cache_tokens(answer))
                 if answer.refusal is not None:
                     entry["refusal"] = answer.refusal
                 if retries:

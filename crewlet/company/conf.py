@@ -39,6 +39,10 @@ Strings = tuple[str, ...]
 #: (``node.stop_grace_s``): longer than a tool call may take (``tools.call_timeout_s``), so only a round
 #: that would never end — a hung provider — is cut.
 STOP_GRACE_S = 120.0
+#: How long a turn may go without round progress — a provider's answer or a tool's result — before it is a
+#: ``stall`` guard breach (``node.turn_stall_s``): longer than a round's chain takes with its retries at the
+#: defaults (each entry 60 s × 3 calls plus its waits) and than a tool call may take.
+TURN_STALL_S = 900.0
 #: The shortest spacing a retry may be given (a redelivery, an MCP server's restart): a spacing of
 #: zero doubles to zero, and a failing message or server would spin at full speed.
 MIN_BACKOFF_S = 0.01
@@ -322,6 +326,10 @@ class NodeSettings(_Section):
     stop_grace_s: float = setting(
         STOP_GRACE_S, env="CREWLET_NODE_STOP_GRACE_S", bounds=(0.1, 3600),
         doc="how long a turn a person stopped may take to reach its next round before it is cancelled where it is",
+    )
+    turn_stall_s: float = setting(
+        TURN_STALL_S, env="CREWLET_NODE_TURN_STALL_S", bounds=(0.1, 86400),
+        doc="how long a turn may go without a provider's answer or a tool's result before it fails as a stall guard breach",
     )
     labels: Strings = setting(
         (), env="CREWLET_NODE_LABELS",

@@ -301,6 +301,10 @@ class Seat:
         return {"seat": self.handle, "role": self.role, "agent_id": self.agent_id}
 
 
+#: A scheduled task's turn runs at most this long unless its schedule names its own ``timeout``.
+SCHEDULE_TIMEOUT_S = 1800.0
+
+
 @dataclass(frozen=True)
 class Schedule:
     """One ``schedules[]`` entry: every ``every_s`` seconds (aligned to the epoch), or at each ``cron`` instant in ``timezone``."""
@@ -313,6 +317,8 @@ class Schedule:
     cron: str = ""
     #: The IANA zone ``cron`` is read in (the schedule's own ``timezone``, else the company's).
     timezone: str = DEFAULT_TIMEZONE
+    #: How long a turn working one of its tasks may run (``timeout``): past it, a ``scheduled_timeout`` guard breach.
+    timeout_s: float = SCHEDULE_TIMEOUT_S
 
     @property
     def cadence(self) -> str:

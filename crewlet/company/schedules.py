@@ -17,9 +17,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from crewlet.company.fields import CompanyError, _known, _mapping, _string, parse_duration_s
-from crewlet.company.org import DEFAULT_TIMEZONE, Schedule, Seat
+from crewlet.company.org import DEFAULT_TIMEZONE, SCHEDULE_TIMEOUT_S, Schedule, Seat
 
-SCHEDULE_KEYS = ("name", "seat", "every", "cron", "timezone", "task")
+SCHEDULE_KEYS = ("name", "seat", "every", "cron", "timezone", "task", "timeout")
+#: ``schedules[].timeout``: one second to a day.
+SCHEDULE_TIMEOUT_RANGE_S = (1.0, 86400.0)
 #: The longest cron expression and zone name taken (both are short in every real file).
 MAX_CRON_CHARS = 120
 MAX_TIMEZONE_CHARS = 64
@@ -73,7 +75,7 @@ def _cadence(entry: Mapping[str, Any], name: str, company_timezone: str, source:
 
 
 def parse_schedules(schedules_raw: Any, seats: list[Seat], company_timezone: str, source: Optional[str]) -> list[Schedule]:
-    """``schedules``: each one's unique name, the agent seat it wakes, its cadence and its task."""
+    """``schedules``: each one's unique name, the agent seat it wakes, its cadence, its task and its ``timeout``."""
     if not isinstance(schedules_raw, list):
         raise CompanyError("schedules", schedules_raw, "must be a list of schedules", source)
     schedules = []
@@ -92,8 +94,12 @@ def parse_schedules(schedules_raw: Any, seats: list[Seat], company_timezone: str
             agents = ", ".join(s.handle for s in seats if s.is_agent) or "none"
             raise CompanyError(f"{name}.seat", seat_handle, f"must be an agent seat of this company ({agents})", source)
         cadence = _cadence(entry, name, company_timezone, source)
-        schedules.append(Schedule(name=sname, seat=seat_handle, task=_string(entry.get("task"), f"{name}.task", source), **cadence))
+        timeout_s = SCHEDULE_TIMEOUT_S
+        if entry.get("timeout") is not None:
+            timeout_s = parse_duration_s(entry["timeout"], f"{name}.timeout", source, SCHEDULE_TIMEOUT_RANGE_S)
+        task = _string(entry.get("task"), f"{name}.task", source)
+        schedules.append(Schedule(name=sname, seat=seat_handle, task=task, timeout_s=timeout_s, **cadence))
     return schedules
 
 
-__all__ = ["CRON_RULE", "TIMEZONE_RULE", "parse_cron", "parse_schedules", "parse_timezone"]
+__all__ = ["CRON_RULE", "SCHEDULE_TIMEOUT_RANGE_S", "TIMEZONE_RULE", "parse_cron", "parse_schedules", "parse_timezone"]

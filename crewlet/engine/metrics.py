@@ -70,7 +70,7 @@ _TURN_STARTED = AgentTurnStarted.event_type
 _TURN_COMPLETED = AgentTurnCompleted.event_type
 _PHASE_COMPLETED = AgentPhaseCompleted.event_type
 #: Token kinds, as the turn's event names them (``<kind>_tokens``).
-TOKEN_KINDS = ("input", "output", "cache_read")
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -142,7 +142,7 @@ class EngineMetrics:
             buckets=TURN_BUCKETS_S, registry=r,
         )
         self.tokens = Counter(
-            "crewlet_llm_tokens", "Model tokens spent by agent turns, by kind (input, output, cache_read).",
+            "crewlet_llm_tokens", "Model tokens spent by agent turns, by kind (input as billed, output, and the cached input counted raw: cache_read, cache_write).",
             ["kind"], registry=r,
         )
         self.llm_retries = Counter(

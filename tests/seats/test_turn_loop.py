@@ -99,7 +99,10 @@ async def test_a_vendor_model_calls_a_tool_then_answers_and_the_phase_records_a_
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": "toolu_1_0", "content": "saved note 1", "is_error": False}],
         }
-        assert asked["system"].startswith("You are Ada")
+        # The prompt cache's two breakpoints: the system prompt (one text block) and the last tool definition.
+        [system] = asked["system"]
+        assert system["text"].startswith("You are Ada") and system["cache_control"] == {"type": "ephemeral"}
+        assert [t.get("cache_control") for t in asked["tools"]] == [None, None, None, {"type": "ephemeral"}]
     sent = server.headers[0]
     assert "sk-local" in (sent.get("x-api-key"), sent.get("authorization", "").removeprefix("Bearer "))
 

@@ -53,9 +53,11 @@ class AgentTurnCompleted(_TurnBody):
     work_item: Optional[dict[str, Any]] = None
     work_item_basis: str = ""
     resumed: bool = False
+    #: Input as the vendor bills it (cached tokens at their fraction); the cached tokens themselves, counted raw.
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     tools: list[str] = field(default_factory=list)
     tool_calls: int = 0
     iterations: int = 0
@@ -158,6 +160,8 @@ class AgentPhaseCompleted(_TurnBody):
     rounds: list[dict[str, Any]] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     duration_ms: int = 0
     failed: bool = False
     error_kind: str = ""
