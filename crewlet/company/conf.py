@@ -42,6 +42,8 @@ STOP_GRACE_S = 120.0
 #: The shortest spacing a retry may be given (a redelivery, an MCP server's restart): a spacing of
 #: zero doubles to zero, and a failing message or server would spin at full speed.
 MIN_BACKOFF_S = 0.01
+#: How often a node reports the token budgets' meters and looks again at the seats a spent budget holds.
+BUDGET_METERS_EVERY_S = 60.0
 
 
 class SettingsError(FieldValueError):
@@ -322,6 +324,10 @@ class NodeSettings(_Section):
     stop_grace_s: float = setting(
         STOP_GRACE_S, env="CREWLET_NODE_STOP_GRACE_S", bounds=(0.1, 3600),
         doc="how long a turn a person stopped may take to reach its next round before it is cancelled where it is",
+    )
+    budget_meters_every_s: float = setting(
+        BUDGET_METERS_EVERY_S, env="CREWLET_NODE_BUDGET_METERS_EVERY_S", bounds=(0.05, 3600),
+        doc="how often this node reports budget_meters and looks again at the seats a spent token budget holds",
     )
     labels: Strings = setting(
         (), env="CREWLET_NODE_LABELS",
