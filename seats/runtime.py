@@ -278,7 +278,7 @@ class SeatRuntime:
             await self._rebalance(org)
             for loop in self.loops.values():
                 await loop.provider_changed(org)
-        await self.release_budget_holds()  # a raised ceiling runs the held mail now
+        await self.budget_tick()  # a raised ceiling runs the held mail now, and the meters say so
         log.info(
             "seat_runtime_applied",
             extra={
