@@ -50,3 +50,14 @@ def test_a_spent_company_window_holds_every_agent_seat_and_names_the_company_key
     assert [h["seat"] for h in held] == ["ada", "linus"]  # grace is a person
     assert {w["raise"] for h in held for w in h["windows"]} == {"budget.tokens_per_day"}
     assert len(live.snapshot()["budgets"]["windows"]) == 1  # an entry this build cannot read is left out
+
+
+def test_the_overview_lists_every_window_and_each_held_seat_with_what_would_release_it() -> None:
+    from django.template.loader import render_to_string
+
+    live = LiveProjection(company=company)
+    apply(live, BudgetMeters(windows=[window("seat", "ada", 12, 10), window("company", "", 12, 100)], trigger="tick"))
+    html = render_to_string("dashboard/overview.html", {"org": company(), "live": live.snapshot(), "counters": [], "page": "overview"})
+    assert '<tr data-budget="seat:ada:day">' in html and '<tr data-budget="company::day">' in html
+    assert '<li data-held="ada">' in html and "<code>seats[ada].budget.tokens_per_day</code> above 12" in html
+    assert 'data-held="linus"' not in html
