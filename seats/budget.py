@@ -66,6 +66,8 @@ log = logging.getLogger("crewlet.seats.budget")
 
 #: How often each node reports the meters and looks at its held seats again (``node.budget_meters_every_s``).
 METERS_EVERY_S = BUDGET_METERS_EVERY_S
+#: How many windows that turned work away a node remembers (so each is reported at once only the first time).
+TURNED_AWAY_KEEP = 1024
 #: How long a window's row is kept: past the longest window (a month) by far, for the spend screens.
 USAGE_KEEP_S = 400 * 86400.0
 
@@ -224,6 +226,8 @@ class BudgetKeeper:
         self.held[seat.handle] = found
         log.warning("budget_refused", extra={"seat": seat.handle, "scope": found.scope, "period": found.period, "window": found.window})
         if found.key not in self._turned_away:  # the first time this window turns work away here: report at once
+            if len(self._turned_away) >= TURNED_AWAY_KEEP:
+                self._turned_away.clear()  # past windows: at worst one more immediate report
             self._turned_away.add(found.key)
             await self.publish(METERS_ON_REFUSAL)
         return found
