@@ -8,10 +8,9 @@ handler here decides, per partition, in this order (design: Inbox Batching,
    an agent seat, is handed back (DEFER) rather than worked;
 2. duplicates dropped before anything else (``coalescer.dedupe``: an
    at-least-once edge and the requeue machinery both produce them);
-3. the local holds — a paused seat, or a company with no model provider —
-   take the hold on the inbox FIRST and then hand the delivery back, so the
-   mail waits on the broker with its order intact and nothing is fetched
-   until the hold lifts;
+3. the local holds — a paused seat, no model provider, a spent token budget
+   (:mod:`seats.budget`) — take the hold FIRST, then hand the delivery back:
+   the mail waits on the broker in order, nothing fetched till the hold lifts;
 4. one trip to the coordination store: the completion ledger and the seat's
    pause row (authoritative; the hold is only this node's gate). A trigger
    already worked is acked without a turn and ``turn_trigger_skipped`` says
@@ -52,12 +51,9 @@ deferring it would park it at the head of the inbox forever and block the
 seat, so it is NAK'd (alone, after the degrade above) and spends its budget
 like any other failure.
 
-A failure is logged once per delivery, as one line with its event name
-(``seat_turn_failed``, ``seat_store_failed``, ``seat_turn_crashed`` ...), an
-``error_kind`` or ``fault`` and a truncated ``error``. The traceback is
-attached only while every event of the partition is on its first delivery;
-on each redelivery it goes to DEBUG, so a message failing 25 times logs one
-traceback, not 25.
+A failure is logged once per delivery, one line with its event name, an
+``error_kind`` or ``fault`` and a truncated ``error``; its traceback only on a
+first delivery (DEBUG after), so a message failing 25 times logs one, not 25.
 """
 from __future__ import annotations
 
@@ -69,7 +65,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 from crewlet.company.conf import STOP_GRACE_S
 from crewlet.events import Event
-from crewlet.events.types import TurnTriggerSkipped
+from crewlet.events.types import ERROR_KIND_BUDGET_EXHAUSTED, TurnTriggerSkipped
 from crewlet.base.logfmt import REASON_CHARS, short_reason
 from crewlet.company.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
@@ -90,11 +86,12 @@ from seats.coalescer import Degrade, Merge, partition_key_of
 from seats.gate import ConcurrencyGate, GateClosed
 from seats.hooks import run_after_turn
 from seats.abandon import abandon, abandoned_reason
+from seats.budget import BudgetKeeper
 from seats.ledger import FAULT_VALUE, SKIP_ALREADY_WORKED, arecord, ascreen, storable_event, store_fault
 from seats.ownership import Ownership
 from seats.park import park, parks
 from seats.turn_task import TurnTask, log_failure
-from seats.turn_types import ERR_CRASHED, OUTCOME_STOPPED, Trigger
+from seats.turn_types import ERR_CRASHED, OUTCOME_FAILED, OUTCOME_STOPPED, Trigger
 from seats.turns import TurnRunner
 from seats.wake import Wake
 
@@ -103,6 +100,8 @@ log = logging.getLogger("crewlet.seats.inbox")
 #: Hold keys this module takes on a seat's inbox.
 HOLD_PAUSED = "paused"
 HOLD_NO_PROVIDER = "no_provider"
+#: A spent calendar token budget (:mod:`seats.budget`): lifted by a reset or a raised ceiling.
+HOLD_BUDGET = "budget"
 #: Why a delivery waiting at the gate of a stopping node is handed back.
 NODE_STOPPING = "node_stopping"
 #: How long after a coordination-store failure a deferred inbox tries again.
@@ -147,8 +146,10 @@ class InboxLoop:
         store_retry_s: float = STORE_RETRY_S,
         merge: Optional[Merge] = None,
         stop_grace_s: float = STOP_GRACE_S,
+        budget: Optional[BudgetKeeper] = None,
     ) -> None:
         self.queue = queue
+        self.budget = budget
         self.merge = merge
         self.holder = holder
         self.handle = handle
@@ -212,6 +213,8 @@ class InboxLoop:
             await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
         if self._paused:
             await self.queue.hold(self.topic, self.group, HOLD_PAUSED)
+        if self.budget is not None and await self.budget.screen(self.handle):
+            await self.queue.hold(self.topic, self.group, HOLD_BUDGET)
         self._sub = await self.queue.subscribe_batch(self.topic, self.group, self.options, self._counted)
         log.info("seat_inbox_attached", extra={"seat": self.handle, "paused": self._paused})
 
@@ -262,10 +265,18 @@ class InboxLoop:
         """Fetch again after a hand-back (which quiesced the attachment), unless a reason still stands."""
         if self._sub is None or self._paused or not self.ownership.owns(self.handle):
             return
-        if not self.holder.current().has_provider_for(self.handle):
+        if not self.holder.current().has_provider_for(self.handle) or self._budget_held():
             return
         if await self._sub.unquiesce():
             log.info("seat_inbox_reopened", extra={"seat": self.handle})
+
+    def _budget_held(self) -> bool:
+        return self.budget is not None and self.budget.holding(self.handle)
+
+    async def budget_released(self) -> None:
+        """The window that held the seat no longer refuses it (a reset, a raised ceiling): its mail runs again."""
+        await self.queue.release(self.topic, self.group, HOLD_BUDGET)
+        await self.reopen()
 
     def _retry_later(self) -> None:
         if self._retry is not None and not self._retry.done():
@@ -285,6 +296,9 @@ class InboxLoop:
         if not self.holder.current().has_provider_for(self.handle):
             await self.queue.hold(self.topic, self.group, HOLD_NO_PROVIDER)
             return HOLD_NO_PROVIDER
+        if self._budget_held():
+            await self.queue.hold(self.topic, self.group, HOLD_BUDGET)
+            return HOLD_BUDGET
         return None
 
     async def _hand_back(self, why: str, partition: Partition) -> Outcome:
@@ -489,6 +503,10 @@ class InboxLoop:
         if result.outcome == OUTCOME_STOPPED and (handed_back or result.fenced):
             log.info("seat_turn_handed_back", extra={"seat": seat.handle, "turn_id": turn_id, "events": len(fresh)})
             return Outcome.DEFER
+        if result.outcome == OUTCOME_FAILED and result.error_kind == ERROR_KIND_BUDGET_EXHAUSTED and self._budget_held():
+            await self.queue.hold(self.topic, self.group, HOLD_BUDGET)  # nothing more is fetched until the window allows
+            if not result.wrote:
+                return self._defer(HOLD_BUDGET, partition)  # its trigger waits at the head, worked once the hold lifts
         abandoned = abandoned_reason(result)
         if not (result.ok or result.outcome == OUTCOME_STOPPED):
             self.stats.failed += 1
@@ -574,6 +592,7 @@ class InboxLoop:
 
 
 __all__ = [
+    "HOLD_BUDGET",
     "HOLD_NO_PROVIDER",
     "HOLD_PAUSED",
     "InboxLoop",

@@ -6,3 +6,4 @@ Operator tokens, which every app's routes accept, are the core's
 from __future__ import annotations
 
 from seats.delivery_models import *  # noqa: F401,F403
+from seats.budget_models import *  # noqa: F401,F403,E402

@@ -4,11 +4,12 @@
 create every agent seat's mailbox FIRST (so a wake aimed at a seat nobody runs
 yet waits instead of vanishing), then claim seats through the ownership
 component, then attach one inbox loop per claimed seat (holds taken before
-attaching), then start the scheduler, the retirement sweep and the pause
-reconcile. ``apply(org)`` is an applied company change: swap the holder, walk
+attaching), then start the scheduler, the retirement sweep, the pause
+reconcile and the budget meters' tick (:mod:`seats.budget`). ``apply(org)`` is an applied company change: swap the holder, walk
 the mailboxes again (a new seat's mailbox before its loop), hot-reload the
 coalesce knobs and the concurrency gate, stop loops of seats that are gone,
-start loops for new ones, and lift or take the no-provider holds.
+start loops for new ones, and lift or take the no-provider holds and lift
+the budget holds a raised ceiling ends.
 
 On an engine it is the :data:`~crewlet.engine.interfaces.SEAT_RUNTIME` service
 (:func:`services`), which ``/healthz``, the pause API and the live projection
@@ -39,6 +40,7 @@ from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from crewlet.events.tracing import trace_of
 from seats import actions
+from seats.budget import METERS_EVERY_S, BudgetKeeper
 from seats.coalescer import Merge, batch_options, coalesce
 from seats.gate import ConcurrencyGate
 from seats.inbox import STORE_RETRY_S, InboxLoop
@@ -131,6 +133,7 @@ class SeatRuntime:
         scheduler_clock: Optional[Callable[[], float]] = None,
         provider_retry_scale: float = 1.0,
         turn_stall_s: float = TURN_STALL_S,
+        budget_meters_every_s: float = METERS_EVERY_S,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -142,6 +145,8 @@ class SeatRuntime:
         )
         self.ownership: Ownership = ownership or SeatOwnership(self.node_id)
         self.runner.owns = self.ownership.owns  # the turn's fence: no call once the seat is another node's
+        self.budget = self.runner.budget = BudgetKeeper(holder, clock=self.now, emit=self._emit)
+        self.budget_meters_every_s = budget_meters_every_s
         self.hold_duty: HoldDuty = hold_duty or _always
         self.placement_every_s = placement_every_s
         self._placement = Periodic("seat_placement", placement_every_s, self.rebalance, logger=log, first_after_s=placement_every_s)
@@ -195,6 +200,7 @@ class SeatRuntime:
         self._duties.append(Periodic("seat_sweep", self.sweep_every_s, self.sweep, logger=log))
         self._duties.append(self._placement)
         self._duties.append(Periodic("seat_pauses", self.pause_poll_s, self.reconcile_pauses, logger=log))
+        self._duties.append(Periodic("budget_meters", self.budget_meters_every_s, self.budget_tick, logger=log))
         for duty in self._duties:
             await duty.start()
         warn_unset_provider_keys(org, os.environ)
@@ -273,6 +279,7 @@ class SeatRuntime:
             await self._rebalance(org)
             for loop in self.loops.values():
                 await loop.provider_changed(org)
+        await self.budget_tick()  # a raised ceiling runs the held mail now, and the meters say so
         log.info(
             "seat_runtime_applied",
             extra={
@@ -368,6 +375,7 @@ class SeatRuntime:
             store_retry_s=self.store_retry_s,
             merge=self.merge,
             stop_grace_s=self.stop_grace_s,
+            budget=self.budget,
         )
         row = (await actions.apause_states([handle])).get(handle)
         if row is not None and row.paused:
@@ -461,12 +469,29 @@ class SeatRuntime:
         pruned = await aprune(older_than_s=self.ledger_keep_s, now=self.now())
         pruned += await aprune_firings(self.now() - timedelta(seconds=self.ledger_keep_s))
         pruned += await in_store(prune_leases)(older_than_s=self.ledger_keep_s, now=self.now())
+        pruned += await self.budget.prune()
         if report.retired or report.found_unrecorded or pruned:
             log.info(
                 "seat_sweep_done",
                 extra={"retired": report.retired, "unrecorded": report.found_unrecorded, "rows_pruned": pruned},
             )
         return report
+
+    # -- token budgets ------------------------------------------------------------------------------
+
+    async def release_budget_holds(self) -> list[str]:
+        """Lift the budget holds no window justifies any more (:meth:`BudgetKeeper.review`); the seats released."""
+        released = await self.budget.review()
+        for handle in released:
+            loop = self.loops.get(handle)
+            if loop is not None:
+                await loop.budget_released()
+        return released
+
+    async def budget_tick(self) -> None:
+        """Every node, every ``budget_meters_every_s``: held seats looked at again, then ``budget_meters``."""
+        await self.release_budget_holds()
+        await self.budget.publish()
 
     async def _emit(self, body: Any) -> None:
         await self.runner.emitter.emit(body, trace_of(), log_event="seat_runtime_publish_failed")
@@ -491,6 +516,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         options.setdefault("stop_grace_s", engine.settings.node.stop_grace_s)
         options.setdefault("turn_stall_s", engine.settings.node.turn_stall_s)
         options.setdefault("provider_retry_scale", engine.settings.delivery.provider_retry_scale)
+        options.setdefault("budget_meters_every_s", engine.settings.node.budget_meters_every_s)
         options.setdefault("toolbox", engine.find(TOOLBOX))
         options.setdefault("scheduler_clock", rehearsal_clock())
         member = engine.find(FLEET)

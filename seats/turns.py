@@ -12,7 +12,9 @@ with what was said, the phase's ``error_kind`` saying why); after a built-in
 that ends the turn (``a2a_ask``); stopped, on its ``turn_token_budget``
 (``agent_turn_stopped``, the trigger counted as worked); or failed, on the
 seat's ``max_rounds`` — a guard breach (``turn.guard_breach`` ``max_iter``),
-not a stop — or on a stall or a scheduled task's timeout (:mod:`seats.guards`).
+not a stop — or on a stall or a scheduled task's timeout (:mod:`seats.guards`),
+or on a spent calendar budget (``budget_exhausted``: checked before each
+round's call and each call charged, :mod:`seats.budget`).
 
 A person's pause with ``stop_running`` ends the turn at its next round: the
 inbox sets ``Trigger.stop``, and the loop reads it wherever it would start
@@ -75,6 +77,7 @@ from crewlet.company.org import CompanyHolder, Organization, Provider as Provide
 from crewlet.queue.contract import EventQueue
 from crewlet.events.tracing import trace_of
 from seats.guards import guarded
+from seats.budget import BudgetKeeper
 from seats.hooks import TurnHooks, declared_hooks
 from seats.provider_base import (
     ERR_BAD_REQUEST,
@@ -163,6 +166,7 @@ class TurnRunner:
         hooks: Optional[TurnHooks] = None,
         retrier: Optional[Retrier] = None,
         stall_s: float = TURN_STALL_S,
+        budget: Optional[BudgetKeeper] = None,
     ) -> None:
         self.queue = queue
         #: ``node.turn_stall_s``: no provider answer or tool result for this long is a ``stall`` guard breach.
@@ -178,6 +182,8 @@ class TurnRunner:
         self.toolbox: Toolbox = toolbox or NoTools()
         self.hooks: TurnHooks = declared_hooks() if hooks is None else hooks
         self.retrier = retrier or Retrier()
+        #: The company's and the seats' token budgets (:mod:`seats.budget`), checked before each round's call.
+        self.budget = budget
 
     async def _emit(self, body: Any, extras: Optional[dict[str, Any]] = None) -> None:
         """Telemetry never fails a turn: a publish that fails is logged (and retried while the broker is away)."""
@@ -255,13 +261,15 @@ class TurnRunner:
                     f"the seat's turn_token_budget is {budget}"
                 )
                 return
-            if self._fenced(loop, result):
+            if self._fenced(loop, result) or await self._refused(loop, result, tags):
                 return
             number += 1
             answer = await self._call_chain(loop, result, tags, number)
             if answer is None:
                 return
             loop.moved()
+            if self.budget is not None:
+                await self.budget.charge(seat, answer)
             result.input_tokens += answer.input_tokens
             result.output_tokens += answer.output_tokens
             result.cache_read_tokens += answer.cache_read_tokens
@@ -295,6 +303,15 @@ class TurnRunner:
                 result.outcome = OUTCOME_COMPLETED
                 result.error = result.error_kind = ""
                 return
+
+    async def _refused(self, loop: TurnState, result: TurnResult, tags: TurnTags) -> bool:
+        """End the turn here, failed with ``budget_exhausted``, when a spent calendar window refuses its next call."""
+        meter = await self.budget.refuse(loop.seat) if self.budget is not None else None
+        if meter is None:
+            return False
+        await self._emit(meter.exhausted_body(tags))
+        result.outcome, result.error_kind, result.error = OUTCOME_FAILED, ERROR_KIND_BUDGET_EXHAUSTED, meter.reason()
+        return True
 
     async def _before_write(self, loop: TurnState, result: TurnResult) -> bool:
         """The completion ledger's row, before the turn's first call that can change the world; False if it could not be."""

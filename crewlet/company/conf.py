@@ -46,6 +46,8 @@ TURN_STALL_S = 900.0
 #: The shortest spacing a retry may be given (a redelivery, an MCP server's restart): a spacing of
 #: zero doubles to zero, and a failing message or server would spin at full speed.
 MIN_BACKOFF_S = 0.01
+#: How often a node reports the token budgets' meters and looks again at the seats a spent budget holds.
+BUDGET_METERS_EVERY_S = 60.0
 
 
 class SettingsError(FieldValueError):
@@ -330,6 +332,10 @@ class NodeSettings(_Section):
     turn_stall_s: float = setting(
         TURN_STALL_S, env="CREWLET_NODE_TURN_STALL_S", bounds=(0.1, 86400),
         doc="how long a turn may go without a provider's answer or a tool's result before it fails as a stall guard breach",
+    )
+    budget_meters_every_s: float = setting(
+        BUDGET_METERS_EVERY_S, env="CREWLET_NODE_BUDGET_METERS_EVERY_S", bounds=(0.05, 3600),
+        doc="how often this node reports budget_meters and looks again at the seats a spent token budget holds",
     )
     labels: Strings = setting(
         (), env="CREWLET_NODE_LABELS",

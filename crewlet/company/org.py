@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, TypedDict
 
+from crewlet.company.budget import NO_BUDGET, Budget
+
 #: The namespace every node derives agent ids in. Never change it: ids are wire facts.
 AGENT_ID_NAMESPACE = uuid.UUID("6f1d7c0e-3b0a-5c55-9d55-6372657765c1")
 
@@ -277,6 +279,8 @@ class Seat:
     #: The seat's own chat identity (``seats[].slack``, ``seats[].mattermost``); None: the company-level one.
     slack: Optional[SlackApp] = None
     mattermost: Optional[MattermostBot] = None
+    #: The seat's own token ceilings per calendar day and month (``seats[].budget``); none by default.
+    budget: Budget = NO_BUDGET
 
     @property
     def is_agent(self) -> bool:
@@ -346,6 +350,8 @@ class Organization:
     source_files: Mapping[str, str] = field(default_factory=dict)
     #: The company's ``timezone``: what its ``cron`` schedules are read in unless one names its own.
     timezone: str = DEFAULT_TIMEZONE
+    #: The company's token ceilings per calendar day and month in ``timezone`` (``budget``), over all its seats.
+    budget: Budget = NO_BUDGET
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)

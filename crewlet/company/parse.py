@@ -63,6 +63,7 @@ from crewlet.company.instructions import (
     StoredFiles,
     seat_instructions,
 )
+from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
 from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.provider_retry import RETRY_KEY, parse_retry
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
@@ -288,6 +289,7 @@ _TOP_KEYS = (
     "schedules",
     "mcp_servers",
     "timezone",
+    BUDGET_KEY,
 )
 
 
@@ -423,7 +425,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
             entry,
             f"{name}.",
             ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
-             *SEAT_OWN_KEYS, "slack", "mattermost"),
+             *SEAT_OWN_KEYS, "slack", "mattermost", BUDGET_KEY),
             source,
         )
         handle = _string(
@@ -531,6 +533,7 @@ def parse_company(
     mcp_servers = _mcp_servers(data.get("mcp_servers"), surfaces, source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
     seats = _seats_own(data.get("seats", []), seats, included, source)
+    seats = seat_budgets(data.get("seats", []), seats, source)
     timezone = parse_timezone(data.get("timezone"), "timezone", source)
     schedules = parse_schedules(data.get("schedules", []), seats, timezone, source)
 
@@ -548,6 +551,7 @@ def parse_company(
         mcp_servers=mcp_servers,
         source_files=dict(sorted(included.files.items())),
         timezone=timezone,
+        budget=parse_budget(data.get(BUDGET_KEY), BUDGET_KEY, source),
     )
 
 

@@ -38,7 +38,10 @@ The seat states, by precedence (the first that holds wins):
   (``reason`` ``no_provider``, the hold's own key).
 * ``stopped`` — the provider chain was exhausted (``llm_unavailable``:
   ``reason`` ``provider``) or the token budget refused (``budget_exhausted``:
-  ``reason`` ``budget``), until a turn of it completes without failing.
+  ``reason`` ``budget``), until a turn of it completes without failing — for
+  the budget, only while the latest ``budget_meters`` report still shows a
+  spent window over it (:mod:`.meters`: a reset or a raised ceiling ends it);
+  the failed turn's error, naming the window, is its ``last_error``.
 * ``idle`` — none of the above. A person's seat (kind ``human``) is never run
   by the engine and always reads ``idle``.
 

@@ -19,11 +19,13 @@ from crewlet.events import Event, format_timestamp, is_fed, is_stored
 from crewlet.engine.interfaces import SeatLoops
 from crewlet.company.org import Organization, Seat
 from eventstore import questions as qs
+from eventstore.projection.meters import K_BUDGETS, Meters
 from eventstore.projection.seed import SeedData, fleet_seed, read_seed, seat_holders
 from eventstore.projection.states import (
     ABANDONED_REASONS,
     ABSENT,
     BUDGET_EXHAUSTED,
+    BUDGET_METERS,
     COALESCED,
     COUNTER_WINDOW,
     FEED_SIZE,
@@ -167,6 +169,7 @@ class LiveProjection:
         self._seen: OrderedDict[str, Optional[dict[str, Any]]] = OrderedDict()
         self._seen_size = seen_size
         self._counters = new_counters()
+        self.meters = Meters()
         self._since = clock()
         self._seeded = False
         self._seed_at: Optional[datetime] = None
@@ -189,6 +192,7 @@ class LiveProjection:
                 K_COUNTERS: dict(self._counters),
                 K_SEEDED: self._seeded,
                 K_COUNTERS_SINCE: format_timestamp(self._since),
+                K_BUDGETS: self.meters.view(org),
             }
 
     def counters(self) -> dict[str, int]:
@@ -213,6 +217,8 @@ class LiveProjection:
     def _row(self, org: Organization, seat: Seat) -> dict[str, Any]:
         live = self._seats.get(seat.handle) or SeatLive()
         state, reason, paused_by = self._state(org, seat, live)
+        if (state, reason) == (STOPPED, STOPPED_BUDGET) and not self.meters.still_stopped(seat.handle):
+            state, reason = IDLE, ""  # the window that refused it reset, or its ceiling was raised
         return {
             "handle": seat.handle,
             "kind": seat.kind,
@@ -310,6 +316,8 @@ class LiveProjection:
             count_event(self._counters, event)
         if row is not None:
             self._feed.appendleft(row)
+        if event.type == BUDGET_METERS:
+            self.meters.update(event)
         handle = self._moved_seat(event)
         if handle:
             self._move(handle, event, row, counted)

@@ -51,6 +51,8 @@ SEAT_PAUSED = types.SeatPaused.event_type
 SEAT_RESUMED = types.SeatResumed.event_type
 LLM_UNAVAILABLE = types.LLMUnavailable.event_type
 BUDGET_EXHAUSTED = types.BudgetExhausted.event_type
+#: Moves no seat: the projection keeps the latest report (:mod:`eventstore.projection.meters`).
+BUDGET_METERS = types.BudgetMeters.event_type
 COALESCED = types.NotificationsCoalesced.event_type
 TRIGGER_SKIPPED = types.TurnTriggerSkipped.event_type
 GUARD_BREACH = types.TurnGuardBreach.event_type

@@ -68,6 +68,7 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "node.max_concurrent": "CREWLET_NODE_MAX_CONCURRENT",
         "node.stop_grace_s": "CREWLET_NODE_STOP_GRACE_S",
         "node.turn_stall_s": "CREWLET_NODE_TURN_STALL_S",
+        "node.budget_meters_every_s": "CREWLET_NODE_BUDGET_METERS_EVERY_S",
         "node.labels": "CREWLET_NODE_LABELS",
         "delivery.backoff_base_s": "CREWLET_DELIVERY_BACKOFF_BASE_S",
         "delivery.backoff_cap_s": "CREWLET_DELIVERY_BACKOFF_CAP_S",

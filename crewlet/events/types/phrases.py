@@ -76,6 +76,15 @@ STOP_REASONS: tuple[str, ...] = (
 ERROR_KIND_BUDGET_EXHAUSTED = "budget_exhausted"
 ERROR_KIND_REFUSAL = "refusal"
 
+# budget_meters: each window's engine-computed state, and what published the report.
+METER_OPEN = "open"
+METER_EXHAUSTED = "exhausted"
+METER_STATES: tuple[str, ...] = (METER_OPEN, METER_EXHAUSTED)
+METERS_ON_TICK = "tick"
+METERS_ON_REFUSAL = "refusal"
+#: The keys of one ``budget_meters.windows[]`` entry (``budget_exhausted`` names its window with the same ones).
+METER_KEYS: tuple[str, ...] = ("scope", "seat", "period", "window", "resets_at", "spend", "ceiling", "state")
+
 # turn.guard_breach guards.
 GUARD_STALL = "stall"
 GUARD_MAX_ITER = "max_iter"

@@ -236,11 +236,15 @@ class BudgetMeters(EventBody):
     """Not stored: the fleet's shared token counters, every capped window with its state.
 
     Published on a tick and at once when a window first turns work away; the
-    next report supersedes it, and the live projection reads it.
+    next report supersedes it, and the live projection reads it. Each of
+    ``windows`` has the :data:`~crewlet.events.types.phrases.METER_KEYS`:
+    ``scope`` (company | seat), ``seat`` ("" for the company's), ``period``
+    (day | month), ``window`` (its label in the company's timezone),
+    ``resets_at``, ``spend``, ``ceiling`` and ``state`` (open | exhausted).
     """
 
     windows: list[dict[str, Any]] = field(default_factory=list)
-    trigger: str = ""  # tick | refusal
+    trigger: str = ""  # METERS_ON_TICK | METERS_ON_REFUSAL
 
     def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} reported {_plural(len(self.windows), 'budget window')}"
