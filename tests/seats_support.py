@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -471,3 +472,31 @@ async def runtime_on_memory() -> AsyncIterator[tuple[SeatRuntime, Any, Recorder]
             from django.db import connections
 
             await sync_to_async(connections.close_all)()
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """The node's environment with ``values`` set (an empty one unset) while the block runs: what ``env_from`` reads."""
+    before = {k: os.environ.get(k) for k in values}
+    for key, value in values.items():
+        if value:
+            os.environ[key] = value
+        else:
+            os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def openai_completion(message: dict[str, Any], finish: str, *, model: str = "gpt-test", completion_id: str = "cmpl-1") -> dict[str, Any]:
+    """A Chat Completions answer as OpenAI's API returns one: ``message`` with its ``finish_reason`` and a small usage."""
+    return {
+        "id": completion_id, "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
+    }

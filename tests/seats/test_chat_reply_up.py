@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from chat_vendor_support import Call, CallLog, MattermostApi, SlackWebApi, first, mattermost_api, slack_web_api
-from seats_support import json_vendor
+from seats_support import json_vendor, openai_completion
 from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
 from waiting_support import wait_until
 
@@ -81,11 +81,7 @@ class Model:
             message = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
             finish = "tool_calls"
-        return 200, {
-            "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-test",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
-        }
+        return 200, openai_completion(message, finish)
 
     def asked(self, phrase: str) -> list[Call]:
         return [c for c in self.log.of("model", "chat/completions") if phrase in c.args["said"]]

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -22,6 +21,7 @@ from chat_vendor_support import CallLog, MattermostApi, SlackWebApi, mattermost_
 from crewlet.company.conf import ToolSettings
 from crewlet.company.org import CompanyHolder, Organization
 from crewlet.company.parse import parse_company
+from seats_support import environment
 from seats.tools import ToolCall
 from seats.tools.mcp import McpToolbox
 from seats.tools.mcp_transport import open_transport
@@ -51,24 +51,6 @@ def company(slack_url: str, mattermost_url: str) -> Organization:
         }
     )
 
-
-@contextlib.contextmanager
-def environment(**values: str) -> Iterator[None]:
-    """The node's environment with ``values`` set (an empty one unset) while the block runs: what ``env_from`` reads."""
-    before = {k: os.environ.get(k) for k in values}
-    for key, value in values.items():
-        if value:
-            os.environ[key] = value
-        else:
-            os.environ.pop(key, None)
-    try:
-        yield
-    finally:
-        for key, old in before.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 class Vendors:

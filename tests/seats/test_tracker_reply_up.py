@@ -29,7 +29,7 @@ import pytest
 
 from chat_vendor_support import Call, CallLog
 from seats.reply_target import REPLY_TARGET_LEAD, REPLY_TOOL, SURFACE
-from seats_support import json_vendor
+from seats_support import json_vendor, openai_completion
 from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
 from tracker_vendor_support import ConfluenceApi, GitHubApi, JiraApi, basic, confluence_api, github_api, jira_api, only_call
 
@@ -104,11 +104,7 @@ class Model:
                 "id": "call_0", "type": "function",
                 "function": {"name": target[REPLY_TOOL], "arguments": json.dumps({**args, "body": text})}}]}
             finish = "tool_calls"
-        return 200, {
-            "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-test",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
-        }
+        return 200, openai_completion(message, finish)
 
     def asked(self, phrase: str) -> list[Call]:
         return [c for c in self.log.of("model", "chat/completions") if phrase in c.args["said"]]

@@ -9,10 +9,8 @@ tools' own input schemas, so the target and the tools cannot drift apart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -22,6 +20,7 @@ from chat_vendor_support import CallLog
 from crewlet.company.conf import ToolSettings
 from crewlet.company.org import CompanyHolder, Organization
 from crewlet.company.parse import parse_company
+from seats_support import environment
 from seats.reply_target import REPLY_TOOLS
 from seats.tools import ToolCall
 from seats.tools.mcp import McpToolbox
@@ -44,24 +43,6 @@ TARGET_KEYS = {
     "github": {"repo", "issue_number", "comment_id"}, "jira": {"issue_key"}, "confluence": {"page_id", "parent_comment_id"},
 }
 
-
-@contextlib.contextmanager
-def environment(**values: str) -> Iterator[None]:
-    """The node's environment with ``values`` set (an empty one unset) while the block runs: what ``env_from`` reads."""
-    before = {k: os.environ.get(k) for k in values}
-    for key, value in values.items():
-        if value:
-            os.environ[key] = value
-        else:
-            os.environ.pop(key, None)
-    try:
-        yield
-    finally:
-        for key, old in before.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def company(github: str, jira: str, wiki: str) -> Organization:
