@@ -27,7 +27,11 @@ from tests.faults.fault_vendor import KEY, KEY_ENV, Call, Said, Vendor, body_of
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 
 #: A failing delivery spends its 25 deliveries in about a second: its dead letter is part of the case.
-FAST_RETRIES = {"CREWLET_DELIVERY_BACKOFF_BASE_S": "0.01", "CREWLET_DELIVERY_BACKOFF_CAP_S": "0.02"}
+#: Redeliveries and a provider's retries inside a round, both shrunk: a failing DM spends its 25 deliveries in seconds.
+FAST_RETRIES = {
+    "CREWLET_DELIVERY_BACKOFF_BASE_S": "0.01", "CREWLET_DELIVERY_BACKOFF_CAP_S": "0.02",
+    "CREWLET_DELIVERY_PROVIDER_RETRY_SCALE": "0.001",
+}
 FORGED = "level=critical event=forged_by_the_vendor"
 #: What the vendor says when it fails: the key it was called with, a NUL, both surrogate halves, a line of its own.
 NASTY_ERROR = f"Incorrect API key provided: {KEY}.\x00 upstream \ud800\udfff broke\n{FORGED}"
@@ -154,7 +158,7 @@ def test_a_vendor_trickling_its_answer_holds_a_turn_no_longer_than_the_providers
         held = [c.ended - c.began for c in calls if c.abandoned and c.ended is not None]
         whole_body_s = len(body_of(TRICKLED)) * TRICKLE_GAP_S
         held_bound_s = timeout_s + 5.0  # the deadline, and the vendor noticing the cut on its next byte or two
-        bound_s = 2 * timeout_s + 2 * SLACK_S  # a timed-out turn, its redelivery, the answer
+        bound_s = 2 * timeout_s + 2 * SLACK_S  # the cut call, its retry, the answer
         delays = record_exactly_once(
             figures, sender, outcome, origin=started_at, recovery_s=None, bound_s=bound_s,
             note=(f"{len(slow)} answers trickled a byte / {TRICKLE_GAP_S:g} s against timeout_s {timeout_s:g}: each call cut after "
@@ -165,7 +169,8 @@ def test_a_vendor_trickling_its_answer_holds_a_turn_no_longer_than_the_providers
         )
         assert len(held) == len(slow), [(c.prompt[:30], c.abandoned) for c in calls]
         assert max(held) <= held_bound_s, held
-        assert all(outcome.failed.get(d.key) == 1 for d in slow), outcome.failed  # one timed-out turn each, then its answer
+        # the cut call is retried inside its round (a timeout is transient): no turn fails, each answers once
+        assert not any(outcome.failed.get(d.key) for d in slow), outcome.failed
         assert max(delays) <= bound_s, max(delays)
     finally:
         up.cleanup()
