@@ -101,7 +101,7 @@ def announce_at_start(engine: "Engine", change: Activation) -> None:
     engine.add(
         Service(
             ANNOUNCE_AT_START,
-            lambda _engine: Task(ANNOUNCE_AT_START, announce),
+            lambda _engine: Task(ANNOUNCE_AT_START, announce, once=True),
             after=tuple(s.name for s in engine.registered),
         )
     )

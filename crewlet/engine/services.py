@@ -147,15 +147,25 @@ class Task:
         name: str,
         run: Callable[[], Awaitable[None]],
         on_failure: Optional[Callable[[str, BaseException], None]] = None,
+        *,
+        once: bool = False,
     ) -> None:
         self.name = name
         self._run = run
         self._on_failure = on_failure
+        #: A one-shot duty (an announcement at start): ending without an error is its success, not a death.
+        self.once = once
+        self._failed = False
         self._task: Optional[asyncio.Task[None]] = None
 
     @property
     def alive(self) -> bool:
-        return self._task is not None and not self._task.done()
+        """Running — or, for a one-shot duty, ended without an error (what ``/readyz`` reads)."""
+        if self._task is None:
+            return False
+        if not self._task.done():
+            return True
+        return self.once and not self._failed and not self._task.cancelled()
 
     @property
     def task(self) -> Optional["asyncio.Task[None]"]:
@@ -171,6 +181,7 @@ class Task:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            self._failed = True
             log.exception("engine_service_failed", extra={"service": self.name})
             if self._on_failure is not None:
                 self._on_failure(self.name, exc)

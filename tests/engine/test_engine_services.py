@@ -9,7 +9,7 @@ import pytest
 
 from crewlet.engine import runtime
 from crewlet.engine.core import Engine, app_services
-from crewlet.engine.services import NoService, Periodic, Service, ordered
+from crewlet.engine.services import NoService, Periodic, Service, Task, ordered
 from crewlet.engine.interfaces import (
     CONFIG_POLLER,
     EVENT_STORE,
@@ -224,3 +224,20 @@ def test_the_node_scope_is_the_running_engines_and_read_afresh_without_one(monke
         assert (here.node_scope().node_id, here.node_scope().retention_hours) == ("n1", 12.0)
     finally:
         runtime.detach(engine)
+
+
+async def test_a_one_shot_duty_that_ended_well_stays_alive_while_a_duty_that_ended_or_failed_does_not() -> None:
+    async def done() -> None:
+        return None
+
+    async def broken() -> None:
+        raise RuntimeError("the announcement could not be sent")
+
+    once, once_broken, duty = Task("announce", done, once=True), Task("announce", broken, once=True), Task("loop", done)
+    for task in (once, once_broken, duty):
+        await task.start()
+        assert task.task is not None
+        await asyncio.wait([task.task])
+    assert (once.alive, once_broken.alive, duty.alive) == (True, False, False)
+    await once.stop()
+    assert not once.alive

@@ -280,7 +280,7 @@ def _json(up: UpProcess, path: str) -> tuple[int, dict[str, Any]]:
 
 def test_readyz_names_each_component_ready_and_livez_answers_beside_healthz(up: UpProcess) -> None:
     status, body = _json(up, "/readyz")
-    assert status == 200, body
+    assert status == 200, json.dumps(body)
     assert body["status"] == "ready" and body["node"] == NODE and body["down"] == []
     parts = body["components"]
     assert parts["broker"] == {"ok": True, "state": "connected"}
