@@ -30,8 +30,10 @@ The seat states, by precedence (the first that holds wins):
   ``reason`` and ``paused_by`` are the pause's.
 * ``queued`` — a turn runs and more work arrived for it meanwhile (a wake's
   record: ``external_notification``, ``scheduled_task_fired``, an A2A ask or
-  answer); ``queued`` counts it, and each next turn or skipped trigger takes
-  one off (a digest of N wakes takes N-1 more).
+  answer); ``queued`` counts those wakes by id, and a turn start, a skipped
+  trigger or a digest (every id it merged) takes its own off. A wake's record
+  is published after the wake reaches the inbox, so it can arrive after the
+  turn it started: a record whose trigger a turn already took is not queued.
 * ``running`` — a turn started (``agent_turn_started``) and has not ended
   (``agent_turn_completed`` / ``agent_turn_stopped``); ``turn_id`` is it.
 * ``held`` — the inbox holds: the company names no model provider

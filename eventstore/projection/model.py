@@ -51,6 +51,7 @@ from eventstore.projection.states import (
     STOPPED,
     STOPPED_BUDGET,
     STOPPED_PROVIDER,
+    TAKEN_REMEMBERED,
     TERMINATED,
     TRIGGER_SKIPPED,
     WORK_ARRIVED,
@@ -60,7 +61,6 @@ from eventstore.questions import (
     TURN_COMPLETED,
     TURN_STARTED,
     TURN_STOPPED,
-    as_count,
     count_event,
     count_turn,
     new_counters,
@@ -117,7 +117,11 @@ class SeatLive:
     pause_reason: str = ""
     paused_by: str = ""
     turn_id: str = ""
-    queued: int = 0
+    #: The ids of the wakes waiting behind the running turn (or a pause), oldest first: ``queued`` counts them.
+    waiting: dict[str, None] = field(default_factory=dict)
+    #: Triggers a turn, a digest or a skip already took whose wake record has not arrived (yet), newest last:
+    #: the record is published after the wake reaches the inbox, so it can trail its own turn's start.
+    taken: dict[str, None] = field(default_factory=dict)
     stopped: str = ""
     #: What last went wrong with its work (a failed turn, a guard breach, an abandoned trigger); "" once a turn succeeds.
     last_error: str = ""
@@ -125,6 +129,29 @@ class SeatLive:
     counters: dict[str, int] = field(default_factory=new_seat_counters)
     #: Whether a live event moved it: a seed never overwrites what the stream already said.
     touched: bool = False
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def arrived(self, wake_id: str) -> None:
+        """A wake's record: it waits unless a turn already took it or nothing holds it back (no turn, no pause)."""
+        if self.taken.pop(wake_id, False) is None:
+            return
+        if self.turn_id or self.paused:
+            self.waiting[wake_id] = None
+
+    def take(self, trigger_id: str) -> None:
+        """A turn, a digest or a skip took ``trigger_id``; an unnamed trigger takes the oldest waiting wake."""
+        if not trigger_id:
+            if self.waiting:
+                del self.waiting[next(iter(self.waiting))]
+            return
+        if self.waiting.pop(trigger_id, False) is None:
+            return
+        self.taken[trigger_id] = None
+        while len(self.taken) > TAKEN_REMEMBERED:
+            del self.taken[next(iter(self.taken))]
 
 
 @dataclass
@@ -328,8 +355,7 @@ class LiveProjection:
         live.touched = True
         etype = event.type
         if etype in WORK_ARRIVED:
-            if live.turn_id or live.paused:
-                live.queued += 1  # it waits: behind the running turn, or on the broker until the resume
+            live.arrived(event.id)  # it waits: behind the running turn, or on the broker until the resume
             return
         if etype == SPAWNED:
             live.present, live.absent_reason, live.node = True, "", event.node or live.node
@@ -337,7 +363,9 @@ class LiveProjection:
             if live.node and event.node and event.node != live.node:
                 return  # the seat's former node letting go after its new node took it: it still runs
             live.present, live.absent_reason, live.node = False, _text(event.field("reason")), ""
-            live.turn_id, live.queued = "", 0
+            live.turn_id = ""
+            live.waiting.clear()
+            live.taken.clear()
         elif etype == SEAT_PAUSED:
             live.paused = True
             live.pause_reason = _text(event.field("reason"))
@@ -348,7 +376,7 @@ class LiveProjection:
             live.present, live.absent_reason = True, ""
             live.node = event.node or live.node
             live.turn_id = _text(event.field("turn_id")) or event.id
-            live.queued = max(live.queued - 1, 0)
+            live.take(_text(event.field("trigger_event_id")))
             live.last_turn = self._last_turn(event, row, qs.OUTCOME_RUNNING)
         elif etype == TURN_COMPLETED:
             live.present, live.absent_reason = True, ""
@@ -373,9 +401,11 @@ class LiveProjection:
         elif etype == BUDGET_EXHAUSTED:
             live.stopped = STOPPED_BUDGET
         elif etype == COALESCED:
-            live.queued = max(live.queued - max(as_count(event.field("count")) - 1, 0), 0)
+            constituents = event.field("event_ids")
+            for wake_id in constituents if isinstance(constituents, list) else []:
+                live.take(_text(wake_id))
         elif etype == TRIGGER_SKIPPED:
-            live.queued = max(live.queued - 1, 0)
+            live.take(_text(event.field("trigger_event_id")))
             if _text(event.field("reason")) in ABANDONED_REASONS:
                 live.last_error = f"{_text(event.field('reason'))}: {_text(event.field('detail'))}"[:LAST_ERROR_CHARS]
         elif etype == GUARD_BREACH:

@@ -60,6 +60,9 @@ GUARD_BREACH = types.TurnGuardBreach.event_type
 ABANDONED_REASONS: frozenset[str] = frozenset(TRIGGER_ABANDONED)
 #: How much of an error a seat's ``last_error`` keeps.
 LAST_ERROR_CHARS = 500
+#: How many taken triggers a seat remembers whose wake record has not arrived: records trail their turn by
+#: moments, so a handful per seat is plenty; an older one that arrives after all counts as waiting.
+TAKEN_REMEMBERED = 64
 #: Records of work put in a seat's inbox, and the body field naming that seat.
 WORK_ARRIVED: dict[str, str] = {
     types.ExternalNotification.event_type: "seat",

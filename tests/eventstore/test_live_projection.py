@@ -20,6 +20,8 @@ from crewlet.events.types import (
     BudgetExhausted,
     ExternalNotification,
     LLMUnavailable,
+    NotificationsCoalesced,
+    TurnTriggerSkipped,
 )
 from crewlet.company.loading import load_settings
 from crewlet.engine import runtime
@@ -203,6 +205,35 @@ def test_work_arriving_while_a_turn_runs_is_queued_and_the_next_turn_takes_it() 
     row = apply(live, AgentTurnStarted(seat="ada", turn_id="t2"))
     assert row is not None and (row["state"], row["queued"], row["turn_id"]) == ("running", 0, "t2")
     assert live.counters()["tokens"] == 7
+
+
+def test_a_wake_whose_record_arrives_after_its_own_turn_started_is_not_left_queued() -> None:
+    live = LiveProjection(company=company)
+    apply(live, AgentSpawned(seat="ada", reason="claimed"))
+    apply(live, AgentTurnStarted(seat="ada", turn_id="t1", trigger_event_id="w1"))
+    row = apply(live, ExternalNotification(seat="ada", sender="sam", body="the trigger"), event_id="w1")
+    assert row is not None and (row["state"], row["queued"]) == ("running", 0)
+    row = apply(live, ExternalNotification(seat="ada", sender="sam", body="also this"), event_id="w2")
+    assert row is not None and (row["state"], row["queued"]) == ("queued", 1)
+    row = apply(live, AgentTurnCompleted(seat="ada", turn_id="t1"))
+    assert row is not None and (row["state"], row["queued"]) == ("idle", 1)
+    row = apply(live, AgentTurnStarted(seat="ada", turn_id="t2", trigger_event_id="w2"))
+    assert row is not None and (row["state"], row["queued"]) == ("running", 0)
+
+
+def test_a_digest_takes_off_exactly_the_wakes_it_merged_and_a_skip_its_own_trigger() -> None:
+    live = LiveProjection(company=company)
+    apply(live, AgentTurnStarted(seat="ada", turn_id="t1", trigger_event_id="w0"))
+    for wake_id in ("w1", "w2", "w3", "w4"):
+        apply(live, ExternalNotification(seat="ada", sender="sam", body=wake_id), event_id=wake_id)
+    apply(live, AgentTurnCompleted(seat="ada", turn_id="t1"))
+    apply(live, NotificationsCoalesced(seat="ada", partition_key="slack:C1:1", count=2, event_ids=["w1", "w3"]))
+    row = apply(live, AgentTurnStarted(seat="ada", turn_id="t2", trigger_event_id="w1"))
+    assert row is not None and (row["state"], row["queued"]) == ("queued", 2)
+    row = apply(live, TurnTriggerSkipped(seat="ada", trigger_event_id="w4", reason="already worked"))
+    assert row is not None and row["queued"] == 1
+    row = apply(live, TurnTriggerSkipped(seat="ada", trigger_event_id="w4", reason="already worked"))
+    assert row is not None and row["queued"] == 1
 
 
 def test_a_company_with_no_provider_holds_its_seats_and_a_refused_budget_stops_one() -> None:
