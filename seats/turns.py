@@ -26,6 +26,13 @@ names the person. A model that answers ``end`` on the call that was in flight
 has ended its turn itself: that turn completes. A round that never ends (a
 hung provider) is the inbox's to cancel after its grace.
 
+A turn woken by a chat message or a tracker comment is first shown the
+conversation it belongs to, read from its backend with the seat's own
+credentials (:mod:`seats.thread_block`); the waiting messages that block
+showed it are in ``TurnResult.answered_in_thread``, for the inbox to write to
+the completion ledger once the turn completes. A read that fails leaves the
+block out and is said in the phase; it never fails the turn.
+
 Every provider call is one entry of ``agent_phase_completed.rounds[]``, with
 each tool call it led to; the phase, ``prompt.size`` and the turn's closing
 events are :mod:`seats.turn_record`. The trigger, the result and the turn's

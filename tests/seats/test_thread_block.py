@@ -25,6 +25,7 @@ from chat_vendor_support import (
     slack_web_api,
 )
 from crewlet.company.org import Organization, Seat
+from crewlet.company.fields import CompanyError
 from crewlet.company.parse import parse_company
 from crewlet.company.thread_bounds import ThreadBounds
 from crewlet.events import new
@@ -246,3 +247,21 @@ def test_a_thread_larger_than_the_bounds_keeps_the_newest_and_says_how_many_it_l
     huge = shown(Conversation("slack", [ThreadMessage("message:slack:C1:39", "U0GRACE", "y" * 5000)]), trigger,
                  ThreadBounds(max_bytes=1024))
     assert huge.text.endswith("…[cut]") and len(huge.text.splitlines()[1].encode()) < 1100
+
+
+@pytest.mark.parametrize(
+    "thread_block, refusal",
+    [
+        ({"max_messages": 0}, "thread_block.max_messages=0: must be between 1 and 200"),
+        ({"max_bytes": 10**9}, "thread_block.max_bytes=1000000000: must be between 1024 and 262144"),
+        ({"timeout_s": "soon"}, "must be a number between 0.1 and 60"),
+        ({"max_lines": 3}, "thread_block.max_lines=3: unknown key; allowed: max_messages, max_bytes, timeout_s"),
+    ],
+)
+def test_thread_block_bounds_out_of_range_are_refused_naming_the_key_and_what_is_allowed(
+    thread_block: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(CompanyError) as refused:
+        parse_company({"org": "acme", "thread_block": thread_block})
+    assert refusal in str(refused.value) and "thread_block." in str(refused.value) and "\n" not in str(refused.value)
+    assert parse_company({"org": "acme", "thread_block": {"max_messages": 5}}).thread_block == ThreadBounds(max_messages=5)
