@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, TypeVar, cast
 
 from atlassian import ConfluenceV2, Jira
-from github import Github
-from mattermostautodriver import TypedDriver
 from mcp.server.mcpserver.exceptions import ToolError
-from slack_sdk.web import WebClient
 
 from crewlet.company.builtin_servers import BUILTIN_SERVERS, CONFLUENCE, GITHUB, JIRA, MATTERMOST, SLACK, builtin_grant
 from crewlet.company.org import Organization, Seat, grant_env
@@ -42,6 +39,7 @@ from seats.tools.servers import confluence as confluence_server, github as githu
 from seats.tools.servers import slack as slack_server
 from seats.tools.servers.atlassian_client import CLIENT_ERRORS, refusal as atlassian_refusal
 
+T = TypeVar("T")
 #: The most pages one read follows (a thread longer than this many full pages is refused, not cut at its oldest end).
 MAX_PAGES = 25
 
@@ -95,6 +93,16 @@ def seat_access(org: Organization, seat: Seat, surface: str, environ: Optional[M
     return Access(url, values) if url and values.get(kind.token_env) else None
 
 
+def _seat_tools(tools: type[T], accessor: str, made: object) -> T:
+    """A shipped server's tools whose client accessor (``client`` / ``driver``) answers ``made``, the seat's own client.
+
+    The tools make their client from the environment a tool server is started
+    with; in the engine the seat's credentials are this client's instead.
+    """
+    bound = type(f"{tools.__name__}AsSeat", (tools,), {accessor: lambda self: made})
+    return cast(T, bound())
+
+
 def _tool_read(make: Callable[[], Any]) -> Any:
     """A shipped tool's call, its refusal (a :class:`ToolError` in the vendor's words) raised as a read error."""
     try:
@@ -103,18 +111,10 @@ def _tool_read(make: Callable[[], Any]) -> Any:
         raise ThreadReadError(str(exc)) from None
 
 
-class _SlackAs(slack_server.SlackTools):
-    def __init__(self, made: WebClient) -> None:
-        super().__init__()
-        self.made = made
-
-    def client(self) -> WebClient:
-        return self.made
-
-
 def read_slack(access: Access, seat: Seat, target: Mapping[str, Any], limit: int, timeout_s: float) -> Conversation:
     """A Slack thread, every page; a direct message's channel (no thread) its latest ``limit`` messages."""
-    tools = _SlackAs(slack_server.web_client(access.value(SLACK.token_env), access.url, timeout_s=timeout_s, retries=False))
+    made = slack_server.web_client(access.value(SLACK.token_env), access.url, timeout_s=timeout_s, retries=False)
+    tools = _seat_tools(slack_server.SlackTools, "client", made)
     channel, root = str(target["channel"]), str(target.get("thread_ts") or "")
     mine = set(seat.own_ids(SLACK.surface))
     raw: list[dict[str, Any]] = []
@@ -143,15 +143,6 @@ def read_slack(access: Access, seat: Seat, target: Mapping[str, Any], limit: int
     return Conversation(SLACK.surface, messages, older)
 
 
-class _MattermostAs(mattermost_server.MattermostTools):
-    def __init__(self, made: TypedDriver) -> None:
-        super().__init__()
-        self.made = made
-
-    def driver(self) -> TypedDriver:
-        return self.made
-
-
 def read_mattermost(access: Access, seat: Seat, target: Mapping[str, Any], limit: int, timeout_s: float) -> Conversation:
     """The thread the post belongs to (its root's, whichever post of it is named)."""
     try:
@@ -159,7 +150,7 @@ def read_mattermost(access: Access, seat: Seat, target: Mapping[str, Any], limit
     except ValueError as exc:
         raise ThreadReadError(str(exc)) from None
     try:
-        thread = _tool_read(lambda: _MattermostAs(made).read_thread(str(target.get("post_id") or target["root_id"])))
+        thread = _tool_read(lambda: _seat_tools(mattermost_server.MattermostTools, "driver", made).read_thread(str(target.get("post_id") or target["root_id"])))
     finally:
         made.close()
     mine = set(seat.own_ids(MATTERMOST.surface))
@@ -171,19 +162,10 @@ def read_mattermost(access: Access, seat: Seat, target: Mapping[str, Any], limit
     return Conversation(MATTERMOST.surface, messages)
 
 
-class _GitHubAs(github_server.GitHubTools):
-    def __init__(self, made: Github) -> None:
-        super().__init__()
-        self.made = made
-
-    def client(self) -> Github:
-        return self.made
-
-
 def read_github(access: Access, seat: Seat, target: Mapping[str, Any], limit: int, timeout_s: float) -> Conversation:
     """The comments of the issue or pull request, every page."""
     made = github_server.client(access.value(GITHUB.token_env), access.url, timeout_s=max(1, int(timeout_s)))
-    tools = _GitHubAs(made)
+    tools = _seat_tools(github_server.GitHubTools, "client", made)
     repo, number = str(target["repo"]), int(target["issue_number"])
     raw: list[dict[str, Any]] = []
     for page in range(1, MAX_PAGES + 1):
@@ -240,18 +222,9 @@ def read_jira(access: Access, seat: Seat, target: Mapping[str, Any], limit: int,
     return Conversation(JIRA.surface, messages, start)
 
 
-class _ConfluenceAs(confluence_server.ConfluenceTools):
-    def __init__(self, made: ConfluenceV2) -> None:
-        super().__init__()
-        self.made = made
-
-    def client(self) -> ConfluenceV2:
-        return self.made
-
-
 def read_confluence(access: Access, seat: Seat, target: Mapping[str, Any], limit: int, timeout_s: float) -> Conversation:
     """The page's footer comments, every page."""
-    tools = _ConfluenceAs(ConfluenceV2(**_atlassian(access, CONFLUENCE, timeout_s)))
+    tools = _seat_tools(confluence_server.ConfluenceTools, "client", ConfluenceV2(**_atlassian(access, CONFLUENCE, timeout_s)))
     page_id = str(target["page_id"])
     raw: list[dict[str, Any]] = []
     cursor = ""

@@ -22,7 +22,7 @@ from crewlet.events.types.phrases import TRIGGER_ANSWERED_IN_THREAD
 from cluster_support import start_together
 from seats_support import json_vendor
 from tests.fleet.test_fleet_up import TOKEN, Fleet, Node, _pg, fleet  # noqa: F401  (fixtures)
-from tests.seats.test_chat_reply_up import Model, grace_said, slack_mention
+from tests.seats.test_chat_reply_up import COMPANY, Model, grace_said, slack_mention
 from tests.up.test_up_inflight import broker, loop  # noqa: F401  (fixtures)
 from tests.up_support import http_json
 from waiting_support import wait_until
@@ -34,20 +34,6 @@ ADA_SLACK_TOKEN = "xoxb-ada-fleet-thread-token"
 WAIT_S = 90.0
 #: A NAK'd message's first redelivery waits this long: past B's turn and the kill that follows it.
 BACKOFF_S = 8.0
-COMPANY = """\
-org: acme
-providers:
-  llm:
-    - {kind: openai, base_url: "MODEL_URL", model: gpt-test, api_key_env: FLEET_THREAD_OPENAI_KEY, timeout_s: 60}
-surfaces:
-  slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false, api_url: "SLACK_URL"}
-mcp_servers:
-  slack: {builtin: slack}
-seats:
-  - {handle: ada, kind: agent, role: engineer, max_rounds: 4, identities: {slack: U0ADA},
-     tools: [{server: slack, env: {SLACK_BOT_TOKEN: ADA_SLACK_BOT_TOKEN}}]}
-  - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
-"""
 
 
 class Chat:
@@ -83,12 +69,17 @@ def chat(fleet: Fleet, tmp_path: Path) -> Iterator[tuple[Chat, Any]]:  # noqa: F
     log = CallLog()
     model = Model(log)
     with slack_web_api(log, {ADA_SLACK_TOKEN}) as slack, json_vendor(model.answer) as model_url:
-        (fleet.tmp / "company.yaml").write_text(COMPANY.replace("MODEL_URL", model_url).replace("SLACK_URL", slack.url))
+        # The chat reply tests' company: ada with her own Slack bot token (its Mattermost half is never called here).
+        text = COMPANY
+        for name, value in (("MODEL_URL", model_url), ("SLACK_URL", slack.url), ("MATTERMOST_URL", "http://127.0.0.1:9"),
+                            ("ADA_MM_ID", "adammid0000000000000000000"), ("GRACE_MM_ID", "gracemmid00000000000000000")):
+            text = text.replace(name, value)
+        (fleet.tmp / "company.yaml").write_text(text)
         nodes = []
         for name in ("n1", "n2", "n3"):
             node = Node(fleet, name)
             node.env.update(
-                FLEET_THREAD_OPENAI_KEY="sk-fleet-thread", SLACK_SIGNING_SECRET="unused",
+                CHAT_UP_OPENAI_KEY="sk-fleet-thread", SLACK_SIGNING_SECRET="unused", MATTERMOST_WEBHOOK_TOKEN="unused",
                 ADA_SLACK_BOT_TOKEN=ADA_SLACK_TOKEN, CREWLET_DELIVERY_BACKOFF_BASE_S=str(BACKOFF_S),
             )
             fleet.nodes[name] = node
