@@ -14,14 +14,16 @@ handler here decides, per partition, in this order (design: Inbox Batching,
 4. one trip to the coordination store: the completion ledger and the seat's
    pause row (authoritative; the hold is only this node's gate). A trigger
    already worked is acked without a turn and ``turn_trigger_skipped`` says
-   so, with the turn that worked it;
+   so, with the turn that worked it (or that answered it in its thread:
+   :mod:`seats.skips`);
 5. the per-node concurrency gate: past ``node.max_concurrent`` a turn waits
    here, in this process, holding its delivery — never handed back;
 6. the turn, under the first event's restored trace, so its span is a child
    of the delivery's. ``coalescer.plan`` decides what ONE trigger the
    partition is and what must happen before it runs, and the loop carries
    that out; the turn runs in its :class:`~seats.turn_task.TurnTask`. Its
-   triggers go to the ledger when it completes (or a person stopped it), and
+   triggers go to the ledger when it completes (or a person stopped it), with
+   the waiting messages its thread block showed it when it completed, and
    a failed turn NAKs its partition, which returns behind newer mail of the
    same conversation — unless it wrote before it broke (or its model
    declined): then it is abandoned (:mod:`seats.abandon`), acked with a

@@ -101,20 +101,25 @@ def trigger_identity(event: Event) -> str:
     return storable(f"event:{event.id}")[:255]
 
 
-def worked(seat: str, identities: Iterable[str]) -> dict[str, str]:
-    """The identities among ``identities`` the seat's turns already worked, each to the turn that did."""
-    wanted = list(dict.fromkeys(storable(i) for i in identities))
-    if not wanted:
-        return {}
-    return dict(LedgerEntry.objects.filter(seat=seat, trigger__in=wanted).values_list("trigger", "turn_id"))
-
-
 class Worked(dict[str, str]):
     """Worked triggers, each to the turn that worked it; ``in_thread`` are those a turn answered in its thread block."""
 
     def __init__(self, turns: Iterable[tuple[str, str]] = (), in_thread: Iterable[str] = ()) -> None:
         super().__init__(turns)
         self.in_thread = frozenset(in_thread)
+
+
+def worked(seat: str, identities: Iterable[str]) -> Worked:
+    """The identities among ``identities`` the seat's turns already worked, each to the turn that did.
+
+    A row with no ``event_id`` is a message a turn answered in its thread
+    block rather than one that woke a turn: it is in ``Worked.in_thread``.
+    """
+    wanted = list(dict.fromkeys(storable(i) for i in identities))
+    if not wanted:
+        return Worked()
+    rows = list(LedgerEntry.objects.filter(seat=seat, trigger__in=wanted).values_list("trigger", "turn_id", "event_id"))
+    return Worked(((t, turn) for t, turn, _ in rows), (t for t, _, ev in rows if not ev))
 
 
 def skip_words(done: Mapping[str, str], identity: str) -> tuple[str, str]:
@@ -131,10 +136,7 @@ def screen(seat: str, identities: Iterable[str]) -> tuple[Worked, Optional[SeatP
     The pause row is authoritative; the inbox hold is only this node's cheap
     gate, so a pause taken on another node is still honoured here.
     """
-    wanted = list(dict.fromkeys(storable(i) for i in identities))
-    rows = LedgerEntry.objects.filter(seat=seat, trigger__in=wanted).values_list("trigger", "turn_id", "event_id")
-    found = list(rows) if wanted else []
-    done = Worked(((t, turn) for t, turn, _ in found), (t for t, _, ev in found if not ev))
+    done = worked(seat, identities)
     pause = SeatPause.objects.filter(handle=seat, paused=True).first()
     return done, pause
 
