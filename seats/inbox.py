@@ -14,14 +14,16 @@ handler here decides, per partition, in this order (design: Inbox Batching,
 4. one trip to the coordination store: the completion ledger and the seat's
    pause row (authoritative; the hold is only this node's gate). A trigger
    already worked is acked without a turn and ``turn_trigger_skipped`` says
-   so, with the turn that worked it;
+   so, with the turn that worked it (or that answered it in its thread:
+   :mod:`seats.skips`);
 5. the per-node concurrency gate: past ``node.max_concurrent`` a turn waits
    here, in this process, holding its delivery — never handed back;
 6. the turn, under the first event's restored trace, so its span is a child
    of the delivery's. ``coalescer.plan`` decides what ONE trigger the
    partition is and what must happen before it runs, and the loop carries
    that out; the turn runs in its :class:`~seats.turn_task.TurnTask`. Its
-   triggers go to the ledger when it completes (or a person stopped it), and
+   triggers go to the ledger when it completes (or a person stopped it), with
+   the waiting messages its thread block showed it when it completed, and
    a failed turn NAKs its partition, which returns behind newer mail of the
    same conversation — unless it wrote before it broke (or its model
    declined): then it is abandoned (:mod:`seats.abandon`), acked with a
@@ -65,7 +67,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 from crewlet.company.conf import STOP_GRACE_S
 from crewlet.events import Event
-from crewlet.events.types import ERROR_KIND_BUDGET_EXHAUSTED, TurnTriggerSkipped
+from crewlet.events.types import ERROR_KIND_BUDGET_EXHAUSTED
 from crewlet.base.logfmt import REASON_CHARS, short_reason
 from crewlet.company.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
@@ -87,9 +89,10 @@ from seats.gate import ConcurrencyGate, GateClosed
 from seats.hooks import run_after_turn
 from seats.abandon import abandon, abandoned_reason
 from seats.budget import BudgetKeeper
-from seats.ledger import FAULT_VALUE, SKIP_ALREADY_WORKED, arecord, ascreen, storable_event, store_fault
+from seats.ledger import FAULT_VALUE, arecord, ascreen, storable_event, store_fault, turn_pairs
 from seats.ownership import Ownership
 from seats.park import park, parks
+from seats.skips import skip_worked
 from seats.turn_task import TurnTask, log_failure
 from seats.turn_types import ERR_CRASHED, OUTCOME_FAILED, OUTCOME_STOPPED, Trigger
 from seats.turns import TurnRunner
@@ -408,7 +411,8 @@ class InboxLoop:
         for ev in fresh_events:
             ident = identities[ev.id]
             if ident in done:
-                await self._skipped(seat, ev, ident, done[ident])
+                self.stats.skipped += 1
+                await skip_worked(self._emit, seat, ev, ident, done)
             else:
                 fresh.append(ev)
         if not fresh:
@@ -536,7 +540,7 @@ class InboxLoop:
         if result.ok:
             await run_after_turn(self.queue, seat, covered, result, hooks=self.runner.hooks)
         try:
-            await arecord(seat.handle, turn_id, [(identities[ev.id], ev.id) for ev in covered if ev.id in identities])
+            await arecord(seat.handle, turn_id, turn_pairs(identities, covered, result.answered_in_thread if result.ok else ()))
         except (DatabaseError, ValueError) as exc:
             # The turn happened; redoing it would be the duplicate the ledger exists to prevent.
             self._failure("seat_ledger_record_failed", exc, first_delivery, turn_id=turn_id, fault=store_fault(exc))
@@ -566,25 +570,6 @@ class InboxLoop:
             partition_key=key,
             conversation_key=Wake(evs[0]).conversation_identity,
             first_delivery=first_delivery,
-        )
-
-    async def _skipped(self, seat: Seat, ev: Event, identity: str, worked_by: str) -> None:
-        """Ack without a turn, and say so under the skipped event's own trace."""
-        self.stats.skipped += 1
-        with child_span(ev, "seat.trigger_skipped", attributes={"crewlet.seat": seat.handle}):
-            await self._emit(
-                TurnTriggerSkipped(
-                    **seat.labels(),
-                    trigger_event_id=ev.id,
-                    turn_id=worked_by,
-                    conversation_key=Wake(ev).conversation_identity,
-                    reason=SKIP_ALREADY_WORKED,
-                    detail=f"{identity} was worked by turn {worked_by}",
-                )
-            )
-        log.info(
-            "turn_trigger_skipped",
-            extra={"seat": seat.handle, "event_id": ev.id, "trigger": identity, "worked_by": worked_by},
         )
 
     async def _emit(self, body: object) -> None:

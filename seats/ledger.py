@@ -21,12 +21,19 @@ point as its ``\\uXXXX`` escape instead — readable in a prompt or a ledger row
 same escape for the same value, so an identity stays stable across
 redeliveries — and :func:`storable_event` applies it to a whole wake before
 the seat reads anything out of it.
+
+A message a turn was shown waiting in its thread block and answered there
+(:mod:`seats.thread_block`) is recorded beside the turn's own triggers under
+the identity its own wake carries, with no ``event_id`` (no delivery of its
+own reached that turn): that empty ``event_id`` is how :func:`screen` tells
+its delivery, coming round afterwards, that a later turn answered it in its
+thread rather than that a turn was woken by it.
 """
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Iterable, Optional, TypeVar
+from typing import Iterable, Mapping, Optional, Sequence, TypeVar
 
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 
@@ -34,7 +41,9 @@ from django.utils import timezone
 
 from crewlet.base.db import in_store
 from crewlet.events import Event
+from crewlet.events.backend_ids import MESSAGE_KIND, message_identity
 from crewlet.events.types.phrases import TRIGGER_ALREADY_WORKED as SKIP_ALREADY_WORKED
+from crewlet.events.types.phrases import TRIGGER_ANSWERED_IN_THREAD as SKIP_ANSWERED_IN_THREAD
 from crewlet.base.jsontext import holds_unstorable, storable, storable_value
 from seats.delivery_models import LedgerEntry, SeatPause
 
@@ -85,20 +94,43 @@ def trigger_identity(event: Event) -> str:
         value = event.field(key)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
             kind = key.split("_", 1)[0]
+            if kind == MESSAGE_KIND:
+                return storable(message_identity(event.source, str(value).strip()))[:255]
             scope = f"{event.source}:" if event.source else ""
             return storable(f"{kind}:{scope}{str(value).strip()}")[:255]
     return storable(f"event:{event.id}")[:255]
 
 
-def worked(seat: str, identities: Iterable[str]) -> dict[str, str]:
-    """The identities among ``identities`` the seat's turns already worked, each to the turn that did."""
+class Worked(dict[str, str]):
+    """Worked triggers, each to the turn that worked it; ``in_thread`` are those a turn answered in its thread block."""
+
+    def __init__(self, turns: Iterable[tuple[str, str]] = (), in_thread: Iterable[str] = ()) -> None:
+        super().__init__(turns)
+        self.in_thread = frozenset(in_thread)
+
+
+def worked(seat: str, identities: Iterable[str]) -> Worked:
+    """The identities among ``identities`` the seat's turns already worked, each to the turn that did.
+
+    A row with no ``event_id`` is a message a turn answered in its thread
+    block rather than one that woke a turn: it is in ``Worked.in_thread``.
+    """
     wanted = list(dict.fromkeys(storable(i) for i in identities))
     if not wanted:
-        return {}
-    return dict(LedgerEntry.objects.filter(seat=seat, trigger__in=wanted).values_list("trigger", "turn_id"))
+        return Worked()
+    rows = list(LedgerEntry.objects.filter(seat=seat, trigger__in=wanted).values_list("trigger", "turn_id", "event_id"))
+    return Worked(((t, turn) for t, turn, _ in rows), (t for t, _, ev in rows if not ev))
 
 
-def screen(seat: str, identities: Iterable[str]) -> tuple[dict[str, str], Optional[SeatPause]]:
+def skip_words(done: Mapping[str, str], identity: str) -> tuple[str, str]:
+    """``turn_trigger_skipped``'s reason and detail for a redelivery of ``identity``, which ``done`` holds."""
+    by = done[identity]
+    if identity in getattr(done, "in_thread", ()):
+        return SKIP_ANSWERED_IN_THREAD, f"{identity} was shown waiting in the thread of turn {by}, which answered it"
+    return SKIP_ALREADY_WORKED, f"{identity} was worked by turn {by}"
+
+
+def screen(seat: str, identities: Iterable[str]) -> tuple[Worked, Optional[SeatPause]]:
     """What dispatch asks the store before a turn, in one hop: worked triggers and the seat's pause.
 
     The pause row is authoritative; the inbox hold is only this node's cheap
@@ -107,6 +139,17 @@ def screen(seat: str, identities: Iterable[str]) -> tuple[dict[str, str], Option
     done = worked(seat, identities)
     pause = SeatPause.objects.filter(handle=seat, paused=True).first()
     return done, pause
+
+
+def turn_pairs(identities: Mapping[str, str], covered: Sequence[Event], in_thread: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """What a finished turn records: ``(identity, event id)`` of each trigger it covered, then each message it answered in its thread.
+
+    A message shown in the thread block has no event of its own in the turn
+    (``event_id`` empty); one that is also a trigger keeps its trigger's row.
+    """
+    pairs = [(identities[ev.id], ev.id) for ev in covered if ev.id in identities]
+    mine = {identity for identity, _ in pairs}
+    return pairs + [(identity, "") for identity in dict.fromkeys(in_thread) if identity not in mine]
 
 
 def record(
@@ -152,16 +195,20 @@ __all__ = [
     "IDENTITY_KEYS",
     "LEDGER_KEEP_S",
     "SKIP_ALREADY_WORKED",
+    "SKIP_ANSWERED_IN_THREAD",
+    "Worked",
     "aprune",
     "arecord",
     "ascreen",
     "prune",
     "record",
     "screen",
+    "skip_words",
     "storable",
     "storable_event",
     "storable_value",
     "store_fault",
     "trigger_identity",
+    "turn_pairs",
     "worked",
 ]

@@ -153,6 +153,7 @@ async def finish(emit: Emit, loop: TurnState, result: TurnResult, tags: TurnTags
             error_kind=result.error_kind,
             error=result.error[:1000],
             refusal=refusal if result.error_kind == STOP_REFUSAL else None,
+            thread_block=loop.thread_block,
         ))
     )
     stop = loop.trigger.stop

@@ -144,6 +144,9 @@ class TurnResult:
     wrote: bool = False
     #: The runtime invariant that ended the turn (a GUARDS value: ``turn.guard_breach``), or "".
     guard: str = ""
+    #: The ledger identities of the waiting messages its thread block showed (:mod:`seats.thread_block`):
+    #: worked by this turn once it completes.
+    answered_in_thread: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -168,6 +171,8 @@ class TurnState:
     started: float = field(default_factory=time.monotonic)
     #: The turn's last progress (a provider's answer, a tool's result) on that clock: the stall guard's mark.
     progress: float = field(default_factory=time.monotonic)
+    #: What its thread block read (``agent_phase_completed.thread_block``); None for a trigger from no conversation.
+    thread_block: Optional[dict[str, Any]] = None
 
     def moved(self) -> None:
         """The turn made progress: the stall guard counts from now."""

@@ -26,6 +26,13 @@ names the person. A model that answers ``end`` on the call that was in flight
 has ended its turn itself: that turn completes. A round that never ends (a
 hung provider) is the inbox's to cancel after its grace.
 
+A turn woken by a chat message or a tracker comment is first shown the
+conversation it belongs to, read from its backend with the seat's own
+credentials (:mod:`seats.thread_block`); the waiting messages that block
+showed it are in ``TurnResult.answered_in_thread``, for the inbox to write to
+the completion ledger once the turn completes. A read that fails leaves the
+block out and is said in the phase; it never fails the turn.
+
 Every provider call is one entry of ``agent_phase_completed.rounds[]``, with
 each tool call it led to; the phase, ``prompt.size`` and the turn's closing
 events are :mod:`seats.turn_record`. The trigger, the result and the turn's
@@ -97,6 +104,7 @@ from seats.provider_sdk import DEFAULT_TIMEOUT_S
 from seats.providers import build_provider
 from seats.reply_target import with_reply_target
 from seats.retry import Retrier
+from seats.thread_block import read_thread_block, with_thread_block
 from seats.tools.base import ToolResult, ToolSpec, Toolbox
 from seats.turn_record import cache_tokens, finish, prompt_size, record_calls
 from seats.turn_tools import NoTools, act, granted, writes
@@ -208,11 +216,12 @@ class TurnRunner:
         )
         await self._emit(AgentPhaseStarted(**tags, phase=PHASE_RESPOND, iteration=1))
         tools = await granted(self.toolbox, self.hooks.builtin_tools, seat)
-        user = with_reply_target(trigger.prompt(), trigger, org, seat, tools)
-        loop = TurnState(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools, trigger.partition_key), user=user, tools=tools)
+        block = await read_thread_block(org, seat, trigger)
+        user = with_reply_target(with_thread_block(trigger.prompt(), block), trigger, org, seat, tools)
+        loop = TurnState(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools, trigger.partition_key), user=user, tools=tools, thread_block=block.record)
         loop.messages.append(Message(role=ROLE_USER, text=user))
         await self._emit(prompt_size(tags, loop))
-        result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED)
+        result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, answered_in_thread=block.waiting)
         try:
             await guarded(self._rounds(loop, result, tags), loop, result, stall_s=self.stall_s)
         except Exception as exc:

@@ -1,7 +1,8 @@
 """Local servers that speak the chat vendors' HTTP APIs for the calls the chat tools and the working indicator make.
 
 * :class:`SlackWebApi`: Slack's Web API under ``/api/`` — ``chat.postMessage``,
-  ``reactions.add``, ``reactions.remove``, ``conversations.replies`` —
+  ``reactions.add``, ``reactions.remove``, ``conversations.replies``,
+  ``conversations.history`` —
   answering HTTP 200 with ``{"ok": true, ...}`` or ``{"ok": false, "error":
   <code>}`` as Slack does, the answers shaped from each method's reference
   page (a posted message's ``channel``/``ts``/``message``, a thread's
@@ -107,6 +108,8 @@ class SlackWebApi:
         self.fail: dict[str, str] = {}
         #: The messages of each thread (channel, thread_ts), oldest first, as ``conversations.replies`` lists them.
         self.threads: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        #: Each channel's top-level messages, oldest first (``conversations.history`` lists them newest first).
+        self.history: dict[str, list[dict[str, Any]]] = {}
         self._ts = itertools.count(1)
         self.url = ""
         #: While set to an unset event, every call waits for it before it is answered (a vendor that is slow).
@@ -135,6 +138,14 @@ class SlackWebApi:
             if messages is None:
                 return {"ok": False, "error": "thread_not_found"}
             return {"ok": True, "messages": messages, "has_more": False, "response_metadata": {"next_cursor": ""}}
+        if method == "conversations.history":
+            listed = self.history.get(str(args.get("channel")))
+            if listed is None:
+                return {"ok": False, "error": "channel_not_found"}
+            limit = int(args.get("limit") or 100)
+            newest = list(reversed(listed))
+            return {"ok": True, "messages": newest[:limit], "has_more": len(newest) > limit,
+                    "response_metadata": {"next_cursor": ""}}
         return {"ok": False, "error": "unknown_method"}
 
 

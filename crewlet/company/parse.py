@@ -65,6 +65,7 @@ from crewlet.company.instructions import (
 )
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
 from crewlet.company.schedules import parse_schedules, parse_timezone
+from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.provider_retry import RETRY_KEY, parse_retry
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 from crewlet.queue.contract import MAX_LINGER_SECONDS
@@ -290,6 +291,7 @@ _TOP_KEYS = (
     "mcp_servers",
     "timezone",
     BUDGET_KEY,
+    THREAD_BLOCK_KEY,
 )
 
 
@@ -552,6 +554,7 @@ def parse_company(
         source_files=dict(sorted(included.files.items())),
         timezone=timezone,
         budget=parse_budget(data.get(BUDGET_KEY), BUDGET_KEY, source),
+        thread_block=parse_thread_bounds(data.get(THREAD_BLOCK_KEY), source),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from crewlet.events.backend_ids import comment_message_id
 from notifications.parsers import (
     FILTER_UNHANDLED, WHY_MENTION,
     DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_text, need, unique,
@@ -72,7 +73,7 @@ class ConfluenceParser(Parser):
             url = as_text(comment.get("self")) or as_text(parent.get("self"))
             title = page_title
             actor = actor or as_text(comment.get("creatorAccountId")) or as_text(comment.get("creatorKey"))
-            message_id = f"comment:{as_text(comment.get('id'))}" if as_text(comment.get("id")) else delivery
+            message_id = comment_message_id(as_text(comment.get("id"))) if as_text(comment.get("id")) else delivery
         elif isinstance(page, dict):
             page_id = self._content_id(page, "page")
             title = as_text(page.get("title"))

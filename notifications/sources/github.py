@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping, Optional
 
+from crewlet.events.backend_ids import comment_message_id
 from crewlet.events.labels import SURFACE_FORGE
 from notifications.parsers import (
     FILTER_UNHANDLED, WHY_ASSIGNEE, WHY_MENTION, WHY_REVIEWER,
@@ -106,7 +107,7 @@ class GitHubParser(Parser):
             body = f"{login or 'someone'} commented on {kind} #{number}{where}:\n{text}"
             digest = ""
             url = as_text(comment.get("html_url")) or as_text(item.get("html_url"))
-            message_id = f"comment:{as_text(comment.get('id'))}" if as_text(comment.get("id")) else delivery
+            message_id = comment_message_id(as_text(comment.get("id"))) if as_text(comment.get("id")) else delivery
         elif review:
             text = as_text(review.get("body"))
             state = as_text(review.get("state"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from crewlet.events.backend_ids import comment_message_id
 from notifications.parsers import (
     FILTER_UNHANDLED, WHY_ASSIGNEE, WHY_MENTION,
     DeliveryMeta, Parsed, ParseError, Parser, Recipient, as_dict, as_list, as_text, need, unique,
@@ -74,7 +75,7 @@ class JiraParser(Parser):
             body = f"{who} {verb} {quoted}:\n{text}"
             digest = ""
             recipients = [Recipient(m, WHY_MENTION) for m in atlassian.mentions(raw)] + recipients
-            message_id = f"comment:{as_text(comment.get('id'))}" if as_text(comment.get("id")) else delivery
+            message_id = comment_message_id(as_text(comment.get("id"))) if as_text(comment.get("id")) else delivery
         else:
             description = fields.get("description")
             desc = atlassian.adf_text(description).strip() if isinstance(description, (dict, list)) else as_text(description)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional, Sequence
 
+from crewlet.events.backend_ids import slack_message_id
 from crewlet.company.org import Organization
 from notifications.parsers import (
     FILTER_DELETED_POST, FILTER_EDIT, FILTER_HANDSHAKE, FILTER_SYSTEM_POST, FILTER_UNHANDLED, FORM_PAYLOAD_FIELD,
@@ -354,7 +355,7 @@ class SlackParser(Parser):
                 if auth != sender:
                     recipients.append(Recipient(auth, WHY_DM, aliases=_ids(app)))
         return Parsed.chat_message(
-            self.source, name, delivery, f"{channel}:{ts}", channel=channel, root=root, dm=dm, thread_reply=thread_reply,
+            self.source, name, delivery, slack_message_id(channel, ts), channel=channel, root=root, dm=dm, thread_reply=thread_reply,
             kind="Slack message", place=f"<#{channel}>", sender=sender,
             sender_aliases=tuple(a for a in _ids(bot, *apps) if a != sender), sender_name=display, body=text,
             recipients=recipients, filtered=filtered,

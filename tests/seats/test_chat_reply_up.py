@@ -23,6 +23,7 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
+from crewlet.events.types.phrases import TRIGGER_ANSWERED_IN_THREAD
 from chat_vendor_support import Call, CallLog, MattermostApi, SlackWebApi, first, mattermost_api, slack_web_api
 from seats_support import json_vendor, openai_completion
 from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
@@ -65,6 +66,8 @@ class Model:
         self.log = log
         #: A phrase of the trigger -> the call that answers it: (exposed tool name, arguments).
         self.script: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: Phrases a request is refused for (HTTP 400, so the turn fails) unless a scripted phrase is in it too.
+        self.failing: set[str] = set()
         self._lock = threading.Lock()
 
     def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -73,6 +76,8 @@ class Model:
         self.log.add("model", "POST", "chat/completions", "", {"said": said})
         with self._lock:
             call = next((c for phrase, c in self.script.items() if phrase in said), None)
+            if call is None and any(phrase in said for phrase in self.failing):
+                return 400, {"error": {"message": "scripted failure", "type": "invalid_request_error", "code": None}}
         message: dict[str, Any]
         if any(m.get("role") == "tool" for m in messages) or call is None:
             message, finish = {"role": "assistant", "content": "done"}, "stop"
@@ -124,6 +129,18 @@ class ChatUp:
             lambda: next((line for line in self.up.output_so_far().splitlines()
                           if "working_indicator_cleared" in line and turn_id in line), ""),
             60, f"the indicator of turn {turn_id} cleared",
+        )
+
+    def events(self, trace_id: str, kind: str) -> list[dict[str, Any]]:
+        """The events of ``kind`` in the trace, each as published (its wire form), oldest first."""
+        rows = self.api(f"/api/events?trace_id={trace_id}&type={kind}")["events"]
+        return [dict(self.api(f"/api/events/{row['id']}")["event"]["wire"]) for row in reversed(rows)]
+
+    def worked_turn(self, trace_id: str) -> dict[str, Any]:
+        """The trace's turn that completed without failing, once there is one (its failed ones may come first)."""
+        return wait_until(
+            lambda: next((t for t in self.events(trace_id, "agent_turn_completed") if not t["failed"]), None),
+            90, f"a turn of trace {trace_id} that did not fail",
         )
 
     def lines(self, event: str, turn_id: str) -> list[str]:
@@ -269,3 +286,63 @@ def test_a_vendor_refusing_the_working_indicator_changes_nothing_else(chat: Chat
     # Only the indicator's own line: the driver's and its HTTP client's per-call lines stay out of the node's log.
     assert not [line for line in chat.up.output_so_far().splitlines()
                 if "logger=mattermostautodriver" in line or "logger=httpx " in line]
+
+
+def grace_said(ts: str, text: str, root: str) -> dict[str, Any]:
+    """grace's message as ``conversations.replies`` lists it."""
+    return {"type": "message", "ts": ts, "user": "U0GRACE", "text": f"<@U0ADA> {text}", "thread_ts": root}
+
+
+def failed_turn(chat: ChatUp, trace_id: str) -> dict[str, Any]:
+    turns = wait_until(lambda: chat.events(trace_id, "agent_turn_completed"), 60, f"the first turn of trace {trace_id}")
+    assert turns[0]["failed"], turns
+    return turns[0]
+
+
+def test_a_failed_thread_message_is_answered_by_the_next_turn_in_its_thread_and_its_redelivery_is_dropped(chat: ChatUp) -> None:
+    channel, root, a_ts, b_ts = "C0THR", "1718000010.000100", "1718000010.000200", "1718000010.000300"
+    thread = chat.slack.threads[(channel, root)] = [
+        {"type": "message", "ts": root, "user": "U0GRACE", "text": "the nightly job died", "thread_ts": root},
+        grace_said(a_ts, "message A: why did it die?", root),
+    ]
+    chat.model.failing.add("message A")
+    trace_a = chat.post("slack", slack_mention(channel, root, a_ts, "message A: why did it die?"))
+    failed_turn(chat, trace_a)
+
+    thread.append(grace_said(b_ts, "message B: any news?", root))
+    reply = {"channel": channel, "thread_ts": root, "text": "Out of disk; cleaned, and it runs again."}
+    chat.model.script["message B"] = ("slack__reply_in_thread", reply)
+    trace_b = chat.post("slack", slack_mention(channel, root, b_ts, "message B: any news?"))
+    answered = chat.worked_turn(trace_b)
+
+    # B's turn was shown A, waiting, in its thread block, apart from its own message, and reported it.
+    phase = chat.phase_of(trace_b)
+    assert phase["thread_block"]["status"] == "read" and f"message:slack:{channel}:{a_ts}" in phase["thread_block"]["waiting"]
+    assert "[U0GRACE | waiting] <@U0ADA> message A: why did it die?" in phase["user_prompt"]
+    assert "[U0GRACE | this message woke you] <@U0ADA> message B: any news?" in phase["user_prompt"]
+    # A comes round again and is dropped as answered in its thread, naming the turn that answered it.
+    skipped = wait_until(lambda: chat.events(trace_a, "turn_trigger_skipped"), 90, "A's redelivery skipped")
+    assert (skipped[0]["reason"], skipped[0]["turn_id"]) == (TRIGGER_ANSWERED_IN_THREAD, answered["turn_id"])
+    assert [t["failed"] for t in chat.events(trace_a, "agent_turn_completed")] == [True] * len(chat.events(trace_a, "agent_turn_completed"))
+    assert [c.args for c in chat.log.of("slack", "chat.postMessage") if c.args.get("thread_ts") == root] == [reply]
+
+
+def test_a_failed_top_level_message_still_gets_its_own_turn_after_a_newer_one_in_its_channel(chat: ChatUp) -> None:
+    channel, first_ts, second_ts = "C0TOPL", "1718000020.000100", "1718000020.000200"
+    for ts, text in ((first_ts, "message T1: rotate the keys"), (second_ts, "message T2: and the certs")):
+        chat.slack.threads[(channel, ts)] = [grace_said(ts, text, ts)]
+    chat.model.failing.add("message T1")
+    trace_first = chat.post("slack", slack_mention(channel, first_ts, first_ts, "message T1: rotate the keys"))
+    failed_turn(chat, trace_first)
+
+    second_reply = {"channel": channel, "thread_ts": second_ts, "text": "Certs renewed."}
+    chat.model.script["message T2"] = ("slack__reply_in_thread", second_reply)
+    chat.worked_turn(chat.post("slack", slack_mention(channel, second_ts, second_ts, "message T2: and the certs")))
+    first_reply = {"channel": channel, "thread_ts": first_ts, "text": "Keys rotated."}
+    chat.model.script["message T1"] = ("slack__reply_in_thread", first_reply)
+    chat.model.failing.discard("message T1")
+
+    chat.worked_turn(trace_first)  # nobody was shown T1 waiting: it is still owed its turn, and gets it
+    assert chat.events(trace_first, "turn_trigger_skipped") == []
+    posted = [c.args for c in chat.log.of("slack", "chat.postMessage") if c.args.get("channel") == channel]
+    assert posted == [second_reply, first_reply]

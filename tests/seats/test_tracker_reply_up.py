@@ -196,7 +196,9 @@ def test_a_github_issue_comment_gets_ada_s_comment_back_on_that_issue_with_her_o
         "surface": "github", "reply_tool": "github__add_comment", "repo": "Codertocat/Hello-World", "issue_number": 1,
         "comment_id": 492700400,
     }
-    posted = only_call(trackers.log.of("github", "/api/v3/repos/Codertocat/Hello-World/issues/1/comments"))
+    # The turn first read the issue's comments for its thread block, with ada's token, then commented.
+    read, posted = trackers.log.of("github", "/api/v3/repos/Codertocat/Hello-World/issues/1/comments")
+    assert (read.verb, read.token) == ("GET", f"token {ADA_GITHUB_TOKEN}")
     assert (posted.verb, posted.token, posted.args) == (
         "POST", f"token {ADA_GITHUB_TOKEN}", {"body": "Fixed in the README; thanks for the report."}
     )
@@ -216,7 +218,8 @@ def test_a_jira_comment_gets_ada_s_jira_comment_on_that_issue_as_her_own_account
     assert not turn["failed"], turn
     (asked, *_) = trackers.model.asked("Leaving a comment here!")
     assert told_target(asked.args["messages"]) == {"surface": "jira", "reply_tool": "jira__add_comment", "issue_key": "ZUL-1"}
-    posted = only_call(trackers.log.of("jira", "/rest/api/2/issue/ZUL-1/comment"))
+    read, posted = trackers.log.of("jira", "/rest/api/2/issue/ZUL-1/comment")  # the thread block's read, then the reply
+    assert (read.verb, read.token) == ("GET", basic(ADA_ATLASSIAN_USER, ADA_JIRA_TOKEN))
     assert (posted.verb, posted.token, posted.args) == (
         "POST", basic(ADA_ATLASSIAN_USER, ADA_JIRA_TOKEN), {"body": "Seen; I will pick ZUL-1 up today."}
     )

@@ -148,9 +148,10 @@ async def test_max_rounds_of_reads_is_a_guard_breach_the_seat_shows_and_the_deli
 
 def test_the_abandon_phrases_are_the_designs_and_a_crash_after_a_write_is_panicked() -> None:
     assert TRIGGER_SKIP_REASONS == (
-        "already worked", "wrote outside the engine before breaking", "panicked", "model declined",
+        "already worked", "a later turn answered it in its thread", "wrote outside the engine before breaking",
+        "panicked", "model declined",
     )
-    assert TRIGGER_ABANDONED == TRIGGER_SKIP_REASONS[1:]
+    assert TRIGGER_ABANDONED == TRIGGER_SKIP_REASONS[2:]
     failed = dict(turn_id="t", outcome=OUTCOME_FAILED)
     assert abandoned_reason(TurnResult(**failed, error_kind=ERR_CRASHED, wrote=True)) == "panicked"
     assert abandoned_reason(TurnResult(**failed, error_kind="llm_unavailable", wrote=True)) == "wrote outside the engine before breaking"

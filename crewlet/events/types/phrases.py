@@ -35,11 +35,14 @@ SKIP_REASONS: tuple[str, ...] = (
 # redelivery the completion ledger had already worked, or a trigger whose turn
 # was ABANDONED rather than redelivered. What the turn said goes in ``detail``.
 TRIGGER_ALREADY_WORKED = "already worked"
+#: A message a later turn was shown waiting in its thread block, and answered there (design: "And the failed one is
+#: not answered twice"): its own delivery, coming round afterwards, is dropped rather than answered a second time.
+TRIGGER_ANSWERED_IN_THREAD = "a later turn answered it in its thread"
 TRIGGER_WROTE_BEFORE_BREAKING = "wrote outside the engine before breaking"
 TRIGGER_PANICKED = "panicked"
 TRIGGER_MODEL_DECLINED = "model declined"
 TRIGGER_ABANDONED: tuple[str, ...] = (TRIGGER_WROTE_BEFORE_BREAKING, TRIGGER_PANICKED, TRIGGER_MODEL_DECLINED)
-TRIGGER_SKIP_REASONS: tuple[str, ...] = (TRIGGER_ALREADY_WORKED, *TRIGGER_ABANDONED)
+TRIGGER_SKIP_REASONS: tuple[str, ...] = (TRIGGER_ALREADY_WORKED, TRIGGER_ANSWERED_IN_THREAD, *TRIGGER_ABANDONED)
 
 # sandbox_run_answered: what the answer became, and by which route.
 ANSWER_RESUMED = "resumed"

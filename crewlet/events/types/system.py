@@ -170,6 +170,9 @@ class AgentPhaseCompleted(_TurnBody):
     #: The parts cut to fit the record on the wire (``response``, ``user_prompt``,
     #: ``system_prompt``, ``tool_calls.arguments``), largest first; empty when whole.
     truncated: list[str] = field(default_factory=list)
+    #: What the turn read of its conversation (``surface``, ``status``: read | failed | unread, ``shown``,
+    #: ``left_out``, ``waiting``, ``error``); None for a trigger from no conversation.
+    thread_block: Optional[dict[str, Any]] = None
 
     def summary(self, event: Optional[Event] = None) -> str:
         who = self.actor(event)
