@@ -32,8 +32,9 @@ pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.timeout
 ADA_SLACK_TOKEN = "xoxb-ada-fleet-thread-token"
 #: Generous bounds for a loaded 2-core machine (nothing here asserts a duration).
 WAIT_S = 90.0
-#: A NAK'd message's first redelivery waits this long: past B's turn and the kill that follows it.
-BACKOFF_S = 8.0
+#: A NAK'd message's first redelivery waits this long: past B's turn and the kill that follows it, with room
+#: for a loaded machine (the redelivery reaching the killed node first would fail the node assertion).
+BACKOFF_S = 15.0
 
 
 class Chat:
