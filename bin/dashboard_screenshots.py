@@ -101,13 +101,14 @@ def shoot(url: str, user: str, password: str, out: Path) -> list[Path]:
 
 
 def _first_turn(page: Any, url: str, traces: list[str]) -> Optional[str]:
-    """The newest turn's page (waiting for the posted messages' turns to be written)."""
+    """The page of the posted messages' largest turn (a burst may be coalesced into one), once none still runs."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        answer = page.request.get(url + "/api/turns?seat=ada&limit=5").json()
-        done = [t for t in answer.get("turns", []) if t["outcome"] != "running" and (not traces or t["trace_id"] in traces)]
-        if len(done) >= len(traces):
-            return f"/turns/{done[0]['turn_id']}/" if done else None
+        rows = page.request.get(url + "/api/turns?seat=ada&limit=20").json().get("turns", [])
+        ours = [t for t in rows if not traces or t["trace_id"] in traces]
+        if ours and all(t["outcome"] != "running" for t in rows):
+            biggest = max(ours, key=lambda t: t["tokens"]["total"])
+            return f"/turns/{biggest['turn_id']}/"
         time.sleep(0.2)
     return None
 

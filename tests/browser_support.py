@@ -39,6 +39,8 @@ CHROMIUM_ARGS = [
 ]
 #: Where each page's screenshot is kept (beside CI's junit report).
 SCREENSHOTS = REPO_ROOT / "var" / "ci" / "screenshots"
+#: How long a page may take to show what a test waits for (a noisy 2-core machine).
+WAIT_MS = 30_000
 STAFF_USER = "operator"
 STAFF_PASSWORD = "browser-test-password-4711"
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, Company, LoopThread
+from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, Company, LoopThread
 
 
 @pytest.fixture(scope="package")
@@ -51,3 +51,13 @@ def browser() -> Iterator[Any]:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, company: Company) -> Iterator[Any]:
+    """A signed-out tab of its own (a fresh browser context) at 1280 x 900."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(WAIT_MS)
+    tab = context.new_page()
+    yield tab
+    context.close()

@@ -20,6 +20,7 @@ from crewlet.queue import Outcome, Timings, topics
 from crewlet.events.tracing import Trace
 from tests.browser_support import (
     STAFF_USER,
+    WAIT_MS,
     Company,
     LoopThread,
     live,
@@ -29,12 +30,10 @@ from tests.browser_support import (
 )
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt; run bin/test")
-from playwright.sync_api import Browser, Page, expect  # noqa: E402
+from playwright.sync_api import Page, expect  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
-#: How long a page may take to show what the test waits for (a noisy 2-core machine).
-WAIT_MS = 30_000
 #: The test's own client dead-letters fast: the budget is the real 25 deliveries, the spacing shrunk.
 FAST = Timings(backoff_base_s=0.001, backoff_cap_s=0.005)
 expect.set_options(timeout=WAIT_MS)
@@ -50,15 +49,6 @@ def queue(loop: LoopThread, broker: Any, company: Company) -> Iterator[Any]:
     )
     yield client
     loop.run(client.close())
-
-
-@pytest.fixture
-def page(browser: Browser, company: Company) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(WAIT_MS)
-    tab = context.new_page()
-    yield tab
-    context.close()
 
 
 def until(condition: Callable[[], bool], what: str, *, page: Page, timeout_s: float = WAIT_MS / 1000, reload: bool = False) -> None:

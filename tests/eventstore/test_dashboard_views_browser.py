@@ -8,30 +8,20 @@ nothing is wider than the window (``document.documentElement.scrollWidth``).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from crewlet.events import parse_timestamp
-from tests.browser_support import Company, live, screenshot, sign_in, slack_message
+from tests.browser_support import WAIT_MS, Company, live, screenshot, sign_in, slack_message
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt; run bin/test")
 from playwright.sync_api import Page, expect  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
-WAIT_MS = 30_000
 WIDTHS = (390, 1280)
 expect.set_options(timeout=WAIT_MS)
-
-
-@pytest.fixture
-def page(browser: Any, company: Company) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(WAIT_MS)
-    tab = context.new_page()
-    yield tab
-    context.close()
 
 
 @pytest.fixture(scope="module")
