@@ -1,8 +1,10 @@
 """One company and one browser for every browser test of the dashboard (both of this folder's browser modules).
 
 Starting `manage.py up` and Chromium costs seconds on a shared 2-core machine,
-so the broker, the company and the browser are package-scoped: the modules
-that drive the dashboard share them, each test in its own browser context.
+so the broker and the company are package-scoped: the modules that drive the
+dashboard share them, each test in its own browser context. The browser is
+per module: Playwright's sync API holds an event loop on the main thread while
+it runs, which Django's async-safety check would see in every later test.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def company(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
         assert "clean=true" in output, output[-4000:]
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt; run bin/test")
     with playwright_api.sync_playwright() as p:
