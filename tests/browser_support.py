@@ -39,6 +39,8 @@ CHROMIUM_ARGS = [
 ]
 #: Where each page's screenshot is kept (beside CI's junit report).
 SCREENSHOTS = REPO_ROOT / "var" / "ci" / "screenshots"
+#: How long a page may take to show what a test waits for (a noisy 2-core machine).
+WAIT_MS = 30_000
 STAFF_USER = "operator"
 STAFF_PASSWORD = "browser-test-password-4711"
 
@@ -111,3 +113,24 @@ def screenshot(page: Any, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def sign_in(page: Any, company: Company, path: str = "/") -> None:
+    """Open ``path``, be sent to sign in, sign in as the staff user and land on ``path``."""
+    import re
+
+    from playwright.sync_api import expect
+
+    page.goto(company.url + path)
+    expect(page).to_have_url(re.compile(r"/login/\?next="))  # the dashboard's sign-in, or the admin's
+    page.fill("input[name=username]", STAFF_USER)
+    page.fill("input[name=password]", STAFF_PASSWORD)
+    page.click("main form [type=submit], #login-form [type=submit]")
+    expect(page).to_have_url(company.url + path)
+
+
+def live(page: Any) -> None:
+    """The page's socket delivered its snapshot."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")

@@ -27,6 +27,7 @@ from crewlet.events import categories
 from crewlet.queue import topics
 from eventstore import api as store_api
 from eventstore import projection
+from eventstore.console import reads
 from eventstore.console.operator_views import dead_letter_row
 from seats import actions
 from seats.api import state
@@ -35,6 +36,13 @@ log = logging.getLogger("crewlet.eventstore.dashboard")
 
 #: Rows per page of the event log (the script asks /api/events for more of the same size).
 EVENTS_PAGE_SIZE = 50
+#: The windows the event log's axis offers (the first is drawn first), each with its bar length.
+AXIS_WINDOWS: list[dict[str, str]] = [
+    {"window": "1h", "bucket": "1m"},
+    {"window": "6h", "bucket": "5m"},
+    {"window": "24h", "bucket": "30m"},
+    {"window": "7d", "bucket": "6h"},
+]
 #: Turns shown on a seat's page.
 SEAT_TURNS = 20
 #: Dead letters listed at once.
@@ -119,7 +127,11 @@ def overview(request: HttpRequest) -> HttpResponse:
         {"name": name, "label": name.replace("_", " ").capitalize(), "value": value}
         for name, value in (snapshot.get("counters") or {}).items()
     ]
-    context = {"org": org, "live": snapshot, "counters": counters, "connections": connections(), "page": "overview"}
+    context = {
+        "org": org, "live": snapshot, "counters": counters, "connections": connections(), "page": "overview",
+        "running": reads.running_now(snapshot.get("seats") or []),
+        "charts": reads.seat_charts([seat.handle for seat in org.agent_seats()]),
+    }
     return render(request, "dashboard/overview.html", context)
 
 
@@ -159,20 +171,12 @@ def events(request: HttpRequest) -> HttpResponse:
             "next_cursor": answer.get("next_cursor"),
             "chips": chips,
             "api_query": query.urlencode(),
+            "series_query": _query(category=chosen, feed_only="true", seat=request.GET.get("seat", "")).urlencode(),
+            "windows": AXIS_WINDOWS,
+            "window": AXIS_WINDOWS[0]["window"],
             "chosen": chosen,
         },
     )
-
-
-@staff_only
-def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
-    try:
-        answer = store_api.trace(QueryDict(), trace_id)
-    except store_api.BadParameter as exc:
-        return render(request, "dashboard/error.html", {"title": "Trace", "reason": f"{exc.param}: {exc.reason}"}, status=400)
-    if not answer.get("spans"):
-        raise Http404(f"no trace {trace_id} in the fleet's history")
-    return render(request, "dashboard/trace.html", {"page": "trace", "trace": answer})
 
 
 @staff_only

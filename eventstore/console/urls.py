@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from eventstore.console import dashboard
+from eventstore.console import dashboard, screens
 from eventstore.console.operator_views import OperatorActView
 
 urlpatterns = [
@@ -11,7 +11,9 @@ urlpatterns = [
     path("login/", dashboard.LoginView.as_view(), name="dash-login"),
     path("logout/", dashboard.LogoutView.as_view(), name="dash-logout"),
     path("events/", dashboard.events, name="dash-events"),
-    path("traces/<str:trace_id>/", dashboard.trace, name="dash-trace"),
+    path("traces/<str:trace_id>/", screens.trace, name="dash-trace"),
+    path("turns/<str:turn_id>/", screens.turn, name="dash-turn"),
+    path("spend/", screens.spend, name="dash-spend"),
     path("seats/<str:handle>/", dashboard.seat, name="dash-seat"),
     path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
     path("operator/act", OperatorActView.as_view(), name="operator-act"),

@@ -1,7 +1,8 @@
 """The dashboard in a real browser: headless Chromium against `manage.py up`.
 
-One company serves the whole module (starting it takes seconds); each test
-signs in with its own browser context. Every page a test visits is kept as a
+One company and one browser serve this folder's browser modules
+(tests/eventstore/conftest.py: starting them takes seconds); each test signs
+in with its own browser context. Every page a test visits is kept as a
 screenshot under var/ci/screenshots/.
 """
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 import re
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -19,56 +19,24 @@ from crewlet.events.registry import SYSTEM
 from crewlet.queue import Outcome, Timings, topics
 from crewlet.events.tracing import Trace
 from tests.browser_support import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    STAFF_PASSWORD,
     STAFF_USER,
+    WAIT_MS,
     Company,
     LoopThread,
+    live,
     screenshot,
+    sign_in,
     slack_message,
 )
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is in requirements-dev.txt; run bin/test")
-from playwright.sync_api import Browser, Page, expect  # noqa: E402
+from playwright.sync_api import Page, expect  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
-#: How long a page may take to show what the test waits for (a noisy 2-core machine).
-WAIT_MS = 30_000
 #: The test's own client dead-letters fast: the budget is the real 25 deliveries, the spacing shrunk.
 FAST = Timings(backoff_base_s=0.001, backoff_cap_s=0.005)
 expect.set_options(timeout=WAIT_MS)
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
-def broker(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from crewlet.queue.broker import EmbeddedBroker
-
-    server = EmbeddedBroker(store_dir=tmp_path_factory.mktemp("jetstream"))
-    loop.run(server.start())
-    yield server
-    loop.run(server.stop())
-
-
-@pytest.fixture(scope="module")
-def company(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Company]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: bin/test installs Debian's chromium (or set CREWLET_CHROMIUM)")
-    running = Company(tmp_path_factory.mktemp("company"), broker.url)
-    try:
-        running.start()
-        yield running
-    finally:
-        output = running.stop()
-        assert "clean=true" in output, output[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -81,37 +49,6 @@ def queue(loop: LoopThread, broker: Any, company: Company) -> Iterator[Any]:
     )
     yield client
     loop.run(client.close())
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-def sign_in(page: Page, company: Company, path: str = "/") -> None:
-    page.goto(company.url + path)
-    expect(page).to_have_url(re.compile(r"/login/\?next="))  # the dashboard's sign-in, or the admin's
-    page.fill("input[name=username]", STAFF_USER)
-    page.fill("input[name=password]", STAFF_PASSWORD)
-    page.click("main form [type=submit], #login-form [type=submit]")
-    expect(page).to_have_url(company.url + path)
-
-
-@pytest.fixture
-def page(browser: Browser, company: Company) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(WAIT_MS)
-    tab = context.new_page()
-    yield tab
-    context.close()
-
-
-def live(page: Page) -> None:
-    """The page's socket delivered its snapshot."""
-    expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=WAIT_MS)
 
 
 def until(condition: Callable[[], bool], what: str, *, page: Page, timeout_s: float = WAIT_MS / 1000, reload: bool = False) -> None:

@@ -1,0 +1,89 @@
+"""The dashboard's drawn screens: a trace as a timeline, a turn's page, the spend screen.
+
+Each reads what its ``/api/`` twin reads (:mod:`eventstore.console.reads`)
+and :mod:`eventstore.console.timeline` places it on an axis, drawn by the
+template with plain HTML and CSS.
+"""
+from __future__ import annotations
+
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import render
+
+from crewlet.engine import runtime
+from eventstore import api as store_api
+from eventstore import here, projection
+from eventstore.console import reads, timeline
+from eventstore.console.dashboard import staff_only
+
+
+def _refused(request: HttpRequest, title: str, exc: store_api.BadParameter) -> HttpResponse:
+    return render(request, "dashboard/error.html", {"title": title, "reason": f"{exc.param}: {exc.reason}"}, status=400)
+
+
+@staff_only
+def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
+    """The trace as a timeline: every span a bar on one axis, folding as a tree; a turn opened into its rounds."""
+    try:
+        answer = store_api.trace(QueryDict(), trace_id)
+    except store_api.BadParameter as exc:
+        return _refused(request, "Trace", exc)
+    if not answer.get("spans"):
+        raise Http404(f"no trace {trace_id} in the fleet's history")
+    return render(request, "dashboard/trace.html", {"page": "trace", "trace": answer, "timeline": reads.trace_context(answer)})
+
+
+@staff_only
+def turn(request: HttpRequest, turn_id: str) -> HttpResponse:
+    """One turn: its trigger (and what it coalesced), each round and tool call, the prompts and answers folded."""
+    try:
+        folded = store_api.turn_detail(QueryDict(), turn_id).get("turn")
+    except store_api.BadParameter as exc:
+        return _refused(request, "Turn", exc)
+    if not folded:
+        raise Http404(f"no turn {turn_id} in the fleet's history")
+    events = folded.get("events") or []
+    started = next((e for e in events if e["type"] == timeline.TURN_STARTED), None)
+    turn_us = timeline.moment_us(started["timestamp"]) if started else 0
+    bodies = reads.phase_bodies([e["id"] for e in events if e["type"] == timeline.PHASE_COMPLETED])
+    phases = []
+    for event_id, body in bodies.items():
+        phases.append({
+            "id": event_id,
+            "phase": body.get("phase", ""),
+            "rows": timeline.round_rows(body, None, turn_us),
+            "system_prompt": body.get("system_prompt", ""),
+            "user_prompt": body.get("user_prompt", ""),
+            "response": body.get("response", ""),
+            "tool_calls": body.get("tool_calls") or [],
+            "error": body.get("error", ""),
+            "truncated": body.get("truncated") or [],
+        })
+    trigger = (folded.get("trigger") or {}).get("event_id")
+    trigger_row = reads.event(trigger) if trigger else None
+    coalesced = reads.coalesced(folded.get("trace_id") or "", folded.get("seat") or "")
+    context = {
+        "page": "turn", "turn": folded, "phases": phases, "trigger": trigger_row, "coalesced": coalesced,
+        "rounds": sum(1 for p in phases for r in p["rows"] if r["kind"] == timeline.KIND_MODEL),
+    }
+    return render(request, "dashboard/turn.html", context)
+
+
+@staff_only
+def spend(request: HttpRequest) -> HttpResponse:
+    """Tokens per seat per day from the fleet-wide counts; with budgets, each window's spend against its ceiling."""
+    live = projection.current()
+    org = live.company() if live is not None else None
+    zone = org.timezone if org is not None else "UTC"
+    days = reads.spend_days(here.clock(), zone)
+    windows = []
+    if live is not None:
+        for w in (live.snapshot().get("budgets") or {}).get("windows") or []:
+            ceiling = int(w.get("ceiling") or 0)
+            pct = round(min(int(w.get("spend") or 0) * 100 / ceiling, 100), 2) if ceiling else 0
+            windows.append({**w, "pct": pct})
+    context = {"page": "spend", "days": days, "zone": zone, "windows": windows,
+               "no_engine": runtime.NO_ENGINE if live is None else ""}
+    return render(request, "dashboard/spend.html", context)
+
+
+__all__ = ["spend", "trace", "turn"]
