@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, TypedDict
 
 from crewlet.company.budget import NO_BUDGET, Budget
+from crewlet.company.episodes import DEFAULT_EPISODES, EpisodeSettings
 
 #: The namespace every node derives agent ids in. Never change it: ids are wire facts.
 AGENT_ID_NAMESPACE = uuid.UUID("6f1d7c0e-3b0a-5c55-9d55-6372657765c1")
@@ -352,6 +353,8 @@ class Organization:
     timezone: str = DEFAULT_TIMEZONE
     #: The company's token ceilings per calendar day and month in ``timezone`` (``budget``), over all its seats.
     budget: Budget = NO_BUDGET
+    #: How many recent episodes a conversation's next turn is given, and the most one weighs (``episodes``).
+    episodes: EpisodeSettings = DEFAULT_EPISODES
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)

@@ -64,6 +64,7 @@ from crewlet.company.instructions import (
     seat_instructions,
 )
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
+from crewlet.company.episodes import EPISODES_KEY, parse_episodes
 from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.provider_retry import RETRY_KEY, parse_retry
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
@@ -290,6 +291,7 @@ _TOP_KEYS = (
     "mcp_servers",
     "timezone",
     BUDGET_KEY,
+    EPISODES_KEY,
 )
 
 
@@ -552,6 +554,7 @@ def parse_company(
         source_files=dict(sorted(included.files.items())),
         timezone=timezone,
         budget=parse_budget(data.get(BUDGET_KEY), BUDGET_KEY, source),
+        episodes=parse_episodes(data.get(EPISODES_KEY), source),
     )
 
 
