@@ -86,9 +86,13 @@ def _head(episode: Episode) -> str:
     return f"- {when}, turn {episode.turn_id}, {ended}\n  tools: {_tools_line(episode.tools)}"
 
 
+_ASKED = "\n  asked: "
+_ANSWERED = "\n  answered: "
+
+
 def render(episode: Episode) -> str:
     """One episode as the block shows it: when and how it ended, its tools, what was asked and answered."""
-    return f"{_head(episode)}\n  asked: {episode.asked}\n  answered: {episode.answered}"
+    return f"{_head(episode)}{_ASKED}{episode.asked}{_ANSWERED}{episode.answered}"
 
 
 def _size(text: str) -> int:
@@ -124,17 +128,16 @@ def fitted(episode: Episode, max_bytes: int) -> Episode:
     """
     episode.error = _cut(episode.error, min(ERROR_MAX_BYTES, max_bytes // TOOLS_SHARE))
     episode.tools = _tools_within(list(episode.tools), max_bytes // TOOLS_SHARE)
-    room = max_bytes - _size(render(Episode(**{**_fields(episode), "asked": "", "answered": ""})))
+    frame = _size(_ASKED) + _size(_ANSWERED)
+    if _size(_head(episode)) + frame > max_bytes:  # the smallest size and the longest head: the error gives way
+        episode.error = ""
+    room = max_bytes - _size(_head(episode)) - frame
     asked, answered = _size(episode.asked), _size(episode.answered)
     if asked + answered > room:
         half = max(0, room // 2)
         episode.asked = _cut(episode.asked, asked if asked <= half else max(half, room - answered))
         episode.answered = _cut(episode.answered, max(0, room - _size(episode.asked)))
     return episode
-
-
-def _fields(episode: Episode) -> dict[str, Any]:
-    return {f.attname: getattr(episode, f.attname) for f in Episode._meta.concrete_fields}
 
 
 def block(conversation: str, episodes: Sequence[Episode]) -> str:

@@ -116,7 +116,7 @@ async def test_recent_zero_gives_no_episodes_while_they_are_still_written() -> N
 @pytest.mark.parametrize("max_bytes", [256, 700, 2048])
 def test_an_episode_is_cut_to_its_size_keeping_the_head_and_sharing_the_rest(max_bytes: int) -> None:
     big = Episode(
-        episode_id="e", seat="ada", conversation="slack:D1", turn_id="t" * 36, written_at=T0,
+        episode_id="e", seat="ada", conversation="slack:D1", turn_id="t" * 64, written_at=T0,
         asked="ä" * 5000, answered="the answer " * 900, outcome="failed", error="boom " * 400,
         tools=[{"name": f"slack__reply_in_thread_{i}", "ok": i % 2 == 0} for i in range(80)],
     )
