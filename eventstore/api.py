@@ -34,7 +34,9 @@ EVENT_FILTERS: frozenset[str] = frozenset(
 )
 EVENTS_PARAMS = EVENT_FILTERS | {"limit", "cursor"}
 SERIES_PARAMS = EVENT_FILTERS | {"window", "bucket"}
-TURNS_PARAMS = frozenset({"seat", "node", "trace_id", "conversation_key", "since", "until", "limit", "cursor"})
+#: A turns read's history by thread: the turns of one conversation identity (the turns' ``conversation_key``).
+CONVERSATION = "conversation"
+TURNS_PARAMS = frozenset({"seat", "node", "trace_id", CONVERSATION, "since", "until", "limit", "cursor"})
 
 DEFAULT_WINDOW = "24h"
 DEFAULT_BUCKET = "1h"
@@ -201,7 +203,7 @@ def filters_from(query: QueryDict, *, turns: bool = False) -> Filters:
     common = Filters(
         seat=_text(query, "seat"),
         trace_id=_text(query, "trace_id"),
-        conversation_key=_text(query, "conversation_key"),
+        conversation_key=_text(query, CONVERSATION if turns else "conversation_key"),
         node=_text(query, "node"),
         since=since,
         until=until,

@@ -56,6 +56,12 @@ _FILTERS = [
     _p("feed_only", "leave out types the activity feed never holds (true or false; 1 and 0 also do)",
        {"type": "boolean", "default": False}),
 ]
+_CONVERSATION = _p(
+    api.CONVERSATION,
+    "the history of one thread: only turns of this conversation identity (slack:D1 for a direct message however"
+    " it is threaded, slack:C9:1718.001 for a channel thread, jira:POC-7 for an issue): each turn's conversation_key",
+    _text(),
+)
 _PAGING = [
     _p(
         "limit", f"rows per page, 1 to {qs.MAX_LIMIT} (default {qs.DEFAULT_LIMIT})",
@@ -159,7 +165,7 @@ class TraceView(DetailView):
 class TurnsView(ReadView):
     @_read_schema(
         "turns_list", "A page of turns, newest first",
-        [*(p for p in _FILTERS if p.name in api.TURNS_PARAMS), *_paging(qs.TURNS_CURSOR)], s.TurnPageSerializer,
+        [*(p for p in _FILTERS if p.name in api.TURNS_PARAMS), _CONVERSATION, *_paging(qs.TURNS_CURSOR)], s.TurnPageSerializer,
     )
     def get(self, request: Request) -> Response:
         return Response(api.turns_page(request.query_params))

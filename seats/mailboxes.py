@@ -15,7 +15,8 @@ the retirement clock has to live somewhere. The maintenance duty deletes a
 seat's inbox and control subscriptions, with their mail, once it has been
 absent for 24 hours; it also lists the mailboxes the broker holds, so one that
 escaped the record is still found (design: "A removed seat's subscriptions are
-retired, not kept").
+retired, not kept"). The seat's conversation episodes (:mod:`seats.episodes`)
+go with them.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from crewlet.company.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, SubscriptionRef
 from seats.delivery_models import SeatRecord
+from seats.episodes import apurge as apurge_episodes
 from crewlet.base.db import in_store
 
 log = logging.getLogger("crewlet.seats.mailboxes")
@@ -174,6 +176,8 @@ class SweepReport:
     retired: list[str] = field(default_factory=list)
     found_unrecorded: list[str] = field(default_factory=list)
     deleted: list[SubscriptionRef] = field(default_factory=list)
+    #: The retired seats' conversation episodes, deleted with their mailboxes.
+    episodes_purged: int = 0
 
 
 async def retire_absent(
@@ -191,7 +195,7 @@ async def retire_absent(
     deletion, so no node still serving an older revision attaches to the
     mailbox while it is deleted; a seat whose lease another node holds is left
     for a later sweep. The retirement's mark is written before the first
-    deletion.
+    deletion; the seat's episodes are deleted after its mailboxes.
 
     ``org`` is the active company (read it from the holder per sweep). The
     broker's own listing is consulted too, so a mailbox created by a node that
@@ -228,6 +232,7 @@ async def retire_absent(
             for ref in sorted(refs):
                 if await queue.delete_subscription(ref.topic, ref.group):
                     report.deleted.append(ref)
+            report.episodes_purged += await apurge_episodes([handle])
         finally:
             if release is not None:
                 await release(handle)

@@ -7,3 +7,4 @@ from __future__ import annotations
 
 from seats.delivery_models import *  # noqa: F401,F403
 from seats.budget_models import *  # noqa: F401,F403,E402
+from seats.episode_models import *  # noqa: F401,F403,E402

@@ -83,6 +83,7 @@ from crewlet.events.types import (
 from crewlet.company.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
 from crewlet.queue.contract import EventQueue
 from crewlet.events.tracing import trace_of
+from seats import episodes
 from seats.guards import guarded
 from seats.budget import BudgetKeeper
 from seats.hooks import TurnHooks, declared_hooks
@@ -218,6 +219,7 @@ class TurnRunner:
         tools = await granted(self.toolbox, self.hooks.builtin_tools, seat)
         block = await read_thread_block(org, seat, trigger)
         user = with_reply_target(with_thread_block(trigger.prompt(), block), trigger, org, seat, tools)
+        user = await episodes.recall(org, seat, trigger, user)
         loop = TurnState(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools, trigger.partition_key), user=user, tools=tools, thread_block=block.record)
         loop.messages.append(Message(role=ROLE_USER, text=user))
         await self._emit(prompt_size(tags, loop))
@@ -242,6 +244,7 @@ class TurnRunner:
                     log.debug("provider_close_failed", extra={"provider": provider.key, "error": short_reason(exc)})
         result.duration_ms = int((time.monotonic() - started) * 1000)
         await finish(self._emit, loop, result, tags)
+        await episodes.remember(self._emit, loop, result, tags)
         return result
 
     async def _rounds(self, loop: TurnState, result: TurnResult, tags: TurnTags) -> None:

@@ -24,6 +24,7 @@ from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.memory import MemoryBroker
 from crewlet.events.tracing import Trace
+from seats.episodes import BLOCK_CLOSE
 from seats.mailboxes import ensure_mailboxes
 from seats.runtime import SeatRuntime
 from engine_support import engine_here
@@ -213,6 +214,16 @@ class Reply:
 
 _OPENAI_FINISH = {"end": "stop", "tool_use": "tool_calls", "refusal": "content_filter", "max_tokens": "length"}
 _ANTHROPIC_STOP = {"end": "end_turn", "tool_use": "tool_use", "refusal": "refusal", "max_tokens": "max_tokens"}
+
+
+def user_text(request: dict[str, Any]) -> str:
+    """A recorded OpenAI request's user message: the trigger, opened by the conversation's earlier episodes if it had any."""
+    return str(next(m["content"] for m in request["messages"] if m["role"] == "user"))
+
+
+def trigger_of(request: dict[str, Any]) -> str:
+    """What a recorded OpenAI request asked the model to answer: its user message past any block of earlier episodes."""
+    return user_text(request).split(BLOCK_CLOSE)[-1]
 
 
 @dataclass

@@ -9,13 +9,16 @@ descendant seen at start (the broker ``up`` spawned among them).
 """
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from urllib.parse import urlencode
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterator, Mapping, Optional, TypeVar
@@ -210,3 +213,16 @@ def turn_completed(url: str, trace_id: str, token: str, timeout_s: float = REQUE
 __all__ = [
     "READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "serve", "turn_completed", "up_env",
 ]
+
+
+def dashboard_page(up: UpProcess, path: str) -> str:
+    """The dashboard page at ``path`` as a staff user sees it: one is created, signs in, and is sent on there."""
+    up.manage("createsuperuser", "--noinput", "--username", "op", "--email", "op@example.com",
+              extra_env={"DJANGO_SUPERUSER_PASSWORD": "pw-0123456789"})
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    with browser.open(up.url + "/login/", timeout=30) as response:
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.read().decode())
+    assert token is not None
+    form = urlencode({"csrfmiddlewaretoken": token.group(1), "username": "op", "password": "pw-0123456789", "next": path})
+    with browser.open(urllib.request.Request(up.url + "/login/", data=form.encode()), timeout=30) as response:
+        return str(response.read().decode())

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, TypedDict
 
 from crewlet.company.budget import NO_BUDGET, Budget
 from crewlet.company.thread_bounds import DEFAULT_THREAD_BOUNDS, ThreadBounds
+from crewlet.company.episodes import DEFAULT_EPISODES, EpisodeSettings
 
 #: The namespace every node derives agent ids in. Never change it: ids are wire facts.
 AGENT_ID_NAMESPACE = uuid.UUID("6f1d7c0e-3b0a-5c55-9d55-6372657765c1")
@@ -355,6 +356,8 @@ class Organization:
     budget: Budget = NO_BUDGET
     #: How much of its conversation a turn for a chat or tracker message is shown (``thread_block``).
     thread_block: ThreadBounds = DEFAULT_THREAD_BOUNDS
+    #: How many recent episodes a conversation's next turn is given, and the most one weighs (``episodes``).
+    episodes: EpisodeSettings = DEFAULT_EPISODES
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)

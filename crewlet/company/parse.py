@@ -64,6 +64,7 @@ from crewlet.company.instructions import (
     seat_instructions,
 )
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
+from crewlet.company.episodes import EPISODES_KEY, parse_episodes
 from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.provider_retry import RETRY_KEY, parse_retry
@@ -292,6 +293,7 @@ _TOP_KEYS = (
     "timezone",
     BUDGET_KEY,
     THREAD_BLOCK_KEY,
+    EPISODES_KEY,
 )
 
 
@@ -555,6 +557,7 @@ def parse_company(
         timezone=timezone,
         budget=parse_budget(data.get(BUDGET_KEY), BUDGET_KEY, source),
         thread_block=parse_thread_bounds(data.get(THREAD_BLOCK_KEY), source),
+        episodes=parse_episodes(data.get(EPISODES_KEY), source),
     )
 
 

@@ -147,9 +147,13 @@ class Partition:
         return [d.event for d in self.deliveries]
 
 
+#: What a key made of one event's own id starts with: it names no conversation, so no later message reproduces it.
+UNIQUE_KEY_PREFIX = "event:"
+
+
 def unique_partition_key(event: Event) -> str:
     """The key of an event that names no conversation: never coalesced."""
-    return f"event:{event.id}"
+    return f"{UNIQUE_KEY_PREFIX}{event.id}"
 
 
 @dataclass
@@ -476,5 +480,6 @@ __all__: Sequence[str] = (
     "PUBLISHED_FAILED",
     "Closable",
     "remaining_after",
+    "UNIQUE_KEY_PREFIX",
     "unique_partition_key",
 )

@@ -29,7 +29,7 @@ from eventstore import api as store_api
 from eventstore import projection
 from eventstore.console import reads
 from eventstore.console.operator_views import dead_letter_row
-from seats import actions
+from seats import actions, episodes
 from seats.api import state
 
 log = logging.getLogger("crewlet.eventstore.dashboard")
@@ -45,6 +45,8 @@ AXIS_WINDOWS: list[dict[str, str]] = [
 ]
 #: Turns shown on a seat's page.
 SEAT_TURNS = 20
+#: Conversation episodes shown on a seat's page, newest first.
+SEAT_EPISODES = 20
 #: Dead letters listed at once.
 DEAD_LETTERS_SHOWN = 200
 #: How long a page waits for the engine's loop to answer a queue read.
@@ -208,6 +210,7 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
             "live": live,
             "pause": state(actions.pause_states([handle]).get(handle)),
             "turns": turns,
+            "episodes": episodes.of_seat(handle, SEAT_EPISODES),
             "recent": recent,
             "depth": depth,
             "depth_error": depth_error,

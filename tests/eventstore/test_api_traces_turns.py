@@ -156,7 +156,11 @@ def test_turns_filter_on_the_start_rows(api_client: Any, scope: NodeScope) -> No
     assert [t["turn_id"] for t in get(api_client, "/api/turns", seat="linus").json()["turns"]] == ["t-failed"]
     since = get(api_client, "/api/turns", since="2025-03-10T11:31:00.000500Z").json()["turns"]
     assert [t["turn_id"] for t in since] == ["t-resumed", "t-breach"]
-    assert get(api_client, "/api/turns", conversation_key="jira:t-ok").json()["turns"][0]["turn_id"] == "t-ok"
+    thread = get(api_client, "/api/turns", conversation="jira:t-ok").json()
+    assert [t["turn_id"] for t in thread["turns"]] == ["t-ok"] and thread["coverage"]["complete"] is True
+    # The events read names the tag; the turns read names the thread.
+    assert get(api_client, "/api/turns", conversation_key="jira:t-ok").json()["param"] == "conversation_key"
+    assert get(api_client, "/api/events", conversation="jira:t-ok").json()["param"] == "conversation"
 
 
 def test_paging_turns_visits_each_once_when_many_start_in_one_microsecond(api_client: Any, scope: NodeScope) -> None:

@@ -44,7 +44,7 @@ LIST_ROUTES = ["/api/events", "/api/turns", "/api/events/series"]
 READ_OPERATIONS = {"events_list", "events_series", "turns_list", "events_get", "traces_get", "turns_get"}
 TEXT_PARAMS = {
     "/api/events": ["type", "seat", "trace_id", "conversation_key", "partition_key", "node", "cursor", "category"],
-    "/api/turns": ["seat", "trace_id", "conversation_key", "node", "cursor"],
+    "/api/turns": ["seat", "trace_id", "conversation", "node", "cursor"],
     "/api/events/series": ["type", "seat", "trace_id", "conversation_key", "partition_key", "node", "window", "bucket"],
 }
 

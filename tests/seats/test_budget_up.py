@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.up_support import UpProcess, http_call, http_json, up_env
-from seats_support import Reply, model_server
+from seats_support import Reply, model_server, trigger_of
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -71,8 +71,8 @@ def depth(up: UpProcess) -> float:
 
 
 def asked(server: Any, word: str) -> int:
-    """How many of ada's model calls carried the DM starting ``word`` (its own turn's, or a digest's)."""
-    return sum(word in json.dumps(r["messages"]) for r in server.of_seat("ada"))
+    """How many of ada's model calls were asked the DM starting ``word`` (its own turn's, or a digest's; not an episode of it)."""
+    return sum(word in trigger_of(r) for r in server.of_seat("ada"))
 
 
 def snapshot(up: UpProcess) -> dict[str, Any]:

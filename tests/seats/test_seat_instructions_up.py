@@ -9,20 +9,16 @@ the seat's dashboard page.
 """
 from __future__ import annotations
 
-import http.cookiejar
 import json
-import re
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import pytest
 
 from seats_support import model_server
 from tests.browser_support import slack_message
-from tests.up_support import UpProcess, http_json, up_env
+from tests.up_support import UpProcess, dashboard_page, http_json, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -67,18 +63,6 @@ def phase_of(up: UpProcess, seat: str) -> dict[str, Any]:
         lambda: api(up, f"events?type=agent_phase_completed&seat={seat}")["events"], 90, f"{seat}'s phase completed"
     )
     return dict(api(up, f"events/{rows[0]['id']}")["event"]["wire"])
-
-
-def dashboard_page(up: UpProcess, path: str) -> str:
-    up.manage("createsuperuser", "--noinput", "--username", "op", "--email", "op@example.com",
-              extra_env={"DJANGO_SUPERUSER_PASSWORD": "pw-0123456789"})
-    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
-    with browser.open(up.url + "/login/", timeout=30) as response:
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.read().decode())
-    assert token is not None
-    form = urlencode({"csrfmiddlewaretoken": token.group(1), "username": "op", "password": "pw-0123456789", "next": path})
-    with browser.open(urllib.request.Request(up.url + "/login/", data=form.encode()), timeout=30) as response:
-        return str(response.read().decode())
 
 
 def system_message(request: dict[str, Any]) -> str:
