@@ -7,7 +7,9 @@ OpenAI-compatible server that fails on message A until it is asked about B.
 A's turn fails on the node running ada and is NAK'd; B's turn on that node
 is shown A waiting in its thread and answers; that node is then killed, so
 A's redelivery reaches whichever node takes ada over, which drops it as
-answered in its thread: one reply in all.
+answered in its thread: one reply in all. The thread's next message then
+runs on the new node and is given the episode B's turn wrote on the dead one
+(the episodes are in the coordination store).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 
 from chat_vendor_support import CallLog, slack_web_api
 from crewlet.events.types.phrases import TRIGGER_ANSWERED_IN_THREAD
+from seats.episodes import BLOCK_CLOSE, BLOCK_OPEN
 from cluster_support import start_together
 from seats_support import json_vendor
 from tests.fleet.test_fleet_up import TOKEN, Fleet, Node, _pg, fleet  # noqa: F401  (fixtures)
@@ -118,3 +121,14 @@ def test_a_message_answered_in_its_thread_on_one_node_is_dropped_when_its_redeli
     assert skipped[0]["node"] in {n.node for n in others}
     assert ledger_turn(fleet, f"message:slack:{channel}:{b_ts}") == answered  # B's own turn
     assert [c.args for c in talk.model.log.of("slack", "chat.postMessage")] == [reply]
+
+    # The thread's next message runs on ada's new node, and is given the episode B's turn wrote on the dead one.
+    c_ts = "1718000030.000400"
+    thread.append(grace_said(c_ts, "message C: and now?", root))
+    trace_c = talk.post(others[0], slack_mention(channel, root, c_ts, "message C: and now?"))
+    done = wait_until(lambda: talk.events(others[0], trace_c, "agent_turn_completed"), WAIT_S, "C's turn")
+    assert not done[0]["failed"] and done[0]["node"] in {n.node for n in others}
+    header = BLOCK_OPEN.format(conversation=f"slack:{channel}:{root}")
+    given = [c.args["said"] for c in talk.model.asked("message C")]
+    episodes = [said.split(header, 1)[1].split(BLOCK_CLOSE, 1)[0] for said in given if header in said]
+    assert episodes and len(episodes) == len(given) and all("message B: still stuck?" in block for block in episodes)
