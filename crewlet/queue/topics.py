@@ -83,6 +83,11 @@ def memory(handle: str, table: str, key: str) -> str:
     return f"crewlet.memory.{_token(handle, 'handle')}.{_token(table, 'table')}.{digest(key, length=32)}"
 
 
+def memory_pattern(handle: str) -> str:
+    """Every memory row of one seat."""
+    return f"crewlet.memory.{_token(handle, 'handle')}.>"
+
+
 def _safe_head(subject: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-.]", "_", subject)
 
