@@ -79,6 +79,7 @@ from crewlet.events.tracing import trace_of
 from seats.guards import guarded
 from seats.budget import BudgetKeeper
 from seats.hooks import TurnHooks, declared_hooks
+from seats.memory.block import memory_block, sized
 from seats.provider_base import (
     ERR_BAD_REQUEST,
     ERR_UNAVAILABLE,
@@ -208,10 +209,11 @@ class TurnRunner:
         )
         await self._emit(AgentPhaseStarted(**tags, phase=PHASE_RESPOND, iteration=1))
         tools = await granted(self.toolbox, self.hooks.builtin_tools, seat)
-        user = with_reply_target(trigger.prompt(), trigger, org, seat, tools)
+        memory = await memory_block(seat, trigger)
+        user = memory.text + with_reply_target(trigger.prompt(), trigger, org, seat, tools)
         loop = TurnState(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools, trigger.partition_key), user=user, tools=tools)
         loop.messages.append(Message(role=ROLE_USER, text=user))
-        await self._emit(prompt_size(tags, loop))
+        await self._emit(sized(prompt_size(tags, loop), memory))
         result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED)
         try:
             await guarded(self._rounds(loop, result, tags), loop, result, stall_s=self.stall_s)

@@ -65,9 +65,17 @@ DEFAULT_MAX_ROUNDS = 12
 #: The zone a ``cron`` schedule is read in when neither it nor the company (``timezone``) names one.
 DEFAULT_TIMEZONE = "UTC"
 
-#: The tool built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
+#: The tools built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
 A2A_ASK_TOOL = "a2a_ask"
-BUILTIN_TOOLS: tuple[str, ...] = (A2A_ASK_TOOL,)
+#: The seat's memory: remember, recall, search and forget rows (one grant, four tools).
+MEMORY_TOOL = "memory"
+BUILTIN_TOOLS: tuple[str, ...] = (A2A_ASK_TOOL, MEMORY_TOOL)
+#: ``seats[].reflection``: no post-turn reflection; reflection on every completed turn; or only on a turn
+#: that talked with a person, writing only what it learned about them (the ``counterparty`` table).
+REFLECTION_OFF = "off"
+REFLECTION_ON = "on"
+REFLECTION_LIMITED = "limited"
+REFLECTION_MODES: tuple[str, ...] = (REFLECTION_OFF, REFLECTION_ON, REFLECTION_LIMITED)
 #: How the engine reaches an MCP server: a child process over stdio, or streamable HTTP.
 MCP_STDIO = "stdio"
 MCP_HTTP = "http"
@@ -265,6 +273,8 @@ class Seat:
     max_rounds: int = DEFAULT_MAX_ROUNDS
     #: The most tokens (input + output, over all rounds) one turn may spend; 0 = no cap.
     turn_token_budget: int = 0
+    #: Post-turn reflection (``seats[].reflection``): one of :data:`REFLECTION_MODES`.
+    reflection: str = REFLECTION_OFF
     #: Which nodes of a fleet may run the seat (``seats[].placement``).
     placement: Placement = field(default_factory=Placement)
     #: The grants in ``tools`` that map a server's variables or headers to the seat's own, by server name.

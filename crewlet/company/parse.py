@@ -34,6 +34,8 @@ from crewlet.company.fields import (
 )
 from crewlet.company.org import (
     BUILTIN_TOOLS,
+    REFLECTION_MODES,
+    REFLECTION_OFF,
     DEFAULT_MAX_ROUNDS,
     HANDLE_PATTERN,
     MODE_SOCKET,
@@ -425,7 +427,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
             entry,
             f"{name}.",
             ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
-             *SEAT_OWN_KEYS, "slack", "mattermost", BUDGET_KEY),
+             REFLECTION_KEY, *SEAT_OWN_KEYS, "slack", "mattermost", BUDGET_KEY),
             source,
         )
         handle = _string(
@@ -465,6 +467,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 turn_token_budget=_number(
                     entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
                 ),
+                reflection=_reflection(entry.get(REFLECTION_KEY, REFLECTION_OFF), f"{name}.{REFLECTION_KEY}", source),
                 placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
                 slack=seat_slack(entry.get("slack"), f"{name}.slack", kind, source),
                 mattermost=seat_mattermost(entry.get("mattermost"), f"{name}.mattermost", kind, source),
@@ -483,6 +486,16 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 )
             owners[ident] = seat.handle
     return seats
+
+
+#: A seat's post-turn reflection mode.
+REFLECTION_KEY = "reflection"
+
+
+def _reflection(value: Any, name: str, source: Optional[str]) -> str:
+    if value not in REFLECTION_MODES:
+        raise CompanyError(name, value, f"must be one of {', '.join(REFLECTION_MODES)}", source)
+    return str(value)
 
 
 #: The keys of a seat read by :func:`_seats_own`: its instructions and its own model chain.
