@@ -48,6 +48,7 @@ from seats.indicator import WORKING_INDICATOR
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.memory.holding import MemoryKeeper
+from seats.memory.reflection import Reflector
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
 from seats.provider_keys import warn_unset_provider_keys
 from seats.scheduler import TICK_S, Scheduler, aprune_firings, rehearsal_clock
@@ -168,7 +169,7 @@ class SeatRuntime:
         )
         self.loops: dict[str, InboxLoop] = {}
         #: The memory of the seats this node holds, replayed before each seat's inbox is attached.
-        self.memory = MemoryKeeper(queue)
+        self.memory = MemoryKeeper(queue, Reflector(queue, holder, self.runner))
         self._lock: Optional[asyncio.Lock] = None
         self._duties: list[Periodic] = []
         self._nudges: list[Closable] = []
@@ -284,6 +285,7 @@ class SeatRuntime:
             await self._rebalance(org)
             for loop in self.loops.values():
                 await loop.provider_changed(org)
+            await self.memory.applied()
         await self.budget_tick()  # a raised ceiling runs the held mail now, and the meters say so
         log.info(
             "seat_runtime_applied",

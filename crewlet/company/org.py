@@ -358,6 +358,8 @@ class Organization:
     #: The files the company includes (``seats[].instructions_file``), by path relative to the company
     #: file: with ``source_text``, the whole content a revision stores.
     source_files: Mapping[str, str] = field(default_factory=dict)
+    #: ``providers.reflection``: the chain post-turn reflection calls; empty = each seat's own chain.
+    reflection_providers: tuple[Provider, ...] = ()
     #: The company's ``timezone``: what its ``cron`` schedules are read in unless one names its own.
     timezone: str = DEFAULT_TIMEZONE
     #: The company's token ceilings per calendar day and month in ``timezone`` (``budget``), over all its seats.
@@ -396,6 +398,10 @@ class Organization:
     def providers_of(self, seat: Seat) -> tuple[Provider, ...]:
         """The model chain ``seat``'s turns call: its own ``providers`` when it names any, else the company's."""
         return seat.providers or self.providers
+
+    def reflection_chain_of(self, seat: Seat) -> tuple[Provider, ...]:
+        """The model chain a reflection on ``seat``'s turn calls: ``providers.reflection``, else the seat's own chain."""
+        return self.reflection_providers or self.providers_of(seat)
 
     def has_provider_for(self, handle: str) -> bool:
         """Whether the seat ``handle`` has a model to call (a seat no longer in the company: the company's chain)."""

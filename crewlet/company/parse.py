@@ -36,6 +36,7 @@ from crewlet.company.org import (
     BUILTIN_TOOLS,
     REFLECTION_MODES,
     REFLECTION_OFF,
+    REFLECTION_ON,
     DEFAULT_MAX_ROUNDS,
     HANDLE_PATTERN,
     MODE_SOCKET,
@@ -328,7 +329,7 @@ def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], s
 def _providers(value: Any, source: Optional[str]) -> list[Provider]:
     """``providers.llm``: the model providers in fallback order, each kind's keys checked and no secret written inline."""
     providers_body = _mapping(value, "providers", source)
-    _known(providers_body, "providers.", ("llm",), source)
+    _known(providers_body, "providers.", ("llm", REFLECTION_KEY), source)
     llm = providers_body.get("llm", [])
     if llm is None:
         llm = []
@@ -493,6 +494,8 @@ REFLECTION_KEY = "reflection"
 
 
 def _reflection(value: Any, name: str, source: Optional[str]) -> str:
+    """A mode; YAML reads an unquoted ``on``/``off`` as a boolean, which means the mode of that name."""
+    value = {True: REFLECTION_ON, False: REFLECTION_OFF}.get(value, value) if isinstance(value, bool) else value
     if value not in REFLECTION_MODES:
         raise CompanyError(name, value, f"must be one of {', '.join(REFLECTION_MODES)}", source)
     return str(value)
@@ -540,6 +543,9 @@ def parse_company(
     _known(data, "", _TOP_KEYS, source)
     org = _string(data.get("org"), "org", source, _ORG, "must be 1-63 letters, digits, '.', '_' or '-'")
     providers = _providers(data.get("providers"), source)
+    reflecting = (data.get("providers") or {}).get(REFLECTION_KEY) or []
+    if not isinstance(reflecting, list):
+        raise CompanyError(f"providers.{REFLECTION_KEY}", reflecting, "must be a list (empty = each seat's own chain)", source)
     max_concurrent = _node(data.get("node"), source)
     window, max_batch, rate = _notification_pacing(data, source)
     surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
@@ -553,6 +559,7 @@ def parse_company(
     return Organization(
         org=org,
         providers=tuple(providers),
+        reflection_providers=tuple(_provider_entries(reflecting, f"providers.{REFLECTION_KEY}", source)),
         max_concurrent=max_concurrent,
         coalesce_window_s=window,
         coalesce_max_batch=max_batch,

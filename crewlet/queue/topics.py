@@ -62,6 +62,10 @@ def agent_reflect(handle: str) -> str:
     return f"crewlet.agent.{_token(handle, 'handle')}.reflect"
 
 
+def agent_reflect_group(handle: str) -> str:
+    return f"agent-{_token(handle, 'handle')}-reflect"
+
+
 def agent_pattern(handle: str = "*") -> str:
     """Every subject of one seat (or of every seat)."""
     if handle == "*":

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from crewlet.base.db import in_store
 from crewlet.base.db_router import EVENTS_ALIAS
+from crewlet.company.org import REFLECTION_OFF
 from crewlet.events import Event
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
 from crewlet.queue.errors import QueueError
 from seats.memory import store
 from seats.memory.rows import RowWrite, from_event
+
+if TYPE_CHECKING:  # pragma: no cover
+    from seats.memory.reflection import Reflector
 
 log = logging.getLogger("crewlet.seats.memory")
 
@@ -30,8 +34,10 @@ MEMORY_ALL = "crewlet.memory.>"
 class MemoryKeeper:
     """This node's copy of its seats' memory, kept current from CREWLET_MEMORY."""
 
-    def __init__(self, queue: EventQueue) -> None:
+    def __init__(self, queue: EventQueue, reflector: Optional["Reflector"] = None) -> None:
         self.queue = queue
+        #: The seats' post-turn reflection, attached with each seat's memory (none: this node reflects on nothing).
+        self.reflector = reflector
         self.held: set[str] = set()
         self._replaying: dict[str, list[RowWrite]] = {}
         self._live: Optional[Closable] = None
@@ -78,6 +84,8 @@ class MemoryKeeper:
         finally:
             self._replaying.pop(handle, None)
         self.held.add(handle)
+        if self.reflector is not None:
+            await self.reflector.attach(handle)
         log.info(
             "seat_memory_replayed",
             extra={
@@ -96,6 +104,20 @@ class MemoryKeeper:
             return False
         return True
 
+    async def applied(self) -> None:
+        """A company change: each held seat's reflection follows its ``reflection`` now (on: attached; off: detached)."""
+        if self.reflector is None:
+            return
+        for handle in sorted(self.held):
+            seat = self.reflector.holder.current().seat_by_handle(handle)
+            try:
+                if seat is None or seat.reflection == REFLECTION_OFF:
+                    await self.reflector.detach(handle)
+                else:
+                    await self.reflector.attach(handle)
+            except QueueError:
+                log.warning("seat_reflection_attach_failed", extra={"seat": handle}, exc_info=True)
+
     async def purge_retired(self, handles: list[str]) -> None:
         """Purge each retired seat's memory; one that fails is logged (its subjects stay on the stream)."""
         for handle in handles:
@@ -107,6 +129,8 @@ class MemoryKeeper:
     async def release(self, handle: str) -> None:
         """The seat is no longer this node's: its copy here goes (the stream keeps the memory)."""
         self.held.discard(handle)
+        if self.reflector is not None:
+            await self.reflector.detach(handle)
         try:
             await in_store(store.clear, alias=EVENTS_ALIAS)(handle)
         except Exception:

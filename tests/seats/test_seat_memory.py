@@ -22,6 +22,7 @@ from seats.turns import TurnRunner
 from seats_support import Recorder, company, eventually, memory_queues, running, wake
 
 DB = pytest.mark.django_db(transaction=True, databases=["default", "events"])
+pytestmark = pytest.mark.usefixtures("close_store_connections")
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 

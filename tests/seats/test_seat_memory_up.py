@@ -1,9 +1,11 @@
-"""A seat's memory through a real `manage.py up`: a turn remembers, the next is given it; the API lists and forgets.
+"""A seat's memory through a real `manage.py up`: a turn remembers, reflection learns, the next turn is given both;
+the API lists and forgets.
 
 Offline: the echo model's script is the model (it calls ``memory_remember``
 when asked to remember, and otherwise answers with its prompt, so the memory
-block it was given is in its answer). Read back the way an operator reads it:
-``/api/events`` and ``/api/seats/{handle}/memory``.
+block it was given is in its answer); ``providers.reflection`` is a second
+scripted echo answering the reflection's JSON. Read back the way an operator
+reads it: ``/api/events`` and ``/api/seats/{handle}/memory``.
 """
 from __future__ import annotations
 
@@ -32,10 +34,14 @@ providers:
       script:
         - {tool: memory_remember, arguments: {key: deploy, value: "deploys happen on Thursdays at five"}}
         - {answer: noted}
+  reflection:
+    - kind: echo
+      script:
+        - {answer: '{"counterparties": {"U0GRACE": "plans the deploys"}, "facts": {}}'}
 surfaces:
   slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
 seats:
-  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [memory]}
+  - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [memory], reflection: on}
   - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
 """
 
@@ -69,11 +75,15 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
     env = up_env(CREWLET_VAR_DIR=str(tmp_path / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
     with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as up:
         say(up, "please remember when we deploy")
-        wait_until(lambda: len(events_of(up, "agent_phase_completed", seat="ada")) == 1, 60, "ada remembered")
+        wait_until(lambda: events_of(up, "reflection_completed", seat="ada"), 60, "ada remembered and reflected")
         say(up, "when is the deploy?")
         wait_until(lambda: len(events_of(up, "agent_phase_completed", seat="ada")) == 2, 60, "ada answered")
         remembering, answering = events_of(up, "agent_phase_completed", seat="ada")
         sizes = events_of(up, "prompt.size", seat="ada")
+        reflected = events_of(up, "reflection_completed", seat="ada")[0]
+        handed = events_of(up, "turn_completed", seat="ada")
+        spends = events_of(up, "auxiliary_spend", seat="ada")
+        profiles = events_of(up, "counterparty_profile_updated", seat="ada")
 
         status, listed = call(up, "/api/seats/ada/memory?table=notes")
         refused = call(up, "/api/seats/ada/memory?table=Not%20A%20Table")
@@ -84,9 +94,14 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
     log = up.output()
 
     assert remembering["tool_calls"][0]["name"] == "memory_remember"
-    assert "notes/deploy: deploys happen on Thursdays at five" in answering["user_prompt"]
+    assert "counterparty/U0GRACE: plans the deploys" in answering["user_prompt"]  # the person it talks to, first
+    assert "notes/deploy: deploys happen on Thursdays at five" in answering["user_prompt"]  # then the search's hit
     assert "deploys happen on Thursdays at five" in answering["response"]
-    assert [s["memory_rows"] for s in sizes] == [0, 1] and sizes[1]["memory_bytes"] > 0
+    assert [s["memory_rows"] for s in sizes] == [0, 2] and sizes[1]["memory_bytes"] > 0
+    assert reflected["rows"] == [{"table": "counterparty", "key": "U0GRACE"}] and reflected["turn_id"] == remembering["turn_id"]
+    assert handed[0]["turn_id"] == remembering["turn_id"] and handed[0]["node"] == reflected["node"] == "t1"
+    assert profiles[0]["counterparty"] == "U0GRACE"
+    assert spends[0]["stage"] == "reflection" and spends[0]["calls"] == 1 and spends[0]["input_tokens"] > 0
     assert "event=seat_memory_replayed seat=ada rows=0" in log
 
     assert status == 200 and [(r["table"], r["key"], r["value"], r["written_by"]) for r in listed["rows"]] == [
@@ -94,6 +109,6 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
     ]
     assert refused[0] == 400 and refused[1]["param"] == "table" and "Not A Table" in refused[1]["reason"]
     assert forgotten == (200, {"forgotten": True, "table": "notes", "key": "deploy"})
-    assert after == {"seat": "ada", "rows": []}
-    assert (audit["tool"], audit["outcome"], audit["position"]) == ("seat_memory_forget", "forgotten", audit["position"])
+    assert [(r["table"], r["key"], r["written_by"]) for r in after["rows"]] == [("counterparty", "U0GRACE", "reflection")]
+    assert (audit["tool"], audit["outcome"]) == ("seat_memory_forget", "forgotten")
     assert audit["token"] and audit["position"].startswith("crewlet.memory.ada.notes.")
