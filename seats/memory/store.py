@@ -22,6 +22,13 @@ from seats.memory.rows import RowWrite
 #: The words of a query searched for, at most this many.
 QUERY_WORDS_MAX = 16
 _WORD = re.compile(r"[^\W_]+")
+#: Words too common to tell rows apart, left out of a search (PostgreSQL's english configuration drops them
+#: itself; FTS5 would rank every row that has one).
+STOPWORDS = frozenset(
+    "a about an and are as at be but by can did do does for from had has have how i if in into is it its me my "
+    "no not of on or our please so than that the their them then there these they this to up us was we were what "
+    "when where which who why will with would you your".split()
+)
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,7 @@ def count(seat: str) -> int:
 
 def query_words(query: str) -> list[str]:
     """The words of ``query`` a search looks for (letters and digits; nothing the search syntax would read)."""
-    return [w.lower() for w in _WORD.findall(query or "")][:QUERY_WORDS_MAX]
+    return [w for w in (w.lower() for w in _WORD.findall(query or "")) if w not in STOPWORDS][:QUERY_WORDS_MAX]
 
 
 def search(seat: str, query: str, limit: int = 5, *, table: str = "") -> list[Row]:
