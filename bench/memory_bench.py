@@ -45,7 +45,7 @@ WORDS = ["deploy", "release", "rollback", "incident", "review", "budget", "desig
 
 def setup(postgres: bool) -> None:
     if postgres:
-        from benchdb import setup_django  # type: ignore[import-not-found]  # noqa: E402 - bench/, beside this file
+        from benchdb import setup_django  # noqa: E402 - bench/, beside this file
 
         setup_django("memory_bench", "memory_bench_events")
         return
@@ -87,7 +87,7 @@ async def raw_replay(url: str) -> list[dict]:
             config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE),
         )
         info = await sub.consumer_info()
-        pending = info.num_pending
+        pending = int(info.num_pending or 0)
         out: list[dict] = []
         while len(out) < pending:
             msgs = await sub.fetch(min(1000, pending - len(out)), timeout=5)

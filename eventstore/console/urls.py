@@ -13,6 +13,7 @@ urlpatterns = [
     path("events/", dashboard.events, name="dash-events"),
     path("traces/<str:trace_id>/", dashboard.trace, name="dash-trace"),
     path("seats/<str:handle>/", dashboard.seat, name="dash-seat"),
+    path("seats/<str:handle>/memory/", dashboard.seat_memory, name="dash-seat-memory"),
     path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
     path("operator/act", OperatorActView.as_view(), name="operator-act"),
 ]

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import pytest
 
 from tests.browser_support import slack_message
+from tests.seats.test_seat_instructions_up import dashboard_page
 from tests.up_support import UpProcess, up_env
 from waiting_support import wait_until
 
@@ -85,6 +86,7 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
         spends = events_of(up, "auxiliary_spend", seat="ada")
         profiles = events_of(up, "counterparty_profile_updated", seat="ada")
 
+        page = dashboard_page(up, "/seats/ada/memory/?table=notes")
         status, listed = call(up, "/api/seats/ada/memory?table=notes")
         refused = call(up, "/api/seats/ada/memory?table=Not%20A%20Table")
         forgotten = call(up, "/api/seats/ada/memory?table=notes&key=deploy", "DELETE")
@@ -107,6 +109,8 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
     assert status == 200 and [(r["table"], r["key"], r["value"], r["written_by"]) for r in listed["rows"]] == [
         ("notes", "deploy", "deploys happen on Thursdays at five", "turn")
     ]
+    assert 'data-table="notes" data-key="deploy"' in page and "deploys happen on Thursdays at five" in page
+    assert 'data-key="U0GRACE"' not in page and 'class="chip" href="?table=counterparty"' in page  # filtered
     assert refused[0] == 400 and refused[1]["param"] == "table" and "Not A Table" in refused[1]["reason"]
     assert forgotten == (200, {"forgotten": True, "table": "notes", "key": "deploy"})
     assert [(r["table"], r["key"], r["written_by"]) for r in after["rows"]] == [("counterparty", "U0GRACE", "reflection")]
