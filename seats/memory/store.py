@@ -3,8 +3,8 @@
 Blocking calls on the ``events`` database (the node's own store); the async
 side calls them through :func:`crewlet.base.db.in_store`. Search is the
 store's own full-text search: FTS5 on SQLite (the ``seats_memory_fts`` table
-its triggers keep), ``to_tsvector('english', text)`` under a GIN index on
-PostgreSQL; each matches any word of the query and ranks by relevance.
+its triggers keep), the generated column ``search`` (``to_tsvector('english',
+text)``) under a GIN index on PostgreSQL; each matches any word of the query and ranks by relevance.
 """
 from __future__ import annotations
 
@@ -166,8 +166,8 @@ def search(seat: str, query: str, limit: int = 5, *, table: str = "") -> list[Ro
     else:
         sql = (
             "SELECT r.id FROM seats_memory_row r, to_tsquery('english', %s) q "
-            "WHERE to_tsvector('english', r.text) @@ q AND r.seat = %s AND NOT r.deleted" + where_table
-            + " ORDER BY ts_rank(to_tsvector('english', r.text), q) DESC, r.id DESC LIMIT %s"
+            "WHERE r.search @@ q AND r.seat = %s AND NOT r.deleted" + where_table
+            + " ORDER BY ts_rank(r.search, q) DESC, r.id DESC LIMIT %s"
         )
         params = [" | ".join(words), seat]
     params += ([table] if table else []) + [limit]
