@@ -111,3 +111,29 @@ async def test_a_node_acquiring_a_seat_replays_its_memory_follows_a_forget_from_
         assert await sync_to_async(store.count)("ada") == 0  # the node let the seat go: its copy went with it
         assert await purge(q1, "ada") == 3
         assert await q1.read_last(topics.memory_pattern("ada")) == []
+
+
+@DB
+async def test_a_retired_seats_memory_is_purged_with_its_mailboxes_and_the_others_stay() -> None:
+    from seats.runtime import SeatRuntime
+    from seats_support import holder
+
+    now = [T0.timestamp()]
+    with_linus = company(seats=[{"handle": "ada", "kind": "agent"}, {"handle": "linus", "kind": "agent"}])
+    async with memory_queues() as (_, [q]):
+        await written(q, "linus", "notes", "k", "linus knew this", written_by="turn")
+        await written(q, "ada", "notes", "k", "ada knew this", written_by="turn")
+        runtime = SeatRuntime(q, holder(with_linus), run_scheduler=False, clock=lambda: now[0], absent_after_s=60)
+        await runtime.start()
+        try:
+            await runtime.apply(company(seats=[{"handle": "ada", "kind": "agent"}]))
+            now[0] += 60
+            await runtime.sweep()  # (or its own duty's sweep, which may run first)
+
+            async def purged() -> bool:
+                return await q.read_last(topics.memory_pattern("linus")) == []
+
+            await eventually(purged, what="linus's memory purged with its mailboxes")
+        finally:
+            await runtime.stop()
+        assert [e.data.value for _, e in await q.read_last(topics.memory_pattern("ada"))] == ["ada knew this"]
