@@ -88,3 +88,18 @@ async def test_a_reflection_whose_model_fails_is_retried_through_the_queue_and_n
             await eventually(lambda: len(rec.of("agent_turn_completed")) == 2, what="the inbox went on meanwhile")
     assert not rec.of("reflection_completed")
     assert all(s.data.failed_calls == 1 and s.data.calls == 1 for s in rec.of("auxiliary_spend"))
+
+
+@DB
+async def test_reflection_turned_on_by_an_applied_company_reflects_the_next_turn_of_a_seat_already_held() -> None:
+    answer = answers(json.dumps({"counterparties": {"sam": "asked twice"}}))
+    async with memory_queues() as (_, [q]):
+        rec = Recorder().attach(q)
+        async with running(q, reflecting_company(answer, ada="off")) as runtime:
+            await send(q, "ada", wake("ada", "first", sender="sam"))
+            await eventually(lambda: len(rec.of("agent_turn_completed")) == 1, what="the first turn ended")
+            await runtime.apply(reflecting_company(answer, ada="limited"))
+            await send(q, "ada", wake("ada", "second", sender="sam"))
+            [done] = await eventually(lambda: rec.of("reflection_completed"), what="the second turn reflected on")
+    assert done.data.rows == [{"table": "counterparty", "key": "sam"}]
+    assert len([topic for topic, _ in rec.seen if topic == topics.agent_reflect("ada")]) == 1  # the first turn: off
