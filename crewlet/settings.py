@@ -306,6 +306,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI's and Redoc's files, served by the node itself (no CDN)
     "crewlet",
     "seats",
+    "seats.memory",
     "notifications",
     "eventstore",
     "a2a",

@@ -75,11 +75,20 @@ class BuiltinCall:
 
 @dataclass(frozen=True)
 class BuiltinTool:
-    """A tool the engine runs itself: the spec the model is shown, what a call runs, and whether it ends the turn."""
+    """A tool the engine runs itself: the spec the model is shown, what a call runs, and whether it ends the turn.
+
+    ``grant`` is the name in ``seats[].tools`` that offers it, when one grant
+    offers several tools (``memory``); by default the tool's own name.
+    """
 
     spec: ToolSpec
     run: Callable[[BuiltinCall], Awaitable[str]]
     ends_turn: bool = False
+    grant: str = ""
+
+    @property
+    def granted_by(self) -> str:
+        return self.grant or self.spec.name
 
 
 def _once(hooks: Iterable[_H]) -> tuple[_H, ...]:

@@ -47,6 +47,8 @@ from seats.inbox import STORE_RETRY_S, InboxLoop
 from seats.indicator import WORKING_INDICATOR
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
+from seats.memory.holding import MemoryKeeper
+from seats.memory.reflection import Reflector
 from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
 from seats.provider_keys import warn_unset_provider_keys
 from seats.scheduler import TICK_S, Scheduler, aprune_firings, rehearsal_clock
@@ -166,6 +168,8 @@ class SeatRuntime:
             queue, holder, node_id=self.node_id, clock=scheduler_clock or clock, tick_s=scheduler_tick_s, emitter=self.runner.emitter
         )
         self.loops: dict[str, InboxLoop] = {}
+        #: The memory of the seats this node holds, replayed before each seat's inbox is attached.
+        self.memory = MemoryKeeper(queue, Reflector(queue, holder, self.runner))
         self._lock: Optional[asyncio.Lock] = None
         self._duties: list[Periodic] = []
         self._nudges: list[Closable] = []
@@ -191,6 +195,7 @@ class SeatRuntime:
         async with self._guard():
             org = self.holder.current()
             await ensure_mailboxes(self.queue, org, now=self.now())
+            await self.memory.start()
             await self._rebalance(org)
             self._started = True
         await self._subscribe_nudges()
@@ -228,6 +233,7 @@ class SeatRuntime:
                 # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
                 # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
                 await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True)
+        await self.memory.stop()
         if self._owns_emitter:
             await self.runner.emitter.close()
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
@@ -279,6 +285,7 @@ class SeatRuntime:
             await self._rebalance(org)
             for loop in self.loops.values():
                 await loop.provider_changed(org)
+            await self.memory.applied()
         await self.budget_tick()  # a raised ceiling runs the held mail now, and the meters say so
         log.info(
             "seat_runtime_applied",
@@ -364,6 +371,9 @@ class SeatRuntime:
     async def _attach(self, handle: str, org: Organization) -> None:
         if not await self.ownership.claim(handle):
             return
+        if not await self.memory.acquired(handle):  # the seat's memory first, then its inbox
+            await self.ownership.release(handle)
+            return
         loop = InboxLoop(
             self.queue,
             self.holder,
@@ -406,6 +416,7 @@ class SeatRuntime:
             busy = loop.handling
         if isinstance(self.runner.toolbox, SeatSessions):
             await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
+        await self.memory.release(handle)
         if busy and keep_lease_if_busy:
             log.info("seat_lease_kept_until_cut", extra={"seat": handle, "node": self.node_id})
         else:
@@ -466,6 +477,7 @@ class SeatRuntime:
                 self.queue, self.holder.current(), absent_after_s=self.absent_after_s, now=self.now(),
                 claim=self.ownership.claim, release=self.ownership.release,
             )
+            await self.memory.purge_retired(report.retired)
         pruned = await aprune(older_than_s=self.ledger_keep_s, now=self.now())
         pruned += await aprune_firings(self.now() - timedelta(seconds=self.ledger_keep_s))
         pruned += await in_store(prune_leases)(older_than_s=self.ledger_keep_s, now=self.now())

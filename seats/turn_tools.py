@@ -56,7 +56,8 @@ async def granted(toolbox: Toolbox, builtins: Mapping[str, BuiltinTool], seat: S
     except Exception as exc:
         log.warning("seat_tools_unlisted", extra={"seat": seat.handle, "error": short_reason(exc)})
         specs = []
-    specs.extend(builtins[name].spec for name in seat.tools if name in builtins)
+    for name in seat.tools:
+        specs.extend(tool.spec for tool in builtins.values() if tool.granted_by == name)
     return specs
 
 
@@ -86,7 +87,9 @@ async def act(
         return refused(call, answer.invalid[call.id])
     if call.name not in offered:
         return refused(call, f"no tool named {call.name!r} was offered; the tools are: {', '.join(sorted(offered)) or 'none'}")
-    builtin = builtins.get(call.name) if call.name in loop.seat.tools else None
+    builtin = builtins.get(call.name)
+    if builtin is not None and builtin.granted_by not in loop.seat.tools:
+        builtin = None
     started = time.monotonic()
     if builtin is None:
         try:

@@ -87,6 +87,7 @@ from seats import episodes
 from seats.guards import guarded
 from seats.budget import BudgetKeeper
 from seats.hooks import TurnHooks, declared_hooks
+from seats.memory.block import memory_block, sized
 from seats.provider_base import (
     ERR_BAD_REQUEST,
     ERR_UNAVAILABLE,
@@ -218,11 +219,12 @@ class TurnRunner:
         await self._emit(AgentPhaseStarted(**tags, phase=PHASE_RESPOND, iteration=1))
         tools = await granted(self.toolbox, self.hooks.builtin_tools, seat)
         block = await read_thread_block(org, seat, trigger)
+        memory = await memory_block(seat, trigger)
         user = with_reply_target(with_thread_block(trigger.prompt(), block), trigger, org, seat, tools)
-        user = await episodes.recall(org, seat, trigger, user)
+        user = memory.text + await episodes.recall(org, seat, trigger, user)
         loop = TurnState(seat=seat, trigger=trigger, org=org, system=system_prompt(org, seat, tools, trigger.partition_key), user=user, tools=tools, thread_block=block.record)
         loop.messages.append(Message(role=ROLE_USER, text=user))
-        await self._emit(prompt_size(tags, loop))
+        await self._emit(sized(prompt_size(tags, loop), memory))
         result = TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, answered_in_thread=block.waiting)
         try:
             await guarded(self._rounds(loop, result, tags), loop, result, stall_s=self.stall_s)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 EVENTS_ALIAS = "events"
-#: App labels whose models live in the events database.
-EVENT_APPS = frozenset({"eventstore"})
+#: App labels whose models live in the events database (the event store; the memory of the seats this node holds).
+EVENT_APPS = frozenset({"eventstore", "seats_memory"})
 #: Single models of other apps that describe the node's own event store (``app_label.model_name``).
 EVENT_MODELS = frozenset({"crewlet.storeidentity"})
 

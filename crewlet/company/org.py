@@ -67,9 +67,17 @@ DEFAULT_MAX_ROUNDS = 12
 #: The zone a ``cron`` schedule is read in when neither it nor the company (``timezone``) names one.
 DEFAULT_TIMEZONE = "UTC"
 
-#: The tool built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
+#: The tools built into the engine that a seat is granted by name in ``seats[].tools``, beside MCP server names.
 A2A_ASK_TOOL = "a2a_ask"
-BUILTIN_TOOLS: tuple[str, ...] = (A2A_ASK_TOOL,)
+#: The seat's memory: remember, recall, search and forget rows (one grant, four tools).
+MEMORY_TOOL = "memory"
+BUILTIN_TOOLS: tuple[str, ...] = (A2A_ASK_TOOL, MEMORY_TOOL)
+#: ``seats[].reflection``: no post-turn reflection; reflection on every completed turn; or only on a turn
+#: that talked with a person, writing only what it learned about them (the ``counterparty`` table).
+REFLECTION_OFF = "off"
+REFLECTION_ON = "on"
+REFLECTION_LIMITED = "limited"
+REFLECTION_MODES: tuple[str, ...] = (REFLECTION_OFF, REFLECTION_ON, REFLECTION_LIMITED)
 #: How the engine reaches an MCP server: a child process over stdio, or streamable HTTP.
 MCP_STDIO = "stdio"
 MCP_HTTP = "http"
@@ -267,6 +275,8 @@ class Seat:
     max_rounds: int = DEFAULT_MAX_ROUNDS
     #: The most tokens (input + output, over all rounds) one turn may spend; 0 = no cap.
     turn_token_budget: int = 0
+    #: Post-turn reflection (``seats[].reflection``): one of :data:`REFLECTION_MODES`.
+    reflection: str = REFLECTION_OFF
     #: Which nodes of a fleet may run the seat (``seats[].placement``).
     placement: Placement = field(default_factory=Placement)
     #: The grants in ``tools`` that map a server's variables or headers to the seat's own, by server name.
@@ -350,6 +360,8 @@ class Organization:
     #: The files the company includes (``seats[].instructions_file``), by path relative to the company
     #: file: with ``source_text``, the whole content a revision stores.
     source_files: Mapping[str, str] = field(default_factory=dict)
+    #: ``providers.reflection``: the chain post-turn reflection calls; empty = each seat's own chain.
+    reflection_providers: tuple[Provider, ...] = ()
     #: The company's ``timezone``: what its ``cron`` schedules are read in unless one names its own.
     timezone: str = DEFAULT_TIMEZONE
     #: The company's token ceilings per calendar day and month in ``timezone`` (``budget``), over all its seats.
@@ -392,6 +404,10 @@ class Organization:
     def providers_of(self, seat: Seat) -> tuple[Provider, ...]:
         """The model chain ``seat``'s turns call: its own ``providers`` when it names any, else the company's."""
         return seat.providers or self.providers
+
+    def reflection_chain_of(self, seat: Seat) -> tuple[Provider, ...]:
+        """The model chain a reflection on ``seat``'s turn calls: ``providers.reflection``, else the seat's own chain."""
+        return self.reflection_providers or self.providers_of(seat)
 
     def has_provider_for(self, handle: str) -> bool:
         """Whether the seat ``handle`` has a model to call (a seat no longer in the company: the company's chain)."""

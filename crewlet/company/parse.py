@@ -34,6 +34,9 @@ from crewlet.company.fields import (
 )
 from crewlet.company.org import (
     BUILTIN_TOOLS,
+    REFLECTION_MODES,
+    REFLECTION_OFF,
+    REFLECTION_ON,
     DEFAULT_MAX_ROUNDS,
     HANDLE_PATTERN,
     MODE_SOCKET,
@@ -330,7 +333,7 @@ def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], s
 def _providers(value: Any, source: Optional[str]) -> list[Provider]:
     """``providers.llm``: the model providers in fallback order, each kind's keys checked and no secret written inline."""
     providers_body = _mapping(value, "providers", source)
-    _known(providers_body, "providers.", ("llm",), source)
+    _known(providers_body, "providers.", ("llm", REFLECTION_KEY), source)
     llm = providers_body.get("llm", [])
     if llm is None:
         llm = []
@@ -429,7 +432,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
             entry,
             f"{name}.",
             ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
-             *SEAT_OWN_KEYS, "slack", "mattermost", BUDGET_KEY),
+             REFLECTION_KEY, *SEAT_OWN_KEYS, "slack", "mattermost", BUDGET_KEY),
             source,
         )
         handle = _string(
@@ -469,6 +472,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 turn_token_budget=_number(
                     entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
                 ),
+                reflection=_reflection(entry.get(REFLECTION_KEY, REFLECTION_OFF), f"{name}.{REFLECTION_KEY}", source),
                 placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
                 slack=seat_slack(entry.get("slack"), f"{name}.slack", kind, source),
                 mattermost=seat_mattermost(entry.get("mattermost"), f"{name}.mattermost", kind, source),
@@ -487,6 +491,18 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 )
             owners[ident] = seat.handle
     return seats
+
+
+#: A seat's post-turn reflection mode.
+REFLECTION_KEY = "reflection"
+
+
+def _reflection(value: Any, name: str, source: Optional[str]) -> str:
+    """A mode; YAML reads an unquoted ``on``/``off`` as a boolean, which means the mode of that name."""
+    value = {True: REFLECTION_ON, False: REFLECTION_OFF}.get(value, value) if isinstance(value, bool) else value
+    if value not in REFLECTION_MODES:
+        raise CompanyError(name, value, f"must be one of {', '.join(REFLECTION_MODES)}", source)
+    return str(value)
 
 
 #: The keys of a seat read by :func:`_seats_own`: its instructions and its own model chain.
@@ -531,6 +547,9 @@ def parse_company(
     _known(data, "", _TOP_KEYS, source)
     org = _string(data.get("org"), "org", source, _ORG, "must be 1-63 letters, digits, '.', '_' or '-'")
     providers = _providers(data.get("providers"), source)
+    reflecting = (data.get("providers") or {}).get(REFLECTION_KEY) or []
+    if not isinstance(reflecting, list):
+        raise CompanyError(f"providers.{REFLECTION_KEY}", reflecting, "must be a list (empty = each seat's own chain)", source)
     max_concurrent = _node(data.get("node"), source)
     window, max_batch, rate = _notification_pacing(data, source)
     surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
@@ -544,6 +563,7 @@ def parse_company(
     return Organization(
         org=org,
         providers=tuple(providers),
+        reflection_providers=tuple(_provider_entries(reflecting, f"providers.{REFLECTION_KEY}", source)),
         max_concurrent=max_concurrent,
         coalesce_window_s=window,
         coalesce_max_batch=max_batch,

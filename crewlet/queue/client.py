@@ -270,6 +270,28 @@ class QueueClient:
         self._live()
         return await self.transport.dead_letters(limit)
 
+    @staticmethod
+    def _kept_stream(pattern: str) -> topics.StreamSpec:
+        """The one stream keeping one message per subject that ``pattern`` names; InvalidArgument otherwise."""
+        found = topics.streams_for_pattern(pattern)
+        if len(found) != 1 or not found[0].per_subject_last:
+            raise InvalidArgument(f"pattern={pattern!r}: must name subjects of one stream that keeps one message per subject")
+        return found[0]
+
+    async def read_last(self, pattern: str) -> list[tuple[str, Event]]:
+        self._live()
+        out: list[tuple[str, Event]] = []
+        for subject, data in await self.transport.read_subjects(self._kept_stream(pattern), pattern):
+            try:
+                out.append((subject, Event.from_json(data)))
+            except Exception as exc:  # one undecodable message costs itself, never the replay
+                logger.warning("queue_replay_undecodable", extra={"topic": subject, "error": short_reason(exc)})
+        return out
+
+    async def purge(self, pattern: str) -> int:
+        self._live()
+        return await self.transport.purge_subjects(self._kept_stream(pattern), pattern)
+
     async def replay_dead_letter(self, ref: str) -> DeadLetter:
         """Publish the entry's bytes onto its topic, then take it off CREWLET_DLQ (see the contract).
 

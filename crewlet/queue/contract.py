@@ -420,6 +420,18 @@ class EventQueue(Protocol):
         because the broker would drop the replay. Returns the entry as it was.
         """
 
+    async def read_last(self, pattern: str) -> list[tuple[str, Event]]:
+        """The current message of every subject matching ``pattern``, in stream order, read in one pass.
+
+        Only for a stream that keeps one message per subject (``CREWLET_MEMORY``):
+        what it returns is the state those subjects hold, not a log. A message
+        that does not decode is left out (and logged). Anything else raises
+        :class:`~crewlet.queue.errors.InvalidArgument`.
+        """
+
+    async def purge(self, pattern: str) -> int:
+        """Remove every message of such a stream whose subject matches ``pattern``; how many went."""
+
     async def quiesce(self, topic: str, group: str) -> bool: ...
     async def unquiesce(self, topic: str, group: str) -> bool: ...
     async def detach(self, topic: str, group: str) -> bool: ...

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Optional
 
 from crewlet.base.aio import keeping_cancel, spawn_kept
-from crewlet.queue import topics
+from crewlet.queue import memory_subjects, topics
 from crewlet.queue.client import QueueClient
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, Closable, DeadLetter, SubscriptionRef, Timings, dead_letter_seq
 from crewlet.queue.errors import Gone, NoAnswer, TooLarge, Unavailable
@@ -580,6 +580,12 @@ class MemoryTransport(Transport):
 
     async def delete_dead_letter(self, ref: str) -> bool:
         return self.broker.delete_dead_letter(ref)
+
+    async def read_subjects(self, spec: topics.StreamSpec, pattern: str) -> list[tuple[str, bytes]]:
+        return memory_subjects.read_subjects(self.broker, spec, pattern)
+
+    async def purge_subjects(self, spec: topics.StreamSpec, pattern: str) -> int:
+        return memory_subjects.purge_subjects(self.broker, spec, pattern)
 
     async def close(self) -> None:
         self._closed = True

@@ -62,6 +62,10 @@ def agent_reflect(handle: str) -> str:
     return f"crewlet.agent.{_token(handle, 'handle')}.reflect"
 
 
+def agent_reflect_group(handle: str) -> str:
+    return f"agent-{_token(handle, 'handle')}-reflect"
+
+
 def agent_pattern(handle: str = "*") -> str:
     """Every subject of one seat (or of every seat)."""
     if handle == "*":
@@ -81,6 +85,11 @@ def event(event_type: str) -> str:
 def memory(handle: str, table: str, key: str) -> str:
     """One subject per memory row, on a stream that keeps the last message per subject."""
     return f"crewlet.memory.{_token(handle, 'handle')}.{_token(table, 'table')}.{digest(key, length=32)}"
+
+
+def memory_pattern(handle: str) -> str:
+    """Every memory row of one seat."""
+    return f"crewlet.memory.{_token(handle, 'handle')}.>"
 
 
 def _safe_head(subject: str) -> str:

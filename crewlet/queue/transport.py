@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Awaitable, Callable, Mapping, Optional, Protocol, Sequence
 
+from crewlet.queue import topics
 from crewlet.queue.contract import Closable, DeadLetter, SubscriptionRef
 
 #: Header names a dead letter carries, so an operator sees where it came from.
@@ -182,6 +183,14 @@ class Transport(abc.ABC):
         True for exactly one of any number of concurrent calls (the one whose
         delete the broker applied); False when the entry was already gone.
         """
+
+    @abc.abstractmethod
+    async def read_subjects(self, spec: topics.StreamSpec, pattern: str) -> list[tuple[str, bytes]]:
+        """The current message of every subject of ``spec`` matching ``pattern``, in stream order, in one pass."""
+
+    @abc.abstractmethod
+    async def purge_subjects(self, spec: topics.StreamSpec, pattern: str) -> int:
+        """Remove every message of ``spec`` whose subject matches ``pattern``; how many went."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

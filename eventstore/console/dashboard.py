@@ -31,6 +31,8 @@ from eventstore.console import reads
 from eventstore.console.operator_views import dead_letter_row
 from seats import actions, episodes
 from seats.api import state
+from seats.memory.api import read_rows
+from seats.memory.rows import RowRefused, checked_table
 
 log = logging.getLogger("crewlet.eventstore.dashboard")
 
@@ -216,6 +218,29 @@ def seat(request: HttpRequest, handle: str) -> HttpResponse:
             "depth_error": depth_error,
             "chain": [provider.key for provider in chain],
         },
+    )
+
+
+@staff_only
+def seat_memory(request: HttpRequest, handle: str) -> HttpResponse:
+    """A seat's memory as CREWLET_MEMORY holds it (one table, or all), each row with a button to forget it."""
+    projected = projection.current()
+    if projected is not None and projected.company().seat_by_handle(handle) is None:
+        raise Http404(f"no seat {handle!r} in the company")
+    table, error = request.GET.get("table", ""), ""
+    try:
+        if table:
+            checked_table(table)
+    except RowRefused as exc:
+        table, error = "", str(exc)
+    rows, read_error = on_engine_loop(lambda queue: read_rows(queue, handle))
+    every = rows or []
+    shown = [row for row in every if not table or row["table"] == table]
+    tables = sorted({row["table"] for row in every})
+    return render(
+        request,
+        "dashboard/seat_memory.html",
+        {"page": "seat", "handle": handle, "rows": shown, "tables": tables, "table": table, "error": error or read_error},
     )
 
 

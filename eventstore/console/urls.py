@@ -15,6 +15,7 @@ urlpatterns = [
     path("turns/<str:turn_id>/", screens.turn, name="dash-turn"),
     path("spend/", screens.spend, name="dash-spend"),
     path("seats/<str:handle>/", dashboard.seat, name="dash-seat"),
+    path("seats/<str:handle>/memory/", dashboard.seat_memory, name="dash-seat-memory"),
     path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
     path("operator/act", OperatorActView.as_view(), name="operator-act"),
 ]

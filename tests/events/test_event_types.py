@@ -98,6 +98,7 @@ EXTENSIONS: dict[str, str] = {
     "tool_server_unavailable": "system",
     "history_partial": "system",
     "seats_unplaceable": "lifecycle",
+    "memory_row": "learning",
 }
 BUILD_MAP = {**DESIGN_MAP, **EXTENSIONS}
 
@@ -108,6 +109,8 @@ DESIGN_NOT_STORED = {
     "raw_webhook", "a2a_request", "a2a_message", "sandbox_answer_given",
     # An extension: a history read's partial answer is a live record, never a row (a look would grow the log).
     "history_partial",
+    # An extension: a memory row is state carried on CREWLET_MEMORY, never a record of what happened.
+    "memory_row",
 }
 
 

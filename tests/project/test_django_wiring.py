@@ -60,9 +60,11 @@ def test_migrations_follow_the_router() -> None:
     events_tables = set(connections["events"].introspection.table_names())
     assert {"auth_user", "django_session", "django_migrations"} <= default_tables
     assert "eventstore_event" in events_tables and "eventstore_event" not in default_tables
-    # The events database holds the event store and the one row naming that store, nothing of the coordination store.
+    # The events database holds the event store, the one row naming that store and the memory of the seats the
+    # node holds (with its search table on SQLite), nothing of the coordination store.
     own = {"django_migrations", "crewlet_store_identity"}
-    assert all(t in own or t.startswith("eventstore_") for t in events_tables), events_tables
+    assert all(t in own or t.startswith(("eventstore_", "seats_memory_")) for t in events_tables), events_tables
+    assert "seats_memory_row" in events_tables and "seats_memory_row" not in default_tables
     assert "crewlet_store_identity" not in default_tables and "crewlet_seat_lease" in default_tables
 
 

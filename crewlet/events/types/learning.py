@@ -56,11 +56,43 @@ class CounterpartyProfileUpdated(_TurnBody):
 @register("reflection_completed", category=LEARNING)
 @dataclass
 class ReflectionCompleted(_TurnBody):
+    """A reflection on one finished turn ended; ``rows`` names each memory row it wrote (``{table, key}``)."""
+
     insights: int = 0
     duration_ms: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} reflected on a turn ({_plural(self.insights, 'insight')})"
+
+
+@register(
+    "memory_row",
+    category=LEARNING,
+    stored=False,
+    extension=(
+        "a seat's memory is one message per row on CREWLET_MEMORY (crewlet.memory.{handle}.{table}.{key-digest}); "
+        "this is that message, the row's current value or its tombstone, which a node acquiring the seat replays"
+    ),
+)
+@dataclass
+class MemoryRow(_TurnBody):
+    """One memory row as its subject holds it: ``value`` (JSON), or ``deleted`` (a tombstone the replay honours).
+
+    Never a row of the event store (state replicated through the broker, not
+    a record); ``written_by`` is ``turn``, ``reflection`` or ``operator``.
+    """
+
+    table: str = ""
+    key: str = ""
+    value: Any = None
+    deleted: bool = False
+    written_by: str = ""
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        verb = "forgot" if self.deleted else "remembered"
+        return f"{self.actor(event)} {verb} {_s(self.table)}/{_s(self.key)}"
 
 
 @dataclass

@@ -368,6 +368,9 @@ class PromptSize(_TurnBody):
     tool_bytes: int = 0
     tool_count: int = 0
     approx_tokens: int = 0
+    #: The memory block inside the user prompt (its bytes are counted in ``user_bytes`` too) and its rows.
+    memory_bytes: int = 0
+    memory_rows: int = 0
 
     def summary(self, event: Optional[Event] = None) -> str:
         total = self.system_bytes + self.user_bytes + self.message_bytes + self.tool_bytes

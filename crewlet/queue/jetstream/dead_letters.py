@@ -1,17 +1,15 @@
 """Dead letters on CREWLET_DLQ: read them all, read one by its sequence, delete one exactly once."""
 from __future__ import annotations
 
-import secrets
-from typing import Any
-
 import nats.js.errors
 
 from crewlet.base.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import DeadLetter, dead_letter_seq
 from crewlet.queue.errors import Gone, QueueError, Unavailable
+from crewlet.queue.jetstream.reader import throwaway_reader
 from crewlet.queue.jetstream.streams import StreamsPart
-from crewlet.queue.jetstream.wire import _NATS_ERRORS, _NS, _message_not_found, _stream_seq, next_subject, pull_request
+from crewlet.queue.jetstream.wire import _NATS_ERRORS, _message_not_found, _stream_seq
 from crewlet.queue.transport import dead_letter_from
 
 
@@ -26,43 +24,14 @@ class DeadLettersPart(StreamsPart):
             return []
         spec = topics.DLQ_STREAM
         await self._ensure_stream(spec)
-        name = "crewlet_dlq_read_" + secrets.token_hex(8)
-        cfg = {
-            "name": name,
-            "deliver_policy": "all",
-            "ack_policy": "none",
-            "inactive_threshold": int(30 * _NS),
-            "replay_policy": "instant",
-            "mem_storage": True,
-        }
-        await self._api(
-            f"CONSUMER.CREATE.{spec.name}.{name}",
-            {"stream_name": spec.name, "config": cfg, "action": "create"},
-            what="create dead-letter reader",
-        )
         out: list[DeadLetter] = []
-        sub: Any = None
-        try:
-            inbox = self._nc.new_inbox()
-            sub = await self._nc.subscribe(inbox, pending_msgs_limit=0, pending_bytes_limit=0)
-            await self._nc.publish(next_subject(spec.name, name), pull_request(limit, no_wait=True), reply=inbox)
+        async with throwaway_reader(self, spec, {"deliver_policy": "all"}, "reading dead letters") as reader:
+            await reader.pull(limit)
             while len(out) < limit:
-                msg = await keeping_cancel(sub.next_msg(timeout=self._api_timeout_s))
+                msg = await keeping_cancel(reader.sub.next_msg(timeout=self._api_timeout_s))
                 if not msg.reply:
                     break  # 404: nothing more
                 out.append(dead_letter_from(msg.headers or {}, msg.data, str(_stream_seq(msg.reply))))
-        except _NATS_ERRORS as e:
-            raise Unavailable(f"reading dead letters failed: {e!r}") from e
-        finally:
-            if sub is not None and not self._nc.is_closed:
-                try:
-                    await sub.unsubscribe()
-                except Exception:
-                    pass
-            try:
-                await self._api(f"CONSUMER.DELETE.{spec.name}.{name}", None, what="delete dead-letter reader", timeout=2.0)
-            except QueueError:
-                pass
         return out
 
     @staticmethod

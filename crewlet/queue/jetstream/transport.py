@@ -15,6 +15,7 @@ from crewlet.queue.jetstream.broadcast import BroadcastPart, _Broadcast
 from crewlet.queue.jetstream.configs import MAX_MESSAGE_BYTES
 from crewlet.queue.jetstream.consumers import ConsumersPart
 from crewlet.queue.jetstream.dead_letters import DeadLettersPart
+from crewlet.queue.jetstream.subjects import SubjectsPart
 from crewlet.queue.jetstream.wire import redact_url
 from crewlet.queue.natsclient import LatePongClient
 
@@ -38,7 +39,7 @@ class ConnectOptions(TypedDict, total=False):
     provision_wait_s: float
 
 
-class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServePart):
+class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServePart, SubjectsPart):
     """The JetStream broker primitives under :class:`~crewlet.queue.client.QueueClient`."""
 
     name = "jetstream"
