@@ -110,7 +110,8 @@ def spend_models(now: datetime, zone: str, labels: list[str]) -> dict[str, Any]:
         models.append({"model": model or "(unnamed)", "key": model, "days": cells, "today": counts[-1], "total": sum(counts)})
     coverage = answer.get("coverage") or {}
     missing = [n for n in coverage.get("nodes") or [] if not n.get("answered")]
-    return {"models": models, "total": sum(m["total"] for m in models), "rounds": int(answer.get("rounds") or 0),
+    return {"models": models, "total": sum(m["total"] for m in models), "today": sum(m["today"] for m in models),
+            "rounds": int(answer.get("rounds") or 0),
             "complete": bool(coverage.get("complete", True)), "missing": missing}
 
 
