@@ -285,6 +285,12 @@ def event_series(query: QueryDict) -> dict[str, Any]:
     return answer
 
 
+def model_spend(zone: str, since: datetime) -> dict[str, Any]:
+    """Tokens per model per day in ``zone`` since ``since``, from every node's phase rounds (with the coverage)."""
+    question = Question(kind=qs.MODEL_SPEND, at=qs.instant(here.clock()), key=zone, filters=Filters(since=since))
+    return ask(question)
+
+
 def trace(query: QueryDict, trace_id: str) -> dict[str, Any]:
     return _one(query, qs.TRACE, "trace_id", trace_id)
 

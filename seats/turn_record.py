@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from crewlet.events.types import (
     AgentPhaseCompleted,
     AgentTurnCompleted,
+    AgentTurnProgress,
     AgentTurnStopped,
     PromptSize,
     STOP_PAUSED,
@@ -127,6 +128,24 @@ def record_calls(
         result.tool_calls.append({**seen, "round": number, "arguments": call.arguments})
 
 
+async def progress(emit: Emit, tags: TurnTags, result: TurnResult, number: int) -> None:
+    """``agent_turn_progress`` as round ``number`` begins: the round and the tokens the turn spent before it.
+
+    Live only (never stored, never fed): the dashboard's live strip shows which
+    round a running turn is on; the durable record of the rounds is the phase's.
+    """
+    await emit(
+        AgentTurnProgress(
+            **tags,
+            phase=PHASE_RESPOND,
+            iteration=1,
+            round=number,
+            input_tokens=result.input_tokens,
+            output_tokens=result.output_tokens,
+        )
+    )
+
+
 async def finish(emit: Emit, loop: TurnState, result: TurnResult, tags: TurnTags) -> None:
     """The turn's record: its phase (cut to fit the wire), ``agent_turn_stopped`` if it stopped, ``turn.guard_breach``
     if a guard ended it (a failed turn, never a stop), then ``agent_turn_completed``."""
@@ -207,6 +226,7 @@ __all__ = [
     "cache_tokens",
     "finish",
     "fit_phase",
+    "progress",
     "prompt_size",
     "record_calls",
 ]

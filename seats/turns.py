@@ -108,7 +108,7 @@ from seats.reply_target import with_reply_target
 from seats.retry import Retrier
 from seats.thread_block import read_thread_block, with_thread_block
 from seats.tools.base import ToolResult, ToolSpec, Toolbox
-from seats.turn_record import cache_tokens, finish, prompt_size, record_calls
+from seats.turn_record import cache_tokens, finish, progress, prompt_size, record_calls
 from seats.turn_tools import NoTools, act, granted, writes
 from seats.turn_types import (
     ERR_CRASHED,
@@ -278,6 +278,7 @@ class TurnRunner:
             if self._fenced(loop, result) or await self._refused(loop, result, tags):
                 return
             number += 1
+            await progress(self._emit, tags, result, number)
             answer = await self._call_chain(loop, result, tags, number)
             if answer is None:
                 return

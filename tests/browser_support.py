@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
+from crewlet.company.parse import EXAMPLE_COMPANY
 from tests.process_support import REPO_ROOT
 from tests.up_support import UP_READY_S, UpProcess, http_json, up_env
 
@@ -69,13 +70,33 @@ class LoopThread:
         self.loop.close()
 
 
-class Company(UpProcess):
-    """`manage.py up` serving the example company, and what the test needs to talk to it."""
+#: The example company with token budgets the browser tests' echo turns (tens of tokens each) stay well under,
+#: yet near enough that each capped window's bar (the company's day, ada's day) is drawn wider than nothing.
+BUDGETS = "budget: {tokens_per_day: 50000}\n"
+ADA_BUDGET = ("{handle: ada, kind: agent, role: engineer,", "{handle: ada, kind: agent, role: engineer, budget: {tokens_per_day: 20000},")
+#: How often the company reports its budgets' windows (``budget_meters``): soon after each turn, in a test.
+METERS_EVERY_S = "0.5"
 
-    def __init__(self, tmp: Path, broker_url: str) -> None:
+
+def budgeted_company() -> str:
+    """The example company's file with :data:`BUDGETS` and ada's own ceiling."""
+    text = EXAMPLE_COMPANY.read_text()
+    assert ADA_BUDGET[0] in text, "the example company's ada is not where this test puts her budget"
+    return BUDGETS + text.replace(*ADA_BUDGET)
+
+
+class Company(UpProcess):
+    """`manage.py up` serving the example company (``company_text`` instead, when given), and what the test needs to talk to it."""
+
+    def __init__(self, tmp: Path, broker_url: str, company_text: str = "") -> None:
         self.data_dir = tmp / "data"
         env = up_env(CREWLET_STREAM_TYPE="nats", CREWLET_STREAM_URL=broker_url, CREWLET_VAR_DIR=str(self.data_dir))
-        super().__init__(tmp, node="web1", env=env, ready_s=UP_READY_S)
+        argv: tuple[str, ...] = ()
+        if company_text:
+            env["CREWLET_NODE_BUDGET_METERS_EVERY_S"] = METERS_EVERY_S
+            (tmp / "company.yaml").write_text(company_text)
+            argv = ("--company", str(tmp / "company.yaml"))
+        super().__init__(tmp, *argv, node="web1", env=env, ready_s=UP_READY_S)
 
     def start(self) -> "Company":
         super().start()

@@ -135,6 +135,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "org": org, "live": snapshot, "counters": counters, "connections": connections(), "page": "overview",
         "running": reads.running_now(snapshot.get("seats") or []),
         "charts": reads.seat_charts([seat.handle for seat in org.agent_seats()]),
+        "turns_type": reads.TURNS_TYPE,
     }
     return render(request, "dashboard/overview.html", context)
 

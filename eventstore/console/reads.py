@@ -92,19 +92,45 @@ def spend_days(now: datetime, zone: str, days: int = SPEND_DAYS) -> dict[str, An
     return {"labels": labels, "seats": seats, "rows": rows, "totals": totals, "total": sum(totals), "today": totals[-1]}
 
 
+def spend_models(now: datetime, zone: str, labels: list[str]) -> dict[str, Any]:
+    """Tokens per model per company day (``labels``), from every node's phase rounds, and which nodes answered.
+
+    The usage domain counts per seat and per company only; which model a
+    round ran on is in the round (``agent_phase_completed.rounds[]``), so this
+    is a fleet read of the history (the ``model_spend`` question), covered like
+    the event log's reads: a node that did not answer is named, not guessed.
+    """
+    answer = store_api.model_spend(zone, window_of(PERIOD_DAY, now - timedelta(days=len(labels) - 1), zone).starts_at)
+    grid: dict[str, dict[str, int]] = answer.get("models") or {}
+    peak = max([v for per in grid.values() for v in per.values()] + [1])
+    models = []
+    for model in sorted(grid, key=lambda m: (-sum(grid[m].values()), m)):
+        counts = [int(grid[model].get(d, 0)) for d in labels]
+        cells = [{"day": d, "tokens": n, "pct": round(n * 100 / peak, 2)} for d, n in zip(labels, counts)]
+        models.append({"model": model or "(unnamed)", "key": model, "days": cells, "today": counts[-1], "total": sum(counts)})
+    coverage = answer.get("coverage") or {}
+    missing = [n for n in coverage.get("nodes") or [] if not n.get("answered")]
+    return {"models": models, "total": sum(m["total"] for m in models), "today": sum(m["today"] for m in models),
+            "rounds": int(answer.get("rounds") or 0),
+            "complete": bool(coverage.get("complete", True)), "missing": missing}
+
+
 def seat_charts(handles: list[str]) -> list[dict[str, Any]]:
-    """Each seat's turns over the last hours (``agent_turn_completed`` rows per bar, the failed ones drawn over them)."""
+    """Each seat's turns over the last hours (``agent_turn_completed`` rows per bar, the failed ones drawn over them).
+
+    ``query`` is the ``/api/events/series`` query each chart was drawn from: the page asks it again as a turn ends.
+    """
     charts = []
     for handle in handles:
         query = QueryDict(mutable=True)
         query.update({"seat": handle, "type": TURNS_TYPE, "window": OVERVIEW_WINDOW, "bucket": OVERVIEW_BUCKET})
         bars = store_api.event_series(query)["bars"]
-        charts.append({"seat": handle, **timeline.spark(bars)})
+        charts.append({"seat": handle, "query": query.urlencode(), **timeline.spark(bars)})
     return charts
 
 
 def running_now(seats: list[dict[str, Any]], at: Optional[datetime] = None) -> list[dict[str, Any]]:
-    """The live strip: each seat running a turn, which turn, since when (the turn's start row) and for how long."""
+    """The live strip: each seat running a turn, which turn, the round it is on, since when (the turn's start row) and for how long."""
     now = at or datetime.now(timezone.utc)
     out = []
     for s in seats:
@@ -113,8 +139,10 @@ def running_now(seats: list[dict[str, Any]], at: Optional[datetime] = None) -> l
             continue
         since = last.get("timestamp") if last.get("turn_id") == s["turn_id"] else None
         took_s = (now - timeline.parse_timestamp(since)).total_seconds() if since else None
-        out.append({"seat": s["handle"], "turn_id": s["turn_id"], "since": since, "for_s": took_s})
+        out.append({"seat": s["handle"], "turn_id": s["turn_id"], "since": since, "for_s": took_s, "round": s.get("round") or 0})
     return out
 
 
-__all__ = ["coalesced", "event", "phase_bodies", "running_now", "seat_charts", "spend_days", "trace_context"]
+__all__ = [
+    "coalesced", "event", "phase_bodies", "running_now", "seat_charts", "spend_days", "spend_models", "trace_context",
+]

@@ -6,6 +6,8 @@ template with plain HTML and CSS.
 """
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 
@@ -70,7 +72,8 @@ def turn(request: HttpRequest, turn_id: str) -> HttpResponse:
 
 @staff_only
 def spend(request: HttpRequest) -> HttpResponse:
-    """Tokens per seat per day from the fleet-wide counts; with budgets, each window's spend against its ceiling."""
+    """Tokens per seat per day from the fleet-wide counts, per model from the phases' rounds; with budgets, each
+    window's spend against its ceiling."""
     live = projection.current()
     org = live.company() if live is not None else None
     zone = org.timezone if org is not None else "UTC"
@@ -81,7 +84,11 @@ def spend(request: HttpRequest) -> HttpResponse:
             ceiling = int(w.get("ceiling") or 0)
             pct = round(min(int(w.get("spend") or 0) * 100 / ceiling, 100), 2) if ceiling else 0
             windows.append({**w, "pct": pct})
-    context = {"page": "spend", "days": days, "zone": zone, "windows": windows,
+    try:
+        models: Optional[dict[str, Any]] = reads.spend_models(here.clock(), zone, days["labels"])
+    except runtime.EngineAway:
+        models = None  # the history is read through an engine's fleet reads; the page says why there is none
+    context = {"page": "spend", "days": days, "models": models, "zone": zone, "windows": windows,
                "no_engine": runtime.NO_ENGINE if live is None else ""}
     return render(request, "dashboard/spend.html", context)
 

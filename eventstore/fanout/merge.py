@@ -209,6 +209,12 @@ def seed_plan(at: Any, handles: Iterable[str], *, feed_size: int, window_us: int
     return {"feed": feed, "turns": last, "counters": counters, "per_seat": per_seat}
 
 
+def model_spend_plan(question: Question) -> Plan:
+    """Every node's sums of its phases' rounds, added up by model and day (as the counters are)."""
+    parts = yield question
+    return qs.merge_model_spend(answer for _, answer in parts)
+
+
 _PLANS = {
     qs.EVENTS: events_plan,
     qs.EVENT: event_plan,
@@ -216,6 +222,7 @@ _PLANS = {
     qs.TRACE: trace_plan,
     qs.TURN: turn_plan,
     qs.TURNS: turns_plan,
+    qs.MODEL_SPEND: model_spend_plan,
 }
 
 

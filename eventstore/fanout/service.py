@@ -91,6 +91,7 @@ NODE_PARTS: dict[str, Callable[[qs.Question, Any, qs.NodeScope], dict[str, Any]]
     qs.TURN_ROWS: qs.answer_turn_rows,
     qs.LAST_TURNS: qs.answer_last_turns,
     qs.COUNTS: qs.answer_counts,
+    qs.MODEL_SPEND: qs.answer_model_spend,
 }
 
 
@@ -146,6 +147,7 @@ _SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
     qs.TURN_ROWS: {"turns": dict},
     qs.LAST_TURNS: {"seats": dict},
     qs.COUNTS: {"counters": dict, "per_seat": dict},
+    qs.MODEL_SPEND: {"models": dict, "rounds": int},
 }
 
 

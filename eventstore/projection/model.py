@@ -54,6 +54,7 @@ from eventstore.projection.states import (
     TAKEN_REMEMBERED,
     TERMINATED,
     TRIGGER_SKIPPED,
+    TURN_PROGRESS,
     WORK_ARRIVED,
 )
 from eventstore.questions import (
@@ -61,6 +62,7 @@ from eventstore.questions import (
     TURN_COMPLETED,
     TURN_STARTED,
     TURN_STOPPED,
+    as_count,
     count_event,
     count_turn,
     new_counters,
@@ -117,6 +119,8 @@ class SeatLive:
     pause_reason: str = ""
     paused_by: str = ""
     turn_id: str = ""
+    #: The round the running turn has begun (its latest ``agent_turn_progress``); 0 before the first.
+    round: int = 0
     #: The ids of the wakes waiting behind the running turn (or a pause), oldest first: ``queued`` counts them.
     waiting: dict[str, None] = field(default_factory=dict)
     #: Triggers a turn, a digest or a skip already took whose wake record has not arrived (yet), newest last:
@@ -256,6 +260,7 @@ class LiveProjection:
             "node": live.node if live.present else "",
             "paused_by": paused_by,
             "turn_id": live.turn_id or None,
+            "round": live.round if live.turn_id else None,
             "queued": live.queued,
             "last_turn": dict(live.last_turn) if live.last_turn else None,
             "last_error": live.last_error,
@@ -316,7 +321,7 @@ class LiveProjection:
 
     @staticmethod
     def _moved_seat(event: Event) -> str:
-        """The seat this type of event moves, or "" (a NOT_FED type never moves one)."""
+        """The seat this type of event moves, or "" (of the NOT_FED types only ``agent_turn_progress`` moves one)."""
         etype = event.type
         if etype in WORK_ARRIVED:
             return _text(event.field(WORK_ARRIVED[etype]))
@@ -376,8 +381,12 @@ class LiveProjection:
             live.present, live.absent_reason = True, ""
             live.node = event.node or live.node
             live.turn_id = _text(event.field("turn_id")) or event.id
+            live.round = 0
             live.take(_text(event.field("trigger_event_id")))
             live.last_turn = self._last_turn(event, row, qs.OUTCOME_RUNNING)
+        elif etype == TURN_PROGRESS:
+            if live.turn_id and live.turn_id == _text(event.field("turn_id")):
+                live.round = as_count(event.field("round"))
         elif etype == TURN_COMPLETED:
             live.present, live.absent_reason = True, ""
             turn_id = _text(event.field("turn_id"))

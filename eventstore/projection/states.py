@@ -54,6 +54,8 @@ BUDGET_EXHAUSTED = types.BudgetExhausted.event_type
 #: Moves no seat: the projection keeps the latest report (:mod:`eventstore.projection.meters`).
 BUDGET_METERS = types.BudgetMeters.event_type
 COALESCED = types.NotificationsCoalesced.event_type
+#: Live only: the round a running turn has begun (the seat row's ``round``).
+TURN_PROGRESS = types.AgentTurnProgress.event_type
 TRIGGER_SKIPPED = types.TurnTriggerSkipped.event_type
 GUARD_BREACH = types.TurnGuardBreach.event_type
 #: ``turn_trigger_skipped`` reasons that abandon a trigger its turn already took (the seat's ``last_error``).
@@ -79,6 +81,7 @@ SEAT_TYPES: frozenset[str] = frozenset(
         SEAT_PAUSED,
         SEAT_RESUMED,
         TURN_STARTED,
+        TURN_PROGRESS,
         TURN_COMPLETED,
         TURN_STOPPED,
         LLM_UNAVAILABLE,

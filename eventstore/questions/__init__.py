@@ -28,7 +28,7 @@ refusals), :mod:`.timefmt` (exact microseconds and their wire spelling),
 table), :mod:`.listing` (a listing row), :mod:`.answers` (the checks, the
 dispatch and the events, series and trace answers), :mod:`.turns` (the
 turn fold and the turn answers) and :mod:`.counts` (the row counters the
-overview and the live projection's seed read). Callers import from the package.
+overview and the live projection's seed read) and :mod:`.spend` (tokens per model per day, from the phases' rounds). Callers import from the package.
 """
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ from eventstore.questions.model import (
     MAX_BARS,
     MAX_DETAIL_ROWS,
     MAX_LIMIT,
+    MODEL_SPEND,
     PROTOCOL_VERSION,
     TRACE,
     TURN,
@@ -90,6 +91,7 @@ from eventstore.questions.model import (
     QuestionRefused,
     UnsupportedVersion,
 )
+from eventstore.questions.spend import UNNAMED_MODEL, add_rounds, answer_model_spend, merge_model_spend, round_tokens
 from eventstore.questions.sql import TABLE, us_sql
 from eventstore.questions.timefmt import (
     DURATION_PATTERN,
@@ -146,6 +148,7 @@ __all__ = [
     "MAX_BARS",
     "MAX_DETAIL_ROWS",
     "MAX_LIMIT",
+    "MODEL_SPEND",
     "MissingInstant",
     "NodeScope",
     "OUTCOME_FAILED",
@@ -169,12 +172,15 @@ __all__ = [
     "TURN_ROWS",
     "TURN_STARTED",
     "TURN_STOPPED",
+    "UNNAMED_MODEL",
     "UnsupportedVersion",
+    "add_rounds",
     "answer",
     "answer_counts",
     "answer_event",
     "answer_events",
     "answer_last_turns",
+    "answer_model_spend",
     "answer_series",
     "answer_turn_rows",
     "as_count",
@@ -196,10 +202,12 @@ __all__ = [
     "instant",
     "list_row",
     "listing_of",
+    "merge_model_spend",
     "new_counters",
     "new_seat_counters",
     "parse_duration",
     "refusal",
+    "round_tokens",
     "series_grid",
     "span_tree",
     "spent_tokens",

@@ -27,7 +27,9 @@ TURN = "turn"
 TURN_ROWS = "turn_rows"
 LAST_TURNS = "last_turns"
 COUNTS = "counts"
-KINDS: tuple[str, ...] = (EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN, TURN_ROWS, LAST_TURNS, COUNTS)
+#: Tokens per model per company day from the phases' rounds (``key`` the company's zone, ``filters.since`` the first day).
+MODEL_SPEND = "model_spend"
+KINDS: tuple[str, ...] = (EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN, TURN_ROWS, LAST_TURNS, COUNTS, MODEL_SPEND)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500

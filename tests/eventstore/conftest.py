@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, Company, LoopThread
+from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, Company, LoopThread, budgeted_company
 
 
 @pytest.fixture(scope="package")
@@ -37,7 +37,7 @@ def broker(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def company(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Company]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: bin/test installs Debian's chromium (or set CREWLET_CHROMIUM)")
-    running = Company(tmp_path_factory.mktemp("company"), broker.url)
+    running = Company(tmp_path_factory.mktemp("company"), broker.url, budgeted_company())
     try:
         running.start()
         yield running

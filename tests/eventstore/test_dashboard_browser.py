@@ -90,14 +90,15 @@ def test_a_wrong_password_is_refused_and_the_dashboard_stays_closed(page: Page, 
 def test_a_posted_webhook_changes_the_seat_and_the_feed_live_without_a_reload(page: Page, company: Company) -> None:
     sign_in(page, company)
     live(page)
-    # Every state ada's row shows from now on, in order, and a marker a reload would wipe.
+    # Every state ada's row shows from now on, in order, and a marker a reload would wipe. Each change's old
+    # value is kept as it was, so states the page set in one task (records delivered together) are all seen.
     page.evaluate(
         """() => {
             window.__notReloaded = true;
+            window.__adaCell = document.querySelector('tr[data-seat=ada] .state');
             window.__adaStates = [];
-            const cell = document.querySelector('tr[data-seat=ada] .state');
-            new MutationObserver(() => window.__adaStates.push(cell.dataset.state))
-                .observe(cell, {attributes: true, childList: true, characterData: true, subtree: true});
+            new MutationObserver((records) => records.forEach((r) => window.__adaStates.push(r.oldValue)))
+                .observe(window.__adaCell, {attributeFilter: ['data-state'], attributeOldValue: true});
         }"""
     )
     status, answer = company.post_json("/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "live please"))
@@ -108,8 +109,9 @@ def test_a_posted_webhook_changes_the_seat_and_the_feed_live_without_a_reload(pa
     expect(feed_turn).to_have_count(1)
     expect(page.locator(f"tr[data-seat=ada] .last-turn a[href='/traces/{trace_id}/']")).to_be_visible()
     expect(seat_state(page, "ada")).to_have_attribute("data-state", "idle")
-    states = page.evaluate("() => window.__adaStates")
+    states = page.evaluate("() => [...window.__adaStates, window.__adaCell.dataset.state]")
     assert "running" in states, states  # the turn was shown as it ran, then ended
+    assert page.evaluate("() => window.__adaCell === document.querySelector('tr[data-seat=ada] .state')")  # never replaced
     assert page.evaluate("() => window.__notReloaded") is True
     screenshot(page, "overview-after-webhook")
 

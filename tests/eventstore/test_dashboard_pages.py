@@ -196,3 +196,13 @@ def test_without_an_engine_a_page_that_reads_history_says_with_503_that_it_canno
 ) -> None:
     response = staff.get(path)
     assert response.status_code == 503 and "so it cannot ask the fleet" in response.content.decode()
+
+
+def test_without_an_engine_the_spend_screen_shows_the_seats_counts_and_says_why_there_are_no_models(
+    staff: Client, no_live: None
+) -> None:
+    response = staff.get("/spend/")
+    html = response.content.decode()
+    assert response.status_code == 200 and 'id="spend"' in html  # the usage counts are the coordination store's
+    assert 'id="spend-models"' not in html  # the models are read from the fleet's history, through an engine
+    assert f"The budgets' windows and the tokens per model are shown where an engine runs: {NO_ENGINE}" in html

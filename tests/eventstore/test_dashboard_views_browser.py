@@ -200,18 +200,46 @@ def test_a_turns_page_lists_the_rounds_its_phase_recorded_with_the_trigger(page:
         screenshot(page, f"turn-{width}")
 
 
-def test_the_spend_screen_totals_the_turns_tokens_per_seat(page: Page, company: Company, turns: list[str]) -> None:
+def rounds_per_model(page: Page) -> dict[str, int]:
+    """Every recorded round's tokens (input + output) by its model, from each phase's body through /api/."""
+    per_model: dict[str, int] = {}
+    phases = api(page, "/api/events?type=agent_phase_completed&limit=500")["events"]
+    for phase in phases:
+        for r in api(page, f"/api/events/{phase['id']}")["event"]["wire"]["rounds"]:
+            tokens = int(r.get("input_tokens") or 0) + int(r.get("output_tokens") or 0)
+            if tokens:
+                per_model[r.get("model", "")] = per_model.get(r.get("model", ""), 0) + tokens
+    return per_model
+
+
+def test_the_spend_screen_totals_the_turns_tokens_per_seat_and_per_model_and_draws_each_budget(
+    page: Page, company: Company, turns: list[str]
+) -> None:
     sign_in(page, company)
     rows = settled_turns(page, turns)
     per_seat: dict[str, int] = {}
     for t in rows:
         per_seat[t["seat"]] = per_seat.get(t["seat"], 0) + t["tokens"]["total"]
+    per_model = rounds_per_model(page)
+    assert per_model and sum(per_model.values()) == sum(per_seat.values())
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
         page.goto(company.url + "/spend/")
         expect(page.locator("#spend-total")).to_have_text(str(sum(per_seat.values())))
         shown = page.locator("#spend tbody tr[data-seat]").evaluate_all("els => els.map(e => [e.dataset.seat, +e.dataset.total])")
         assert dict(shown) == {seat: n for seat, n in per_seat.items() if n}
+        models = page.locator("#spend-models tbody tr[data-model]").evaluate_all("els => els.map(e => [e.dataset.model, +e.dataset.total])")
+        assert dict(models) == per_model  # each model's total is the sum of its rounds' tokens
+        expect(page.locator("#spend-models-total")).to_have_text(str(sum(per_model.values())))
+        expect(page.locator("#models-partial")).to_have_count(0)  # every node answered
+        # The company's budget (browser_support.BUDGETS): each capped window's spend against its ceiling.
+        budgets = page.locator("#budget-windows tr[data-budget]").evaluate_all(
+            "els => els.map(e => [e.dataset.budget, +e.dataset.spend, +e.dataset.ceiling, e.querySelector('.meter span').style.width])"
+        )
+        assert {b[0] for b in budgets} >= {"company::day", "seat:ada:day"}, budgets
+        for _, spend, ceiling, drawn in budgets:
+            assert 0 < spend < ceiling and drawn.endswith("%")
+            assert float(drawn[:-1]) == pytest.approx(spend * 100 / ceiling, abs=0.01) and float(drawn[:-1]) > 0
         fits(page, width)
         screenshot(page, f"spend-{width}")
 
@@ -236,13 +264,20 @@ def test_the_overview_charts_each_seats_turns_and_the_live_strip_shows_a_running
         """() => {
             window.__strip = [];
             const strip = document.getElementById('running');
-            new MutationObserver(() => strip.querySelectorAll('li[data-seat]').forEach(li => window.__strip.push([li.dataset.seat, li.dataset.turn])))
-                .observe(strip, {childList: true, subtree: true, attributes: true});
+            new MutationObserver((records) => records.forEach((r) => {
+                const li = r.target.closest && r.target.closest('li[data-seat]');
+                if (li) window.__strip.push([li.dataset.seat, li.dataset.turn, +(li.querySelector('.round') || {dataset: {}}).dataset.round || 0]);
+            })).observe(strip, {subtree: true, attributes: true, attributeFilter: ['data-turn', 'data-round']});
         }"""
     )
     status, answer = company.post_json("/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "watch me run"))
     assert status == 202
     expect(page.locator(f"#feed li[data-type=agent_turn_completed] a.trace[href='/traces/{answer['trace_id']}/']")).to_have_count(1)
     seen = page.evaluate("() => window.__strip")
-    assert any(seat == "ada" and turn for seat, turn in seen), seen  # the turn was on the strip while it ran
+    assert any(seat == "ada" and turn for seat, turn, _ in seen), seen  # the turn was on the strip while it ran
+    assert any(seat == "ada" and n >= 1 for seat, _, n in seen), seen  # with the round it was on (agent_turn_progress)
     expect(page.locator("#running li.empty")).to_have_count(1)  # and left it when it ended
+    # The chart counted the turn that ended, without a reload.
+    expect(page.locator("#charts figure[data-seat=ada]")).to_have_attribute("data-total", str(ada + 1))
+    drawn = page.locator("#charts figure[data-seat=ada] rect.total").evaluate_all("rs => rs.reduce((n, r) => n + +r.dataset.total, 0)")
+    assert drawn == ada + 1

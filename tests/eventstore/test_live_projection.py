@@ -15,6 +15,7 @@ from crewlet.events.types import (
     AgentSpawned,
     AgentTerminated,
     AgentTurnCompleted,
+    AgentTurnProgress,
     AgentTurnStarted,
     AuxiliarySpend,
     BudgetExhausted,
@@ -128,8 +129,10 @@ async def test_a_turn_moves_a_seat_from_idle_to_running_and_back_to_idle_with_it
         states, seat = watched.states("ada"), watched.seat("ada")  # before the runtime stops and releases it
         assert watched.seat("linus")["state"] == "idle" and watched.seat("grace")["state"] == "idle"
     assert states == ["idle", "running", "idle"]
-    [started] = [row for row in watched.moves if row["state"] == "running"]
-    assert seat["turn_id"] is None and seat["queued"] == 0
+    started, *rounds = [row for row in watched.moves if row["state"] == "running"]
+    # The turn's start, then its one round's agent_turn_progress (live only: a seat row, never a feed row).
+    assert [(row["turn_id"], row["round"]) for row in [started, *rounds]] == [(started["turn_id"], 0), (started["turn_id"], 1)]
+    assert seat["turn_id"] is None and seat["round"] is None and seat["queued"] == 0
     last = seat["last_turn"]
     assert last["turn_id"] == started["turn_id"] and last["trace_id"]
     assert last["summary"].startswith("engineer finished a turn")
@@ -205,6 +208,21 @@ def test_work_arriving_while_a_turn_runs_is_queued_and_the_next_turn_takes_it() 
     row = apply(live, AgentTurnStarted(seat="ada", turn_id="t2"))
     assert row is not None and (row["state"], row["queued"], row["turn_id"]) == ("running", 0, "t2")
     assert live.counters()["tokens"] == 7
+
+
+def test_a_running_turns_round_is_its_latest_progress_and_another_turns_progress_moves_nothing() -> None:
+    live = LiveProjection(company=company)
+    apply(live, AgentSpawned(seat="ada", reason="claimed"))
+    apply(live, AgentTurnStarted(seat="ada", turn_id="t1"))
+    row = apply(live, AgentTurnProgress(seat="ada", turn_id="t1", round=3, input_tokens=10))
+    assert row is not None and (row["state"], row["turn_id"], row["round"]) == ("running", "t1", 3)
+    row = apply(live, AgentTurnProgress(seat="ada", turn_id="t0", round=7))  # a turn that is not the one running
+    assert row is not None and row["round"] == 3
+    assert live.snapshot()["feed"][0]["type"] == "agent_turn_started"  # never a feed row
+    row = apply(live, AgentTurnCompleted(seat="ada", turn_id="t1"))
+    assert row is not None and (row["state"], row["round"]) == ("idle", None)
+    row = apply(live, AgentTurnStarted(seat="ada", turn_id="t2"))
+    assert row is not None and row["round"] == 0
 
 
 def test_a_wake_whose_record_arrives_after_its_own_turn_started_is_not_left_queued() -> None:

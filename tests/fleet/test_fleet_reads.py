@@ -281,3 +281,31 @@ async def test_a_restarted_nodes_projection_is_seeded_with_the_companys_feed_and
     [ada] = [seat for seat in snapshot["seats"] if seat["handle"] == "ada"]
     assert ada["last_turn"]["turn_id"] == "t-ada" and ada["last_turn"]["outcome"] == qs.OUTCOME_OK
     assert snapshot["counters"]["turns_completed"] == 1 and snapshot["counters"]["tokens"] == 15
+
+
+def _phase(node: str, ts: Any, *rounds: dict[str, Any]) -> Any:
+    return make_event("agent_phase_completed", ts, event_id=f"{node}-{next(_ids):05d}", node=node, seat="ada",
+                      turn_id=f"t-{next(_ids)}", phase="respond", rounds=list(rounds))
+
+
+async def test_tokens_per_model_are_the_sum_of_every_nodes_rounds_by_the_companys_day() -> None:
+    from crewlet.company.budget import PERIOD_DAY, window_of
+
+    zone = "America/New_York"  # AT is 08:30 on 10 March there; 13 h before it, 19:30 on the 9th
+    since = window_of(PERIOD_DAY, AT - timedelta(hours=13), zone).starts_at
+    big, small = {"model": "big-1", "input_tokens": 700, "output_tokens": 11}, {"model": "small-2", "input_tokens": 30, "output_tokens": 4}
+    failed = {"provider_key": "p", "error_kind": "provider_unavailable"}  # no model, no tokens: not counted
+    phases = {
+        "a": [_phase("a", AT - S, big, small), _phase("a", AT - timedelta(hours=13), big)],
+        "b": [_phase("b", AT - 2 * S, failed, small, small)],
+        "c": [_phase("c", AT - 3 * S, big), _phase("c", since - S, big)],  # the day before the first: not asked
+    }
+    for node, events in phases.items():
+        await sync_to_async(_put)(node, *events)
+    async with jetstream_queues(*NODES) as queues, readers(queues) as nodes:
+        answer = await nodes[1].aask(Question(kind=qs.MODEL_SPEND, at=AT, key=zone, filters=Filters(since=since)))
+        assert _complete(answer, *NODES)
+        assert answer["models"] == {"big-1": {"2025-03-10": 711 * 2, "2025-03-09": 711}, "small-2": {"2025-03-10": 34 * 3}}
+        assert answer["rounds"] == 6
+        with pytest.raises(qs.BadQuestion, match="not a time zone"):
+            await nodes[0].aask(Question(kind=qs.MODEL_SPEND, at=AT, key="Mars/Olympus", filters=Filters(since=since)))

@@ -126,10 +126,13 @@ async def test_a_failing_endpoint_hands_off_to_the_next_provider_and_the_turn_su
             "agent_turn_started",
             "agent_phase_started",
             "prompt.size",
+            "agent_turn_progress",
             "provider_fallback",
             "agent_phase_completed",
             "agent_turn_completed",
         ]
+        [progress] = rec.of("agent_turn_progress")  # the one round beginning, before either provider was called
+        assert (progress.data.round, progress.data.phase, progress.data.input_tokens) == (1, "respond", 0)
         [fallback] = rec.of("provider_fallback")
         assert (fallback.data.from_provider_key, fallback.data.to_provider_key, fallback.data.error_kind) == (
             "openai:local-7b",
