@@ -5,7 +5,8 @@ Its tools are what the tests need of a server: ``write`` really writes a file,
 says it started and answers once a test opens it, ``pid`` names the
 process so a test can kill it, and ``read.file`` has a name the
 model vendors would refuse until it is sanitised (and is the one tool
-annotated ``readOnlyHint: true``). Over HTTP it refuses every
+annotated ``readOnlyHint: true`` besides ``picture``, which returns a caption, a PNG and an
+embedded text resource). Over HTTP it refuses every
 request whose ``Authorization`` header is not ``--require-auth``'s value, so
 a session that starts proves the header went through.
 """
@@ -23,9 +24,11 @@ import contextlib
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import EmbeddedResource, ImageContent, TextContent, TextResourceContents, ToolAnnotations
 
 HERE = Path(__file__).resolve()
+#: A 1x1 PNG in base64: what the ``picture`` tool returns as image content.
+PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 
 def build() -> MCPServer:
@@ -67,6 +70,16 @@ def build() -> MCPServer:
     def read_file(path: str) -> str:
         """The text of the file at ``path``."""
         return Path(path).read_text(encoding="utf-8")
+
+    @server.tool(annotations=ToolAnnotations(title="A picture", read_only_hint=True, open_world_hint=False))
+    def picture() -> list[Any]:
+        """A one-pixel PNG, with a caption and the text resource it came from."""
+        resource = TextResourceContents(uri="file:///pixel.txt", mime_type="text/plain", text="one red pixel")
+        return [
+            TextContent(type="text", text="here it is"),
+            ImageContent(type="image", data=PIXEL_PNG, mime_type="image/png"),
+            EmbeddedResource(type="resource", resource=resource),
+        ]
 
     return server
 

@@ -210,6 +210,7 @@ class McpSession:
                 spec = ToolSpec(
                     name=name, description=tool.description or "", input_schema=dict(tool.input_schema),
                     read_only=hints is not None and hints.read_only_hint is True,
+                    annotations=hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {},
                 )
                 tools[name] = ServerTool(server=self.server.name, name=tool.name, spec=spec)
             cursor = page.next_cursor

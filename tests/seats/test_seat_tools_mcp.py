@@ -16,8 +16,8 @@ from crewlet.queue.emit import Emitter
 from crewlet.company.org import A2A_ASK_TOOL, CompanyHolder
 from crewlet.company.parse import parse_company
 from crewlet.queue.memory import MemoryBroker
-from mcp_support import free_port, http_server, start_http, stdio_command
-from seats.tools import ToolCall
+from mcp_support import PIXEL_PNG, free_port, http_server, start_http, stdio_command
+from seats.tools import ToolCall, ToolImage
 from seats.runtime import SeatRuntime
 from seats.tools.mcp import McpToolbox
 from seats.tools.mcp_session import TOOL_NAME_RULE, exposed_name
@@ -80,10 +80,22 @@ def call(name: str, **arguments: Any) -> ToolCall:
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_stdio_servers_tools_are_listed_under_server_prefixed_names_within_the_vendors_rule(shared: McpToolbox, tmp_path: Path) -> None:
     specs = {spec.name: spec for spec in await shared.specs("ada")}
-    assert set(specs) == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file"}
+    assert set(specs) == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file", "tt__picture"}
     assert all(TOOL_NAME_RULE.match(name) for name in specs)
     assert specs["tt__write"].input_schema["required"] == ["path", "text"]
     assert "Write" in specs["tt__write"].description
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_image_a_tool_returns_is_kept_as_an_image_and_its_annotations_on_the_tools_spec(shared: McpToolbox) -> None:
+    """Not base64 in the text the model reads: the image apart, the embedded resource's text under its URI."""
+    specs = {spec.name: spec for spec in await shared.specs("ada")}
+    assert specs["tt__picture"].annotations == {"title": "A picture", "readOnlyHint": True, "openWorldHint": False}
+    assert specs["tt__picture"].read_only and specs["tt__write"].annotations == {}
+    result = await shared.call("ada", call("tt__picture"))
+    assert result.ok and result.images == (ToolImage(mime_type="image/png", data=PIXEL_PNG),), result
+    assert result.content == "here it is\n[resource file:///pixel.txt (text/plain)]\none red pixel"
+    assert PIXEL_PNG not in result.content and result.bytes == len(result.content) + len(PIXEL_PNG)
 
 
 async def test_a_call_through_the_notes_server_really_writes_the_note(tmp_path: Path) -> None:
@@ -151,7 +163,7 @@ async def test_a_server_that_cannot_start_is_reported_once_and_the_seat_keeps_it
             assert {s.name for s in await box.specs("ada")} == names
         result = await box.call("ada", call("broken__anything"))
         reports = published(recorder, "tool_server_unavailable")
-    assert names == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file"}
+    assert names == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file", "tt__picture"}
     assert not result.ok and result.error == "tool server broken is not running; try again later"
     (report,) = reports
     assert (report.seat, report.server, report.transport) == ("ada", "broken", "stdio")
