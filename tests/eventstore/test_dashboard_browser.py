@@ -10,6 +10,7 @@ import asyncio
 import re
 import time
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,6 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(
 
 #: How long a page may take to show what the test waits for (a noisy 2-core machine).
 WAIT_MS = 30_000
+#: The browser's zone: UTC+05:30 all year, so a time shown in it differs from UTC in hours and minutes.
+BROWSER_ZONE = "Asia/Kolkata"
 #: The test's own client dead-letters fast: the budget is the real 25 deliveries, the spacing shrunk.
 FAST = Timings(backoff_base_s=0.001, backoff_cap_s=0.005)
 expect.set_options(timeout=WAIT_MS)
@@ -102,11 +105,19 @@ def sign_in(page: Page, company: Company, path: str = "/") -> None:
 
 @pytest.fixture
 def page(browser: Browser, company: Company) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id=BROWSER_ZONE, locale="en-US")
     context.set_default_timeout(WAIT_MS)
     tab = context.new_page()
     yield tab
     context.close()
+
+
+def shown_in_the_browsers_zone(time_element: Any) -> None:
+    """A ``<time>`` reads in the browser's zone (UTC+05:30) with the zone's name, and keeps the UTC instant on hover."""
+    stamp = time_element.get_attribute("datetime")
+    local = datetime.fromisoformat(stamp.replace("Z", "+00:00")) + timedelta(hours=5, minutes=30)
+    expect(time_element).to_have_text(f"{local:%H:%M:%S} GMT+5:30")
+    assert time_element.get_attribute("title") == f"{stamp} UTC"
 
 
 def live(page: Page) -> None:
@@ -169,6 +180,8 @@ def test_a_posted_webhook_changes_the_seat_and_the_feed_live_without_a_reload(pa
 
     feed_turn = page.locator(f"#feed li[data-type=agent_turn_completed] a.trace[href='/traces/{trace_id}/']")
     expect(feed_turn).to_have_count(1)
+    turn_row = page.locator("#feed li[data-type=agent_turn_completed]", has=page.locator(f"a.trace[href='/traces/{trace_id}/']"))
+    shown_in_the_browsers_zone(turn_row.locator("time"))  # a row the live socket added
     expect(page.locator(f"tr[data-seat=ada] .last-turn a[href='/traces/{trace_id}/']")).to_be_visible()
     expect(seat_state(page, "ada")).to_have_attribute("data-state", "idle")
     states = page.evaluate("() => window.__adaStates")
@@ -182,6 +195,7 @@ def test_a_category_chip_filters_the_event_log(page: Page, company: Company) -> 
     assert status == 202
     sign_in(page, company, "/events/")
     expect(page.locator("#log li.ev[data-category=webhook]").first).to_be_visible()
+    shown_in_the_browsers_zone(page.locator("#log li.ev time").first)  # written by the server, shown by the page's script
     categories_shown = set(page.locator("#log li.ev").evaluate_all("els => els.map(e => e.dataset.category)"))
     assert len(categories_shown) > 1, categories_shown  # the unfiltered log mixes categories
 
