@@ -68,7 +68,9 @@ from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Surface
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.events.tracing import OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, parse_traceparent, start_span, trace_of
+from crewlet.events.tracing import (
+    OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, messaging_span_name, parse_traceparent, start_span, trace_of,
+)
 from crewlet.http.limits import webhook_max_body_bytes
 from notifications.parsers import (
     JSON_MEDIA,
@@ -297,7 +299,7 @@ class Edge:
         inbound_parent = parse_traceparent(req.header(TRACEPARENT_HEADER)) if req.header(TRACEPARENT_HEADER) else None
         headers = {k: req.header(k) for k in KEPT_HEADERS if req.header(k)}
         with start_span(
-            "webhook.receive",
+            messaging_span_name(OPERATION_SEND, topics.NOTIFICATIONS_INBOUND),
             parent=inbound_parent,
             root_trace_id=delivery_trace_id(req.source, delivery_id),
             kind=SpanKind.PRODUCER,  # the request's server span is the HTTP instrumentation's

@@ -225,6 +225,20 @@ def flush_spans(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
     return bool(done)
 
 
+def messaging_span_name(operation: str, destination: str) -> str:
+    """A messaging span's name by OpenTelemetry's messaging conventions: ``{operation name} {destination}``.
+
+    ``publish crewlet.notifications.inbound``, ``process crewlet.agent.ada.inbox``:
+    a collector groups the spans of one destination whatever the code that
+    made them calls its step (the step is the span's ``crewlet.*`` attributes).
+    """
+    return f"{_operation_name(operation)} {destination}"
+
+
+def _operation_name(operation: str) -> str:
+    return "publish" if operation == OPERATION_SEND else OPERATION_PROCESS
+
+
 def messaging_attributes(operation: str, destination: str, *, group: str = "", message_id: str = "") -> dict[str, str]:
     """The messaging semantic conventions' attributes of a span that sends to or processes from ``destination``.
 
@@ -235,7 +249,7 @@ def messaging_attributes(operation: str, destination: str, *, group: str = "", m
         MESSAGING_SYSTEM: MESSAGING_SYSTEM_NATS,
         MESSAGING_DESTINATION_NAME: destination,
         MESSAGING_OPERATION_TYPE: operation,
-        MESSAGING_OPERATION_NAME: "publish" if operation == OPERATION_SEND else OPERATION_PROCESS,
+        MESSAGING_OPERATION_NAME: _operation_name(operation),
     }
     if group:
         attributes[MESSAGING_CONSUMER_GROUP_NAME] = group
@@ -430,6 +444,7 @@ __all__ = [
     "is_span_id",
     "is_trace_id",
     "messaging_attributes",
+    "messaging_span_name",
     "otlp_endpoint_configured",
     "otlp_exporter",
     "parse_traceparent",

@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from crewlet.company.conf import ToolSettings
 from crewlet.queue.emit import Emitter
+from crewlet.events.tracing import start_span, trace_of
 from crewlet.company.org import A2A_ASK_TOOL, CompanyHolder
 from crewlet.company.parse import parse_company
 from crewlet.queue.memory import MemoryBroker
@@ -137,11 +138,15 @@ async def test_an_unknown_tool_or_arguments_the_tool_refuses_are_failed_results_
 
 async def test_a_server_killed_mid_life_is_restarted_with_an_event_and_the_next_call_works(tmp_path: Path) -> None:
     async with toolbox({"tt": {"command": stdio_command()}}) as (box, recorder):
-        await box.specs("ada")
-        first = await box.call("ada", call("tt__pid"))
+        with start_span("a turn"):  # the turn that first needs the server opens its session
+            turn = trace_of()
+            await box.specs("ada")
+            first = await box.call("ada", call("tt__pid"))
         os.kill(int(first.content), signal.SIGKILL)
 
         restarted = await eventually(lambda: published(recorder, "tool_server_restarted"), what="tool_server_restarted")
+        [envelope] = [e for _topic, e in recorder.seen if e.type == "tool_server_restarted"]
+        assert envelope.trace_id != turn.trace_id  # a restart long after is the session's, not filed under that turn
         await eventually(lambda: box.running().get("ada") == ["tt"], what="the session up again")
         second = await box.call("ada", call("tt__pid"))
         write = await box.call("ada", call("tt__write", path=str(tmp_path / "again"), text="back"))
