@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any, Final, Optional, Union
 from urllib.parse import quote
 
+import bcrypt
+
 from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, route_config, unreachable_peers
 from crewlet.queue.errors import InvalidArgument
 from crewlet.queue.jetstream import MAX_MESSAGE_BYTES
@@ -71,6 +73,20 @@ CLUSTER_PROGRESS_EVERY_S = 3.0
 _CLUSTER_ASK_TIMEOUT_S = 1.0
 #: The stand-in for the cluster secret in anything shown (a log tail, an error).
 _REDACTED = "[redacted]"
+
+
+#: bcrypt's cost for the broker's client password: the password is 192 random bits, so the hash's job is
+#: only that the config file does not hold it; the server checks it on every connect, so the least cost.
+_BCRYPT_ROUNDS = 4
+
+
+def _password_hash(password: str) -> str:
+    """The client password as the config file holds it: a bcrypt hash nats-server checks a client against.
+
+    The file (0600, in a 0700 runtime directory under the system temp dir)
+    could be read by any process of the same user; the hash gives it no way in.
+    """
+    return bcrypt.hashpw(password.encode("utf-8"), bcrypt.gensalt(rounds=_BCRYPT_ROUNDS)).decode("ascii")
 
 
 class EmbeddedBroker:
@@ -217,7 +233,7 @@ class EmbeddedBroker:
                 f"ports_file_dir: {quote_conf(runtime)}",
                 "authorization {",
                 f"  user: {quote_conf(self.user)}",
-                f"  password: {quote_conf(self.password)}",
+                f"  password: {quote_conf(_password_hash(self.password))}",
                 "}",
                 "jetstream {",
                 f"  store_dir: {quote_conf(store)}",

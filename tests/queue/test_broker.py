@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +23,7 @@ from crewlet.queue.connect import connect_queue
 from crewlet.queue.contract import Timings
 from crewlet.queue.errors import InvalidArgument, QueueError
 from crewlet.queue.jetstream import JetStreamTransport
-from crewlet.queue.natsserver import BrokerStartError, find_nats_server
+from crewlet.queue.natsserver import RUNTIME_PREFIX, BrokerStartError, find_nats_server
 from waiting_support import eventually
 
 pytestmark = pytest.mark.integration  # the embedded broker is a nats-server child
@@ -64,6 +65,10 @@ async def test_it_serves_jetstream_on_loopback_behind_a_credential() -> None:
         assert len(b.password) >= 32
         assert "error" not in await js_info(b.url)
         assert f"Listening for client connections on 127.0.0.1:{b.port}" in b.log_tail(100)
+        # The config file the server reads holds a bcrypt hash of the credential, never the credential.
+        [ports] = Path(tempfile.gettempdir()).glob(f"{RUNTIME_PREFIX}*/*_{b.pid}.ports")  # this server's runtime dir
+        conf = ports.parent / "nats-server.conf"
+        assert b.password not in conf.read_text() and 'password: "$2b$' in conf.read_text()
         for anonymous in (b.client_url, b.url.replace(b.password, "guess")):
             with pytest.raises(Exception) as caught:
                 await asyncio.wait_for(js_info(anonymous), timeout=10)
