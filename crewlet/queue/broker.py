@@ -111,6 +111,7 @@ class EmbeddedBroker:
         server_name: str = DEFAULT_SERVER_NAME,
         cluster: Optional[ClusterConfig] = None,
         cluster_secret: str = "",
+        monitor_port: int = 0,
     ) -> None:
         if not isinstance(port, int) or port < 0 or port > 65535:
             raise InvalidArgument(f"port={port!r}: must be 0 (ephemeral) or a TCP port")
@@ -131,6 +132,10 @@ class EmbeddedBroker:
             raise InvalidArgument("cluster_secret: required when the cluster has peers (CREWLET_CLUSTER_SECRET)")
         self._cluster = cluster
         self._cluster_secret = cluster_secret
+        if not 0 <= int(monitor_port) <= 65535:
+            raise InvalidArgument(f"monitor_port={monitor_port!r}: must be 0 (none) or a TCP port")
+        #: The monitoring endpoint's port on the broker's loopback host (0: none).
+        self.monitor_port: Final[int] = int(monitor_port)
         #: The per-boot credential every client connects with.
         self.user: Final[str] = "crewlet"
         self.password: Final[str] = secrets.token_hex(24)
@@ -231,6 +236,7 @@ class EmbeddedBroker:
                 f"max_payload: {self._max_payload}",
                 f"max_pending: {max(64 * 1024 * 1024, 4 * self._max_payload)}",
                 f"ports_file_dir: {quote_conf(runtime)}",
+                *([f"http: {quote_conf(f'{self.host}:{self.monitor_port}')}"] if self.monitor_port else []),
                 "authorization {",
                 f"  user: {quote_conf(self.user)}",
                 f"  password: {quote_conf(_password_hash(self.password))}",

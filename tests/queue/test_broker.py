@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -74,6 +75,18 @@ async def test_it_serves_jetstream_on_loopback_behind_a_credential() -> None:
                 await asyncio.wait_for(js_info(anonymous), timeout=10)
             assert "uthorization" in str(caught.value) or isinstance(caught.value, nats.errors.Error)
     assert not b.running
+
+
+async def test_a_monitoring_port_asked_for_serves_jetstream_state_on_loopback_and_none_is_open_by_default() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with EmbeddedBroker(monitor_port=port) as b, EmbeddedBroker() as plain:
+        assert "error" not in await js_info(b.url)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz", timeout=10) as answer:
+            assert answer.status == 200 and "streams" in json.loads(answer.read())
+        assert f"Starting http monitor on 127.0.0.1:{port}" in b.log_tail(200)
+        assert "Starting http monitor" not in plain.log_tail(200)
 
 
 async def test_each_broker_draws_its_own_credential() -> None:
