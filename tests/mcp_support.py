@@ -8,7 +8,8 @@ model vendors would refuse until it is sanitised (and is the one tool
 annotated ``readOnlyHint: true`` besides ``picture``, which returns a caption, a PNG and an
 embedded text resource). Over HTTP it refuses every
 request whose ``Authorization`` header is not ``--require-auth``'s value, so
-a session that starts proves the header went through.
+a session that starts proves the header went through. ``--handshake-only``
+makes it a server of the handshake-era protocol (no ``server/discover``).
 """
 from __future__ import annotations
 
@@ -143,11 +144,44 @@ def _serve_http(server: MCPServer, port: int, require_auth: Optional[str]) -> No
     uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning")
 
 
+def _serve_handshake_only() -> None:
+    """A pre-2026 server over stdio, by hand: ``initialize``, ``tools/list`` (``pid``), ``tools/call``; nothing else.
+
+    What the official TypeScript servers are to a client of the 2026 protocol:
+    its ``server/discover`` probe is answered "method not found".
+    """
+    import json
+
+    tool = {"name": "pid", "description": "This server's process id.", "inputSchema": {"type": "object"}}
+    results = {
+        "initialize": {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "old", "version": "1"}},
+        "tools/list": {"tools": [tool]},
+        "tools/call": {"content": [{"type": "text", "text": str(os.getpid())}], "isError": False},
+        "ping": {},
+    }
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "id" not in request:
+            continue  # a notification
+        method = request.get("method")
+        answer: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
+        if method in results:
+            answer["result"] = results[method]
+        else:
+            answer["error"] = {"code": -32601, "message": f"Method not found: {method}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int)
     parser.add_argument("--require-auth")
+    parser.add_argument("--handshake-only", action="store_true", help="answer no server/discover, as a pre-2026 server")
     args = parser.parse_args()
+    if args.handshake_only:
+        _serve_handshake_only()
+        return
     server = build()
     if args.http:
         _serve_http(server, args.http, args.require_auth)

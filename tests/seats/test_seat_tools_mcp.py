@@ -13,7 +13,11 @@ import pytest_asyncio
 
 from crewlet.company.conf import ToolSettings
 from crewlet.queue.emit import Emitter
-from crewlet.events.tracing import start_span, trace_of
+from crewlet.events.tracing import start_span, trace_of, tracer
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from crewlet.company.org import A2A_ASK_TOOL, CompanyHolder
 from crewlet.company.parse import parse_company
 from crewlet.queue.memory import MemoryBroker
@@ -156,6 +160,31 @@ async def test_a_server_killed_mid_life_is_restarted_with_an_event_and_the_next_
     assert (event.seat, event.server, event.transport) == ("ada", "tt", "stdio")
     assert event.error == "the server's output closed (it exited)" and event.retry_in_s == SETTINGS.restart_backoff_s
     assert not published(recorder, "tool_server_unavailable")
+
+
+async def test_a_handshake_era_server_is_probed_once_and_its_sessions_spans_stay_out_of_the_turn_that_opened_it() -> None:
+    """Its failed ``server/discover`` probe is an error span: once per session owner, never one per restart."""
+    tracer()  # the process's SDK provider, which the MCP SDK's spans are made by too
+    provider = otel_trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        async with toolbox({"old": {"command": [*stdio_command(), "--handshake-only"]}}) as (box, recorder):
+            with start_span("a turn"):
+                turn = trace_of()
+                await box.specs("ada")
+                first = await box.call("ada", call("old__pid"))
+            os.kill(int(first.content), signal.SIGKILL)
+            await eventually(lambda: published(recorder, "tool_server_restarted"), what="tool_server_restarted")
+            await eventually(lambda: box.running().get("ada") == ["old"], what="the session up again")
+        spans = exporter.get_finished_spans()
+    finally:
+        exporter.shutdown()
+    probes = [span for span in spans if span.name == "MCP send server/discover"]
+    assert len(probes) == 1, [span.name for span in spans]
+    in_turn = sorted(span.name for span in spans if format(span.context.trace_id, "032x") == turn.trace_id)
+    assert in_turn == ["MCP send tools/call pid", "a turn"], in_turn
 
 
 async def test_a_server_that_cannot_start_is_reported_once_and_the_seat_keeps_its_other_tools(tmp_path: Path) -> None:
