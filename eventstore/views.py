@@ -74,7 +74,7 @@ def _paging(tag: str) -> list[OpenApiParameter]:
     """``limit``, and a ``cursor`` of this read's own format (``qs.cursor_format``): another read's is refused."""
     cursor = _p(
         "cursor", "next_cursor of the previous page of this read (opaque; any other text is refused)",
-        _text(pattern=qs.CURSOR_PATTERN, format=qs.cursor_format(tag)),
+        _text(pattern=qs.cursor_pattern(tag), format=qs.cursor_format(tag)),
     )
     return [*_PAGING, cursor]
 _DURATION = {"type": "string", "pattern": qs.DURATION_PATTERN}
@@ -149,7 +149,7 @@ class EventSeriesView(ReadView):
     @_read_schema("events_series", "Event counts in bars over a window", [
         _p("window", "how far back: 15m, 24h, 7d (default 24h; floored at the retained history)",
            {**_DURATION, "default": api.DEFAULT_WINDOW}),
-        _p("bucket", f"bar width: 1m, 1h, 1d (default 1h); not longer than the window, at most {qs.MAX_BARS} bars",
+        _p("bucket", f"bar width: 1m, 1h, 1d (default 1h); not longer than the window; a window of more than {qs.MAX_BARS} bars is answered with its latest {qs.MAX_BARS}",
            {**_DURATION, "default": api.DEFAULT_BUCKET}),
         *_FILTERS,
     ], s.SeriesSerializer)

@@ -32,7 +32,9 @@ share one path. In order:
    delivery id is 400 naming where: no store downstream can hold it;
 6. a source's endpoint handshake (Slack's ``url_verification``) is answered
    at once (200, or 400 when malformed), never published;
-7. under a span that honours an inbound W3C ``traceparent``, the delivery is
+7. under a span that honours an inbound W3C ``traceparent`` (without one, a
+   root of the trace :func:`delivery_trace_id` derives from the delivery id,
+   so a vendor's retry is answered with the first try's trace), the delivery is
    published as a ``raw_webhook`` to ``crewlet.notifications.inbound``, then
    its ``inbound_delivery`` record (the event name and delivery id the
    source's ``meta`` and parser read; label ``webhook:<event>`` /
@@ -66,7 +68,9 @@ from crewlet.company.org import SURFACE_SECRET_KEYS, CompanyHolder, Surface
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
-from crewlet.events.tracing import OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, parse_traceparent, start_span, trace_of
+from crewlet.events.tracing import (
+    OPERATION_SEND, TRACEPARENT_HEADER, messaging_attributes, messaging_span_name, parse_traceparent, start_span, trace_of,
+)
 from crewlet.http.limits import webhook_max_body_bytes
 from notifications.parsers import (
     JSON_MEDIA,
@@ -94,6 +98,16 @@ DELIVERY_ID_NAMESPACE = uuid.UUID("9a7d1c2e-4f36-5b0a-8e21-7765626864c5")
 SECRET_NOT_CONFIGURED = "webhook secret is not configured on this server"
 #: Headers kept on the raw_webhook: never a signature, a token or a cookie.
 KEPT_HEADERS = ("user-agent", *VENDOR_HEADERS, TRACEPARENT_HEADER)
+
+
+def delivery_trace_id(source: str, delivery_id: str) -> str:
+    """The trace a delivery opens when its request carries no ``traceparent``: derived from its id.
+
+    A vendor's retry of a delivery is answered with the trace id of the first
+    try, which holds the delivery's record and the turns it started (the
+    retry is dropped by routing, its own record is the first one's row).
+    """
+    return uuid.uuid5(DELIVERY_ID_NAMESPACE, f"trace:{source}:{delivery_id}").hex
 
 
 @dataclass(frozen=True)
@@ -285,8 +299,9 @@ class Edge:
         inbound_parent = parse_traceparent(req.header(TRACEPARENT_HEADER)) if req.header(TRACEPARENT_HEADER) else None
         headers = {k: req.header(k) for k in KEPT_HEADERS if req.header(k)}
         with start_span(
-            "webhook.receive",
+            messaging_span_name(OPERATION_SEND, topics.NOTIFICATIONS_INBOUND),
             parent=inbound_parent,
+            root_trace_id=delivery_trace_id(req.source, delivery_id),
             kind=SpanKind.PRODUCER,  # the request's server span is the HTTP instrumentation's
             attributes={
                 "crewlet.source": req.source,

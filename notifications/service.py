@@ -73,7 +73,7 @@ from crewlet.company.org import CompanyHolder, Organization, Seat
 from crewlet.queue import topics
 from crewlet.queue.contract import Delivery, EventQueue, Outcome, Subscription
 from crewlet.queue.errors import QueueError
-from crewlet.events.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
+from crewlet.events.tracing import OPERATION_PROCESS, child_span, messaging_attributes, messaging_span_name, trace_of
 from notifications import store
 from notifications.parsers import (
     JSON_MEDIA,
@@ -238,7 +238,7 @@ class NotifyRouter:
         result = RouteResult(source=source)
         attributes = {"crewlet.source": source, "crewlet.delivery_event": event.id}
         attributes.update(messaging_attributes(OPERATION_PROCESS, topics.NOTIFICATIONS_INBOUND, group=self.group, message_id=event.id))
-        with child_span(event, "notify.route", attributes=attributes):
+        with child_span(event, messaging_span_name(OPERATION_PROCESS, topics.NOTIFICATIONS_INBOUND), attributes=attributes):
             await self._route(event, raw, source, result)
         self.routed += 1
         return result

@@ -81,7 +81,7 @@ from crewlet.queue.contract import (
     unique_partition_key,
 )
 from crewlet.queue.errors import QueueError
-from crewlet.events.tracing import OPERATION_PROCESS, child_span, messaging_attributes, trace_of
+from crewlet.events.tracing import OPERATION_PROCESS, child_span, messaging_attributes, messaging_span_name, trace_of
 from django.db import DatabaseError
 from seats import coalescer
 from seats.coalescer import Degrade, Merge, partition_key_of
@@ -482,7 +482,7 @@ class InboxLoop:
         self.stats.turns += 1
         attributes = {"crewlet.seat": seat.handle, "crewlet.partition": key}
         attributes.update(messaging_attributes(OPERATION_PROCESS, self.topic, group=self.group, message_id=fresh[0].id))
-        with child_span(fresh[0], "seat.turn", attributes=attributes):
+        with child_span(fresh[0], messaging_span_name(OPERATION_PROCESS, self.topic), attributes=attributes):
             chosen = coalescer.plan(
                 fresh,
                 self.merge,

@@ -39,7 +39,7 @@ from seats.provider_base import (
     tool_text,
 )
 from seats.provider_sdk import VendorProvider, load_sdk, translate, within
-from seats.tools.base import ToolCall
+from seats.tools.base import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     import anthropic
@@ -62,6 +62,19 @@ _ANTHROPIC_STOP = {
     "pause_turn": STOP_PAUSED,
     "model_context_window_exceeded": STOP_CONTEXT_EXCEEDED,
 }
+
+
+def _result_content(result: ToolResult) -> str | list[dict[str, Any]]:
+    """A ``tool_result``'s content: its text, or text and image blocks when the tool returned images."""
+    if not result.images:
+        return tool_text(result)
+    text = tool_text(result)
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    blocks.extend(
+        {"type": "image", "source": {"type": "base64", "media_type": image.mime_type, "data": image.data}}
+        for image in result.images
+    )
+    return blocks
 
 
 class AnthropicProvider(VendorProvider):
@@ -93,7 +106,7 @@ class AnthropicProvider(VendorProvider):
                     {
                         "role": "user",
                         "content": [
-                            {"type": "tool_result", "tool_use_id": cid, "content": tool_text(r), "is_error": not r.ok}
+                            {"type": "tool_result", "tool_use_id": cid, "content": _result_content(r), "is_error": not r.ok}
                             for cid, r in m.results
                         ],
                     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from crewlet.events.types import STOP_END, STOP_MAX_TOKENS, STOP_REFUSAL, STOP_TOOL_USE
 from seats.provider_base import (
@@ -29,7 +29,7 @@ from seats.provider_base import (
     tool_text,
 )
 from seats.provider_sdk import VendorProvider, load_sdk, translate, within
-from seats.tools.base import ToolCall
+from seats.tools.base import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     import openai
@@ -58,6 +58,23 @@ _OPENAI_STOP = {
 }
 
 
+def _images_shown(results: Sequence[tuple[str, ToolResult]]) -> Optional[dict[str, Any]]:
+    """The images a round's tools returned, as one user message after its tool messages (None without any).
+
+    Chat completions' tool messages take text only; a user message's content
+    takes ``image_url`` parts, a data URL each, so the model sees the picture
+    under the call that returned it.
+    """
+    parts: list[dict[str, Any]] = []
+    for cid, result in results:
+        if result.images:
+            parts.append({"type": "text", "text": f"The image{'s' if len(result.images) > 1 else ''} tool call {cid} returned:"})
+            parts.extend(
+                {"type": "image_url", "image_url": {"url": f"data:{image.mime_type};base64,{image.data}"}} for image in result.images
+            )
+    return {"role": "user", "content": parts} if parts else None
+
+
 class OpenAIProvider(VendorProvider):
     """Chat completions through the ``openai`` SDK, at ``base_url`` (which includes ``/v1``)."""
 
@@ -83,6 +100,9 @@ class OpenAIProvider(VendorProvider):
                 out.append(said)
             else:
                 out.extend({"role": "tool", "tool_call_id": cid, "content": tool_text(r)} for cid, r in m.results)
+                shown = _images_shown(m.results)
+                if shown:
+                    out.append(shown)
         return out
 
     async def complete(self, request: ModelRequest) -> Completion:

@@ -42,6 +42,8 @@ CHROMIUM_ARGS = [
 SCREENSHOTS = REPO_ROOT / "var" / "ci" / "screenshots"
 #: How long a page may take to show what a test waits for (a noisy 2-core machine).
 WAIT_MS = 30_000
+#: The browser's zone: UTC+05:30 all year, so a time shown in it differs from UTC in hours and minutes.
+BROWSER_ZONE = "Asia/Kolkata"
 STAFF_USER = "operator"
 STAFF_PASSWORD = "browser-test-password-4711"
 

@@ -5,9 +5,11 @@ Its tools are what the tests need of a server: ``write`` really writes a file,
 says it started and answers once a test opens it, ``pid`` names the
 process so a test can kill it, and ``read.file`` has a name the
 model vendors would refuse until it is sanitised (and is the one tool
-annotated ``readOnlyHint: true``). Over HTTP it refuses every
+annotated ``readOnlyHint: true`` besides ``picture``, which returns a caption, a PNG and an
+embedded text resource). Over HTTP it refuses every
 request whose ``Authorization`` header is not ``--require-auth``'s value, so
-a session that starts proves the header went through.
+a session that starts proves the header went through. ``--handshake-only``
+makes it a server of the handshake-era protocol (no ``server/discover``).
 """
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ import contextlib
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import EmbeddedResource, ImageContent, TextContent, TextResourceContents, ToolAnnotations
 
 HERE = Path(__file__).resolve()
+#: A 1x1 PNG in base64: what the ``picture`` tool returns as image content.
+PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 
 def build() -> MCPServer:
@@ -67,6 +71,16 @@ def build() -> MCPServer:
     def read_file(path: str) -> str:
         """The text of the file at ``path``."""
         return Path(path).read_text(encoding="utf-8")
+
+    @server.tool(annotations=ToolAnnotations(title="A picture", read_only_hint=True, open_world_hint=False))
+    def picture() -> list[Any]:
+        """A one-pixel PNG, with a caption and the text resource it came from."""
+        resource = TextResourceContents(uri="file:///pixel.txt", mime_type="text/plain", text="one red pixel")
+        return [
+            TextContent(type="text", text="here it is"),
+            ImageContent(type="image", data=PIXEL_PNG, mime_type="image/png"),
+            EmbeddedResource(type="resource", resource=resource),
+        ]
 
     return server
 
@@ -130,11 +144,44 @@ def _serve_http(server: MCPServer, port: int, require_auth: Optional[str]) -> No
     uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning")
 
 
+def _serve_handshake_only() -> None:
+    """A pre-2026 server over stdio, by hand: ``initialize``, ``tools/list`` (``pid``), ``tools/call``; nothing else.
+
+    What the official TypeScript servers are to a client of the 2026 protocol:
+    its ``server/discover`` probe is answered "method not found".
+    """
+    import json
+
+    tool = {"name": "pid", "description": "This server's process id.", "inputSchema": {"type": "object"}}
+    results = {
+        "initialize": {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "old", "version": "1"}},
+        "tools/list": {"tools": [tool]},
+        "tools/call": {"content": [{"type": "text", "text": str(os.getpid())}], "isError": False},
+        "ping": {},
+    }
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "id" not in request:
+            continue  # a notification
+        method = request.get("method")
+        answer: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
+        if method in results:
+            answer["result"] = results[method]
+        else:
+            answer["error"] = {"code": -32601, "message": f"Method not found: {method}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int)
     parser.add_argument("--require-auth")
+    parser.add_argument("--handshake-only", action="store_true", help="answer no server/discover, as a pre-2026 server")
     args = parser.parse_args()
+    if args.handshake_only:
+        _serve_handshake_only()
+        return
     server = build()
     if args.http:
         _serve_http(server, args.http, args.require_auth)

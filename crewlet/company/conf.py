@@ -269,6 +269,10 @@ class StreamSettings(_Section):
         Timings.ack_wait_s, env="CREWLET_STREAM_ACK_WAIT_S", env_aliases=("CREWLET_DELIVERY_ACK_WAIT_S",), bounds=(5, 86400),
         doc="how long a fetched message may go unacknowledged before the broker redelivers it",
     )
+    monitor_port: int = setting(
+        0, env="CREWLET_STREAM_MONITOR_PORT", bounds=(0, 65535),
+        doc="the embedded broker's monitoring endpoint (/varz, /jsz) on 127.0.0.1 at this port; 0 leaves it off",
+    )
     cluster: ClusterSettings = section(ClusterSettings)
 
     def urls(self) -> list[str]:

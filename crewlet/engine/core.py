@@ -91,6 +91,7 @@ class Connect(Protocol):
         replicas: int,
         cluster: Optional[ClusterSettings],
         cluster_secret: str,
+        monitor_port: int,
     ) -> Awaitable[tuple[EventQueue, Optional[Broker]]]: ...
 
 
@@ -354,6 +355,7 @@ class Engine:
                     replicas=stream.replicas,
                     cluster=stream.cluster if stream.cluster.enabled else None,
                     cluster_secret=cluster_secret() if stream.cluster.enabled else "",
+                    monitor_port=stream.monitor_port,
                 )
             except Exception as exc:
                 # connect_queue stops a broker it started before failing; nothing to tear down here.

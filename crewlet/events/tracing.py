@@ -46,12 +46,14 @@ import logging
 import os
 import threading
 import weakref
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
 from crewlet.events.trace import (
@@ -129,13 +131,30 @@ def service_resource(service_name: str = DEFAULT_SERVICE_NAME) -> Resource:
     return resource.merge(Resource({_SERVICE_NAME: service_name}))
 
 
+#: The trace id the next root span started in this context takes (``start_span(root_trace_id=...)``).
+_ROOT_TRACE_ID: ContextVar[Optional[int]] = ContextVar("crewlet_root_trace_id", default=None)
+
+
+class KeyedIdGenerator(RandomIdGenerator):
+    """Random ids, except a root span's trace id when ``start_span`` names one.
+
+    A trace keyed by what it is about (a vendor's delivery id) is the same
+    trace however many times the vendor sends the delivery, so a retry's
+    answer names a trace that holds the delivery's events.
+    """
+
+    def generate_trace_id(self) -> int:
+        keyed = _ROOT_TRACE_ID.get()
+        return keyed if keyed is not None else super().generate_trace_id()
+
+
 def build_provider(service_name: str = DEFAULT_SERVICE_NAME) -> TracerProvider:
     """A fresh SDK provider for this process, exporting over OTLP only when asked to.
 
     Separate from ``configure_tracing`` so the decision can be checked without
     touching the process-wide provider, which OpenTelemetry lets be set once.
     """
-    provider = TracerProvider(resource=service_resource(service_name))
+    provider = TracerProvider(resource=service_resource(service_name), id_generator=KeyedIdGenerator())
     exporter = None
     if otlp_endpoint_configured():
         try:
@@ -206,6 +225,20 @@ def flush_spans(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
     return bool(done)
 
 
+def messaging_span_name(operation: str, destination: str) -> str:
+    """A messaging span's name by OpenTelemetry's messaging conventions: ``{operation name} {destination}``.
+
+    ``publish crewlet.notifications.inbound``, ``process crewlet.agent.ada.inbox``:
+    a collector groups the spans of one destination whatever the code that
+    made them calls its step (the step is the span's ``crewlet.*`` attributes).
+    """
+    return f"{_operation_name(operation)} {destination}"
+
+
+def _operation_name(operation: str) -> str:
+    return "publish" if operation == OPERATION_SEND else OPERATION_PROCESS
+
+
 def messaging_attributes(operation: str, destination: str, *, group: str = "", message_id: str = "") -> dict[str, str]:
     """The messaging semantic conventions' attributes of a span that sends to or processes from ``destination``.
 
@@ -216,7 +249,7 @@ def messaging_attributes(operation: str, destination: str, *, group: str = "", m
         MESSAGING_SYSTEM: MESSAGING_SYSTEM_NATS,
         MESSAGING_DESTINATION_NAME: destination,
         MESSAGING_OPERATION_TYPE: operation,
-        MESSAGING_OPERATION_NAME: "publish" if operation == OPERATION_SEND else OPERATION_PROCESS,
+        MESSAGING_OPERATION_NAME: _operation_name(operation),
     }
     if group:
         attributes[MESSAGING_CONSUMER_GROUP_NAME] = group
@@ -347,14 +380,26 @@ def start_span(
     *,
     attributes: Optional[Mapping[str, Any]] = None,
     kind: SpanKind = SpanKind.INTERNAL,
+    root_trace_id: str = "",
 ) -> Iterator[Span]:
     """Open a span and make it current for the block.
 
     With ``parent`` (a ``Trace`` or an inbound ``TraceParent``) the span is
     that span's child; without one it nests under the current span as usual,
-    or starts a root when there is none. ``trace_of()`` inside the block
+    or starts a root when there is none. ``root_trace_id`` (32 hex digits),
+    without a parent, makes the span a root of that trace (a provider
+    :func:`build_provider` made honours it). ``trace_of()`` inside the block
     reports this span, with the span above as its parent.
     """
+    if parent is None and root_trace_id:
+        with contextlib.ExitStack() as stack:
+            token = _ROOT_TRACE_ID.set(int(root_trace_id, 16))
+            try:  # only this root takes the id: a root opened inside the block gets a random one
+                span = stack.enter_context(_open_span(name, otel_context.Context(), kind, attributes))
+            finally:
+                _ROOT_TRACE_ID.reset(token)
+            yield span
+        return
     with _open_span(name, restore(parent) if parent is not None else None, kind, attributes) as span:
         yield span
 
@@ -383,6 +428,7 @@ __all__ = [
     "DEFAULT_SERVICE_NAME",
     "FLAG_RANDOM",
     "FLAG_SAMPLED",
+    "KeyedIdGenerator",
     "OTLP_ENDPOINT_VARS",
     "TRACEPARENT_HEADER",
     "TRACEPARENT_VERSION",
@@ -398,6 +444,7 @@ __all__ = [
     "is_span_id",
     "is_trace_id",
     "messaging_attributes",
+    "messaging_span_name",
     "otlp_endpoint_configured",
     "otlp_exporter",
     "parse_traceparent",

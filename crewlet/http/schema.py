@@ -22,6 +22,20 @@ class AutoSchema(openapi.AutoSchema):
         return result
 
 
+    def _insert_field_validators(self, field: Any, schema: dict[str, Any]) -> None:
+        """drf-spectacular's, with a blank-allowing field's ``default`` kept beside its ``oneOf``.
+
+        A field with a pattern that also allows ``''`` is stated as ``oneOf``
+        (the pattern, or the empty string); the library leaves the default
+        inside the first branch, where ``''`` breaks that branch's own pattern
+        and the document fails validation.
+        """
+        super()._insert_field_validators(field, schema)
+        branches = schema.get("oneOf")
+        if branches and "default" in branches[0]:
+            schema["default"] = branches[0].pop("default")
+
+
 class OperatorTokenScheme(OpenApiAuthenticationExtension):
     target_class = "crewlet.http.auth.OperatorTokenAuthentication"
     name = "operatorToken"

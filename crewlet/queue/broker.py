@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any, Final, Optional, Union
 from urllib.parse import quote
 
+import bcrypt
+
 from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, route_config, unreachable_peers
 from crewlet.queue.errors import InvalidArgument
 from crewlet.queue.jetstream import MAX_MESSAGE_BYTES
@@ -73,6 +75,20 @@ _CLUSTER_ASK_TIMEOUT_S = 1.0
 _REDACTED = "[redacted]"
 
 
+#: bcrypt's cost for the broker's client password: the password is 192 random bits, so the hash's job is
+#: only that the config file does not hold it; the server checks it on every connect, so the least cost.
+_BCRYPT_ROUNDS = 4
+
+
+def _password_hash(password: str) -> str:
+    """The client password as the config file holds it: a bcrypt hash nats-server checks a client against.
+
+    The file (0600, in a 0700 runtime directory under the system temp dir)
+    could be read by any process of the same user; the hash gives it no way in.
+    """
+    return bcrypt.hashpw(password.encode("utf-8"), bcrypt.gensalt(rounds=_BCRYPT_ROUNDS)).decode("ascii")
+
+
 class EmbeddedBroker:
     """A supervised child ``nats-server`` with JetStream, on loopback, behind a per-boot secret.
 
@@ -95,6 +111,7 @@ class EmbeddedBroker:
         server_name: str = DEFAULT_SERVER_NAME,
         cluster: Optional[ClusterConfig] = None,
         cluster_secret: str = "",
+        monitor_port: int = 0,
     ) -> None:
         if not isinstance(port, int) or port < 0 or port > 65535:
             raise InvalidArgument(f"port={port!r}: must be 0 (ephemeral) or a TCP port")
@@ -115,6 +132,10 @@ class EmbeddedBroker:
             raise InvalidArgument("cluster_secret: required when the cluster has peers (CREWLET_CLUSTER_SECRET)")
         self._cluster = cluster
         self._cluster_secret = cluster_secret
+        if not 0 <= int(monitor_port) <= 65535:
+            raise InvalidArgument(f"monitor_port={monitor_port!r}: must be 0 (none) or a TCP port")
+        #: The monitoring endpoint's port on the broker's loopback host (0: none).
+        self.monitor_port: Final[int] = int(monitor_port)
         #: The per-boot credential every client connects with.
         self.user: Final[str] = "crewlet"
         self.password: Final[str] = secrets.token_hex(24)
@@ -215,9 +236,10 @@ class EmbeddedBroker:
                 f"max_payload: {self._max_payload}",
                 f"max_pending: {max(64 * 1024 * 1024, 4 * self._max_payload)}",
                 f"ports_file_dir: {quote_conf(runtime)}",
+                *([f"http: {quote_conf(f'{self.host}:{self.monitor_port}')}"] if self.monitor_port else []),
                 "authorization {",
                 f"  user: {quote_conf(self.user)}",
-                f"  password: {quote_conf(self.password)}",
+                f"  password: {quote_conf(_password_hash(self.password))}",
                 "}",
                 "jetstream {",
                 f"  store_dir: {quote_conf(store)}",

@@ -27,12 +27,14 @@ async def connect_queue(
     replicas: int = 1,
     cluster: Optional[ClusterConfig] = None,
     cluster_secret: str = "",
+    monitor_port: int = 0,
 ) -> tuple[EventQueue, Optional[EmbeddedBroker]]:
     """The engine's queue per ``stream.type``: ``embedded`` starts a broker; ``nats`` dials ``url``.
 
     ``cluster`` (embedded only) makes the broker one member of that JetStream
     cluster, named ``node``; every stream and durable is kept at ``replicas``
-    copies (never fewer than an existing stream already has). Returns the
+    copies (never fewer than an existing stream already has); ``monitor_port``
+    (embedded only, 0 for none) opens its monitoring endpoint on loopback. Returns the
     queue and the embedded broker (None for ``nats``); the caller closes the
     queue first, then stops the broker.
     """
@@ -44,6 +46,7 @@ async def connect_queue(
             server_name=node if cluster is not None else DEFAULT_SERVER_NAME,
             cluster=cluster,
             cluster_secret=cluster_secret,
+            monitor_port=monitor_port,
         )
         await broker.start()
         url, memory_storage = broker.url, broker.memory_storage

@@ -64,7 +64,7 @@ from eventstore.questions.counts import (
     new_seat_counters,
     spent_tokens,
 )
-from eventstore.questions.cursor import CURSOR_PATTERN, EVENTS_CURSOR, TURNS_CURSOR, cursor_format, decode_cursor, encode_cursor
+from eventstore.questions.cursor import EVENTS_CURSOR, TURNS_CURSOR, cursor_format, cursor_pattern, decode_cursor, encode_cursor
 from eventstore.questions.listing import LIST_COLUMNS, list_row, listing_of
 from eventstore.questions.model import (
     COUNTS,
@@ -128,7 +128,7 @@ __all__ = [
     "BadQuestion",
     "COUNTER_KEYS",
     "COUNTS",
-    "CURSOR_PATTERN",
+    "cursor_pattern",
     "C_EVENTS",
     "C_TOKENS",
     "C_TURNS_COMPLETED",

@@ -116,10 +116,12 @@ def series_grid(at: datetime, window_us: int, bucket_us: int, retention_hours: f
 
     Bars sit on a grid aligned to the Unix epoch; the first is the bucket the
     window's lower edge falls in — the window clipped to the history when it
-    reaches past it — and the last is the bucket holding ``at``, cut there.
+    reaches past it, and to the latest :data:`MAX_BARS` bars when it holds
+    more — and the last is the bucket holding ``at``, cut there.
     """
     at_us = to_us(at)
-    lower = max(at_us - window_us, to_us(at - timedelta(hours=retention_hours)))
+    latest_bars = at_us - at_us % bucket_us - (MAX_BARS - 1) * bucket_us
+    lower = max(at_us - window_us, to_us(at - timedelta(hours=retention_hours)), latest_bars)
     origin = lower - lower % bucket_us
     bars = (at_us - at_us % bucket_us - origin) // bucket_us + 1
     return lower, origin, bars
@@ -137,8 +139,6 @@ def answer_series(question: Question, at: datetime, scope: NodeScope) -> dict[st
     if bucket_us > window_us:
         raise BadQuestion("the bucket must not be longer than the window")
     lower_us, origin_us, count = series_grid(at, window_us, bucket_us, scope.retention_hours)
-    if count > MAX_BARS:
-        raise BadQuestion(f"{count} bars is more than {MAX_BARS}")
     connection = connections[scope.using]
     q = Where(connection)
     q.history(at, scope, floor=from_us(lower_us))

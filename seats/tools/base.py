@@ -9,8 +9,8 @@ model and to the event store without either altering it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 
 #: The engine service that hands out this node's toolbox (:class:`seats.tools.mcp.McpToolbox`).
 SEAT_TOOLS = "seat_tools"
@@ -29,12 +29,32 @@ class ToolSpec:
     built-in's, that a call changes nothing outside the engine: a turn's
     completion-ledger row is written before its first call of a tool that is
     not, so a turn that failed having only read is worked again.
+    ``annotations`` are the server's MCP tool annotations as it listed them
+    (``readOnlyHint``, ``destructiveHint``, ``idempotentHint``,
+    ``openWorldHint``, ``title``), kept for whatever in the engine weighs a
+    call; never sent to a model vendor, whose tool definitions have no place
+    for them.
     """
 
     name: str
     description: str
     input_schema: dict[str, Any]
     read_only: bool = False
+    annotations: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class ToolImage:
+    """An image a tool returned: its media type and its bytes in base64, as MCP carries them.
+
+    Handed to the model as image content in the vendor's own shape (an
+    Anthropic ``tool_result`` image block; for OpenAI's chat completions,
+    whose tool messages take text only, an ``image_url`` part of a user
+    message right after the round's tool messages), never as base64 text.
+    """
+
+    mime_type: str
+    data: str
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,9 @@ class ToolResult:
     UTF-8 (the round's ``tool_bytes``); ``server`` and ``tool`` are the
     server's name and its own tool name (not the exposed name), what the
     design records per call; ``duration_s`` is the wall time of the call.
+    ``images`` are the images it returned (:class:`ToolImage`), beside the
+    text of ``content``, their base64 counted in ``bytes``; events record the
+    text only.
     """
 
     ok: bool
@@ -65,6 +88,7 @@ class ToolResult:
     tool: str
     duration_s: float
     error: Optional[str] = None
+    images: tuple[ToolImage, ...] = ()
 
 
 class Toolbox(Protocol):

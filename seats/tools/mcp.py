@@ -46,7 +46,7 @@ from crewlet.engine.interfaces import EVENT_STORE
 from crewlet.company.org import CompanyHolder, Seat
 from crewlet.base.redact import redact
 from crewlet.events.tracing import trace_of
-from seats.tools.base import SEAT_TOOLS, ToolCall, ToolResult, ToolSpec
+from seats.tools.base import SEAT_TOOLS, ToolCall, ToolImage, ToolResult, ToolSpec
 from seats.tools.mcp_session import NAME_SEPARATOR, McpSession, failure_text
 from seats.tools.mcp_transport import unset_variables
 
@@ -59,17 +59,58 @@ log = logging.getLogger("crewlet.seats.tools")
 RESULT_MAX_BYTES = 100_000
 
 
-def result_text(result: mcp_types.CallToolResult) -> str:
-    """What a tool returned, as the text a model reads: text blocks as they are, other blocks as their JSON."""
+#: The image types both model vendors take in a tool's answer; another is described in words instead.
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+#: An image larger than this (base64 characters, about 3.75 MB of image) is described in words instead: the
+#: vendors refuse one over 5 MB.
+IMAGE_MAX_CHARS = 5_000_000
+
+
+def _image(mime_type: str, data: str, images: list[ToolImage]) -> str:
+    """Keep an image the vendors take (returns ""), or the words that stand for one they would refuse."""
+    if mime_type in IMAGE_TYPES and len(data) <= IMAGE_MAX_CHARS:
+        images.append(ToolImage(mime_type=mime_type, data=data))
+        return ""
+    if mime_type not in IMAGE_TYPES:
+        return f"[an image of type {mime_type} not shown: the model takes {', '.join(sorted(IMAGE_TYPES))}]"
+    return f"[a {mime_type} image of {len(data)} base64 characters not shown: over {IMAGE_MAX_CHARS}]"
+
+
+def _resource(resource: Any, images: list[ToolImage]) -> str:
+    """An embedded resource's contents: its text under its URI, an image kept as one, other bytes named."""
+    mime = resource.mime_type or "application/octet-stream"
+    if isinstance(resource, mcp_types.TextResourceContents):
+        return f"[resource {resource.uri} ({mime})]\n{resource.text}"
+    if mime.startswith("image/"):
+        return _image(mime, resource.blob, images)
+    return f"[resource {resource.uri}: {mime}, {len(resource.blob)} base64 characters not shown]"
+
+
+def result_content(result: mcp_types.CallToolResult) -> tuple[str, tuple[ToolImage, ...]]:
+    """What a tool returned as a model takes it: the text, and the images to hand over as image content.
+
+    Text blocks as they are; an image as image content (the vendors read
+    pictures, not their base64); an embedded resource's text under its URI, a
+    link to one as its URI and name (a seat reads it with the server's tools);
+    anything else (audio) as its JSON. Structured content only when there is
+    no block.
+    """
     parts: list[str] = []
+    images: list[ToolImage] = []
     for block in result.content:
         if isinstance(block, mcp_types.TextContent):
             parts.append(block.text)
+        elif isinstance(block, mcp_types.ImageContent):
+            parts.append(_image(block.mime_type, block.data, images))
+        elif isinstance(block, mcp_types.EmbeddedResource):
+            parts.append(_resource(block.resource, images))
+        elif isinstance(block, mcp_types.ResourceLink):
+            parts.append(f"[resource link {block.uri}: {block.title or block.name}" + (f", {block.mime_type}]" if block.mime_type else "]"))
         else:
             parts.append(block.model_dump_json(by_alias=True, exclude_none=True))
-    if not parts and result.structured_content is not None:
+    if not result.content and result.structured_content is not None:
         parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
-    return "\n".join(parts)
+    return "\n".join(p for p in parts if p), tuple(images)
 
 
 def clip(text: str, max_bytes: int) -> str:
@@ -195,12 +236,14 @@ class McpToolbox:
         except (Exception, ExceptionGroup) as exc:
             session.suspect(client)
             return self._failed(call, tool.server, tool.name, started, failure_text(exc))
-        content = clip(result_text(result), RESULT_MAX_BYTES)
+        text, images = result_content(result)
+        content = clip(text, RESULT_MAX_BYTES)
         error = (content or "the tool reported an error") if result.is_error else None
         return ToolResult(
             ok=not result.is_error,
             content=content,
-            bytes=len(content.encode("utf-8")),
+            images=images,
+            bytes=len(content.encode("utf-8")) + sum(len(image.data) for image in images),
             server=tool.server,
             tool=tool.name,
             duration_s=time.monotonic() - started,
@@ -263,4 +306,4 @@ def services(engine: "Engine") -> list[Service]:
     return [Service(SEAT_TOOLS, make, after=(EVENT_STORE,))]
 
 
-__all__ = ["McpToolbox", "RESULT_MAX_BYTES", "SEAT_TOOLS", "clip", "result_text", "services"]
+__all__ = ["McpToolbox", "RESULT_MAX_BYTES", "SEAT_TOOLS", "clip", "result_content", "services"]

@@ -28,6 +28,8 @@ from typing import Any, Optional, Protocol
 
 import anyio
 from mcp import Client
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from opentelemetry import context as otel_context
 from mcp.shared.exceptions import MCPError
 
 from crewlet.base.logfmt import short_reason
@@ -117,6 +119,9 @@ class McpSession:
         self._task: Optional[asyncio.Task[None]] = None
         self._checking: Optional[asyncio.Task[None]] = None
         self._end_reason = ""
+        #: How the client negotiates: "auto" probes ``server/discover`` first; a server that answered the
+        #: handshake-era way once is opened that way after (its probe fails, an error span each time).
+        self._mode = "auto"
 
     @property
     def up(self) -> bool:
@@ -139,6 +144,9 @@ class McpSession:
     # -- the supervising task ------------------------------------------------------------
 
     async def _supervise(self) -> None:
+        # The task was started from whichever turn first needed the server: its spans, events and log lines
+        # (a restart years later) are the session's own, never filed under that turn's trace.
+        otel_context.attach(otel_context.Context())
         settings = self.box.settings
         attempt = 0
         waited_s = 0.0
@@ -183,7 +191,9 @@ class McpSession:
         self._end_reason = ""
         deadline = anyio.current_time() + self.box.settings.start_timeout_s
         with anyio.CancelScope(deadline=deadline) as scope:
-            async with Client(open_transport(self.server, self._ended, seat=self.seat.handle)) as client:
+            async with Client(open_transport(self.server, self._ended, seat=self.seat.handle), mode=self._mode) as client:
+                if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                    self._mode = "legacy"
                 listed = await self._list(client)
                 scope.deadline = math.inf
                 self.tools = listed
@@ -210,6 +220,7 @@ class McpSession:
                 spec = ToolSpec(
                     name=name, description=tool.description or "", input_schema=dict(tool.input_schema),
                     read_only=hints is not None and hints.read_only_hint is True,
+                    annotations=hints.model_dump(by_alias=True, exclude_none=True) if hints is not None else {},
                 )
                 tools[name] = ServerTool(server=self.server.name, name=tool.name, spec=spec)
             cursor = page.next_cursor

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.browser_support import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, Company, LoopThread, budgeted_company
+from tests.browser_support import BROWSER_ZONE, CHROMIUM, CHROMIUM_ARGS, WAIT_MS, Company, LoopThread, budgeted_company
 
 
 @pytest.fixture(scope="package")
@@ -57,8 +57,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, company: Company) -> Iterator[Any]:
-    """A signed-out tab of its own (a fresh browser context) at 1280 x 900."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    """A signed-out tab of its own (a fresh browser context) at 1280 x 900, in a zone that is not UTC."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id=BROWSER_ZONE, locale="en-US")
     context.set_default_timeout(WAIT_MS)
     tab = context.new_page()
     yield tab

@@ -148,3 +148,15 @@ def test_the_grid_arithmetic_is_exact_integers() -> None:
     assert qs.from_us(lower) == utc(2025, 3, 10, 9, 30, 0, 500)
     assert qs.from_us(origin) == utc(2025, 3, 10, 9, 0)
     assert bars == 4
+
+
+def test_a_window_of_more_bars_than_the_cap_is_answered_with_its_latest_bars_not_refused(api_client: Any, scope: NodeScope) -> None:
+    """Each parameter alone is schema-valid, so their pair is answered: the latest MAX_BARS buckets, on the grid."""
+    store(make_event("org_started", AT - timedelta(seconds=1), event_id="a-second-ago"))
+    store(make_event("org_started", AT - timedelta(hours=2), event_id="before-the-latest-bars"))
+    response = api_client.get("/api/events/series?window=24h&bucket=1s")
+    assert response.status_code == 200, response.content[:300]
+    bars = response.json()["bars"]
+    assert len(bars) == qs.MAX_BARS
+    assert bars[-1]["start"] == "2025-03-10T12:30:00.000000Z" and bars[0]["start"] == "2025-03-10T11:56:41.000000Z"
+    assert sum(bar["total"] for bar in bars) == 1

@@ -11,6 +11,7 @@ import asyncio
 import re
 import time
 import uuid
+from datetime import datetime, timedelta
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -49,6 +50,14 @@ def queue(loop: LoopThread, broker: Any, company: Company) -> Iterator[Any]:
     )
     yield client
     loop.run(client.close())
+
+
+def shown_in_the_browsers_zone(time_element: Any) -> None:
+    """A ``<time>`` reads in the browser's zone (UTC+05:30) with the zone's name, and keeps the UTC instant on hover."""
+    stamp = time_element.get_attribute("datetime")
+    local = datetime.fromisoformat(stamp.replace("Z", "+00:00")) + timedelta(hours=5, minutes=30)
+    expect(time_element).to_have_text(f"{local:%H:%M:%S} GMT+5:30")
+    assert time_element.get_attribute("title") == f"{stamp} UTC"
 
 
 def until(condition: Callable[[], bool], what: str, *, page: Page, timeout_s: float = WAIT_MS / 1000, reload: bool = False) -> None:
@@ -107,6 +116,8 @@ def test_a_posted_webhook_changes_the_seat_and_the_feed_live_without_a_reload(pa
 
     feed_turn = page.locator(f"#feed li[data-type=agent_turn_completed] a.trace[href='/traces/{trace_id}/']")
     expect(feed_turn).to_have_count(1)
+    turn_row = page.locator("#feed li[data-type=agent_turn_completed]", has=page.locator(f"a.trace[href='/traces/{trace_id}/']"))
+    shown_in_the_browsers_zone(turn_row.locator("time"))  # a row the live socket added
     expect(page.locator(f"tr[data-seat=ada] .last-turn a[href='/traces/{trace_id}/']")).to_be_visible()
     expect(seat_state(page, "ada")).to_have_attribute("data-state", "idle")
     states = page.evaluate("() => [...window.__adaStates, window.__adaCell.dataset.state]")
@@ -121,6 +132,7 @@ def test_a_category_chip_filters_the_event_log(page: Page, company: Company) -> 
     assert status == 202
     sign_in(page, company, "/events/")
     expect(page.locator("#log li.ev[data-category=webhook]").first).to_be_visible()
+    shown_in_the_browsers_zone(page.locator("#log li.ev time").first)  # written by the server, shown by the page's script
     categories_shown = set(page.locator("#log li.ev").evaluate_all("els => els.map(e => e.dataset.category)"))
     assert len(categories_shown) > 1, categories_shown  # the unfiltered log mixes categories
 

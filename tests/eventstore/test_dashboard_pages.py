@@ -115,6 +115,16 @@ def test_the_event_log_lists_what_the_feed_holds_with_a_chip_per_category(staff:
     assert 'class="chip on" data-category="webhook" href="/events/"' in chosen  # clicking it again takes it off
 
 
+def test_a_pages_times_say_their_zone_and_keep_the_utc_instant_for_the_browser_to_show_in_its_own(
+    staff: Client, scope: NodeScope
+) -> None:
+    """UTC with its name until the page's script rewrites it in the browser's zone (test_dashboard_browser.py)."""
+    a_turn()
+    html = staff.get("/events/").content.decode()
+    stamp = "2025-03-10T11:30:03.000500Z"  # the turn's end, T0 + 3 s
+    assert f'<time datetime="{stamp}" title="{stamp} UTC" data-clock="time">{stamp[11:19]} UTC</time>' in html
+
+
 def test_an_unknown_category_is_refused_with_the_closed_set(staff: Client, scope: NodeScope) -> None:
     page = staff.get("/events/?category=gossip")
     assert page.status_code == 400

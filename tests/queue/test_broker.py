@@ -10,6 +10,8 @@ import json
 import os
 import socket
 import sys
+import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +24,7 @@ from crewlet.queue.connect import connect_queue
 from crewlet.queue.contract import Timings
 from crewlet.queue.errors import InvalidArgument, QueueError
 from crewlet.queue.jetstream import JetStreamTransport
-from crewlet.queue.natsserver import BrokerStartError, find_nats_server
+from crewlet.queue.natsserver import RUNTIME_PREFIX, BrokerStartError, find_nats_server
 from waiting_support import eventually
 
 pytestmark = pytest.mark.integration  # the embedded broker is a nats-server child
@@ -64,11 +66,27 @@ async def test_it_serves_jetstream_on_loopback_behind_a_credential() -> None:
         assert len(b.password) >= 32
         assert "error" not in await js_info(b.url)
         assert f"Listening for client connections on 127.0.0.1:{b.port}" in b.log_tail(100)
+        # The config file the server reads holds a bcrypt hash of the credential, never the credential.
+        [ports] = Path(tempfile.gettempdir()).glob(f"{RUNTIME_PREFIX}*/*_{b.pid}.ports")  # this server's runtime dir
+        conf = ports.parent / "nats-server.conf"
+        assert b.password not in conf.read_text() and 'password: "$2b$' in conf.read_text()
         for anonymous in (b.client_url, b.url.replace(b.password, "guess")):
             with pytest.raises(Exception) as caught:
                 await asyncio.wait_for(js_info(anonymous), timeout=10)
             assert "uthorization" in str(caught.value) or isinstance(caught.value, nats.errors.Error)
     assert not b.running
+
+
+async def test_a_monitoring_port_asked_for_serves_jetstream_state_on_loopback_and_none_is_open_by_default() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with EmbeddedBroker(monitor_port=port) as b, EmbeddedBroker() as plain:
+        assert "error" not in await js_info(b.url)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz", timeout=10) as answer:
+            assert answer.status == 200 and "streams" in json.loads(answer.read())
+        assert f"Starting http monitor on 127.0.0.1:{port}" in b.log_tail(200)
+        assert "Starting http monitor" not in plain.log_tail(200)
 
 
 async def test_each_broker_draws_its_own_credential() -> None:

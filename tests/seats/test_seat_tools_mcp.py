@@ -13,11 +13,16 @@ import pytest_asyncio
 
 from crewlet.company.conf import ToolSettings
 from crewlet.queue.emit import Emitter
+from crewlet.events.tracing import start_span, trace_of, tracer
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from crewlet.company.org import A2A_ASK_TOOL, CompanyHolder
 from crewlet.company.parse import parse_company
 from crewlet.queue.memory import MemoryBroker
-from mcp_support import free_port, http_server, start_http, stdio_command
-from seats.tools import ToolCall
+from mcp_support import PIXEL_PNG, free_port, http_server, start_http, stdio_command
+from seats.tools import ToolCall, ToolImage
 from seats.runtime import SeatRuntime
 from seats.tools.mcp import McpToolbox
 from seats.tools.mcp_session import TOOL_NAME_RULE, exposed_name
@@ -80,10 +85,22 @@ def call(name: str, **arguments: Any) -> ToolCall:
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_stdio_servers_tools_are_listed_under_server_prefixed_names_within_the_vendors_rule(shared: McpToolbox, tmp_path: Path) -> None:
     specs = {spec.name: spec for spec in await shared.specs("ada")}
-    assert set(specs) == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file"}
+    assert set(specs) == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file", "tt__picture"}
     assert all(TOOL_NAME_RULE.match(name) for name in specs)
     assert specs["tt__write"].input_schema["required"] == ["path", "text"]
     assert "Write" in specs["tt__write"].description
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_image_a_tool_returns_is_kept_as_an_image_and_its_annotations_on_the_tools_spec(shared: McpToolbox) -> None:
+    """Not base64 in the text the model reads: the image apart, the embedded resource's text under its URI."""
+    specs = {spec.name: spec for spec in await shared.specs("ada")}
+    assert specs["tt__picture"].annotations == {"title": "A picture", "readOnlyHint": True, "openWorldHint": False}
+    assert specs["tt__picture"].read_only and specs["tt__write"].annotations == {}
+    result = await shared.call("ada", call("tt__picture"))
+    assert result.ok and result.images == (ToolImage(mime_type="image/png", data=PIXEL_PNG),), result
+    assert result.content == "here it is\n[resource file:///pixel.txt (text/plain)]\none red pixel"
+    assert PIXEL_PNG not in result.content and result.bytes == len(result.content) + len(PIXEL_PNG)
 
 
 async def test_a_call_through_the_notes_server_really_writes_the_note(tmp_path: Path) -> None:
@@ -125,11 +142,15 @@ async def test_an_unknown_tool_or_arguments_the_tool_refuses_are_failed_results_
 
 async def test_a_server_killed_mid_life_is_restarted_with_an_event_and_the_next_call_works(tmp_path: Path) -> None:
     async with toolbox({"tt": {"command": stdio_command()}}) as (box, recorder):
-        await box.specs("ada")
-        first = await box.call("ada", call("tt__pid"))
+        with start_span("a turn"):  # the turn that first needs the server opens its session
+            turn = trace_of()
+            await box.specs("ada")
+            first = await box.call("ada", call("tt__pid"))
         os.kill(int(first.content), signal.SIGKILL)
 
         restarted = await eventually(lambda: published(recorder, "tool_server_restarted"), what="tool_server_restarted")
+        [envelope] = [e for _topic, e in recorder.seen if e.type == "tool_server_restarted"]
+        assert envelope.trace_id != turn.trace_id  # a restart long after is the session's, not filed under that turn
         await eventually(lambda: box.running().get("ada") == ["tt"], what="the session up again")
         second = await box.call("ada", call("tt__pid"))
         write = await box.call("ada", call("tt__write", path=str(tmp_path / "again"), text="back"))
@@ -139,6 +160,31 @@ async def test_a_server_killed_mid_life_is_restarted_with_an_event_and_the_next_
     assert (event.seat, event.server, event.transport) == ("ada", "tt", "stdio")
     assert event.error == "the server's output closed (it exited)" and event.retry_in_s == SETTINGS.restart_backoff_s
     assert not published(recorder, "tool_server_unavailable")
+
+
+async def test_a_handshake_era_server_is_probed_once_and_its_sessions_spans_stay_out_of_the_turn_that_opened_it() -> None:
+    """Its failed ``server/discover`` probe is an error span: once per session owner, never one per restart."""
+    tracer()  # the process's SDK provider, which the MCP SDK's spans are made by too
+    provider = otel_trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        async with toolbox({"old": {"command": [*stdio_command(), "--handshake-only"]}}) as (box, recorder):
+            with start_span("a turn"):
+                turn = trace_of()
+                await box.specs("ada")
+                first = await box.call("ada", call("old__pid"))
+            os.kill(int(first.content), signal.SIGKILL)
+            await eventually(lambda: published(recorder, "tool_server_restarted"), what="tool_server_restarted")
+            await eventually(lambda: box.running().get("ada") == ["old"], what="the session up again")
+        spans = exporter.get_finished_spans()
+    finally:
+        exporter.shutdown()
+    probes = [span for span in spans if span.name == "MCP send server/discover"]
+    assert len(probes) == 1, [span.name for span in spans]
+    in_turn = sorted(span.name for span in spans if format(span.context.trace_id, "032x") == turn.trace_id)
+    assert in_turn == ["MCP send tools/call pid", "a turn"], in_turn
 
 
 async def test_a_server_that_cannot_start_is_reported_once_and_the_seat_keeps_its_other_tools(tmp_path: Path) -> None:
@@ -151,7 +197,7 @@ async def test_a_server_that_cannot_start_is_reported_once_and_the_seat_keeps_it
             assert {s.name for s in await box.specs("ada")} == names
         result = await box.call("ada", call("broken__anything"))
         reports = published(recorder, "tool_server_unavailable")
-    assert names == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file"}
+    assert names == {"tt__write", "tt__fail", "tt__sleep", "tt__gate", "tt__pid", "tt__read_file", "tt__picture"}
     assert not result.ok and result.error == "tool server broken is not running; try again later"
     (report,) = reports
     assert (report.seat, report.server, report.transport) == ("ada", "broken", "stdio")

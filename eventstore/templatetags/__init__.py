@@ -1,0 +1,1 @@
+"""The dashboard's template filters (loaded with ``{% load clock %}``)."""
