@@ -93,6 +93,11 @@ _TEXT_RULES: tuple[tuple[re.Pattern[str], Union[str, Callable[[re.Match[str]], s
         re.compile(rf"(?i)((?<![\w.\-]){_PARAM_NAME}=){_NOT_YET}[^&#\s'\"<>;,]+"),
         rf"\1{REDACTED}",
     ),
+    # A percent-encoded credential name=value in free text (a logged request line): %73ecret=… spells secret=….
+    (
+        re.compile(rf"(?<![\w.\-%])([\w.\-%]*%[0-9A-Fa-f]{{2}}[\w.\-%]*=){_NOT_YET}([^&#\s'\"<>;,]+)"),
+        lambda m: f"{m.group(1)}{REDACTED}" if is_secret_param(unquote_plus(m.group(1)[:-1]).strip()) else m.group(0),
+    ),
     # A bearer token in free text.
     (re.compile(rf"\b((?i:bearer)|Token)(\s+){_NOT_YET}[A-Za-z0-9._~+/=\-]{{12,}}"), rf"\1\2{REDACTED}"),
     # A token known by its shape.

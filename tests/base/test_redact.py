@@ -78,3 +78,9 @@ def test_names_holding_credentials_are_recognised_and_a_parameter_called_key_is_
     assert not any(is_secret_name(n) for n in ("token_name", "page", "design"))
     assert all(is_secret_param(n) for n in ("key", "api_key", "Access-Key", "sig", "secret"))
     assert not any(is_secret_param(n) for n in ("monkey", "page", "keyboard"))
+
+
+def test_a_percent_encoded_credential_name_in_free_text_is_redacted_like_the_name_it_spells() -> None:
+    line = "Bad Request: /api/events?%73ecret=conf-head-1234&page=2&%70age=3&api%5Fkey=abc123"
+    assert redact(line) == f"Bad Request: /api/events?%73ecret={REDACTED}&page=2&%70age=3&api%5Fkey={REDACTED}"
+    assert redact(redact(line)) == redact(line)
