@@ -72,10 +72,10 @@ class LoopThread:
         self.loop.close()
 
 
-#: The example company with token budgets the browser tests' echo turns (tens of tokens each) stay well under,
+#: The example company with token budgets the browser tests' echo turns (a thousand tokens or so each) stay well under,
 #: yet near enough that each capped window's bar (the company's day, ada's day) is drawn wider than nothing.
-BUDGETS = "budget: {tokens_per_day: 50000}\n"
-ADA_BUDGET = ("{handle: ada, kind: agent, role: engineer,", "{handle: ada, kind: agent, role: engineer, budget: {tokens_per_day: 20000},")
+BUDGETS = "budget: {tokens_per_day: 5000000}\n"
+ADA_BUDGET = ("{handle: ada, kind: agent, role: engineer,", "{handle: ada, kind: agent, role: engineer, budget: {tokens_per_day: 2000000},")
 #: How often the company reports its budgets' windows (``budget_meters``): soon after each turn, in a test.
 METERS_EVERY_S = "0.5"
 

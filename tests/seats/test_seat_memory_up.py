@@ -41,6 +41,8 @@ providers:
         - {answer: '{"counterparties": {"U0GRACE": "plans the deploys"}, "facts": {}}'}
 surfaces:
   slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false}
+# The next turn is given memory alone: an episode would quote the first turn's "please remember" to the echo's match.
+episodes: {recent: 0}
 seats:
   - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [memory], reflection: on}
   - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
