@@ -98,6 +98,8 @@ class Up:
         self.url = ""
         self.proc: Optional[subprocess.Popen[str]] = None
         self.database = database
+        #: The broker's store: in memory by default; a bench of `up` as a new user runs it sets ``[]`` (the data dir's).
+        self.store_args = ["--store-dir", ""]
 
     def start(self, timeout_s: float = 120.0) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, defaults
@@ -112,7 +114,7 @@ class Up:
             env.update(pg_env(self.dir.name))
         cmd = [
             sys.executable, str(CODE / "manage.py"), "up", "--addr", "127.0.0.1:0",
-            "--data-dir", str(self.dir / "data"), "--store-dir", "", "--company", str(self.company),
+            "--data-dir", str(self.dir / "data"), *self.store_args, "--company", str(self.company),
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

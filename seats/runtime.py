@@ -24,11 +24,13 @@ import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
+from crewlet.base.aio import bounded_each
 from crewlet.engine.services import Periodic, Service
 from crewlet.events import Event
 from crewlet.queue.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
 from crewlet.base.db import in_store
+from crewlet.company.capacity import check_fits
 from crewlet.company.conf import STOP_GRACE_S, TURN_STALL_S
 from crewlet.fleet.leases import prune_all as prune_leases
 from crewlet.fleet.member import FleetMember
@@ -62,6 +64,9 @@ log = logging.getLogger("crewlet.seats.runtime")
 #: Production defaults of the runtime's own duties.
 SWEEP_EVERY_S = 3600.0
 PAUSE_POLL_S = 2.0
+#: Seats attached (or detached) at once: each is a few round trips to the broker and the store, so one at a
+#: time a company's start and stop grow by those per seat; this many hides them without flooding either.
+SEAT_CONCURRENCY = 16
 #: How often a node without a fleet membership looks at its seats again (a fleet's runs at its lease renewal).
 PLACEMENT_EVERY_S = 5.0
 #: The seats' toolbox as the runtime asks the engine for it: the service ``seats.tools.mcp`` registers as :data:`SEAT_TOOLS`.
@@ -134,6 +139,7 @@ class SeatRuntime:
         provider_retry_scale: float = 1.0,
         turn_stall_s: float = TURN_STALL_S,
         budget_meters_every_s: float = METERS_EVERY_S,
+        max_consumers: Optional[int] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -147,6 +153,8 @@ class SeatRuntime:
         self.runner.owns = self.ownership.owns  # the turn's fence: no call once the seat is another node's
         self.budget = self.runner.budget = BudgetKeeper(holder, clock=self.now, emit=self._emit)
         self.budget_meters_every_s = budget_meters_every_s
+        #: ``stream.max_consumers``: a revision whose seats' mailboxes would not fit is refused before it is served.
+        self.max_consumers = max_consumers
         self.hold_duty: HoldDuty = hold_duty or _always
         self.placement_every_s = placement_every_s
         self._placement = Periodic("seat_placement", placement_every_s, self.rebalance, logger=log, first_after_s=placement_every_s)
@@ -224,10 +232,13 @@ class SeatRuntime:
                 log.debug("seat_nudge_close_failed", exc_info=True)
         self._nudges.clear()
         async with self._guard():
-            for handle in list(self.loops):
-                # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
-                # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
-                await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True)
+            # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
+            # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
+            await bounded_each(
+                list(self.loops),
+                lambda handle: self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True),
+                SEAT_CONCURRENCY,
+            )
         if self._owns_emitter:
             await self.runner.emitter.close()
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
@@ -266,6 +277,8 @@ class SeatRuntime:
 
     async def apply(self, org: Organization) -> None:
         """Serve ``org`` from now on: mailboxes first, then knobs, loops and holds."""
+        if self.max_consumers is not None:
+            check_fits(org, self.max_consumers)
         async with self._guard():
             previous = self.holder.swap(org)
             await ensure_mailboxes(self.queue, org, now=self.now())
@@ -325,9 +338,7 @@ class SeatRuntime:
             if loop is not None and loop.handling:
                 continue  # a seat is handed over between deliveries, never from under one (nor as its turn starts)
             await self._detach(handle, DETACH_REBALANCED)
-        for handle in plan.take:
-            if handle not in self.loops:
-                await self._attach(handle, org)
+        await bounded_each([h for h in plan.take if h not in self.loops], lambda h: self._attach(h, org), SEAT_CONCURRENCY)
         await self._report_unplaceable(plan.unplaceable)
 
     async def _report_unplaceable(self, unplaceable: tuple[Unplaceable, ...]) -> None:
@@ -517,6 +528,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         options.setdefault("turn_stall_s", engine.settings.node.turn_stall_s)
         options.setdefault("provider_retry_scale", engine.settings.delivery.provider_retry_scale)
         options.setdefault("budget_meters_every_s", engine.settings.node.budget_meters_every_s)
+        options.setdefault("max_consumers", engine.settings.stream.max_consumers)
         options.setdefault("toolbox", engine.find(TOOLBOX))
         options.setdefault("scheduler_clock", rehearsal_clock())
         member = engine.find(FLEET)

@@ -24,6 +24,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from crewlet.company.refusal import FieldValueError, is_finite_number, quote_value
+from crewlet.queue import topics
 from crewlet.queue.contract import Timings
 
 NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
@@ -268,6 +269,10 @@ class StreamSettings(_Section):
     ack_wait_s: float = setting(
         Timings.ack_wait_s, env="CREWLET_STREAM_ACK_WAIT_S", env_aliases=("CREWLET_DELIVERY_ACK_WAIT_S",), bounds=(5, 86400),
         doc="how long a fetched message may go unacknowledged before the broker redelivers it",
+    )
+    max_consumers: int = setting(
+        topics.DEFAULT_MAX_CONSUMERS, env="CREWLET_STREAM_MAX_CONSUMERS", bounds=(2, 1_000_000),
+        doc="durable consumers each engine stream may hold; every agent seat needs room for two on CREWLET_AGENT",
     )
     cluster: ClusterSettings = section(ClusterSettings)
 

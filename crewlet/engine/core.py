@@ -89,6 +89,7 @@ class Connect(Protocol):
         timings: Timings,
         event_retention_hours: float,
         replicas: int,
+        max_consumers: int,
         cluster: Optional[ClusterSettings],
         cluster_secret: str,
     ) -> Awaitable[tuple[EventQueue, Optional[Broker]]]: ...
@@ -352,6 +353,7 @@ class Engine:
                     timings=self.timings,
                     event_retention_hours=stream.event_retention_hours,
                     replicas=stream.replicas,
+                    max_consumers=stream.max_consumers,
                     cluster=stream.cluster if stream.cluster.enabled else None,
                     cluster_secret=cluster_secret() if stream.cluster.enabled else "",
                 )

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from crewlet.company.capacity import check_fits
 from crewlet.company.conf import STREAM_TYPES, SettingsError
 from crewlet.company.loading import load_settings
 from crewlet.engine.core import Engine, app_services
@@ -57,6 +58,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         holder = self.company(options)
         self.holder = holder
+        self.max_consumers = settings.stream.max_consumers
+        self.check_fits()
         engine = Engine(settings, company=holder, timings=settings.timings())
         for service in app_services(engine):
             engine.add(service)
@@ -80,6 +83,18 @@ class Command(BaseCommand):
         from crewlet.company.revisions import adopt_active
 
         adopt_active(self.holder)
+        self.check_fits()
+
+    def check_fits(self) -> None:
+        """Refuse, before anything starts, a company whose seats' mailboxes the broker would not all let exist.
+
+        Asked of the company file (before ``up`` imports it as a revision) and
+        again of the active revision the node adopts from the store.
+        """
+        try:
+            check_fits(self.holder.current(), self.max_consumers)
+        except SettingsError as exc:
+            raise CommandError(f"the company does not fit: {exc}") from None
 
     def handle(self, *args: Any, **options: Any) -> None:
         engine = self.engine(options)
