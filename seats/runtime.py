@@ -58,6 +58,7 @@ from seats.turns import TurnRunner
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine.core import Engine
+    from seats.delivery_models import SeatPause
 
 log = logging.getLogger("crewlet.seats.runtime")
 
@@ -234,11 +235,17 @@ class SeatRuntime:
         async with self._guard():
             # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
             # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
-            await bounded_each(
-                list(self.loops),
-                lambda handle: self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True),
-                SEAT_CONCURRENCY,
-            )
+            # The idle seats' leases go back in one statement after their loops stopped, not a commit per seat.
+            idle: list[str] = []
+
+            async def detach(handle: str) -> None:
+                if await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True, release=False):
+                    idle.append(handle)
+
+            try:
+                await bounded_each(list(self.loops), detach, SEAT_CONCURRENCY)
+            finally:
+                await self.ownership.release_many(idle)
         if self._owns_emitter:
             await self.runner.emitter.close()
         log.info("seat_runtime_stopped", extra={"node": self.node_id})
@@ -338,7 +345,7 @@ class SeatRuntime:
             if loop is not None and loop.handling:
                 continue  # a seat is handed over between deliveries, never from under one (nor as its turn starts)
             await self._detach(handle, DETACH_REBALANCED)
-        await bounded_each([h for h in plan.take if h not in self.loops], lambda h: self._attach(h, org), SEAT_CONCURRENCY)
+        await self._attach_many([h for h in plan.take if h not in self.loops], org)
         await self._report_unplaceable(plan.unplaceable)
 
     async def _report_unplaceable(self, unplaceable: tuple[Unplaceable, ...]) -> None:
@@ -372,9 +379,21 @@ class SeatRuntime:
         ticking.duty = under_duty
         return ticking
 
-    async def _attach(self, handle: str, org: Organization) -> None:
-        if not await self.ownership.claim(handle):
+    async def _attach_many(self, handles: list[str], org: Organization) -> None:
+        """Claim ``handles`` and read their pause rows, each in one go; then start their loops, a bounded few at once.
+
+        Claims and pause rows are statements on the coordination store, which
+        serialises them anyway: asked per seat, a company of thousands waits a
+        commit per seat before its last seat runs.
+        """
+        if not handles:
             return
+        claimed = await self.ownership.claim_many(handles)
+        pauses = await actions.apause_states(claimed) if claimed else {}
+        await bounded_each(claimed, lambda h: self._attach(h, org, pauses.get(h)), SEAT_CONCURRENCY)
+
+    async def _attach(self, handle: str, org: Organization, row: Optional["SeatPause"]) -> None:
+        """Start the loop of ``handle``, claimed by this node, under its pause row's hold (None: never paused)."""
         loop = InboxLoop(
             self.queue,
             self.holder,
@@ -388,7 +407,6 @@ class SeatRuntime:
             stop_grace_s=self.stop_grace_s,
             budget=self.budget,
         )
-        row = (await actions.apause_states([handle])).get(handle)
         if row is not None and row.paused:
             await loop.pause(version=row.version)  # the hold is taken before the mailbox is attached
         elif row is not None:
@@ -401,12 +419,14 @@ class SeatRuntime:
         )
 
     async def _detach(
-        self, handle: str, reason: str, *, wait_turn: bool = True, keep_lease_if_busy: bool = False
-    ) -> None:
+        self, handle: str, reason: str, *, wait_turn: bool = True, keep_lease_if_busy: bool = False, release: bool = True
+    ) -> bool:
         """Stop fetching, let a running turn finish under the lease (unless it is lost), then give the lease back.
 
         ``keep_lease_if_busy`` (a node stopping): a delivery still being
         handled keeps the lease; whoever cuts that handler gives it back.
+        ``release=False``: the lease is left to the caller, who gives back
+        the ones this returns True for (those not kept).
         """
         loop = self.loops.pop(handle, None)
         busy = False
@@ -417,14 +437,16 @@ class SeatRuntime:
             busy = loop.handling
         if isinstance(self.runner.toolbox, SeatSessions):
             await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
-        if busy and keep_lease_if_busy:
+        kept = busy and keep_lease_if_busy
+        if kept:
             log.info("seat_lease_kept_until_cut", extra={"seat": handle, "node": self.node_id})
-        else:
+        elif release:
             await self.ownership.release(handle)
         seat = self.holder.current().seat_by_handle(handle)
         await self._emit(
             AgentTerminated(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason=reason)
         )
+        return not kept
 
     # -- pauses ---------------------------------------------------------------------------
 
