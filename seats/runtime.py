@@ -462,10 +462,16 @@ class SeatRuntime:
 
     async def reconcile_pauses(self, handles: Optional[list[str]] = None) -> None:
         """Bring this node's holds to the store's pause rows (the row is the state; events only nudge)."""
-        wanted = [h for h in (handles if handles is not None else list(self.loops)) if h in self.loops]
-        if not wanted:
-            return
-        rows = await actions.apause_states(wanted)
+        if handles is None:
+            # The poll reads the whole table, which holds a row only for a seat ever paused: what it costs
+            # grows with those, not with the company's idle seats (a query naming thousands every poll).
+            rows = await actions.apause_states(None)
+            wanted = [h for h in rows if h in self.loops]
+        else:
+            wanted = [h for h in handles if h in self.loops]
+            if not wanted:
+                return
+            rows = await actions.apause_states(wanted)
         for handle in wanted:
             loop, row = self.loops.get(handle), rows.get(handle)
             if loop is None or row is None or row.version <= loop.pause_version:
