@@ -1,6 +1,6 @@
 """A company of 10, 1,000 and 5,000 agent seats on one `manage.py up`: what a seat costs at rest, at start and at stop.
 
-    .venv/bin/python bench/scale_bench.py [--seats 10,1000,5000] [--idle-window 20]
+    .venv/bin/python bench/scale_bench.py [--seats 10,1000,5000] [--idle-window 20] [--fleet 5000 [--fleet-nodes 3] [--replicas 3]]
 
 Each size runs `up` as a new user would (SQLite in a temporary data dir, the
 embedded broker with its file store there, an echo model, Slack verification
@@ -14,6 +14,12 @@ on) with a company of N agent seats ``s1``..``sN``, and measures:
   sent to that seat's ``agent_turn_finished`` line in `up`'s log;
 * stop: SIGTERM to the process's exit.
 
+``--fleet N`` then runs N seats on ``--fleet-nodes`` `up`s of one fleet (one
+PostgreSQL coordination database ``<CREWLET_PG_DBNAME>_scale_fleet`` and an
+events database per node, dropped and made afresh; each node's embedded
+broker clustered with the others at ``--replicas``) and measures the same,
+plus the time until every seat's lease is held.
+
 Every figure is printed beside its ratio to the first size (10 seats) of the
 same invocation, and RSS per extra seat from the first size to each larger
 one. Nothing here asserts a time.
@@ -26,6 +32,7 @@ import signal
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -67,8 +74,8 @@ def rss_mib(pid: int) -> float:
 class Sized(Up):
     """`up` serving a company of ``seats`` agent seats, its broker storing in the data dir as by default."""
 
-    def __init__(self, tmp: Path, seats: int) -> None:
-        super().__init__(tmp, f"n{seats}", 0.0)
+    def __init__(self, tmp: Path, seats: int, name: str = "") -> None:
+        super().__init__(tmp, name or f"n{seats}", 0.0)
         self.seats = seats
         self.company.write_text(company_yaml(seats, 0.0))
         self.store_args = []
@@ -108,6 +115,76 @@ def measure(tmp: Path, seats: int, window_s: float) -> dict[str, float]:
             "delivery_s": delivery, "stop_s": stop}
 
 
+def fleet_measure(tmp: Path, seats: int, nodes: int, replicas: int, window_s: float) -> dict[str, float]:
+    """``nodes`` `up`s of one fleet (PostgreSQL, embedded brokers clustered at ``replicas``) serving ``seats`` seats.
+
+    Ready is the last node's ready line; ``spread_s`` when every seat's lease
+    is held by some node; the rest as :func:`measure`, summed over the nodes
+    (RSS, idle CPU) or over the fleet (a delivery posted to the first node
+    finishing on whichever node runs the last seat; SIGTERM to all, to the
+    last exit).
+    """
+    sys.path.insert(0, str(REPO / "tests"))
+    import psycopg
+    import yaml
+
+    from benchdb import conninfo
+    from crewlet.company.loading import CLUSTER_SECRET_ENV
+    from fleet_bench import fresh_databases
+    from tests.cluster_support import cluster_settings, free_ports
+
+    base = os.environ.get("CREWLET_PG_DBNAME", "crewlet_bench") + "_scale_fleet"
+    names = [f"f{i + 1}" for i in range(nodes)]
+    fresh_databases([base, *[f"{base}_events_{n}" for n in names]])
+    ports, secret = free_ports(nodes), os.urandom(16).hex()
+    ups = []
+    for i, name in enumerate(names):
+        up = Sized(tmp / f"fleet{seats}", seats, name=name)
+        settings = up.dir / "settings.yaml"
+        settings.write_text(yaml.safe_dump({"stream": cluster_settings(i, ports, store_dir=up.dir / "stream", replicas=replicas)}))
+        up.extra_env = {
+            "CREWLET_SETTINGS_FILE": str(settings), CLUSTER_SECRET_ENV: secret, "CREWLET_NODE_ID": name,
+            "CREWLET_DATABASE": "postgres", "CREWLET_PG_DBNAME": base, "CREWLET_PG_EVENTS_DBNAME": f"{base}_events_{name}",
+            **{k: v for k, v in os.environ.items() if k in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD")},
+        }
+        ups.append(up)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(nodes) as pool:  # each start waits for a majority of the brokers
+        list(pool.map(lambda u: u.start(timeout_s=1800), ups))
+    ready = time.monotonic() - t0
+    with psycopg.connect(**conninfo(base)) as db:
+        while db.execute("SELECT count(*) FROM crewlet_seat_lease WHERE holder <> '' AND expires_at > now()").fetchone()[0] < seats:
+            time.sleep(0.5)
+    spread = time.monotonic() - t0
+    time.sleep(SETTLE_S)
+    pids = [p for up in ups if up.proc for p in (up.proc.pid, up.broker_pid()) if p]
+    before = sum(cpu_s(p) for p in pids)
+    w0 = time.monotonic()
+    time.sleep(window_s)
+    idle = (sum(cpu_s(p) for p in pids) - before) / (time.monotonic() - w0)
+    rss_up = sum(rss_mib(up.proc.pid) for up in ups if up.proc)
+    rss_broker = sum(rss_mib(b) for b in (up.broker_pid() for up in ups) if b)
+    last = f"s{seats}"
+    marks = [len(up.lines) for up in ups]
+    sent = time.monotonic()
+    _, status, _ = post_slack(ups[0], message(last, 1))
+    delivery = float("nan")
+    while status == 202 and time.monotonic() - sent < 120:
+        if any(TURN_FINISHED_LOG in line and f"seat={last}" in line for up, m in zip(ups, marks) for line in up.lines[m:]):
+            delivery = time.monotonic() - sent
+            break
+        time.sleep(0.02)
+    t1 = time.monotonic()
+    for up in ups:
+        assert up.proc is not None
+        up.proc.send_signal(signal.SIGTERM)
+    for up in ups:
+        assert up.proc is not None
+        up.proc.wait(timeout=900)
+    return {"ready_s": ready, "spread_s": spread, "rss_up_mib": rss_up, "rss_broker_mib": rss_broker,
+            "idle_cores": idle, "delivery_s": delivery, "stop_s": time.monotonic() - t1}
+
+
 def report(rows: dict[int, dict[str, float]]) -> None:
     base_n = min(rows)
     base = rows[base_n]
@@ -133,6 +210,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seats", default="10,1000,5000", help="company sizes, the first is the baseline")
     parser.add_argument("--idle-window", type=float, default=20.0, help="seconds idle CPU is measured over")
+    parser.add_argument("--fleet", type=int, default=0,
+                        help="seats of a fleet run after the sizes (0: none); needs PostgreSQL (CREWLET_PG_*)")
+    parser.add_argument("--fleet-nodes", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=3, help="the fleet's stream.replicas")
     args = parser.parse_args()
     sizes = [int(s) for s in args.seats.split(",") if s.strip()]
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_name:
@@ -141,6 +222,14 @@ def main() -> None:
             rows[n] = measure(Path(tmp_name), n, args.idle_window)
             print(f"{n} seats: " + ", ".join(f"{k} {v:.4g}" for k, v in rows[n].items()), flush=True)
         report(rows)
+        if args.fleet:
+            fleet = fleet_measure(Path(tmp_name), args.fleet, args.fleet_nodes, args.replicas, args.idle_window)
+            base = rows[min(rows)]
+            print(f"\nfleet of {args.fleet_nodes} nodes (R{args.replicas}), {args.fleet} seats, ratios to the "
+                  f"{min(rows)}-seat node (RSS and idle CPU summed over the nodes):")
+            for key, value in fleet.items():
+                ratio = f" ({value / base[key]:.2f}x)" if key in base and base[key] else ""
+                print(f"  {key} {value:.4g}{ratio}")
 
 
 if __name__ == "__main__":

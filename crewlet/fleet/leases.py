@@ -57,6 +57,17 @@ def _until(ttl_s: float, now: Optional[datetime]) -> Instant:
     return ExpressionWrapper(Now() + timedelta(seconds=ttl_s), output_field=models.DateTimeField())
 
 
+def _take(rows: Any, holder: str, ttl_s: float, now: Optional[datetime], **fields: Any) -> int:
+    """The one conditional UPDATE behind every acquire: of ``rows``, take those free, expired or ``holder``'s own."""
+    return int(rows.filter(Q(holder=holder) | Q(holder="") | Q(expires_at__lte=_now(now))).update(
+        holder=holder,
+        expires_at=_until(ttl_s, now),
+        epoch=Case(When(holder=holder, then=F("epoch")), default=F("epoch") + 1),
+        acquired_at=Case(When(holder=holder, then=F("acquired_at")), default=_now(now)),
+        **fields,
+    ))
+
+
 def acquire(kind: str, name: str, holder: str, ttl_s: float, *, now: Optional[datetime] = None, **fields: Any) -> bool:
     """Take lease ``name`` for ``holder`` for ``ttl_s``; True when it is now ``holder``'s.
 
@@ -67,16 +78,7 @@ def acquire(kind: str, name: str, holder: str, ttl_s: float, *, now: Optional[da
     if not holder:
         raise ValueError("a lease needs a holder")
     model = model_of(kind)
-    taken = model.objects.filter(
-        Q(name=name) & (Q(holder=holder) | Q(holder="") | Q(expires_at__lte=_now(now)))
-    ).update(
-        holder=holder,
-        expires_at=_until(ttl_s, now),
-        epoch=Case(When(holder=holder, then=F("epoch")), default=F("epoch") + 1),
-        acquired_at=Case(When(holder=holder, then=F("acquired_at")), default=_now(now)),
-        **fields,
-    )
-    if taken:
+    if _take(model.objects.filter(name=name), holder, ttl_s, now, **fields):
         return True
     try:
         with transaction.atomic(using="default"):
@@ -118,14 +120,7 @@ def acquire_many(kind: str, names: Iterable[str], holder: str, ttl_s: float, *, 
                 [model(name=n, holder="", expires_at=_NEVER_HELD, acquired_at=_NEVER_HELD) for n in chunk if n not in known],
                 ignore_conflicts=True,
             )
-            model.objects.filter(
-                Q(name__in=chunk) & (Q(holder=holder) | Q(holder="") | Q(expires_at__lte=_now(now)))
-            ).update(
-                holder=holder,
-                expires_at=_until(ttl_s, now),
-                epoch=Case(When(holder=holder, then=F("epoch")), default=F("epoch") + 1),
-                acquired_at=Case(When(holder=holder, then=F("acquired_at")), default=_now(now)),
-            )
+            _take(model.objects.filter(name__in=chunk), holder, ttl_s, now)
             taken |= set(
                 model.objects.filter(name__in=chunk, holder=holder, expires_at__gt=_now(now)).values_list("name", flat=True)
             )
