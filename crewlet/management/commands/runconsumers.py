@@ -17,6 +17,7 @@ from crewlet.engine.core import Engine, app_services
 from crewlet.company.fields import CompanyError
 from crewlet.company.org import CompanyHolder
 from crewlet.company.parse import EXAMPLE_COMPANY, load_company
+from crewlet.queue.topics import DEFAULT_MAX_CONSUMERS
 
 #: Command-line flag -> dotted setting it overrides (flags win over env and the settings file).
 FLAG_SETTINGS = {
@@ -29,6 +30,8 @@ FLAG_SETTINGS = {
 
 class Command(BaseCommand):
     help = "Run the engine for this node: connect the queue and run its consumers until SIGTERM/SIGINT."
+    #: ``stream.max_consumers`` the company is checked against: the setting's default until :meth:`engine` reads the settings.
+    max_consumers: int = DEFAULT_MAX_CONSUMERS
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--store-dir", help="stream.store_dir: the embedded broker's JetStream directory (empty = in memory)")
