@@ -161,6 +161,9 @@ def fleet_measure(tmp: Path, seats: int, nodes: int, replicas: int, window_s: fl
             return int(row[0]) if row else 0
 
         while held() < seats:
+            gone = [up for up in ups if up.proc is None or up.proc.poll() is not None]
+            if gone:
+                raise SystemExit(f"node {gone[0].dir.name} exited before every seat was held:\n" + "\n".join(gone[0].lines[-40:]))
             time.sleep(0.5)
     spread = time.monotonic() - t0
     time.sleep(SETTLE_S)

@@ -121,9 +121,11 @@ class Up:
             stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
-        if not self.ready.wait(timeout_s):
-            self.stop()
-            raise SystemExit("`up` did not print its ready line:\n" + "\n".join(self.lines[-40:]))
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(1.0):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit("`up` did not print its ready line:\n" + "\n".join(self.lines[-40:]))
 
     def _read(self) -> None:
         assert self.proc and self.proc.stdout
