@@ -98,6 +98,8 @@ class Up:
         self.url = ""
         self.proc: Optional[subprocess.Popen[str]] = None
         self.database = database
+        #: The broker's store: in memory by default; a bench of `up` as a new user runs it sets ``[]`` (the data dir's).
+        self.store_args = ["--store-dir", ""]
 
     def start(self, timeout_s: float = 120.0) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CREWLET_")}  # SQLite, defaults
@@ -112,16 +114,18 @@ class Up:
             env.update(pg_env(self.dir.name))
         cmd = [
             sys.executable, str(CODE / "manage.py"), "up", "--addr", "127.0.0.1:0",
-            "--data-dir", str(self.dir / "data"), "--store-dir", "", "--company", str(self.company),
+            "--data-dir", str(self.dir / "data"), *self.store_args, "--company", str(self.company),
         ]
         self.proc = subprocess.Popen(
             cmd, cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
-        if not self.ready.wait(timeout_s):
-            self.stop()
-            raise SystemExit("`up` did not print its ready line:\n" + "\n".join(self.lines[-40:]))
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(1.0):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit("`up` did not print its ready line:\n" + "\n".join(self.lines[-40:]))
 
     def _read(self) -> None:
         assert self.proc and self.proc.stdout

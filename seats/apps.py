@@ -22,7 +22,7 @@ class SeatsConfig(AppConfig):
 
     def engine_services(self, engine: "Engine") -> list["Service"]:
         """Each seat's MCP tool sessions, the working indicators, and the seat runtime: mailboxes, inbox loops, scheduler, retirement sweep, pause reconcile."""
-        from seats import indicator, runtime
+        from seats import indicator, runtime_service
         from seats.tools import mcp
 
-        return [*mcp.services(engine), *indicator.services(engine), *runtime.services(engine)]
+        return [*mcp.services(engine), *indicator.services(engine), *runtime_service.services(engine)]

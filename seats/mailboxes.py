@@ -4,15 +4,25 @@ A durable subscription IS the mailbox, and the agent stream keeps a message
 only while a subscription covers it: publish to a seat nobody made a mailbox
 for and the wake is dropped with nothing reporting a loss. So every node walks
 the whole company at start (before it claims a single seat) and again on every
-applied change, creating each agent seat's inbox and control subscriptions —
-not just its own share, since the node that serves a seat may not be the one
+applied change, creating each agent seat's inbox — not just its own share, since the node that serves a seat may not be the one
 that made its mailbox (design: "A seat's mailbox exists before the seat is
-running"). Creating one is idempotent, so N nodes cost N-1 no-ops.
+running"). Creating one is idempotent, so N nodes cost N-1 no-ops. The walk
+asks the broker for ``ENSURE_CONCURRENCY`` inboxes at once, so a company of
+thousands of seats starts in a few round trips' time per hundred seats without
+flooding the broker's API.
+
+A seat's control subscription is made when a run of the seat first needs it
+(:func:`ensure_control_mailbox`, called by whatever opens the run before it
+publishes to the control subject), not by the walk: a seat with no run would
+otherwise hold a second durable consumer that nothing ever publishes to, which
+doubles what a company costs the broker at rest and halves the seats that fit
+under ``stream.max_consumers`` (its room is still counted, see
+:mod:`crewlet.company.capacity`).
 
 The walk records each seat in the coordination store FIRST: once a seat is
 removed its handle is gone from the company its names are derived from, and
 the retirement clock has to live somewhere. The maintenance duty deletes a
-seat's inbox and control subscriptions, with their mail, once it has been
+seat's inbox and control subscriptions (whichever exist), with their mail, once it has been
 absent for 24 hours; it also lists the mailboxes the broker holds, so one that
 escaped the record is still found (design: "A removed seat's subscriptions are
 retired, not kept"). The seat's conversation episodes (:mod:`seats.episodes`)
@@ -27,6 +37,7 @@ from typing import Awaitable, Callable, Iterable, Optional
 
 from django.utils import timezone
 
+from crewlet.base.aio import bounded_each
 from crewlet.company.org import Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, SubscriptionRef
@@ -36,6 +47,8 @@ from crewlet.base.db import in_store
 
 log = logging.getLogger("crewlet.seats.mailboxes")
 
+#: Inboxes the walk asks the broker for at once: enough to hide the round trip, few enough for its API queue.
+ENSURE_CONCURRENCY = 16
 #: Production default: how long a seat is absent before its mailboxes are deleted.
 ABSENT_AFTER_S = 86400.0
 INBOX_PATTERN = "crewlet.agent.*.inbox"
@@ -148,25 +161,38 @@ amark_retired = in_store(mark_retired)
 
 
 async def ensure_mailboxes(queue: EventQueue, org: Organization, *, now: Optional[datetime] = None) -> list[str]:
-    """Record every seat, then create every agent seat's inbox and control subscriptions.
+    """Record every seat, then create every agent seat's inbox, ``ENSURE_CONCURRENCY`` at a time.
 
     Idempotent. Returns the handles whose inbox this call created (empty on a
-    node that finds them all made). Human seats get no mailbox: a human has no
-    inbox and no turn to wake.
+    node that finds them all made), in the company's order. Human seats get
+    no mailbox: a human has no inbox and no turn to wake.
     """
     await arecord_seats(org, now)
-    created = []
-    for seat in org.agent_seats():
-        inbox, control = mailbox_refs(seat.handle)
-        made_inbox = await queue.ensure_subscription(inbox.topic, inbox.group)
-        await queue.ensure_subscription(control.topic, control.group)
-        if made_inbox:
-            created.append(seat.handle)
+    made: set[str] = set()
+
+    async def ensure(handle: str) -> None:
+        inbox = mailbox_refs(handle)[0]
+        if await queue.ensure_subscription(inbox.topic, inbox.group):
+            made.add(handle)
+
+    await bounded_each([seat.handle for seat in org.agent_seats()], ensure, ENSURE_CONCURRENCY)
+    created = [seat.handle for seat in org.agent_seats() if seat.handle in made]
     log.info(
         "seat_mailboxes_ensured",
         extra={"org": org.org, "agent_seats": len(org.agent_seats()), "mailboxes_created": len(created)},
     )
     return created
+
+
+async def ensure_control_mailbox(queue: EventQueue, handle: str) -> bool:
+    """Create the seat's control subscription unless it exists; True when this call made it.
+
+    Called by whatever opens a run of the seat, before it publishes to the
+    control subject: the agent stream keeps a control message only while this
+    subscription exists. Idempotent, like the inbox's.
+    """
+    control = mailbox_refs(handle)[1]
+    return await queue.ensure_subscription(control.topic, control.group)
 
 
 @dataclass
@@ -246,6 +272,7 @@ __all__ = [
     "CONTROL_PATTERN",
     "INBOX_PATTERN",
     "SweepReport",
+    "ensure_control_mailbox",
     "ensure_mailboxes",
     "handle_of",
     "mailbox_refs",

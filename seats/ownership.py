@@ -50,8 +50,14 @@ class Ownership(Protocol):
     async def claim(self, handle: str) -> bool:
         """Take ``handle``; False when another node holds it (never, for the solo claimer)."""
 
+    async def claim_many(self, handles: list[str]) -> list[str]:
+        """:meth:`claim` of each of ``handles`` at once; the ones taken, in the order given."""
+
     async def release(self, handle: str) -> None:
         """Give ``handle`` up; idempotent."""
+
+    async def release_many(self, handles: list[str]) -> None:
+        """:meth:`release` of each of ``handles`` at once."""
 
     async def plan(self, org: Organization, held: frozenset[str]) -> Plan:
         """What this node should take and give up now, ``held`` being the seats it runs."""
@@ -88,10 +94,17 @@ class SeatOwnership:
             log.info("seat_claimed", extra={"seat": handle, "node": self.node_id})
         return True
 
+    async def claim_many(self, handles: list[str]) -> list[str]:
+        return [handle for handle in handles if await self.claim(handle)]
+
     async def release(self, handle: str) -> None:
         if handle in self._claimed:
             self._claimed.discard(handle)
             log.info("seat_released", extra={"seat": handle, "node": self.node_id})
+
+    async def release_many(self, handles: list[str]) -> None:
+        for handle in handles:
+            await self.release(handle)
 
     async def plan(self, org: Organization, held: frozenset[str]) -> Plan:
         """Alone, every agent seat is this node's (``claim`` narrows it to the claimable ones)."""
@@ -120,8 +133,16 @@ class LeasedOwnership:
     async def claim(self, handle: str) -> bool:
         return await self.member.acquire_seat(handle)
 
+    async def claim_many(self, handles: list[str]) -> list[str]:
+        """One transaction of the store for all of ``handles``, not a commit per seat (a fleet's share of thousands)."""
+        taken = await self.member.acquire_seats(handles)
+        return [handle for handle in handles if handle in taken]
+
     async def release(self, handle: str) -> None:
         await self.member.release_seat(handle)
+
+    async def release_many(self, handles: list[str]) -> None:
+        await self.member.release_seats(handles)
 
     async def plan(self, org: Organization, held: frozenset[str]) -> Plan:
         """This node's fair share under placement, from the live roster and the live seat leases."""

@@ -12,7 +12,7 @@ start loops for new ones, and lift or take the no-provider holds and lift
 the budget holds a raised ceiling ends.
 
 On an engine it is the :data:`~crewlet.engine.interfaces.SEAT_RUNTIME` service
-(:func:`services`), which ``/healthz``, the pause API and the live projection
+(:func:`seats.runtime_service.services`), which ``/healthz``, the pause API and the live projection
 ask the engine for.
 """
 from __future__ import annotations
@@ -24,16 +24,17 @@ import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
-from crewlet.engine.services import Periodic, Service
+from crewlet.base.aio import bounded_each
+from crewlet.engine.services import Periodic
 from crewlet.events import Event
 from crewlet.queue.emit import Emitter
 from crewlet.events.types import AgentSpawned, AgentTerminated, SeatsUnplaceable
 from crewlet.base.db import in_store
+from crewlet.company.capacity import check_fits
 from crewlet.company.conf import STOP_GRACE_S, TURN_STALL_S
 from crewlet.fleet.leases import prune_all as prune_leases
-from crewlet.fleet.member import FleetMember
 from crewlet.fleet.placement import Unplaceable
-from crewlet.engine.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME, PauseRow, ServiceKey
+from crewlet.engine.interfaces import PauseRow, ServiceKey
 from crewlet.company.org import CompanyHolder, Organization
 from crewlet.queue import topics
 from crewlet.queue.contract import Closable, EventQueue
@@ -41,29 +42,32 @@ from crewlet.queue.errors import QueueError
 from crewlet.events.tracing import trace_of
 from seats import actions
 from seats.budget import METERS_EVERY_S, BudgetKeeper
-from seats.coalescer import Merge, batch_options, coalesce
+from seats.coalescer import Merge, batch_options
 from seats.gate import ConcurrencyGate
 from seats.inbox import STORE_RETRY_S, InboxLoop
-from seats.indicator import WORKING_INDICATOR
 from seats.ledger import LEDGER_KEEP_S, aprune
 from seats.mailboxes import ABSENT_AFTER_S, SweepReport, ensure_mailboxes, retire_absent
 from seats.memory.holding import MemoryKeeper
 from seats.memory.reflection import Reflector
-from seats.ownership import LeasedOwnership, Ownership, Plan, SeatOwnership
+from seats.ownership import Ownership, Plan, SeatOwnership
 from seats.provider_keys import warn_unset_provider_keys
-from seats.scheduler import TICK_S, Scheduler, aprune_firings, rehearsal_clock
+from seats.scheduler import TICK_S, Scheduler, aprune_firings
 from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.retry import Retrier
 from seats.turns import TurnRunner
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine.core import Engine
+    from seats.delivery_models import SeatPause
 
 log = logging.getLogger("crewlet.seats.runtime")
 
 #: Production defaults of the runtime's own duties.
 SWEEP_EVERY_S = 3600.0
 PAUSE_POLL_S = 2.0
+#: Seats attached (or detached) at once: each is a few round trips to the broker and the store, so one at a
+#: time a company's start and stop grow by those per seat; this many hides them without flooding either.
+SEAT_CONCURRENCY = 16
 #: How often a node without a fleet membership looks at its seats again (a fleet's runs at its lease renewal).
 PLACEMENT_EVERY_S = 5.0
 #: The seats' toolbox as the runtime asks the engine for it: the service ``seats.tools.mcp`` registers as :data:`SEAT_TOOLS`.
@@ -136,6 +140,7 @@ class SeatRuntime:
         provider_retry_scale: float = 1.0,
         turn_stall_s: float = TURN_STALL_S,
         budget_meters_every_s: float = METERS_EVERY_S,
+        max_consumers: Optional[int] = None,
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -149,6 +154,8 @@ class SeatRuntime:
         self.runner.owns = self.ownership.owns  # the turn's fence: no call once the seat is another node's
         self.budget = self.runner.budget = BudgetKeeper(holder, clock=self.now, emit=self._emit)
         self.budget_meters_every_s = budget_meters_every_s
+        #: ``stream.max_consumers``: a revision whose seats' mailboxes would not fit is refused before it is served.
+        self.max_consumers = max_consumers
         self.hold_duty: HoldDuty = hold_duty or _always
         self.placement_every_s = placement_every_s
         self._placement = Periodic("seat_placement", placement_every_s, self.rebalance, logger=log, first_after_s=placement_every_s)
@@ -229,10 +236,19 @@ class SeatRuntime:
                 log.debug("seat_nudge_close_failed", exc_info=True)
         self._nudges.clear()
         async with self._guard():
-            for handle in list(self.loops):
-                # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
-                # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
-                await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True)
+            # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
+            # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
+            # The idle seats' leases go back in one statement after their loops stopped, not a commit per seat.
+            idle: list[str] = []
+
+            async def detach(handle: str) -> None:
+                if await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True, release=False):
+                    idle.append(handle)
+
+            try:
+                await bounded_each(list(self.loops), detach, SEAT_CONCURRENCY)
+            finally:
+                await self.ownership.release_many(idle)
         await self.memory.stop()
         if self._owns_emitter:
             await self.runner.emitter.close()
@@ -272,6 +288,8 @@ class SeatRuntime:
 
     async def apply(self, org: Organization) -> None:
         """Serve ``org`` from now on: mailboxes first, then knobs, loops and holds."""
+        if self.max_consumers is not None:
+            check_fits(org, self.max_consumers)
         async with self._guard():
             previous = self.holder.swap(org)
             await ensure_mailboxes(self.queue, org, now=self.now())
@@ -332,9 +350,7 @@ class SeatRuntime:
             if loop is not None and loop.handling:
                 continue  # a seat is handed over between deliveries, never from under one (nor as its turn starts)
             await self._detach(handle, DETACH_REBALANCED)
-        for handle in plan.take:
-            if handle not in self.loops:
-                await self._attach(handle, org)
+        await self._attach_many([h for h in plan.take if h not in self.loops], org)
         await self._report_unplaceable(plan.unplaceable)
 
     async def _report_unplaceable(self, unplaceable: tuple[Unplaceable, ...]) -> None:
@@ -368,9 +384,21 @@ class SeatRuntime:
         ticking.duty = under_duty
         return ticking
 
-    async def _attach(self, handle: str, org: Organization) -> None:
-        if not await self.ownership.claim(handle):
+    async def _attach_many(self, handles: list[str], org: Organization) -> None:
+        """Claim ``handles`` and read their pause rows, each in one go; then start their loops, a bounded few at once.
+
+        Claims and pause rows are statements on the coordination store, which
+        serialises them anyway: asked per seat, a company of thousands waits a
+        commit per seat before its last seat runs.
+        """
+        if not handles:
             return
+        claimed = await self.ownership.claim_many(handles)
+        pauses = await actions.apause_states(claimed) if claimed else {}
+        await bounded_each(claimed, lambda h: self._attach(h, org, pauses.get(h)), SEAT_CONCURRENCY)
+
+    async def _attach(self, handle: str, org: Organization, row: Optional["SeatPause"]) -> None:
+        """Start the loop of ``handle``, claimed by this node, under its pause row's hold (None: never paused)."""
         if not await self.memory.acquired(handle):  # the seat's memory first, then its inbox
             await self.ownership.release(handle)
             return
@@ -387,7 +415,6 @@ class SeatRuntime:
             stop_grace_s=self.stop_grace_s,
             budget=self.budget,
         )
-        row = (await actions.apause_states([handle])).get(handle)
         if row is not None and row.paused:
             await loop.pause(version=row.version)  # the hold is taken before the mailbox is attached
         elif row is not None:
@@ -400,12 +427,14 @@ class SeatRuntime:
         )
 
     async def _detach(
-        self, handle: str, reason: str, *, wait_turn: bool = True, keep_lease_if_busy: bool = False
-    ) -> None:
+        self, handle: str, reason: str, *, wait_turn: bool = True, keep_lease_if_busy: bool = False, release: bool = True
+    ) -> bool:
         """Stop fetching, let a running turn finish under the lease (unless it is lost), then give the lease back.
 
         ``keep_lease_if_busy`` (a node stopping): a delivery still being
         handled keeps the lease; whoever cuts that handler gives it back.
+        ``release=False``: the lease is left to the caller, who gives back
+        the ones this returns True for (those not kept).
         """
         loop = self.loops.pop(handle, None)
         busy = False
@@ -417,14 +446,16 @@ class SeatRuntime:
         if isinstance(self.runner.toolbox, SeatSessions):
             await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
         await self.memory.release(handle)
-        if busy and keep_lease_if_busy:
+        kept = busy and keep_lease_if_busy
+        if kept:
             log.info("seat_lease_kept_until_cut", extra={"seat": handle, "node": self.node_id})
-        else:
+        elif release:
             await self.ownership.release(handle)
         seat = self.holder.current().seat_by_handle(handle)
         await self._emit(
             AgentTerminated(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason=reason)
         )
+        return not kept
 
     # -- pauses ---------------------------------------------------------------------------
 
@@ -440,10 +471,16 @@ class SeatRuntime:
 
     async def reconcile_pauses(self, handles: Optional[list[str]] = None) -> None:
         """Bring this node's holds to the store's pause rows (the row is the state; events only nudge)."""
-        wanted = [h for h in (handles if handles is not None else list(self.loops)) if h in self.loops]
-        if not wanted:
-            return
-        rows = await actions.apause_states(wanted)
+        if handles is None:
+            # The poll reads the whole table, which holds a row only for a seat ever paused: what it costs
+            # grows with those, not with the company's idle seats (a query naming thousands every poll).
+            rows = await actions.apause_states(None)
+            wanted = [h for h in rows if h in self.loops]
+        else:
+            wanted = [h for h in handles if h in self.loops]
+            if not wanted:
+                return
+            rows = await actions.apause_states(wanted)
         for handle in wanted:
             loop, row = self.loops.get(handle), rows.get(handle)
             if loop is None or row is None or row.version <= loop.pause_version:
@@ -509,52 +546,6 @@ class SeatRuntime:
         await self.runner.emitter.emit(body, trace_of(), log_event="seat_runtime_publish_failed")
 
 
-def services(engine: "Engine", **options: Any) -> list[Service]:
-    """The seat runtime of ``engine.company`` as the :data:`~crewlet.engine.interfaces.SEAT_RUNTIME` service.
-
-    It starts once the event store's writer is attached (so what it
-    publishes is stored) and the seats' toolbox runs (:data:`SEAT_TOOLS`,
-    which its turns call and which stops after it, as do the chat working
-    indicators, :data:`~seats.indicator.WORKING_INDICATOR`), and publishes telemetry
-    through the engine's emitter. In production a multi-wake partition is merged by the
-    digest (``seats.coalescer.coalesce``) into ONE trigger.
-    """
-    if "merge" not in options:
-        options["merge"] = coalesce
-
-    def make(engine: "Engine") -> SeatRuntime:
-        assert engine.queue is not None
-        options.setdefault("node_max_concurrent", engine.settings.node.max_concurrent)
-        options.setdefault("stop_grace_s", engine.settings.node.stop_grace_s)
-        options.setdefault("turn_stall_s", engine.settings.node.turn_stall_s)
-        options.setdefault("provider_retry_scale", engine.settings.delivery.provider_retry_scale)
-        options.setdefault("budget_meters_every_s", engine.settings.node.budget_meters_every_s)
-        options.setdefault("toolbox", engine.find(TOOLBOX))
-        options.setdefault("scheduler_clock", rehearsal_clock())
-        member = engine.find(FLEET)
-        if member is not None and "ownership" not in options:
-            # Seat leases are the fleet member's own (crewlet.fleet.member), which leased ownership works through.
-            assert isinstance(member, FleetMember)
-            options.update(
-                ownership=LeasedOwnership(member), hold_duty=member.hold_duty, placement_every_s=member.renew_every_s
-            )
-        runtime = SeatRuntime(
-            engine.queue, engine.company, node_id=engine.settings.node.id, emitter=engine.emitter, **options
-        )
-        if member is not None:
-            member.on_lost(runtime.seats_lost)
-        engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
-        return runtime
-
-    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS, FLEET, WORKING_INDICATOR))]
-
-
-def install(engine: "Engine", **options: Any) -> None:
-    """Register :func:`services` on ``engine`` (what ``SeatsConfig.engine_services`` contributes)."""
-    for service in services(engine, **options):
-        engine.add(service)
-
-
 __all__ = [
     "DUTY_PLACEMENT_REPORT",
     "DUTY_RETIREMENT",
@@ -564,6 +555,4 @@ __all__ = [
     "SWEEP_EVERY_S",
     "SeatRuntime",
     "TOOLBOX",
-    "install",
-    "services",
 ]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Coroutine, Iterable, Optional, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, Optional, Protocol, TypeVar
 
 _T = TypeVar("_T")
 
@@ -66,4 +66,28 @@ async def close_each(closables: Iterable[Closable], logger: Optional[logging.Log
                 logger.debug(event, exc_info=True)
 
 
-__all__ = ["Closable", "close_each", "keeping_cancel", "spawn_kept"]
+
+
+async def bounded_each(items: Iterable[_T], work: Callable[[_T], Awaitable[Any]], limit: int) -> None:
+    """``await work(item)`` for every item, at most ``limit`` at once; the first failure is raised once all ended.
+
+    What a node does once per seat at start and stop (a mailbox ensured, an
+    inbox attached or detached) is a round trip to the broker or the store:
+    one seat at a time, a company's start and stop grow by a round trip per
+    seat, while unbounded they would put thousands of requests on the
+    broker's API at once. Every item is worked on even when one fails, so a
+    stop still detaches the other seats.
+    """
+    gate = asyncio.Semaphore(max(int(limit), 1))
+
+    async def one(item: _T) -> None:
+        async with gate:
+            await work(item)
+
+    results = await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+__all__ = ["Closable", "bounded_each", "close_each", "keeping_cancel", "spawn_kept"]

@@ -24,6 +24,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from crewlet.company.refusal import FieldValueError, is_finite_number, quote_value
+from crewlet.queue import topics
 from crewlet.queue.contract import Timings
 
 NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
@@ -272,6 +273,10 @@ class StreamSettings(_Section):
     monitor_port: int = setting(
         0, env="CREWLET_STREAM_MONITOR_PORT", bounds=(0, 65535),
         doc="the embedded broker's monitoring endpoint (/varz, /jsz) on 127.0.0.1 at this port; 0 leaves it off",
+    )
+    max_consumers: int = setting(
+        topics.DEFAULT_MAX_CONSUMERS, env="CREWLET_STREAM_MAX_CONSUMERS", bounds=(2, 1_000_000),
+        doc="durable consumers each engine stream may hold; every agent seat needs room for two on CREWLET_AGENT",
     )
     cluster: ClusterSettings = section(ClusterSettings)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Optional, TypedDict
 
 from crewlet.company.budget import NO_BUDGET, Budget
@@ -374,11 +375,26 @@ class Organization:
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)
 
+    @cached_property
+    def _by_handle(self) -> Mapping[str, Seat]:
+        """Seats by handle, and by agent id: a lookup per seat (attaching, each delivery) was a walk of every seat."""
+        index: dict[str, Seat] = {}
+        for seat in reversed(self.seats):  # the first seat of a name wins, as the walk it replaces returned it
+            index[seat.handle] = seat
+        return index
+
+    @cached_property
+    def _by_id(self) -> Mapping[str, Seat]:
+        index: dict[str, Seat] = {}
+        for seat in reversed(self.seats):
+            index[seat.agent_id] = seat
+        return index
+
     def seat_by_handle(self, handle: str) -> Optional[Seat]:
-        return next((s for s in self.seats if s.handle == handle), None)
+        return self._by_handle.get(handle)
 
     def seat_by_id(self, agent_id: str) -> Optional[Seat]:
-        return next((s for s in self.seats if s.agent_id == agent_id), None)
+        return self._by_id.get(agent_id)
 
     def seat_by_role(self, role: str) -> Optional[Seat]:
         return next((s for s in self.seats if s.role == role), None)

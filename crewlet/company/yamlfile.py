@@ -10,6 +10,7 @@ Each refusal is raised as the caller's own :class:`~crewlet.company.refusal.Fiel
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -173,6 +174,12 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return str(exc) or type(exc).__name__
 
 
+#: The text :func:`load_yaml` last read and what it built: a start reads the same company file three times
+#: (imported as a revision, adopted, served), which at thousands of seats was seconds of PyYAML each.
+#: Callers get a copy, so what one of them changes is never what the next one reads.
+_last_loaded: Optional[tuple[str, Any]] = None
+
+
 def load_yaml(
     text: str, *, document: str, name: Optional[str], error: type[FieldValueError], where: Optional[str] = None
 ) -> Any:
@@ -186,10 +193,16 @@ def load_yaml(
     shown = name or "text"
     if len(text) > YAML_MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > YAML_MAX_BYTES:
         raise error(document, shown, f"is larger than {YAML_MAX_BYTES} bytes, the most a YAML file here may be")
+    global _last_loaded
+    last = _last_loaded
+    if last is not None and last[0] == text:
+        return copy.deepcopy(last[1])
     loader: Optional[GuardedLoader] = None
     try:
         loader = GuardedLoader(text)  # its reader refuses a character YAML does not allow here already
-        return loader.get_single_data()
+        data = loader.get_single_data()
+        _last_loaded = (text, data)
+        return copy.deepcopy(data)
     except YAMLRefused as exc:
         if exc.field:
             raise error(exc.field, exc.value, exc.allowed, where if where is not None else name) from None

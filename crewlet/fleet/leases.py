@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any, Iterable, Optional, Union
 
 from django.db import IntegrityError, models, transaction
@@ -57,6 +57,17 @@ def _until(ttl_s: float, now: Optional[datetime]) -> Instant:
     return ExpressionWrapper(Now() + timedelta(seconds=ttl_s), output_field=models.DateTimeField())
 
 
+def _take(rows: Any, holder: str, ttl_s: float, now: Optional[datetime], **fields: Any) -> int:
+    """The one conditional UPDATE behind every acquire: of ``rows``, take those free, expired or ``holder``'s own."""
+    return int(rows.filter(Q(holder=holder) | Q(holder="") | Q(expires_at__lte=_now(now))).update(
+        holder=holder,
+        expires_at=_until(ttl_s, now),
+        epoch=Case(When(holder=holder, then=F("epoch")), default=F("epoch") + 1),
+        acquired_at=Case(When(holder=holder, then=F("acquired_at")), default=_now(now)),
+        **fields,
+    ))
+
+
 def acquire(kind: str, name: str, holder: str, ttl_s: float, *, now: Optional[datetime] = None, **fields: Any) -> bool:
     """Take lease ``name`` for ``holder`` for ``ttl_s``; True when it is now ``holder``'s.
 
@@ -67,16 +78,7 @@ def acquire(kind: str, name: str, holder: str, ttl_s: float, *, now: Optional[da
     if not holder:
         raise ValueError("a lease needs a holder")
     model = model_of(kind)
-    taken = model.objects.filter(
-        Q(name=name) & (Q(holder=holder) | Q(holder="") | Q(expires_at__lte=_now(now)))
-    ).update(
-        holder=holder,
-        expires_at=_until(ttl_s, now),
-        epoch=Case(When(holder=holder, then=F("epoch")), default=F("epoch") + 1),
-        acquired_at=Case(When(holder=holder, then=F("acquired_at")), default=_now(now)),
-        **fields,
-    )
-    if taken:
+    if _take(model.objects.filter(name=name), holder, ttl_s, now, **fields):
         return True
     try:
         with transaction.atomic(using="default"):
@@ -86,6 +88,43 @@ def acquire(kind: str, name: str, holder: str, ttl_s: float, *, now: Optional[da
     except IntegrityError:
         return False  # another node holds it, or inserted it a moment before us
     return True
+
+
+#: Names one statement of :func:`acquire_many` names at most (SQLite's bound on a statement's parameters).
+_MANY_CHUNK = 500
+#: ``expires_at`` of a row :func:`acquire_many` inserts free, before its UPDATE takes it: long past.
+_NEVER_HELD = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+
+
+def acquire_many(kind: str, names: Iterable[str], holder: str, ttl_s: float, *, now: Optional[datetime] = None) -> set[str]:
+    """:func:`acquire` of every one of ``names`` in one transaction; returns those that are now ``holder``'s.
+
+    A node taking its share of a company of thousands of seats would
+    otherwise pay a statement and a commit per seat (on SQLite, a sync of the
+    file each) before its last seat runs. Each lease is decided by the same
+    condition as :func:`acquire`'s: a name never leased gets a free row (an
+    insert another node's insert of the same name wins silently), then one
+    UPDATE takes every row that is free, expired or already ``holder``'s,
+    and the rows read back as ``holder``'s are the ones taken.
+    """
+    if not holder:
+        raise ValueError("a lease needs a holder")
+    wanted = list(dict.fromkeys(names))
+    model = model_of(kind)
+    taken: set[str] = set()
+    for start in range(0, len(wanted), _MANY_CHUNK):
+        chunk = wanted[start:start + _MANY_CHUNK]
+        with transaction.atomic(using="default"):
+            known = set(model.objects.filter(name__in=chunk).values_list("name", flat=True))
+            model.objects.bulk_create(
+                [model(name=n, holder="", expires_at=_NEVER_HELD, acquired_at=_NEVER_HELD) for n in chunk if n not in known],
+                ignore_conflicts=True,
+            )
+            _take(model.objects.filter(name__in=chunk), holder, ttl_s, now)
+            taken |= set(
+                model.objects.filter(name__in=chunk, holder=holder, expires_at__gt=_now(now)).values_list("name", flat=True)
+            )
+    return taken
 
 
 def renew(kind: str, names: Iterable[str], holder: str, ttl_s: float, *, now: Optional[datetime] = None) -> set[str]:
@@ -112,6 +151,17 @@ def release(kind: str, names: Iterable[str], holder: str, *, now: Optional[datet
     if not wanted:
         return 0
     return model_of(kind).objects.filter(name__in=wanted, holder=holder).update(holder="", expires_at=_now(now))
+
+
+def release_held(kind: str, names: Iterable[str], holder: str, *, now: Optional[datetime] = None) -> set[str]:
+    """:func:`release` in one transaction, returning which of ``names`` ``holder`` held (what a log names)."""
+    wanted = list(names)
+    if not wanted:
+        return set()
+    with transaction.atomic(using="default"):
+        held = set(model_of(kind).objects.filter(name__in=wanted, holder=holder).values_list("name", flat=True))
+        release(kind, sorted(held), holder, now=now)
+    return held
 
 
 def holders(kind: str, *, names: Optional[Iterable[str]] = None, now: Optional[datetime] = None) -> dict[str, str]:
@@ -176,11 +226,13 @@ __all__ = [
     "SEAT",
     "LeaseClock",
     "acquire",
+    "acquire_many",
     "holder_of",
     "holders",
     "model_of",
     "prune",
     "prune_all",
     "release",
+    "release_held",
     "renew",
 ]

@@ -139,11 +139,32 @@ class FleetMember:
         log.info("seat_lease_acquired", extra={"seat": handle, "node": self.node_id})
         return True
 
+    async def acquire_seats(self, handles: list[str]) -> set[str]:
+        """:meth:`acquire_seat` of many seats in one transaction of the store; the handles now this node's."""
+        if not handles:
+            return set()
+        sent = self.clock()
+        taken = await in_store(leases.acquire_many)(SEAT, handles, self.node_id, self.ttl_s)
+        for handle in handles:
+            if handle in taken:
+                self._seats[handle] = sent + self.ttl_s
+                log.info("seat_lease_acquired", extra={"seat": handle, "node": self.node_id})
+        return taken
+
     async def release_seat(self, handle: str) -> None:
         """Give ``handle`` up at once (idempotent): another node may take it on its next sweep."""
-        self._seats.pop(handle, None)
-        if await in_store(leases.release)(SEAT, [handle], self.node_id):
-            log.info("seat_lease_released", extra={"seat": handle, "node": self.node_id})
+        await self.release_seats([handle])
+
+    async def release_seats(self, handles: list[str]) -> None:
+        """:meth:`release_seat` of many seats in one statement."""
+        if not handles:
+            return
+        for handle in handles:
+            self._seats.pop(handle, None)
+        held = await in_store(leases.release_held)(SEAT, handles, self.node_id)
+        for handle in handles:
+            if handle in held:
+                log.info("seat_lease_released", extra={"seat": handle, "node": self.node_id})
 
     async def hold_duty(self, name: str) -> bool:
         """Whether this node runs once-per-fleet duty ``name`` now, taking its lease when it is free.

@@ -11,6 +11,7 @@ from typing import Optional
 
 from crewlet.queue.broker import DEFAULT_SERVER_NAME, EmbeddedBroker
 from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, unreachable_peers
+from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.errors import InvalidArgument, ReplicasUnplaceable
 from crewlet.queue.jetstream import JetStreamQueue
@@ -25,6 +26,7 @@ async def connect_queue(
     timings: Timings = Timings(),
     event_retention_hours: float = 720.0,
     replicas: int = 1,
+    max_consumers: int = topics.DEFAULT_MAX_CONSUMERS,
     cluster: Optional[ClusterConfig] = None,
     cluster_secret: str = "",
     monitor_port: int = 0,
@@ -64,6 +66,7 @@ async def connect_queue(
             event_retention_hours=event_retention_hours,
             memory_storage=memory_storage,
             replicas=replicas,
+            max_consumers=max_consumers,
             # A majority elects the meta leader; copies need their members, the rest may still be starting,
             # and the meta layer answers slowly while every node provisions at once.
             provision_wait_s=cluster.form_timeout_s if broker is not None and cluster is not None else 0.0,

@@ -36,6 +36,13 @@ class ReplicasUnplaceable(Unavailable):
     """The broker cannot keep a stream at the replicas asked for: fewer servers up than copies (or a lone server)."""
 
 
+class ConsumerLimit(QueueError):
+    """The broker refuses another durable subscription: a stream's or the account's consumer limit is reached.
+
+    Permanent until an operator raises the limit (``stream.max_consumers``), so never retried.
+    """
+
+
 class InvalidArgument(QueueError, ValueError):
     """The caller asked for something the contract refuses (no event, bad pattern, ...)."""
 

@@ -191,6 +191,12 @@ ENGINE_STREAMS: tuple[StreamSpec, ...] = (
     DLQ_STREAM,
 )
 STREAM_PREFIX = "CREWLET_"
+#: The most durable consumers each engine stream lets exist unless ``stream.max_consumers`` says otherwise.
+#: Set on every stream explicitly: nats-server holds a stream created without a limit of its own to the
+#: broker's ``jetstream.limits.default_max_consumers`` (1,000 in 2.15), which refused the mailbox of a
+#: company's 500th agent seat. This leaves room for 25,000 agent seats (two mailboxes each) and still
+#: bounds a consumer leak.
+DEFAULT_MAX_CONSUMERS = 50_000
 CONFIG_MAX_AGE_S = 3600.0
 
 

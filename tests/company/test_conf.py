@@ -58,6 +58,7 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "stream.store_dir": "CREWLET_STREAM_STORE_DIR",
         "stream.event_retention_hours": "CREWLET_EVENT_RETENTION_HOURS",
         "stream.replicas": "CREWLET_STREAM_REPLICAS",
+        "stream.max_consumers": "CREWLET_STREAM_MAX_CONSUMERS",
         "stream.ack_wait_s": "CREWLET_STREAM_ACK_WAIT_S",
         "stream.monitor_port": "CREWLET_STREAM_MONITOR_PORT",
         "stream.cluster.name": "CREWLET_STREAM_CLUSTER_NAME",
@@ -270,7 +271,7 @@ def test_unknown_nested_key() -> None:
     e = error({"stream": {"replica": 3}})
     assert str(e) == (
         "stream.replica=3: unknown setting; known: "
-        "stream.type, stream.url, stream.store_dir, stream.event_retention_hours, stream.replicas, stream.ack_wait_s, stream.monitor_port, stream.cluster"
+        "stream.type, stream.url, stream.store_dir, stream.event_retention_hours, stream.replicas, stream.ack_wait_s, stream.monitor_port, stream.max_consumers, stream.cluster"
     )
     assert error({"node": {"name": "x"}}).field == "node.name"
     assert str(error({"stream": {"cluster": {"nme": "a"}}})).startswith("stream.cluster.nme='a': unknown setting; known: stream.cluster.name, ")

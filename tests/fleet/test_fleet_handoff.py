@@ -27,7 +27,7 @@ from crewlet.fleet.member import FleetMember
 from crewlet.engine.interfaces import FLEET, SEAT_RUNTIME
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.memory import MemoryBroker
-from seats import runtime as seat_runtime
+from seats import runtime_service as seat_runtime
 from seats.ownership import LeasedOwnership
 from seats.provider_base import Completion, ModelRequest
 from seats.providers import EchoProvider

@@ -128,3 +128,29 @@ def test_a_holders_own_deadline_counts_from_when_it_sent_the_renewal() -> None:
     clock.renewed(clock.sending())
     assert clock.valid()
     assert not clock.valid()
+
+
+def test_taking_many_seats_at_once_takes_the_free_the_expired_and_its_own_and_never_another_nodes_live_one() -> None:
+    assert leases.acquire(SEAT, "ada", "n1", 15, now=at(0))  # its own: renewed, same epoch
+    assert leases.acquire(SEAT, "linus", "gone", 1, now=at(0))  # expired: taken, a new epoch
+    assert leases.acquire(SEAT, "grace", "n2", 60, now=at(0))  # another node's, live: left alone
+    taken = leases.acquire_many(SEAT, ["ada", "linus", "grace", "new"], "n1", 15, now=at(5))
+    assert taken == {"ada", "linus", "new"}
+    assert leases.holders(SEAT, now=at(6)) == {"ada": "n1", "linus": "n1", "new": "n1", "grace": "n2"}
+    epochs = dict(leases.model_of(SEAT).objects.values_list("name", "epoch"))
+    assert epochs == {"ada": 1, "linus": 2, "grace": 1, "new": 1}
+    assert leases.release_held(SEAT, ["ada", "grace", "new"], "n1") == {"ada", "new"}
+    assert leases.holders(SEAT, now=at(6)) == {"linus": "n1", "grace": "n2"}
+
+
+def test_of_nodes_racing_to_take_the_same_seats_at_once_each_seat_goes_to_exactly_one() -> None:
+    seats = [f"s{i}" for i in range(30)]
+    won: list[set[str]] = [set(), set(), set()]
+
+    def attempt(i: int) -> bool:
+        won[i] = leases.acquire_many(SEAT, seats, f"n{i}", 15)
+        return True
+
+    race(3, attempt)
+    assert sorted(s for w in won for s in w) == sorted(seats)
+    assert leases.holders(SEAT) == {s: f"n{i}" for i, w in enumerate(won) for s in w}

@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from crewlet.queue import topics
 from crewlet.queue.contract import SubscriptionRef
 from seats.delivery_models import SeatRecord
-from seats.mailboxes import ensure_mailboxes, mailbox_refs, retire_absent
+from seats.mailboxes import ensure_control_mailbox, ensure_mailboxes, mailbox_refs, retire_absent
 from seats.runtime import SeatRuntime
 from seats_support import company, holder, memory_queues, send, wake
 
@@ -32,14 +32,20 @@ async def seat_mailboxes(q: object, handle: str) -> set[SubscriptionRef]:
     return set(await q.list_subscriptions(topics.agent_pattern(handle)))  # type: ignore[attr-defined]
 
 
-async def test_the_walk_records_every_seat_and_creates_each_agents_inbox_and_control_once() -> None:
+def inbox_only(handle: str) -> set[SubscriptionRef]:
+    return {mailbox_refs(handle)[0]}
+
+
+async def test_the_walk_records_every_seat_and_creates_each_agents_inbox_once_and_a_run_makes_its_control_mailbox() -> None:
     async with memory_queues() as (_, [q]):
         org = company()
-        assert sorted(await ensure_mailboxes(q, org, now=T0)) == ["ada", "linus"]
+        assert await ensure_mailboxes(q, org, now=T0) == ["ada", "linus"]
         assert await ensure_mailboxes(q, org, now=T0 + timedelta(minutes=1)) == []  # idempotent
         for handle in ("ada", "linus"):
-            assert await seat_mailboxes(q, handle) == set(mailbox_refs(handle))
+            assert await seat_mailboxes(q, handle) == inbox_only(handle)
         assert await seat_mailboxes(q, "grace") == set()
+        assert await ensure_control_mailbox(q, "ada") and not await ensure_control_mailbox(q, "ada")
+        assert await seat_mailboxes(q, "ada") == set(mailbox_refs("ada"))
         ada, grace = await record("ada"), await record("grace")
         assert (ada.kind, ada.first_seen, ada.absent_since) == ("agent", T0, None)
         assert grace.kind == "human"
@@ -48,6 +54,7 @@ async def test_the_walk_records_every_seat_and_creates_each_agents_inbox_and_con
 async def test_a_removed_seats_mailboxes_are_deleted_with_their_mail_24_hours_later_and_not_before() -> None:
     async with memory_queues() as (_, [q]):
         await ensure_mailboxes(q, company(), now=T0)
+        await ensure_control_mailbox(q, "linus")  # a run of the seat made it
         await send(q, "linus", wake("linus", "a message nobody will read"))
         without_linus = company(seats=ADA_ONLY)
 
@@ -63,7 +70,7 @@ async def test_a_removed_seats_mailboxes_are_deleted_with_their_mail_24_hours_la
         assert await seat_mailboxes(q, "linus") == set()
         assert await q.backlog(topics.agent_inbox("linus"), topics.agent_inbox_group("linus")) == 0
         assert (await record("linus")).retired_at is not None
-        assert await seat_mailboxes(q, "ada") == set(mailbox_refs("ada"))  # a present seat is never touched
+        assert await seat_mailboxes(q, "ada") == inbox_only("ada")  # a present seat is never touched
 
         # The seat comes back: its clock clears and the walk makes its mailboxes again.
         assert await ensure_mailboxes(q, company(), now=T0 + 2 * DAY) == ["linus"]
@@ -102,7 +109,7 @@ async def test_the_runtimes_maintenance_duty_retires_a_seat_its_apply_removed() 
         try:
             await runtime.apply(company(seats=ADA_ONLY))
             assert sorted(runtime.loops) == ["ada"]
-            assert await seat_mailboxes(q, "linus") == set(mailbox_refs("linus"))  # detached, not deleted
+            assert await seat_mailboxes(q, "linus") == inbox_only("linus")  # detached, not deleted
             now[0] += 86400 - 1
             assert (await runtime.sweep()).retired == []
             now[0] += 1
@@ -146,7 +153,7 @@ async def test_retirement_holds_the_seats_lease_while_deleting_and_waits_while_a
             await retire_absent(q, without_linus, now=T0)
             assert await other.acquire_seat("linus")  # a node still serving the old revision runs it
             held = await retire_absent(q, without_linus, now=T0 + DAY, claim=claim, release=ownership.release)
-            assert held.retired == [] and await seat_mailboxes(q, "linus") == set(mailbox_refs("linus"))
+            assert held.retired == [] and await seat_mailboxes(q, "linus") == inbox_only("linus")
             await other.release_seat("linus")
             due = await retire_absent(q, without_linus, now=T0 + DAY, claim=claim, release=ownership.release)
             assert due.retired == ["linus"] and during == ["linus"]
@@ -171,7 +178,7 @@ async def test_retirement_marks_the_seat_first_and_a_deletion_that_failed_is_fin
         with pytest.raises(RuntimeError):
             await retire_absent(q, without_linus, now=T0 + DAY)
         assert deleted_while_marked == [True]  # the mark was there before the first deletion
-        assert await seat_mailboxes(q, "linus") == set(mailbox_refs("linus"))
+        assert await seat_mailboxes(q, "linus") == inbox_only("linus")
 
         q.delete_subscription = real_delete  # type: ignore[method-assign]
         again = await retire_absent(q, without_linus, now=T0 + DAY + timedelta(minutes=5))

@@ -39,6 +39,9 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     (tmp / "acme.yaml").write_text(COMPANY)
     env = {k: v for k, v in up_env().items() if k not in {e for e, _ in SECRETS.values()}}
     env.update(
+        # Exactly the room two agent seats need (an inbox and a control mailbox each): the company fills the
+        # agent stream's limit, and every turn below (the reviewer's is the last seat's) runs under it.
+        CREWLET_STREAM_MAX_CONSUMERS="4",
         CREWLET_OPERATOR_TOKEN=TOKEN, CREWLET_VAR_DIR=str(tmp / "data"),
         SLACK_SIGNING_SECRET=SLACK_SECRET, GITHUB_WEBHOOK_SECRET=GITHUB_SECRET,
     )

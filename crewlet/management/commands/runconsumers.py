@@ -10,12 +10,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from crewlet.company.capacity import check_fits
 from crewlet.company.conf import STREAM_TYPES, SettingsError
 from crewlet.company.loading import load_settings
 from crewlet.engine.core import Engine, app_services
 from crewlet.company.fields import CompanyError
 from crewlet.company.org import CompanyHolder
 from crewlet.company.parse import EXAMPLE_COMPANY, load_company
+from crewlet.queue.topics import DEFAULT_MAX_CONSUMERS
 
 #: Command-line flag -> dotted setting it overrides (flags win over env and the settings file).
 FLAG_SETTINGS = {
@@ -28,6 +30,8 @@ FLAG_SETTINGS = {
 
 class Command(BaseCommand):
     help = "Run the engine for this node: connect the queue and run its consumers until SIGTERM/SIGINT."
+    #: ``stream.max_consumers`` the company is checked against: the setting's default until :meth:`engine` reads the settings.
+    max_consumers: int = DEFAULT_MAX_CONSUMERS
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--store-dir", help="stream.store_dir: the embedded broker's JetStream directory (empty = in memory)")
@@ -57,6 +61,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         holder = self.company(options)
         self.holder = holder
+        self.max_consumers = settings.stream.max_consumers
+        self.check_fits()
         engine = Engine(settings, company=holder, timings=settings.timings())
         for service in app_services(engine):
             engine.add(service)
@@ -80,6 +86,18 @@ class Command(BaseCommand):
         from crewlet.company.revisions import adopt_active
 
         adopt_active(self.holder)
+        self.check_fits()
+
+    def check_fits(self) -> None:
+        """Refuse, before anything starts, a company whose seats' mailboxes the broker would not all let exist.
+
+        Asked of the company file (before ``up`` imports it as a revision) and
+        again of the active revision the node adopts from the store.
+        """
+        try:
+            check_fits(self.holder.current(), self.max_consumers)
+        except SettingsError as exc:
+            raise CommandError(f"the company does not fit: {exc}") from None
 
     def handle(self, *args: Any, **options: Any) -> None:
         engine = self.engine(options)

@@ -37,6 +37,7 @@ class TransportBase(Transport):
         event_retention_hours: float = 720.0,
         memory_storage: bool = False,
         replicas: int = 1,
+        max_consumers: int = topics.DEFAULT_MAX_CONSUMERS,
         api_timeout_s: float = 5.0,
         url: str = "",
         provision_wait_s: float = 0.0,
@@ -48,6 +49,10 @@ class TransportBase(Transport):
         self.event_retention_hours = float(event_retention_hours)
         self.memory_storage = bool(memory_storage)
         self.replicas = max(int(replicas), 1)
+        if isinstance(max_consumers, bool) or not isinstance(max_consumers, int) or max_consumers < 1:
+            raise InvalidArgument(f"max_consumers={max_consumers!r}: must be an integer >= 1")
+        #: The most durable consumers each stream provisioned here lets exist.
+        self.max_consumers = max_consumers
         self._api_timeout_s = float(api_timeout_s)
         #: How long provisioning asks again a starting cluster that cannot yet place or answer about a stream.
         self.provision_wait_s = max(float(provision_wait_s), 0.0)

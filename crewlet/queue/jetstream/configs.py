@@ -49,6 +49,7 @@ def stream_config(
     event_retention_hours: float,
     memory_storage: bool,
     replicas: int = 1,
+    max_consumers: int = topics.DEFAULT_MAX_CONSUMERS,
 ) -> dict[str, Any]:
     """The JetStream configuration of one stream of the topology (JSON, durations in ns)."""
     max_age_s = 0.0
@@ -61,7 +62,10 @@ def stream_config(
         "subjects": [spec.subjects],
         "retention": "interest" if spec.retention == "interest" else "limits",
         "storage": "memory" if memory_storage else "file",
-        "max_consumers": -1,
+        # Explicit, never -1: a stream without a limit of its own is held to the broker's
+        # jetstream.limits.default_max_consumers (1,000 in nats-server 2.15), which refuses the mailbox of
+        # the 500th agent seat; the engine's own bound (stream.max_consumers) is the one in force instead.
+        "max_consumers": int(max_consumers),
         "max_msgs": -1,
         "max_bytes": -1,
         "max_age": int(max_age_s * _NS),

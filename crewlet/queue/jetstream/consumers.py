@@ -11,7 +11,7 @@ import nats.errors
 from crewlet.base.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import SubscriptionRef
-from crewlet.queue.errors import Unavailable
+from crewlet.queue.errors import ConsumerLimit, Unavailable
 from crewlet.queue.jetstream.configs import META_GROUP, META_TOPIC, consumer_config, durable_name
 from crewlet.queue.jetstream.pull import JetStreamPuller
 from crewlet.queue.jetstream.streams import StreamsPart
@@ -20,6 +20,7 @@ from crewlet.queue.jetstream.wire import (
     _NS,
     ERR_CONSUMER_EXISTS,
     ERR_CONSUMER_NOT_FOUND,
+    ERR_MAX_CONSUMERS,
     ERR_STREAM_NOT_FOUND,
     NUM_PENDING_HEADER,
     _ApiError,
@@ -79,6 +80,12 @@ class ConsumersPart(StreamsPart):
         except _ApiError as e:
             if e.err_code == ERR_CONSUMER_EXISTS:
                 return False
+            if e.err_code == ERR_MAX_CONSUMERS:
+                raise ConsumerLimit(
+                    f"stream.max_consumers={self.max_consumers}: the broker refused consumer {name} on {spec.name} "
+                    f"({e.description}); raise stream.max_consumers (CREWLET_STREAM_MAX_CONSUMERS), or the account's "
+                    "consumer limit on an external server"
+                ) from e
             raise
         logger.info(
             "jetstream_consumer_created",

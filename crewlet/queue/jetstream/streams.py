@@ -47,6 +47,7 @@ _ALIGNED_KEYS = frozenset(
         "num_replicas",
         "discard",
         "allow_direct",
+        "max_consumers",
     }
 )
 
@@ -62,6 +63,7 @@ class StreamsPart(TransportBase):
             event_retention_hours=self.event_retention_hours,
             memory_storage=self.memory_storage,
             replicas=self.replicas,
+            max_consumers=self.max_consumers,
         )
 
     async def provision(self) -> None:

@@ -8,6 +8,7 @@ from typing import TypedDict, Unpack
 import nats.errors
 
 from crewlet.base.aio import close_each, keeping_cancel
+from crewlet.queue import topics
 from crewlet.queue.contract import MAX_PAYLOAD_BYTES, EventQueue, Timings
 from crewlet.queue.errors import InvalidArgument, Unavailable
 from crewlet.queue.jetstream.ask_serve import AskServePart
@@ -33,6 +34,7 @@ class ConnectOptions(TypedDict, total=False):
     event_retention_hours: float
     memory_storage: bool
     replicas: int
+    max_consumers: int
     connect_timeout_s: float
     reconnect_wait_s: float
     api_timeout_s: float
@@ -43,9 +45,13 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
     """The JetStream broker primitives under :class:`~crewlet.queue.client.QueueClient`."""
 
     name = "jetstream"
-    #: A fetch is one pull request on the wire, and the client interrupts it when
-    #: its gate closes, so it can wait long between looks.
-    poll_s = 5.0
+    #: A fetch is one pull request on the wire that the broker answers the moment
+    #: mail arrives, and the client interrupts it when its gate closes; a lost
+    #: connection ends it at the disconnect, and a consumer deleted or moved to
+    #: another leader ends it with a 409. So its expiry is only what an idle
+    #: attachment costs: one request per attachment per ``poll_s``, which a
+    #: company of thousands of idle seats pays in requests per second.
+    poll_s = 60.0
 
     # -- connecting ---------------------------------------------------------------
 
@@ -59,6 +65,7 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
         event_retention_hours: float = 720.0,
         memory_storage: bool = False,
         replicas: int = 1,
+        max_consumers: int = topics.DEFAULT_MAX_CONSUMERS,
         connect_timeout_s: float = 5.0,
         reconnect_wait_s: float = 0.25,
         api_timeout_s: float = 5.0,
@@ -81,6 +88,7 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
             event_retention_hours=event_retention_hours,
             memory_storage=memory_storage,
             replicas=replicas,
+            max_consumers=max_consumers,
             api_timeout_s=api_timeout_s,
             url=url,
             provision_wait_s=provision_wait_s,
