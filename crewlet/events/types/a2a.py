@@ -12,7 +12,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @register("a2a_channel_opened", category=A2A)
-@dataclass
 class A2AChannelOpened(EventBody):
     """An agent asked another one something: the channel and its brief (content lives only in events)."""
 
@@ -32,7 +31,6 @@ class A2AChannelOpened(EventBody):
 
 
 @register("a2a_message_sent", category=A2A)
-@dataclass
 class A2AMessageSent(EventBody):
     """A message on an A2A channel (the answer, in practice)."""
 
@@ -55,7 +53,6 @@ SYSTEM_CLOSED_A2A = "system closed A2A channel"
 
 
 @register("a2a_channel_closed", category=A2A)
-@dataclass
 class A2AChannelClosed(EventBody):
     """A channel closed, by its answering turn or by the sweep.
 
@@ -82,37 +79,34 @@ class A2AChannelClosed(EventBody):
         )
 
 
-@register("a2a_request", category=A2A, stored=False)
 @dataclass
-class A2ARequest(EventBody):
-    """Not stored: the ask, as a wake in the target's inbox (its row is a2a_channel_opened)."""
+class _LetterBody(EventBody):
+    """A wake in a seat's inbox on an A2A channel: from whom to whom, and the asking turn's tags."""
 
     channel_id: str = ""
     from_seat: str = ""
     to_seat: str = ""
-    brief: str = ""
     turn_id: str = ""
     conversation_key: str = ""
     role: str = ""
     agent_id: str = ""
+
+
+@register("a2a_request", category=A2A, stored=False)
+class A2ARequest(_LetterBody):
+    """Not stored: the ask, as a wake in the target's inbox (its row is a2a_channel_opened)."""
+
+    brief: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         return f"{_s(self.from_seat) or self.actor(event)} asked {_s(self.to_seat) or 'another agent'}" + _tail(self.brief)
 
 
 @register("a2a_message", category=A2A, stored=False)
-@dataclass
-class A2AMessage(EventBody):
+class A2AMessage(_LetterBody):
     """Not stored: the answer, as a wake in the asker's inbox (its row is a2a_message_sent)."""
 
-    channel_id: str = ""
-    from_seat: str = ""
-    to_seat: str = ""
     message: str = ""
-    turn_id: str = ""
-    conversation_key: str = ""
-    role: str = ""
-    agent_id: str = ""
     #: In a chain of asks, the ask the receiver still owes an answer on (the channel it asked this one on
     #: behalf of), as that ask's ``a2a_request`` fields: the turn this answer wakes answers THAT ask, so
     #: its prompt must show what was asked beside the answer that came back. Empty when nothing is owed.

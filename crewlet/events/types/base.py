@@ -82,3 +82,60 @@ class _TurnBody(_SeatBody):
 
     turn_id: str = ""
     conversation_key: str = ""
+
+
+@dataclass
+class _PhaseBody(_TurnBody):
+    """An event inside one phase of a turn."""
+
+    phase: str = ""
+
+
+@dataclass
+class _IterationBody(_PhaseBody):
+    """An event inside one iteration of a phase."""
+
+    iteration: int = 0
+
+
+@dataclass
+class _RoundBody(_IterationBody):
+    """An event inside one model round of an iteration."""
+
+    round: int = 0
+
+
+@dataclass
+class _Tokens:
+    """What a model call or a turn spent, as the vendor bills input (cached tokens at their fraction)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class _CachedTokens(_Tokens):
+    """Spend with the prompt cache's share: the cached tokens themselves, counted raw."""
+
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+@dataclass
+class _WorkItemTags:
+    """What a turn works on: ``work_item`` is ``{backend, id, key, project}`` or None; ``work_item_basis`` one of WORK_ITEM_BASES.
+
+    ``resumed`` marks a parked coding run's resumed segment under the same ``turn_id``.
+    """
+
+    work_item: Optional[dict[str, Any]] = None
+    work_item_basis: str = ""
+    resumed: bool = False
+
+
+@dataclass
+class _Failure:
+    """Why a call failed: ``error_kind`` a fixed phrase, ``error`` the message."""
+
+    error_kind: str = ""
+    error: str = ""

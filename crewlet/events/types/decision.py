@@ -6,7 +6,7 @@ the store.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import DECISION, register
@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @register("decision_requested", category=DECISION)
-@dataclass
 class DecisionRequested(EventBody):
     decision_id: str = ""
     title: str = ""
@@ -34,7 +33,6 @@ class DecisionRequested(EventBody):
 
 
 @register("decision_resolved", category=DECISION)
-@dataclass
 class DecisionResolved(EventBody):
     decision_id: str = ""
     title: str = ""
@@ -49,7 +47,6 @@ class DecisionResolved(EventBody):
 
 
 @register("contribution_requested", category=DECISION)
-@dataclass
 class ContributionRequested(EventBody):
     decision_id: str = ""
     requested_by: str = ""
@@ -63,7 +60,6 @@ class ContributionRequested(EventBody):
 
 
 @register("contribution_received", category=DECISION)
-@dataclass
 class ContributionReceived(EventBody):
     decision_id: str = ""
     contributed_by: str = ""

@@ -1,18 +1,17 @@
 """Notification bodies: a surface's notification, a delivery skipped and why, wakes coalesced, a trigger skipped."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import NOTIFICATION, register
-from crewlet.events.types.base import EventBody, _plural, _s, _SeatBody, _tail
+from crewlet.events.types.base import EventBody, _plural, _s, _SeatBody, _tail, _TurnBody
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
 
 
 @register("external_notification", category=NOTIFICATION)
-@dataclass
 class ExternalNotification(_SeatBody):
     """Inbound from a third-party app webhook or chat socket, as the wake a seat receives.
 
@@ -41,7 +40,6 @@ class ExternalNotification(_SeatBody):
 
 
 @register("notification_skipped", category=NOTIFICATION)
-@dataclass
 class NotificationSkipped(EventBody):
     """A delivery addressed to somebody was dropped. ``reason`` is one of SKIP_REASONS; ``detail`` the particulars."""
 
@@ -60,7 +58,6 @@ class NotificationSkipped(EventBody):
 
 
 @register("notifications_coalesced", category=NOTIFICATION)
-@dataclass
 class NotificationsCoalesced(_SeatBody):
     """N same-partition inbox events merged into one digest trigger.
 
@@ -80,13 +77,10 @@ class NotificationsCoalesced(_SeatBody):
 
 
 @register("turn_trigger_skipped", category=NOTIFICATION)
-@dataclass
-class TurnTriggerSkipped(_SeatBody):
+class TurnTriggerSkipped(_TurnBody):
     """A trigger not run: already worked (ledger), answered by a later turn in its thread, or abandoned."""
 
     trigger_event_id: str = ""
-    turn_id: str = ""
-    conversation_key: str = ""
     reason: str = ""
     detail: str = ""
 

@@ -41,7 +41,6 @@ class _DeliveryBody(EventBody):
 
 
 @register("inbound_delivery", category=WEBHOOK)
-@dataclass
 class InboundDelivery(_DeliveryBody):
     """One delivery presented to one seat, counted once across the fleet.
 
@@ -61,7 +60,6 @@ class InboundDelivery(_DeliveryBody):
 
 
 @register("raw_webhook", category=WEBHOOK, stored=False)
-@dataclass
 class RawWebhook(_DeliveryBody):
     """Not stored: the delivery as the edge took it (its row is the inbound_delivery beside it)."""
 
