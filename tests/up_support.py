@@ -104,6 +104,18 @@ class UpProcess:
         assert self.out is not None
         return self.out.text()
 
+    def api(self, path: str) -> Any:
+        """``GET path`` (``/api/...``) as the operator, with the token ``up`` was started with; its JSON, asserting 200."""
+        token = self.env.get("CREWLET_OPERATOR_TOKEN", "")
+        status, body = http_json("GET", self.url + path, headers={"Authorization": f"Bearer {token}"}, empty={})
+        assert status == 200, body
+        return body
+
+    def events(self, etype: str, seat: str = "") -> list[dict[str, Any]]:
+        """Every stored event of ``etype`` (about ``seat``, when given), oldest first, each as published (its wire form)."""
+        rows = self.api(f"/api/events?type={etype}" + (f"&seat={seat}" if seat else ""))["events"]
+        return [self.api(f"/api/events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
+
     def output_so_far(self) -> str:
         """What the process has printed so far, without waiting for it to end."""
         return "\n".join(list(self.out.lines)) if self.out else ""
