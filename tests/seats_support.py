@@ -302,14 +302,18 @@ class FakeModelServer:
 
 
 def send_json(
-    handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any], headers: Sequence[tuple[str, str]] = ()
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    payload: Any,
+    headers: Sequence[tuple[str, str]] = (),
+    content_type: str = "application/json",
 ) -> None:
     """Answer an ``http.server`` request with ``payload`` as JSON (and ``headers``)."""
     data = json.dumps(payload).encode()
     handler.send_response(status)
     for name, value in headers:
         handler.send_header(name, value)
-    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Type", content_type)
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qsl, urlsplit
 
 from chat_vendor_support import CallLog
-from seats_support import loopback_http
+from seats_support import loopback_http, send_json
 
 #: An answer: the status and the JSON body (an object or, for a GitHub listing, an array).
 Answer = tuple[int, Any]
@@ -47,12 +47,7 @@ def basic(user: str, token: str) -> str:
 
 
 def _send(handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-    data = json.dumps(payload).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json;charset=UTF-8")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
+    send_json(handler, status, payload, content_type="application/json;charset=UTF-8")
 
 
 def _serve(answer: Callable[[str, str, str, dict[str, Any]], Answer]) -> type[BaseHTTPRequestHandler]:

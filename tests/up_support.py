@@ -116,6 +116,11 @@ class UpProcess:
         rows = self.api(f"/api/events?type={etype}" + (f"&seat={seat}" if seat else ""))["events"]
         return [self.api(f"/api/events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
 
+    def readyz(self) -> dict[str, Any]:
+        """The components ``/readyz`` reports, whichever its status."""
+        _, body = http_json("GET", self.url + "/readyz")
+        return dict(body["components"])
+
     def output_so_far(self) -> str:
         """What the process has printed so far, without waiting for it to end."""
         return "\n".join(list(self.out.lines)) if self.out else ""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from chat_vendor_support import Call, CallLog
+from chat_vendor_support import CallLog, ScriptedModel
 from seats.reply_target import REPLY_TARGET_LEAD, REPLY_TOOL, SURFACE
-from seats_support import json_vendor, openai_completion
+from seats_support import json_vendor
 from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
 from tracker_vendor_support import ConfluenceApi, GitHubApi, JiraApi, basic, confluence_api, github_api, jira_api, only_call
 
@@ -79,35 +78,13 @@ def told_target(said: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(json.loads(lines[lines.index(REPLY_TARGET_LEAD) + 1]))
 
 
-class Model:
+class Model(ScriptedModel[str]):
     """The model: a known phrase is answered by calling the reply tool the target names, with the target's values."""
 
-    def __init__(self, log: CallLog) -> None:
-        self.log = log
-        #: A phrase of the trigger -> the text of the reply.
-        self.script: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        messages = body.get("messages", [])
-        said = json.dumps(messages)
-        self.log.add("model", "POST", "chat/completions", "", {"said": said, "messages": messages})
-        with self._lock:
-            text = next((t for phrase, t in self.script.items() if phrase in said), None)
-        message: dict[str, Any]
-        if any(m.get("role") == "tool" for m in messages) or text is None:
-            message, finish = {"role": "assistant", "content": "done"}, "stop"
-        else:
-            target = told_target(messages)
-            args = {k: target[k] for k in REPLY_PARAMS[target[SURFACE]] if k in target}
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": "call_0", "type": "function",
-                "function": {"name": target[REPLY_TOOL], "arguments": json.dumps({**args, "body": text})}}]}
-            finish = "tool_calls"
-        return 200, openai_completion(message, finish)
-
-    def asked(self, phrase: str) -> list[Call]:
-        return [c for c in self.log.of("model", "chat/completions") if phrase in c.args["said"]]
+    def tool_call(self, scripted: str, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+        target = told_target(messages)
+        args = {k: target[k] for k in REPLY_PARAMS[target[SURFACE]] if k in target}
+        return target[REPLY_TOOL], {**args, "body": scripted}
 
 
 @dataclass
