@@ -1,9 +1,4 @@
-"""The a2a app's table, squashed from ``0001_initial`` and ``0002_channel_on_behalf_of`` (``manage.py squashmigrations``).
-
-``replaces`` keeps every database that applied the two upgrading: Django records
-this migration as applied there and never runs it again, and a migration that
-still depends on a replaced name is pointed at this one.
-"""
+"""The a2a app's table, squashed from ``0001_initial`` and ``0002_channel_on_behalf_of`` (docs/architecture.md, Migrations)."""
 import uuid
 from django.db import migrations, models
 

@@ -1,9 +1,4 @@
-"""The notifications app's tables, squashed from ``0001_initial`` and ``0002_source_token`` (``manage.py squashmigrations``).
-
-``replaces`` keeps every database that applied the two upgrading: Django records
-this migration as applied there and never runs it again, and a migration that
-still depends on a replaced name is pointed at this one.
-"""
+"""The notifications app's tables, squashed from ``0001_initial`` and ``0002_source_token`` (docs/architecture.md, Migrations)."""
 import django.utils.timezone
 from django.db import migrations, models
 

@@ -1,9 +1,4 @@
-"""The schedules' first sightings and the token-usage rows, squashed from ``0004_schedule_seen`` and ``0005_token_usage``.
-
-``replaces`` keeps every database that applied the two upgrading: Django records
-this migration as applied there and never runs it again, and a migration that
-still depends on a replaced name is pointed at this one.
-"""
+"""Schedules' first sightings and the token-usage counters, squashed from ``0004_schedule_seen`` and ``0005_token_usage`` (docs/architecture.md, Migrations)."""
 from django.db import migrations, models
 
 
