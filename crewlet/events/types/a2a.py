@@ -5,14 +5,14 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import A2A, register
-from crewlet.events.types.base import EventBody, _plural, _s, _tail
+from crewlet.events.types.base import EventBody, _ActorTags, _plural, _s, _tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
 
 
 @register("a2a_channel_opened", category=A2A)
-class A2AChannelOpened(EventBody):
+class A2AChannelOpened(EventBody, _ActorTags):
     """An agent asked another one something: the channel and its brief (content lives only in events)."""
 
     channel_id: str = ""
@@ -22,8 +22,6 @@ class A2AChannelOpened(EventBody):
     brief: str = ""
     turn_id: str = ""
     work_key: str = ""
-    role: str = ""
-    agent_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         who = _s(self.opened_by) or self.actor(event)
@@ -31,7 +29,7 @@ class A2AChannelOpened(EventBody):
 
 
 @register("a2a_message_sent", category=A2A)
-class A2AMessageSent(EventBody):
+class A2AMessageSent(EventBody, _ActorTags):
     """A message on an A2A channel (the answer, in practice)."""
 
     channel_id: str = ""
@@ -40,8 +38,6 @@ class A2AMessageSent(EventBody):
     message: str = ""
     message_count: int = 0
     turn_id: str = ""
-    role: str = ""
-    agent_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         who = _s(self.from_seat) or self.actor(event)
@@ -80,7 +76,7 @@ class A2AChannelClosed(EventBody):
 
 
 @dataclass
-class _LetterBody(EventBody):
+class _LetterBody(EventBody, _ActorTags):
     """A wake in a seat's inbox on an A2A channel: from whom to whom, and the asking turn's tags."""
 
     channel_id: str = ""
@@ -88,8 +84,6 @@ class _LetterBody(EventBody):
     to_seat: str = ""
     turn_id: str = ""
     conversation_key: str = ""
-    role: str = ""
-    agent_id: str = ""
 
 
 @register("a2a_request", category=A2A, stored=False)

@@ -68,12 +68,26 @@ class EventBody:
 
 
 @dataclass
-class _SeatBody(EventBody):
-    """The seat a body is about and whose it is: the fields :meth:`EventBody.actor` reads, first on the wire."""
+class _ActorTags:
+    """Whose an event is, beside the envelope's ``source``: the fields :meth:`EventBody.actor` reads."""
 
-    seat: str = ""
     role: str = ""
     agent_id: str = ""
+
+
+@dataclass
+class _DeliveryTags:
+    """The vendor delivery an event is about: the vendor's event name and its delivery id."""
+
+    event_name: str = ""
+    delivery_id: str = ""
+
+
+@dataclass
+class _SeatBody(EventBody, _ActorTags):
+    """The seat a body is about, and whose it is."""
+
+    seat: str = ""
 
 
 @dataclass

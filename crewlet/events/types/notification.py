@@ -5,14 +5,14 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import NOTIFICATION, register
-from crewlet.events.types.base import EventBody, _plural, _s, _SeatBody, _tail, _TurnBody
+from crewlet.events.types.base import EventBody, _DeliveryTags, _plural, _s, _SeatBody, _tail, _TurnBody
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
 
 
 @register("external_notification", category=NOTIFICATION)
-class ExternalNotification(_SeatBody):
+class ExternalNotification(_SeatBody, _DeliveryTags):
     """Inbound from a third-party app webhook or chat socket, as the wake a seat receives.
 
     The envelope's ``source`` names the app. Per the design, the partition key
@@ -23,8 +23,6 @@ class ExternalNotification(_SeatBody):
     alone.
     """
 
-    event_name: str = ""
-    delivery_id: str = ""
     sender: str = ""
     title: str = ""
     body: str = ""
@@ -40,15 +38,13 @@ class ExternalNotification(_SeatBody):
 
 
 @register("notification_skipped", category=NOTIFICATION)
-class NotificationSkipped(EventBody):
+class NotificationSkipped(EventBody, _DeliveryTags):
     """A delivery addressed to somebody was dropped. ``reason`` is one of SKIP_REASONS; ``detail`` the particulars."""
 
     reason: str = ""
     detail: str = ""
     seat: str = ""
     recipient: str = ""
-    event_name: str = ""
-    delivery_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         app = _s(event.source) if event is not None else ""

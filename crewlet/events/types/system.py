@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from crewlet.events.registry import LIFECYCLE, SYSTEM, register
 from crewlet.events.types.base import (
     EventBody,
+    _ActorTags,
     _CachedTokens,
     _Failure,
     _IterationBody,
@@ -158,7 +159,7 @@ class AgentPhaseCompleted(_IterationBody, _CachedTokens, _Failure):
 
 
 @register("auxiliary_spend", category=SYSTEM, fed=False)
-class AuxiliarySpend(EventBody, _Tokens):
+class AuxiliarySpend(EventBody, _Tokens, _ActorTags):
     """What the auxiliary model cost for one key, coalesced over one flush of the node's ledger.
 
     Stored and NOT fed: accounting, not activity. No prompt, no response, and
@@ -169,8 +170,6 @@ class AuxiliarySpend(EventBody, _Tokens):
     purpose: str = ""
     seat: str = ""
     person: str = ""
-    role: str = ""
-    agent_id: str = ""
     turn_id: str = ""
     model: str = ""
     provider_key: str = ""
