@@ -24,7 +24,7 @@ class A2AChannelOpened(EventBody, _ActorTags):
     work_key: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        who = _s(self.opened_by) or self.actor(event)
+        who = self._named(self.opened_by, event)
         return f"{who} asked {_s(self.target) or 'another agent'} over A2A" + _tail(self.brief)
 
 
@@ -40,7 +40,7 @@ class A2AMessageSent(EventBody, _ActorTags):
     turn_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        who = _s(self.from_seat) or self.actor(event)
+        who = self._named(self.from_seat, event)
         return f"{who} replied to {_s(self.to_seat) or 'another agent'} over A2A" + _tail(self.message)
 
 
@@ -93,7 +93,7 @@ class A2ARequest(_LetterBody):
     brief: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.from_seat) or self.actor(event)} asked {_s(self.to_seat) or 'another agent'}" + _tail(self.brief)
+        return f"{self._named(self.from_seat, event)} asked {_s(self.to_seat) or 'another agent'}" + _tail(self.brief)
 
 
 @register("a2a_message", category=A2A, stored=False)
@@ -119,6 +119,6 @@ class A2AMessage(_LetterBody):
         return A2ARequest(**{k: str(v) for k, v in self.owed_ask.items() if k in known and v is not None})
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.from_seat) or self.actor(event)} answered {_s(self.to_seat) or 'another agent'}" + _tail(
+        return f"{self._named(self.from_seat, event)} answered {_s(self.to_seat) or 'another agent'}" + _tail(
             self.message
         )

@@ -54,6 +54,10 @@ class EventBody:
             getattr(self, "agent_id", ""),
         )
 
+    def _named(self, name: Any, event: Optional["Event"] = None) -> str:
+        """Who the body names (a ``requested_by``, a ``from_seat``), else :meth:`actor`."""
+        return _s(name) or self.actor(event)
+
     def _seat(self) -> str:
         """The seat by its handle ("grace"), or "a seat" when the body names none."""
         return _s(getattr(self, "seat", "")) or "a seat"

@@ -116,16 +116,22 @@ class BackupRequested(_AuditBody):
         return f"{self.actor(event)} backed up {_plural(self.streams, 'stream')}{where} ({state})" + _tail(self.error)
 
 
-@register("seat_paused", category=LIFECYCLE)
-class SeatPaused(EventBody):
-    """A person paused a seat; published once per change by the caller whose compare-and-set won."""
+@dataclass
+class _PauseBody(EventBody):
+    """The pause a body is about: the seat, who paused it and when."""
 
     seat: str = ""
     paused_by: str = ""
+    paused_at: str = ""
+
+
+@register("seat_paused", category=LIFECYCLE)
+class SeatPaused(_PauseBody):
+    """A person paused a seat; published once per change by the caller whose compare-and-set won."""
+
     paused_by_seat: str = ""
     reason: str = ""
     stop_running: bool = False
-    paused_at: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         stop = " and stopped its running turn" if self.stop_running else ""
@@ -133,14 +139,11 @@ class SeatPaused(EventBody):
 
 
 @register("seat_resumed", category=LIFECYCLE)
-class SeatResumed(EventBody):
+class SeatResumed(_PauseBody):
     """The pause was lifted; names the pause it ended."""
 
-    seat: str = ""
     resumed_by: str = ""
     resumed_by_seat: str = ""
-    paused_by: str = ""
-    paused_at: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         ended = f" (paused by {_s(self.paused_by)})" if _s(self.paused_by) else ""
