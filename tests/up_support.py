@@ -32,6 +32,15 @@ REQUEST_TIMEOUT_S = 60.0
 
 U = TypeVar("U", bound="UpProcess")
 
+
+def openai_company(base_url: str, key_env: str, timeout_s: float) -> str:
+    """A company file's opening: org ``acme`` and one OpenAI-compatible provider (model gpt-test) at ``base_url``."""
+    return (
+        "org: acme\nproviders:\n  llm:\n"
+        f"    - {{kind: openai, base_url: \"{base_url}\", model: gpt-test, api_key_env: {key_env}, timeout_s: {timeout_s:g}}}\n"
+    )
+
+
 #: The company file's surfaces and seats where ada may ask linus (``a2a_ask``, four rounds a turn) and
 #: grace, a person, writes to her on Slack (unverified): the tail of an up test's company after its providers.
 ADA_ASKS_LINUS_ON_SLACK = """\
@@ -225,5 +234,6 @@ def turn_completed(url: str, trace_id: str, token: str, timeout_s: float = REQUE
 
 
 __all__ = [
-    "READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "serve", "turn_completed", "up_env",
+    "READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "openai_company", "serve",
+    "turn_completed", "up_env",
 ]

@@ -23,7 +23,7 @@ import pytest
 
 from chat_vendor_support import CallLog, MattermostApi, ScriptedModel, SlackWebApi, first, mattermost_api, slack_web_api
 from seats_support import json_vendor
-from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
+from tests.up_support import UpProcess, http_json, openai_company, serve, turn_completed, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -37,11 +37,7 @@ SHARED_MM_TOKEN = "company-shared-mattermost-token"
 ADA_MM_USER = "adabotuser00000000000000aa"
 ADA_MM_ID = "xei6dqz8xfgm7kqzddjziyofyo"
 GRACE_MM_ID = "cmr7sncacib4xfhd6yo3n4tf5e"
-COMPANY = """\
-org: acme
-providers:
-  llm:
-    - {kind: openai, base_url: "MODEL_URL", model: gpt-test, api_key_env: CHAT_UP_OPENAI_KEY, timeout_s: 60}
+COMPANY = openai_company("MODEL_URL", "CHAT_UP_OPENAI_KEY", 60) + """\
 surfaces:
   slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false, api_url: "SLACK_URL"}
   mattermost: {token_env: MATTERMOST_WEBHOOK_TOKEN, verify: false, server: "MATTERMOST_URL"}

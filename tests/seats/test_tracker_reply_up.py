@@ -29,7 +29,7 @@ import pytest
 from chat_vendor_support import CallLog, ScriptedModel
 from seats.reply_target import REPLY_TARGET_LEAD, REPLY_TOOL, SURFACE
 from seats_support import json_vendor
-from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
+from tests.up_support import UpProcess, http_json, openai_company, serve, turn_completed, up_env
 from tracker_vendor_support import ConfluenceApi, GitHubApi, JiraApi, basic, confluence_api, github_api, jira_api, only_call
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -47,11 +47,7 @@ ADA_ACCOUNT = "5b10ac8d82e05b22cc7d4ada"
 GRACE_GITHUB, GRACE_JIRA, GRACE_CONFLUENCE = "Codertocat", "5a1b0e47748e770ed11f338c", "ff80808154510724015451074c160001"
 #: Each reply tool's parameters besides its text (what the model copies from the target).
 REPLY_PARAMS = {"github": ("repo", "issue_number"), "jira": ("issue_key",), "confluence": ("page_id", "parent_comment_id")}
-COMPANY = f"""\
-org: acme
-providers:
-  llm:
-    - {{kind: openai, base_url: "MODEL_URL", model: gpt-test, api_key_env: TRACKER_UP_OPENAI_KEY, timeout_s: 60}}
+COMPANY = openai_company("MODEL_URL", "TRACKER_UP_OPENAI_KEY", 60) + f"""\
 surfaces:
   github: {{secret_env: GITHUB_WEBHOOK_SECRET, verify: false, api_url: "GITHUB_URL"}}
   jira: {{secret_env: JIRA_WEBHOOK_SECRET, verify: false, server: "JIRA_URL"}}
