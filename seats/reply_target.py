@@ -65,26 +65,25 @@ def _comment_id(message_id: str) -> str:
     return message_id[len(_COMMENT):] if message_id.startswith(_COMMENT) else ""
 
 
-def _slack(parts: list[str], message_id: str) -> Optional[dict[str, Any]]:
+def _chat(parts: list[str], message: str, channel_key: str, thread_key: str, message_key: str) -> dict[str, Any]:
+    """A chat conversation's target in its surface's keys: the channel, the thread (its root, else the message) and the message."""
     channel, root = parts[0], (parts[1] if len(parts) > 1 else "")
-    where, _, ts = message_id.partition(":")
-    ts = ts if where == channel and _SLACK_TS.fullmatch(ts) else ""
-    target: dict[str, Any] = {"channel": channel}
-    if root or ts:
-        target["thread_ts"] = root or ts
-    if ts:
-        target["timestamp"] = ts
+    target: dict[str, Any] = {channel_key: channel}
+    if root or message:
+        target[thread_key] = root or message
+    if message:
+        target[message_key] = message
     return target
+
+
+def _slack(parts: list[str], message_id: str) -> Optional[dict[str, Any]]:
+    where, _, ts = message_id.partition(":")
+    ts = ts if where == parts[0] and _SLACK_TS.fullmatch(ts) else ""
+    return _chat(parts, ts, "channel", "thread_ts", "timestamp")
 
 
 def _mattermost(parts: list[str], message_id: str) -> Optional[dict[str, Any]]:
-    channel, root = parts[0], (parts[1] if len(parts) > 1 else "")
-    target: dict[str, Any] = {"channel_id": channel}
-    if root or message_id:
-        target["root_id"] = root or message_id
-    if message_id:
-        target["post_id"] = message_id
-    return target
+    return _chat(parts, message_id, "channel_id", "root_id", "post_id")
 
 
 def _github(rest: str, message_id: str, event_name: str) -> Optional[dict[str, Any]]:

@@ -22,24 +22,14 @@ import json
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from seats_support import send_json
-from surfaces_support import VendorSocketServer
-
-
-async def _send(ws: Optional[ServerConnection], frame: dict[str, Any]) -> bool:
-    if ws is None or ws.state.name != "OPEN":
-        return False
-    try:
-        await ws.send(json.dumps(frame))
-    except ConnectionClosed:
-        return False
-    return True
+from surfaces_support import VendorSocketServer, send_frame
 
 
 class SlackApps(VendorSocketServer):
@@ -104,7 +94,7 @@ class SlackApps(VendorSocketServer):
         """Send an envelope on ``app``'s socket; its id."""
         envelope_id = f"env-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         envelope = {"envelope_id": envelope_id, "payload": payload, "type": kind, "accepts_response_payload": False, "retry_attempt": 0}
-        assert self.call(lambda: _send(self.sockets.get(app), envelope)), f"{app}'s socket is not open"
+        assert self.call(lambda: send_frame(self.sockets.get(app), envelope)), f"{app}'s socket is not open"
         return envelope_id
 
     def close(self) -> None:
@@ -155,7 +145,7 @@ class MattermostBots(VendorSocketServer):
         async def go() -> bool:
             event = {**frame, "seq": self.seq[user]}
             self.seq[user] += 1
-            return await _send(self.sockets.get(user), event)
+            return await send_frame(self.sockets.get(user), event)
 
         assert self.call(go), f"{user}'s socket is not open"
 

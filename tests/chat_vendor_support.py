@@ -32,10 +32,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Iterator, Optional
+from typing import Any, Generic, Iterator, Optional, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
-from seats_support import loopback_http, send_json
+from seats_support import loopback_http, openai_completion, send_json
 
 SLACK_BOT_ID = "B0ADABOT"
 SLACK_BOT_USER = "U0ADABOT"
@@ -262,3 +262,49 @@ def mattermost_api(log: CallLog, tokens: dict[str, str], prefix: str = "") -> It
 def first(calls: list[Call], **args: Any) -> Optional[Call]:
     """The first of ``calls`` whose arguments include ``args``."""
     return next((c for c in calls if all(c.args.get(k) == v for k, v in args.items())), None)
+
+
+S = TypeVar("S")
+
+
+class ScriptedModel(Generic[S]):
+    """An OpenAI-compatible model for a real ``up``: a trigger carrying a phrase of ``script`` gets one tool call.
+
+    After a tool's result, or for a trigger the script does not name, it
+    answers "done". Every call is logged as ("model", "chat/completions")
+    with the messages, as JSON (``said``) and as sent (``messages``).
+    """
+
+    def __init__(self, log: CallLog) -> None:
+        self.log = log
+        #: A phrase of the trigger -> what :meth:`tool_call` answers it with.
+        self.script: dict[str, S] = {}
+        #: Phrases a request is refused for (HTTP 400, so the turn fails) unless a scripted phrase is in it too.
+        self.failing: set[str] = set()
+        self._lock = threading.Lock()
+
+    def tool_call(self, scripted: S, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+        """The call that answers a scripted trigger: (exposed tool name, arguments)."""
+        raise NotImplementedError
+
+    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        messages = body.get("messages", [])
+        said = json.dumps(messages)
+        self.log.add("model", "POST", "chat/completions", "", {"said": said, "messages": messages})
+        with self._lock:
+            scripted = next((s for phrase, s in self.script.items() if phrase in said), None)
+            if scripted is None and any(phrase in said for phrase in self.failing):
+                return 400, {"error": {"message": "scripted failure", "type": "invalid_request_error", "code": None}}
+        message: dict[str, Any]
+        if any(m.get("role") == "tool" for m in messages) or scripted is None:
+            message, finish = {"role": "assistant", "content": "done"}, "stop"
+        else:
+            name, args = self.tool_call(scripted, messages)
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+            finish = "tool_calls"
+        return 200, openai_completion(message, finish)
+
+    def asked(self, phrase: str) -> list[Call]:
+        return [c for c in self.log.of("model", "chat/completions") if phrase in c.args["said"]]
+

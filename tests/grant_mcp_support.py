@@ -11,15 +11,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from mcp.server.mcpserver import Context, MCPServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mcp_support import _serve_http, free_port  # noqa: E402  (the tests folder, also when run as a script)
+from mcp_support import _serve_http, script_over_http  # noqa: E402  (the tests folder, also when run as a script)
 
 HERE = Path(__file__).resolve()
 
@@ -52,27 +50,9 @@ def stdio_command() -> list[str]:
     return [sys.executable, str(HERE)]
 
 
-@contextlib.contextmanager
-def http_server() -> Iterator[str]:
+def http_server() -> "contextlib.AbstractContextManager[str]":
     """This server over streamable HTTP in a child process, accepting any caller; yields its URL once it accepts connections."""
-    import socket
-
-    from waiting_support import wait_until
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(HERE), "--http", str(port)])
-
-    def accepting() -> bool:
-        assert proc.poll() is None, "the MCP test server exited"
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-
-    try:
-        wait_until(accepting, timeout_s=30, what="the MCP HTTP server accepting", ignoring=(OSError,))
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    return script_over_http(HERE)
 
 
 def main() -> None:

@@ -98,9 +98,14 @@ def free_port() -> int:
 
 def start_http(port: int, require_auth: str) -> "subprocess.Popen[bytes]":
     """This server over streamable HTTP on ``port`` in a child process, returned once it accepts connections."""
+    return start_script_http(HERE, port, "--require-auth", require_auth)
+
+
+def start_script_http(script: Path, port: int, *args: str) -> "subprocess.Popen[bytes]":
+    """The MCP test server ``script`` run with ``--http port`` and ``args`` in a child process, returned once it accepts connections."""
     from waiting_support import wait_until
 
-    proc = subprocess.Popen([sys.executable, str(HERE), "--http", str(port), "--require-auth", require_auth])
+    proc = subprocess.Popen([sys.executable, str(script), "--http", str(port), *args])
 
     def accepting() -> bool:
         assert proc.poll() is None, "the MCP test server exited"
@@ -116,15 +121,20 @@ def start_http(port: int, require_auth: str) -> "subprocess.Popen[bytes]":
 
 
 @contextlib.contextmanager
-def http_server(require_auth: str) -> Iterator[str]:
-    """This server over streamable HTTP in a child process; yields its URL once it accepts connections."""
+def script_over_http(script: Path, *args: str) -> Iterator[str]:
+    """:func:`start_script_http` on a free port; yields the server's URL, and stops it after."""
     port = free_port()
-    proc = start_http(port, require_auth)
+    proc = start_script_http(script, port, *args)
     try:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def http_server(require_auth: str) -> "contextlib.AbstractContextManager[str]":
+    """This server over streamable HTTP in a child process; yields its URL once it accepts connections."""
+    return script_over_http(HERE, "--require-auth", require_auth)
 
 
 def _serve_http(server: MCPServer, port: int, require_auth: Optional[str]) -> None:

@@ -26,8 +26,10 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator
+
+from seats_support import loopback_http, send_json
 
 #: Anthropic's least cacheable prefix on its Sonnet and Opus models.
 MIN_CACHE_TOKENS = 1024
@@ -135,26 +137,14 @@ def caching_anthropic(**options: Any) -> Iterator[CachingAnthropic]:
                 status, payload = 404, {"type": "error", "error": {"type": "not_found_error", "message": self.path}}
             else:
                 status, payload = 200, state.answer(body)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, payload)
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    state.port = server.server_address[1]
-    try:
+    with loopback_http(Handler) as port:
+        state.port = port
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 __all__ = ["CACHE_TTL_S", "MIN_CACHE_TOKENS", "CachingAnthropic", "blocks_of", "caching_anthropic", "tokens_of"]

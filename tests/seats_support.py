@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 from rest_framework.test import APIClient
 
 from crewlet import events
@@ -25,6 +26,7 @@ from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.memory import MemoryBroker
 from crewlet.events.tracing import Trace
 from seats.episodes import BLOCK_CLOSE
+from seats.ledger import in_store, screen
 from seats.mailboxes import ensure_mailboxes
 from seats.runtime import SeatRuntime
 from engine_support import engine_here
@@ -313,14 +315,18 @@ class FakeModelServer:
 
 
 def send_json(
-    handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any], headers: Sequence[tuple[str, str]] = ()
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    payload: Any,
+    headers: Sequence[tuple[str, str]] = (),
+    content_type: str = "application/json",
 ) -> None:
     """Answer an ``http.server`` request with ``payload`` as JSON (and ``headers``)."""
     data = json.dumps(payload).encode()
     handler.send_response(status)
     for name, value in headers:
         handler.send_header(name, value)
-    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Type", content_type)
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
@@ -359,6 +365,19 @@ def model_server(
     with loopback_http(Handler) as port:
         state.port = port
         yield state
+
+
+def store_away_for(outages: list[int]) -> Any:
+    """The real screen, after ``outages[0]`` screenings the store fails as a database that cannot be reached does."""
+
+    def flaky(seat: str, identities: Any) -> Any:
+        if outages[0] > 0:
+            outages[0] -= 1
+            settings = {**connections["default"].settings_dict, "NAME": "crewlet_no_such_database"}
+            type(connections["default"])(settings, alias="absent").ensure_connection()  # a real OperationalError
+        return screen(seat, identities)
+
+    return in_store(flaky)
 
 
 @contextlib.contextmanager

@@ -43,6 +43,17 @@ SLACK_APP_TOKEN = "xapp-1-A111-test-app-token"
 MATTERMOST_BOT_TOKEN = "mm-bot-token-for-tests"
 
 
+async def send_frame(ws: Optional[ServerConnection], frame: dict[str, Any]) -> bool:
+    """Send ``frame`` as JSON on ``ws``; False when there is no open socket or the send failed."""
+    if ws is None or ws.state.name != "OPEN":
+        return False
+    try:
+        await ws.send(json.dumps(frame))
+    except Exception:
+        return False
+    return True
+
+
 class VendorSocketServer:
     """What both vendors' servers share: the loop thread, the websocket server, the open socket and dropping it."""
 
@@ -88,14 +99,7 @@ class VendorSocketServer:
         return ws is not None and ws.state.name == "OPEN"
 
     async def _send(self, frame: dict[str, Any]) -> bool:
-        ws = self.ws
-        if ws is None or ws.state.name != "OPEN":
-            return False
-        try:
-            await ws.send(json.dumps(frame))
-        except Exception:
-            return False
-        return True
+        return await send_frame(self.ws, frame)
 
     def close(self) -> None:
         async def shut() -> None:

@@ -31,11 +31,11 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Protocol, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from chat_vendor_support import CallLog
-from seats_support import loopback_http
+from seats_support import loopback_http, send_json
 
 #: An answer: the status and the JSON body (an object or, for a GitHub listing, an array).
 Answer = tuple[int, Any]
@@ -47,12 +47,7 @@ def basic(user: str, token: str) -> str:
 
 
 def _send(handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-    data = json.dumps(payload).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json;charset=UTF-8")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
+    send_json(handler, status, payload, content_type="application/json;charset=UTF-8")
 
 
 def _serve(answer: Callable[[str, str, str, dict[str, Any]], Answer]) -> type[BaseHTTPRequestHandler]:
@@ -210,31 +205,36 @@ class ConfluenceApi:
         return self.error(404, "NOT_FOUND", "Not Found")
 
 
+class _Vendor(Protocol):
+    url: str
+
+    def answer(self, verb: str, path: str, auth: str, args: dict[str, Any]) -> Answer: ...
+
+
+V = TypeVar("V", bound=_Vendor)
+
+
 @contextlib.contextmanager
-def github_api(log: CallLog, tokens: set[str]) -> Iterator[GitHubApi]:
+def _on_loopback(api: V, path: str) -> Iterator[V]:
+    """``api`` served on loopback; its ``url`` is ``http://127.0.0.1:<port>`` and ``path``."""
+    with loopback_http(_serve(api.answer)) as port:
+        api.url = f"http://127.0.0.1:{port}{path}"
+        yield api
+
+
+def github_api(log: CallLog, tokens: set[str]) -> "contextlib.AbstractContextManager[GitHubApi]":
     """A :class:`GitHubApi` on loopback; its ``url`` is the API base (``http://127.0.0.1:<port>/api/v3``)."""
-    api = GitHubApi(log, tokens)
-    with loopback_http(_serve(api.answer)) as port:
-        api.url = f"http://127.0.0.1:{port}{GitHubApi.PREFIX}"
-        yield api
+    return _on_loopback(GitHubApi(log, tokens), GitHubApi.PREFIX)
 
 
-@contextlib.contextmanager
-def jira_api(log: CallLog, auth: set[str], issues: set[str]) -> Iterator[JiraApi]:
+def jira_api(log: CallLog, auth: set[str], issues: set[str]) -> "contextlib.AbstractContextManager[JiraApi]":
     """A :class:`JiraApi` on loopback; its ``url`` is the site (``http://127.0.0.1:<port>``)."""
-    api = JiraApi(log, auth, issues)
-    with loopback_http(_serve(api.answer)) as port:
-        api.url = f"http://127.0.0.1:{port}"
-        yield api
+    return _on_loopback(JiraApi(log, auth, issues), "")
 
 
-@contextlib.contextmanager
-def confluence_api(log: CallLog, auth: set[str], pages: set[str]) -> Iterator[ConfluenceApi]:
+def confluence_api(log: CallLog, auth: set[str], pages: set[str]) -> "contextlib.AbstractContextManager[ConfluenceApi]":
     """A :class:`ConfluenceApi` on loopback; its ``url`` is the site's wiki (``http://127.0.0.1:<port>/wiki``)."""
-    api = ConfluenceApi(log, auth, pages)
-    with loopback_http(_serve(api.answer)) as port:
-        api.url = f"http://127.0.0.1:{port}/wiki"
-        yield api
+    return _on_loopback(ConfluenceApi(log, auth, pages), "/wiki")
 
 
 def only_call(calls: list[Any], what: Optional[str] = None) -> Any:

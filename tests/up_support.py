@@ -35,6 +35,15 @@ REQUEST_TIMEOUT_S = 60.0
 
 U = TypeVar("U", bound="UpProcess")
 
+
+def openai_company(base_url: str, key_env: str, timeout_s: float) -> str:
+    """A company file's opening: org ``acme`` and one OpenAI-compatible provider (model gpt-test) at ``base_url``."""
+    return (
+        "org: acme\nproviders:\n  llm:\n"
+        f"    - {{kind: openai, base_url: \"{base_url}\", model: gpt-test, api_key_env: {key_env}, timeout_s: {timeout_s:g}}}\n"
+    )
+
+
 #: The company file's surfaces and seats where ada may ask linus (``a2a_ask``, four rounds a turn) and
 #: grace, a person, writes to her on Slack (unverified): the tail of an up test's company after its providers.
 ADA_ASKS_LINUS_ON_SLACK = """\
@@ -106,6 +115,23 @@ class UpProcess:
         """Everything the process printed, once it has ended (its output closed)."""
         assert self.out is not None
         return self.out.text()
+
+    def api(self, path: str) -> Any:
+        """``GET path`` (``/api/...``) as the operator, with the token ``up`` was started with; its JSON, asserting 200."""
+        token = self.env.get("CREWLET_OPERATOR_TOKEN", "")
+        status, body = http_json("GET", self.url + path, headers={"Authorization": f"Bearer {token}"}, empty={})
+        assert status == 200, body
+        return body
+
+    def events(self, etype: str, seat: str = "") -> list[dict[str, Any]]:
+        """Every stored event of ``etype`` (about ``seat``, when given), oldest first, each as published (its wire form)."""
+        rows = self.api(f"/api/events?type={etype}" + (f"&seat={seat}" if seat else ""))["events"]
+        return [self.api(f"/api/events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
+
+    def readyz(self) -> dict[str, Any]:
+        """The components ``/readyz`` reports, whichever its status."""
+        _, body = http_json("GET", self.url + "/readyz")
+        return dict(body["components"])
 
     def output_so_far(self) -> str:
         """What the process has printed so far, without waiting for it to end."""
@@ -211,7 +237,8 @@ def turn_completed(url: str, trace_id: str, token: str, timeout_s: float = REQUE
 
 
 __all__ = [
-    "READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "serve", "turn_completed", "up_env",
+    "READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "openai_company", "serve",
+    "turn_completed", "up_env",
 ]
 
 

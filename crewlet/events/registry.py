@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping, Optional, TypeVar
+from typing import Callable, Mapping, Optional, TypeVar, dataclass_transform
 
 # The closed category set (wire strings).
 LIFECYCLE = "lifecycle"
@@ -65,6 +65,7 @@ CATEGORY_OF: Mapping[str, str] = MappingProxyType(_CATEGORY_OF)
 T = TypeVar("T")
 
 
+@dataclass_transform()
 def register(
     type_name: str,
     *,
@@ -73,7 +74,10 @@ def register(
     fed: Optional[bool] = None,
     extension: str = "",
 ) -> Callable[[type[T]], type[T]]:
-    """Register a dataclass as the typed body of ``type_name``, with what the type declares.
+    """Declare ``cls`` as the typed body of ``type_name``, with what the type declares; it becomes a dataclass.
+
+    The class is made a dataclass here (unless it already is one in its own
+    right), so a body's declaration is the one decorator and its fields.
 
     ``fed`` defaults to ``stored``: a row is in the feed unless the type says
     otherwise, and a type that is never a row can never be in it. An extension
@@ -88,8 +92,8 @@ def register(
         raise ValueError(f"extension {type_name!r} must be filed under a category")
 
     def deco(cls: type[T]) -> type[T]:
-        if not dataclasses.is_dataclass(cls):
-            raise TypeError(f"{cls.__name__} must be a dataclass to be an event body")
+        if "__dataclass_fields__" not in cls.__dict__:
+            cls = dataclasses.dataclass(cls)
         known = _REGISTRY.get(type_name)
         if known is not None and known.cls is not cls:
             raise ValueError(f"event type {type_name!r} is registered twice")

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from crewlet.company.fields import CompanyError
 from crewlet.company.org import MattermostBot, SlackApp
 from crewlet.company.parse import parse_company
+from company_support import one_line_refusal
 
 ADA_APP = {"app_id": "A0ADA", "signing_secret_env": "ADA_SLACK_SIGNING_SECRET", "bot_token_env": "ADA_SLACK_BOT_TOKEN"}
 LINUS_APP = {
@@ -38,11 +38,7 @@ def with_seat(i: int, **changes: Any) -> dict[str, Any]:
 
 
 def refusal(document: dict[str, Any]) -> str:
-    with pytest.raises(CompanyError) as caught:
-        parse_company(document)
-    text = str(caught.value)
-    assert "\n" not in text
-    return text
+    return one_line_refusal(parse_company, document)
 
 
 def test_each_agent_seat_is_read_with_its_own_slack_app_and_mattermost_bot_and_a_seat_naming_none_has_none() -> None:

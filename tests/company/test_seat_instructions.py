@@ -11,6 +11,7 @@ from crewlet.company.fields import CompanyError
 from crewlet.company.instructions import INSTRUCTIONS_MAX_BYTES, files_as_yaml, files_from_yaml
 from crewlet.company.parse import load_company, parse_company, parse_company_text
 from seats.turns import system_prompt
+from company_support import one_line_refusal
 
 ADA: dict[str, Any] = {"handle": "ada", "kind": "agent", "role": "engineer"}
 COMPANY = """\
@@ -44,11 +45,7 @@ def on_disk(tmp_path: Path, ada_md: bytes | None = b"You own the deploy pipeline
 
 
 def load_refused(path: Path) -> str:
-    with pytest.raises(CompanyError) as info:
-        load_company(path)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+    return one_line_refusal(load_company, path)
 
 
 def test_instructions_written_inline_follow_the_engines_framing_in_the_system_prompt() -> None:

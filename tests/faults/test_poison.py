@@ -8,87 +8,52 @@ whole budget runs in seconds through the same code as production.
 """
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
 from crewlet.queue.contract import MAX_DELIVERIES
 from tests.faults.conftest import Figures
 from tests.faults.fault_support import Sender, Up, company_yaml, wait_until
+from tests.faults.fault_vendor import Said, Vendor
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MARKER = "POISON-PILL"
 
 
-class FakeModel:
-    """An OpenAI-compatible chat endpoint that fails on the marker while ``poisoned``."""
+class Poisoned:
+    """The fault vendor's answers: a 500 to any prompt carrying the marker while ``poisoned``, else an answer."""
 
     def __init__(self) -> None:
         self.poisoned = True
-        self.poison_calls = 0
-        self.calls = 0
-        self._lock = threading.Lock()
-        model = self
+        self.vendor = Vendor(self.answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                return
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with model._lock:
-                    model.calls += 1
-                    fail = MARKER.encode() in body and model.poisoned
-                    if MARKER.encode() in body:
-                        model.poison_calls += 1
-                if fail:
-                    self.send_response(500)
-                    self.end_headers()
-                    self.wfile.write(b'{"error": "the model fell over"}')
-                    return
-                answer = json.dumps({
-                    "model": "fake",
-                    "choices": [{"message": {"content": "done"}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
-                }).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def answer(self, prompt: str) -> Said:
+        if MARKER in prompt and self.poisoned:
+            return Said(status=500, error="the model fell over")
+        return Said()
 
     @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def poison_calls(self) -> int:
+        return len(self.vendor.calls_with(MARKER))
 
 
 @pytest.fixture
-def model() -> Iterator[FakeModel]:
-    fake = FakeModel()
+def model() -> Iterator[Poisoned]:
+    fake = Poisoned()
     yield fake
-    fake.close()
+    fake.vendor.close()
 
 
 def test_a_poison_delivery_is_delivered_exactly_25_times_dead_lettered_once_and_replayable_once(
-    tmp_path: Path, figures: Figures, model: FakeModel
+    tmp_path: Path, figures: Figures, model: Poisoned
 ) -> None:
     # No retries inside a round: each delivery is one model call, so the calls count the deliveries.
     company = company_yaml(
-        providers=f"[{{kind: openai, base_url: '{model.base_url}', model: fake, timeout_s: 10, retry: {{attempts: 0}}}}]"
+        providers=f"[{{kind: openai, base_url: '{model.vendor.base_url}', model: fake, timeout_s: 10, retry: {{attempts: 0}}}}]"
     )
     up = Up(tmp_path, company=company, env={"CREWLET_DELIVERY_BACKOFF_BASE_S": "0.05", "CREWLET_DELIVERY_BACKOFF_CAP_S": "0.2"})
     try:

@@ -22,7 +22,7 @@ from seat_apps_support import (
     slash_to,
 )
 from surfaces_support import mm_posted
-from tests.up_support import UpProcess, http_call, http_json, up_env
+from tests.up_support import UpProcess, http_call, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -38,9 +38,7 @@ class Up:
         self.process, self.slack, self.mattermost = process, slack, mattermost
 
     def events(self, query: str) -> list[dict[str, Any]]:
-        status, body = http_json("GET", f"{self.process.url}/api/events?{query}", headers={"Authorization": f"Bearer {TOKEN}"})
-        assert status == 200, body
-        return list(body["events"])
+        return list(self.process.api(f"/api/events?{query}")["events"])
 
     def post(self, body: bytes, secret: str, content_type: str = "application/json") -> tuple[int, dict[str, str], Any]:
         status, headers, raw = http_call(
@@ -65,8 +63,7 @@ class Up:
         return {row["seat"] for row in self.completed(f"conversation_key={conversation}") if row["type"] == "agent_turn_started"}
 
     def readyz(self) -> dict[str, Any]:
-        _, body = http_json("GET", self.process.url + "/readyz")
-        return dict(body["components"])
+        return self.process.readyz()
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,13 @@ import http.cookiejar
 import re
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from notifications_support import ADA_MM_ID, LINUS_MM_ID, slack_message
 from surfaces_support import MATTERMOST_BOT_TOKEN, SLACK_APP_TOKEN, MattermostServer, SlackServer, mm_posted
-from tests.up_support import UpProcess, http_json, up_env
+from tests.up_support import UpProcess, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -30,22 +29,16 @@ class Up:
     def __init__(self, process: UpProcess, slack: SlackServer, mattermost: MattermostServer) -> None:
         self.process, self.slack, self.mattermost = process, slack, mattermost
 
-    def api(self, path: str) -> Any:
-        status, body = http_json("GET", self.process.url + path, headers={"Authorization": f"Bearer {TOKEN}"})
-        assert status == 200, body
-        return body
-
     def turns(self, seat: str) -> list[dict[str, Any]]:
         """Every completed turn of ``seat`` (newest first)."""
-        return list(self.api(f"/api/events?type=agent_turn_completed&seat={seat}")["events"])
+        return list(self.process.api(f"/api/events?type=agent_turn_completed&seat={seat}")["events"])
 
     def records(self, label: str) -> list[dict[str, Any]]:
         """The stored ``inbound_delivery`` rows filed under ``label`` (``webhook:message``, ``socket:posted``)."""
-        return list(self.api(f"/api/events?type={label}")["events"])
+        return list(self.process.api(f"/api/events?type={label}")["events"])
 
     def readyz(self) -> dict[str, Any]:
-        _, body = http_json("GET", self.process.url + "/readyz")
-        return dict(body["components"])
+        return self.process.readyz()
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ The clock is a :class:`ManualClock` the test moves across midnight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -74,15 +75,34 @@ def completed(rec: Recorder, seat: str = "ada") -> list[Any]:
     return [e for e in rec.of("agent_turn_completed", seat=seat) if not e.data.failed]
 
 
+class Node:
+    """One node's queue, with a :class:`Billed` model, a recorder and a clock at :data:`EVENING`, for ``org``."""
+
+    def __init__(self, q: Any, org: Organization) -> None:
+        self.q, self.org = q, org
+        self.model, self.clock = Billed(), ManualClock(EVENING)
+        self.rec = Recorder().attach(q)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Any]:
+        """The seat runtime on this node, its turns on the billed model and its budget on the clock."""
+        runner = TurnRunner(self.q, CompanyHolder(self.org), provider_factory=lambda _c: self.model)
+        async with running(self.q, self.org, runner=runner, clock=self.clock) as rt:
+            runner.holder = rt.holder
+            yield rt
+
+
+@contextlib.asynccontextmanager
+async def node(org: Organization) -> AsyncIterator[Node]:
+    async with memory_queues() as (_, [q]):
+        yield Node(q, org)
+
+
 @DB
 async def test_a_seat_over_its_daily_ceiling_is_refused_held_with_its_mail_waiting_and_a_raised_ceiling_runs_it_once_each() -> None:
-    model, clock = Billed(), ManualClock(EVENING)
-    async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = acme(ada={"tokens_per_day": 10})
-        runner = TurnRunner(q, CompanyHolder(org), provider_factory=lambda _c: model)
-        async with running(q, org, runner=runner, clock=clock) as rt:
-            runner.holder = rt.holder
+    async with node(acme(ada={"tokens_per_day": 10})) as one:
+        q, rec, model = one.q, one.rec, one.model
+        async with one.running() as rt:
             await send(q, "ada", wake("ada", "first", delivery_id="D-1"))
             await eventually(lambda: completed(rec), what="the first turn, which spends 12 of 10")
             await drained(q, "ada")
@@ -116,13 +136,9 @@ async def test_a_seat_over_its_daily_ceiling_is_refused_held_with_its_mail_waiti
 
 @DB
 async def test_the_companys_window_resets_at_midnight_in_its_timezone_and_the_next_tick_releases_the_held_seat() -> None:
-    model, clock = Billed(), ManualClock(EVENING)
-    async with memory_queues() as (_, [q]):
-        rec = Recorder().attach(q)
-        org = acme(budget={"tokens_per_day": 12})
-        runner = TurnRunner(q, CompanyHolder(org), provider_factory=lambda _c: model)
-        async with running(q, org, runner=runner, clock=clock) as rt:
-            runner.holder = rt.holder
+    async with node(acme(budget={"tokens_per_day": 12})) as one:
+        q, rec, clock = one.q, one.rec, one.clock
+        async with one.running() as rt:
             await send(q, "ada", wake("ada", "first"))
             await eventually(lambda: completed(rec), what="the company's day spent")
             await send(q, "linus", wake("linus", "second"))

@@ -48,19 +48,8 @@ def direct_message(text: str) -> bytes:
     }).encode()
 
 
-def api(up: UpProcess, path: str) -> Any:
-    status, body = http_json("GET", up.url + path, headers={"Authorization": f"Bearer {TOKEN}"}, empty={})
-    assert status == 200, body
-    return body
-
-
-def events_of(up: UpProcess, etype: str) -> list[dict[str, Any]]:
-    rows = api(up, f"/api/events?type={etype}&seat=ada")["events"]
-    return [api(up, f"/api/events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
-
-
 def answered(up: UpProcess) -> list[dict[str, Any]]:
-    return [t for t in events_of(up, "agent_turn_completed") if not t["failed"]]
+    return [t for t in up.events("agent_turn_completed", "ada") if not t["failed"]]
 
 
 def depth(up: UpProcess) -> float:
@@ -99,14 +88,14 @@ def test_a_seat_over_its_daily_ceiling_is_refused_its_mail_waits_and_a_revision_
             say(up, "first: when is the deploy?")
             wait_until(lambda: answered(up), 120, "the first DM answered, spending 16 of 10")
             say(up, "second: and the release notes?")
-            wait_until(lambda: events_of(up, "budget_exhausted"), 120, "the next turn refused")
+            wait_until(lambda: up.events("budget_exhausted", "ada"), 120, "the next turn refused")
             say(up, "third: and the changelog?")
             wait_until(lambda: depth(up) == 2, 60, "the refused trigger and the third DM waiting in ada's mailbox")
             held = wait_until(lambda: snapshot(up)["budgets"]["held"], 60, "the held seat on the live snapshot")
             live = snapshot(up)
-            [refused] = events_of(up, "budget_exhausted")
+            [refused] = up.events("budget_exhausted", "ada")
             calls_while_held = len(server.of_seat("ada"))
-            dead_while_held = api(up, "/api/dead-letters")["dead_letters"]
+            dead_while_held = up.api("/api/dead-letters")["dead_letters"]
 
             raised = company(server.base_url, 100000)
             up.manage(
@@ -118,9 +107,9 @@ def test_a_seat_over_its_daily_ceiling_is_refused_its_mail_waits_and_a_revision_
             )
             wait_until(lambda: asked(server, "third:") and depth(up) == 0, 120, "the held mail answered, ada's mailbox drained")
             after = wait_until(lambda: (lambda s: s if not s["budgets"]["held"] else None)(snapshot(up)), 30, "no seat held")
-            turns = events_of(up, "agent_turn_started")
-            answered_turns, events_of_refused = answered(up), events_of(up, "budget_exhausted")
-            dead = api(up, "/api/dead-letters")["dead_letters"]
+            turns = up.events("agent_turn_started", "ada")
+            answered_turns, events_of_refused = answered(up), up.events("budget_exhausted", "ada")
+            dead = up.api("/api/dead-letters")["dead_letters"]
             assert up.terminate() == 0, up.output()
 
     assert (refused["scope"], refused["period"], refused["spend"], refused["ceiling"]) == ("seat", "day", 16, 10)

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import pytest
 
 from crewlet.events.types.phrases import TRIGGER_ANSWERED_IN_THREAD
-from chat_vendor_support import Call, CallLog, MattermostApi, SlackWebApi, first, mattermost_api, slack_web_api
-from seats_support import json_vendor, openai_completion
-from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
+from chat_vendor_support import CallLog, MattermostApi, ScriptedModel, SlackWebApi, first, mattermost_api, slack_web_api
+from seats_support import json_vendor
+from tests.up_support import UpProcess, http_json, openai_company, serve, turn_completed, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -40,11 +38,7 @@ SHARED_MM_TOKEN = "company-shared-mattermost-token"
 ADA_MM_USER = "adabotuser00000000000000aa"
 ADA_MM_ID = "xei6dqz8xfgm7kqzddjziyofyo"
 GRACE_MM_ID = "cmr7sncacib4xfhd6yo3n4tf5e"
-COMPANY = """\
-org: acme
-providers:
-  llm:
-    - {kind: openai, base_url: "MODEL_URL", model: gpt-test, api_key_env: CHAT_UP_OPENAI_KEY, timeout_s: 60}
+COMPANY = openai_company("MODEL_URL", "CHAT_UP_OPENAI_KEY", 60) + """\
 surfaces:
   slack: {signing_secret_env: SLACK_SIGNING_SECRET, verify: false, api_url: "SLACK_URL"}
   mattermost: {token_env: MATTERMOST_WEBHOOK_TOKEN, verify: false, server: "MATTERMOST_URL"}
@@ -59,37 +53,11 @@ seats:
 """
 
 
-class Model:
+class Model(ScriptedModel[tuple[str, dict[str, Any]]]):
     """The model: a known question gets the reply tool's call, a tool's result the closing answer."""
 
-    def __init__(self, log: CallLog) -> None:
-        self.log = log
-        #: A phrase of the trigger -> the call that answers it: (exposed tool name, arguments).
-        self.script: dict[str, tuple[str, dict[str, Any]]] = {}
-        #: Phrases a request is refused for (HTTP 400, so the turn fails) unless a scripted phrase is in it too.
-        self.failing: set[str] = set()
-        self._lock = threading.Lock()
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        messages = body.get("messages", [])
-        said = json.dumps(messages)
-        self.log.add("model", "POST", "chat/completions", "", {"said": said})
-        with self._lock:
-            call = next((c for phrase, c in self.script.items() if phrase in said), None)
-            if call is None and any(phrase in said for phrase in self.failing):
-                return 400, {"error": {"message": "scripted failure", "type": "invalid_request_error", "code": None}}
-        message: dict[str, Any]
-        if any(m.get("role") == "tool" for m in messages) or call is None:
-            message, finish = {"role": "assistant", "content": "done"}, "stop"
-        else:
-            name, args = call
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
-            finish = "tool_calls"
-        return 200, openai_completion(message, finish)
-
-    def asked(self, phrase: str) -> list[Call]:
-        return [c for c in self.log.of("model", "chat/completions") if phrase in c.args["said"]]
+    def tool_call(self, scripted: tuple[str, dict[str, Any]], messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+        return scripted
 
 
 @dataclass

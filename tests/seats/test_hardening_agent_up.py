@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from tests.browser_support import slack_message
 from seats_support import json_vendor
-from tests.up_support import ADA_ASKS_LINUS_ON_SLACK, UpProcess, http_call, http_json, up_env
+from tests.up_support import ADA_ASKS_LINUS_ON_SLACK, UpProcess, http_call, http_json, openai_company, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -34,12 +34,7 @@ FORGED = "level=critical event=forged_by_the_provider"
 KEY_ERROR = f"Incorrect API key provided: {API_KEY}.\x00 You can find your key at https://example.invalid\n{FORGED}"
 ODD_ANSWER = "the build is green \x00 and \ud800 that is all"
 ODD_BRIEF = "is the deploy \x00 green \ud800 today?"
-COMPANY = """\
-org: acme
-providers:
-  llm:
-    - {kind: openai, base_url: "BASE_URL", model: gpt-test, api_key_env: HARDENING_OPENAI_KEY, timeout_s: 20}
-""" + ADA_ASKS_LINUS_ON_SLACK
+COMPANY = openai_company("BASE_URL", "HARDENING_OPENAI_KEY", 20) + ADA_ASKS_LINUS_ON_SLACK
 
 
 def _completion(content: Optional[str], calls: list[tuple[str, dict[str, Any]]] = ()) -> dict[str, Any]:

@@ -43,7 +43,17 @@ from seats.ledger import (
 from seats.mailboxes import ensure_mailboxes
 from seats.turn_types import Trigger, TurnResult
 from seats.turns import TurnRunner
-from seats_support import Recorder, company, drained, eventually, holder, memory_queues, recording_with_mailboxes, running
+from seats_support import (
+    Recorder,
+    company,
+    drained,
+    eventually,
+    holder,
+    memory_queues,
+    recording_with_mailboxes,
+    running,
+    store_away_for,
+)
 from waiting_support import wait_until
 
 pytestmark = pytest.mark.usefixtures("close_store_connections")
@@ -275,16 +285,7 @@ async def test_a_refused_value_inside_a_conversations_batch_degrades_it_and_only
 async def test_a_store_that_is_down_still_defers_the_drain_and_retries_rather_than_failing_the_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    outages = [3]
-
-    def flaky(seat: str, identities: Any) -> Any:
-        if outages[0] > 0:
-            outages[0] -= 1
-            settings = {**connections["default"].settings_dict, "NAME": "crewlet_no_such_database_h2"}
-            type(connections["default"])(settings, alias="absent").ensure_connection()  # a real OperationalError
-        return screen(seat, identities)
-
-    async with screened_by(monkeypatch, in_store(flaky)) as (q, rec, org):
+    async with screened_by(monkeypatch, store_away_for([3])) as (q, rec, org):
         first, second = dm("one", channel="D0A", n=1), dm("two", channel="D0B", n=2)
         await put(q, first, second)
         async with running(q, org, merge=coalesce, store_retry_s=0.01) as rt:

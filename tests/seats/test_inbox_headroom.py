@@ -11,10 +11,9 @@ in-memory twin and on a real nats-server.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import pytest
-from django.db import connections
 
 from crewlet.events.types import ExternalNotification
 from crewlet import events
@@ -23,9 +22,8 @@ from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, EventQueue
 from seats import inbox as inbox_module
 from seats.coalescer import coalesce
-from seats.ledger import in_store, screen
 from seats.park import PARK_HEADROOM
-from seats_support import drained, eventually, jetstream_queues, memory_queues, recording_with_mailboxes, running
+from seats_support import drained, eventually, jetstream_queues, memory_queues, recording_with_mailboxes, running, store_away_for
 
 pytestmark = [
     pytest.mark.postgres,
@@ -45,19 +43,6 @@ async def client(backend: str) -> AsyncIterator[EventQueue]:
     else:
         async with jetstream_queues() as [q]:
             yield q
-
-
-def store_away_for(outages: list[int]) -> Any:
-    """The real screen, after ``outages[0]`` screenings the store fails as a database that cannot be reached does."""
-
-    def flaky(seat: str, identities: Any) -> Any:
-        if outages[0] > 0:
-            outages[0] -= 1
-            settings = {**connections["default"].settings_dict, "NAME": "crewlet_no_such_database_h26b"}
-            type(connections["default"])(settings, alias="absent").ensure_connection()  # a real OperationalError
-        return screen(seat, identities)
-
-    return in_store(flaky)
 
 
 @pytest.mark.parametrize("backend", ["memory", pytest.param("jetstream", marks=pytest.mark.integration)])

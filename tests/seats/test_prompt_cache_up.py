@@ -15,7 +15,6 @@ import json
 import math
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -43,17 +42,6 @@ def company(base_url: str) -> str:
     )
 
 
-def api(up: UpProcess, path: str) -> Any:
-    status, body = http_json("GET", up.url + path, headers={"Authorization": f"Bearer {TOKEN}"}, empty={})
-    assert status == 200, body
-    return body
-
-
-def events_of(up: UpProcess, etype: str) -> list[dict[str, Any]]:
-    rows = api(up, f"/api/events?type={etype}&seat=ada")["events"]
-    return [api(up, f"/api/events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
-
-
 def test_the_system_prompt_and_tools_are_cached_and_each_round_records_the_cached_tokens_and_bills_them(tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("the deploy is on Friday")
@@ -71,9 +59,9 @@ def test_the_system_prompt_and_tools_are_cached_and_each_round_records_the_cache
             }
             status, _ = http_json("POST", up.url + "/webhooks/slack", json.dumps(dm).encode(), {"Content-Type": "application/json"}, empty={})
             assert status == 202
-            wait_until(lambda: events_of(up, "agent_turn_completed"), 120, "ada's turn")
-            [phase] = events_of(up, "agent_phase_completed")
-            [done] = events_of(up, "agent_turn_completed")
+            wait_until(lambda: up.events("agent_turn_completed", "ada"), 120, "ada's turn")
+            [phase] = up.events("agent_phase_completed", "ada")
+            [done] = up.events("agent_turn_completed", "ada")
             _, _, metrics = http_call("GET", up.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
             assert up.terminate() == 0, up.output()
         usages, asked = server.usages, server.requests

@@ -52,17 +52,11 @@ seats:
 """
 
 
-def api(up: UpProcess, path: str) -> Any:
-    status, body = http_json("GET", f"{up.url}/api/{path}", headers={"Authorization": f"Bearer {TOKEN}"}, empty={})
-    assert status == 200, body
-    return body
-
-
 def phase_of(up: UpProcess, seat: str) -> dict[str, Any]:
     rows = wait_until(
-        lambda: api(up, f"events?type=agent_phase_completed&seat={seat}")["events"], 90, f"{seat}'s phase completed"
+        lambda: up.api(f"/api/events?type=agent_phase_completed&seat={seat}")["events"], 90, f"{seat}'s phase completed"
     )
-    return dict(api(up, f"events/{rows[0]['id']}")["event"]["wire"])
+    return dict(up.api(f"/api/events/{rows[0]['id']}")["event"]["wire"])
 
 
 def system_message(request: dict[str, Any]) -> str:

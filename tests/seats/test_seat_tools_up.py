@@ -5,7 +5,6 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,12 +22,6 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
-
-
-def api(up: UpProcess, path: str) -> Any:
-    status, body = http_json("GET", f"{up.url}/api/{path}", headers={"Authorization": f"Bearer {TOKEN}"}, empty={})
-    assert status == 200, body
-    return body
 
 
 @pytest.mark.integration
@@ -50,9 +43,9 @@ def test_a_slack_mention_makes_ada_write_a_note_through_her_mcp_tool_in_two_reco
         note = tmp_path / "var" / "notes" / "inbox.md"
         assert "remember the deploy is on Friday" in note.read_text()
 
-        rows = api(up, f"events?trace_id={accepted['trace_id']}&type=agent_phase_completed")["events"]
+        rows = up.api(f"/api/events?trace_id={accepted['trace_id']}&type=agent_phase_completed")["events"]
         (row,) = [r for r in rows if r["type"] == "agent_phase_completed"]
-        phase = api(up, f"events/{row['id']}")["event"]["wire"]  # the body's fields ride the envelope
+        phase = up.api(f"/api/events/{row['id']}")["event"]["wire"]  # the body's fields ride the envelope
         servers = [pid for pid in descendants(up.proc.pid) if "notes_server.py" in command_line(pid)]
     assert "agent_turn_completed" in types and "tool_server_unavailable" not in types
     assert "The message came from slack:D0ADA;" in phase["system_prompt"]  # where a chat tool would answer

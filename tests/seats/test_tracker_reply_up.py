@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +26,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from chat_vendor_support import Call, CallLog
+from chat_vendor_support import CallLog, ScriptedModel
 from seats.reply_target import REPLY_TARGET_LEAD, REPLY_TOOL, SURFACE
-from seats_support import json_vendor, openai_completion
-from tests.up_support import UpProcess, http_json, serve, turn_completed, up_env
+from seats_support import json_vendor
+from tests.up_support import UpProcess, http_json, openai_company, serve, turn_completed, up_env
 from tracker_vendor_support import ConfluenceApi, GitHubApi, JiraApi, basic, confluence_api, github_api, jira_api, only_call
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -48,11 +47,7 @@ ADA_ACCOUNT = "5b10ac8d82e05b22cc7d4ada"
 GRACE_GITHUB, GRACE_JIRA, GRACE_CONFLUENCE = "Codertocat", "5a1b0e47748e770ed11f338c", "ff80808154510724015451074c160001"
 #: Each reply tool's parameters besides its text (what the model copies from the target).
 REPLY_PARAMS = {"github": ("repo", "issue_number"), "jira": ("issue_key",), "confluence": ("page_id", "parent_comment_id")}
-COMPANY = f"""\
-org: acme
-providers:
-  llm:
-    - {{kind: openai, base_url: "MODEL_URL", model: gpt-test, api_key_env: TRACKER_UP_OPENAI_KEY, timeout_s: 60}}
+COMPANY = openai_company("MODEL_URL", "TRACKER_UP_OPENAI_KEY", 60) + f"""\
 surfaces:
   github: {{secret_env: GITHUB_WEBHOOK_SECRET, verify: false, api_url: "GITHUB_URL"}}
   jira: {{secret_env: JIRA_WEBHOOK_SECRET, verify: false, server: "JIRA_URL"}}
@@ -79,35 +74,13 @@ def told_target(said: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(json.loads(lines[lines.index(REPLY_TARGET_LEAD) + 1]))
 
 
-class Model:
+class Model(ScriptedModel[str]):
     """The model: a known phrase is answered by calling the reply tool the target names, with the target's values."""
 
-    def __init__(self, log: CallLog) -> None:
-        self.log = log
-        #: A phrase of the trigger -> the text of the reply.
-        self.script: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        messages = body.get("messages", [])
-        said = json.dumps(messages)
-        self.log.add("model", "POST", "chat/completions", "", {"said": said, "messages": messages})
-        with self._lock:
-            text = next((t for phrase, t in self.script.items() if phrase in said), None)
-        message: dict[str, Any]
-        if any(m.get("role") == "tool" for m in messages) or text is None:
-            message, finish = {"role": "assistant", "content": "done"}, "stop"
-        else:
-            target = told_target(messages)
-            args = {k: target[k] for k in REPLY_PARAMS[target[SURFACE]] if k in target}
-            message = {"role": "assistant", "content": None, "tool_calls": [{
-                "id": "call_0", "type": "function",
-                "function": {"name": target[REPLY_TOOL], "arguments": json.dumps({**args, "body": text})}}]}
-            finish = "tool_calls"
-        return 200, openai_completion(message, finish)
-
-    def asked(self, phrase: str) -> list[Call]:
-        return [c for c in self.log.of("model", "chat/completions") if phrase in c.args["said"]]
+    def tool_call(self, scripted: str, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+        target = told_target(messages)
+        args = {k: target[k] for k in REPLY_PARAMS[target[SURFACE]] if k in target}
+        return target[REPLY_TOOL], {**args, "body": scripted}
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import contextlib
 import pytest
 
-from tests.up_support import UpProcess, http_json, up_env
+from tests.up_support import UpProcess, up_env
 from seats_support import loopback_http
 from waiting_support import wait_until
 
@@ -62,17 +62,6 @@ def company(base_url: str) -> str:
     )
 
 
-def api(up: UpProcess, path: str) -> Any:
-    status, body = http_json("GET", up.url + path, headers={"Authorization": f"Bearer {TOKEN}"}, empty={})
-    assert status == 200, body
-    return body
-
-
-def events_of(up: UpProcess, etype: str, seat: str) -> list[dict[str, Any]]:
-    rows = api(up, f"/api/events?type={etype}&seat={seat}")["events"]
-    return [api(up, f"/api/events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
-
-
 def live_seat(up: UpProcess, handle: str) -> dict[str, Any]:
     """The seat's live row, as the first frame of ``/ws/stream`` (the projection's snapshot) shows it."""
     from websockets.sync.client import connect
@@ -88,9 +77,9 @@ def test_a_scheduled_task_past_its_timeout_and_a_turn_that_stalls_each_fail_as_a
         env = up_env(CREWLET_OPERATOR_TOKEN=TOKEN, CREWLET_NODE_TURN_STALL_S="2")
         with UpProcess(tmp_path, "--data-dir", str(tmp_path / "data"), "--company", str(tmp_path / "acme.yaml"), node="t1", env=env) as up:
             for seat in ("sam", "stan"):
-                wait_until(lambda: events_of(up, "turn.guard_breach", seat), 120, f"{seat}'s guard breach")
-            breaches = {seat: events_of(up, "turn.guard_breach", seat)[0] for seat in ("sam", "stan")}
-            done = {seat: events_of(up, "agent_turn_completed", seat)[0] for seat in ("sam", "stan")}
+                wait_until(lambda: up.events("turn.guard_breach", seat), 120, f"{seat}'s guard breach")
+            breaches = {seat: up.events("turn.guard_breach", seat)[0] for seat in ("sam", "stan")}
+            done = {seat: up.events("agent_turn_completed", seat)[0] for seat in ("sam", "stan")}
             live = {seat: live_seat(up, seat) for seat in ("sam", "stan")}
             assert up.terminate() == 0, up.output()
 

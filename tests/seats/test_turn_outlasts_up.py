@@ -66,20 +66,8 @@ def direct_message(handle: str, user: str) -> dict[str, Any]:
     }
 
 
-def api(up: UpProcess, path: str) -> Any:
-    status, body = http_json("GET", up.url + path, headers={"Authorization": f"Bearer {TOKEN}"}, empty={})
-    assert status == 200, body
-    return body
-
-
-def events_of(up: UpProcess, etype: str, seat: str) -> list[dict[str, Any]]:
-    """Every stored event of ``etype`` about ``seat``, oldest first, each as published (its wire form)."""
-    rows = api(up, f"/api/events?type={etype}&seat={seat}")["events"]
-    return [api(up, f"/api/events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
-
-
 def answered(up: UpProcess, seat: str) -> list[dict[str, Any]]:
-    return [t for t in events_of(up, "agent_turn_completed", seat) if not t["failed"]]
+    return [t for t in up.events("agent_turn_completed", seat) if not t["failed"]]
 
 
 def metric(up: UpProcess, line_start: str) -> str:
@@ -121,16 +109,16 @@ def test_a_round_outlasts_a_429_a_read_only_failure_is_worked_again_and_a_write_
 
             for handle in ("ada", "bob", "dee"):
                 wait_until(lambda: answered(up, handle), 120, f"{handle} answered")
-            wait_until(lambda: events_of(up, "turn_trigger_skipped", "cy"), 120, "cy's trigger abandoned")
+            wait_until(lambda: up.events("turn_trigger_skipped", "cy"), 120, "cy's trigger abandoned")
 
-            ada_turns, bob_turns = events_of(up, "agent_turn_started", "ada"), events_of(up, "agent_turn_started", "bob")
-            [ada_phase] = events_of(up, "agent_phase_completed", "ada")
-            bob_phases = events_of(up, "agent_phase_completed", "bob")
-            [cy_skip] = events_of(up, "turn_trigger_skipped", "cy")
-            cy_turns = events_of(up, "agent_turn_started", "cy")
-            [breach] = events_of(up, "turn.guard_breach", "dee")
-            dee_done = events_of(up, "agent_turn_completed", "dee")
-            skipped = {h: events_of(up, "turn_trigger_skipped", h) for h in ("ada", "bob", "dee")}
+            ada_turns, bob_turns = up.events("agent_turn_started", "ada"), up.events("agent_turn_started", "bob")
+            [ada_phase] = up.events("agent_phase_completed", "ada")
+            bob_phases = up.events("agent_phase_completed", "bob")
+            [cy_skip] = up.events("turn_trigger_skipped", "cy")
+            cy_turns = up.events("agent_turn_started", "cy")
+            [breach] = up.events("turn.guard_breach", "dee")
+            dee_done = up.events("agent_turn_completed", "dee")
+            skipped = {h: up.events("turn_trigger_skipped", h) for h in ("ada", "bob", "dee")}
             retries = metric(up, 'crewlet_llm_retries_total{kind="rate_limited"}')
             cy_depth = metric(up, 'crewlet_mailbox_depth{seat="cy"}')
             cy_live = live_seat(up, "cy")

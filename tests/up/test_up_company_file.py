@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,18 +28,6 @@ seats:
 """
 
 
-def api(up: UpProcess, path: str) -> Any:
-    status, body = http_json("GET", f"{up.url}/api/{path}", headers={"Authorization": f"Bearer {TOKEN}"}, empty={})
-    assert status == 200, body
-    return body
-
-
-def activations(up: UpProcess) -> list[dict[str, Any]]:
-    """Every stored ``config_revision_activated``, oldest first, as published."""
-    rows = api(up, "events?type=config_revision_activated")["events"]
-    return [api(up, f"events/{row['id']}")["event"]["wire"] for row in reversed(rows)]
-
-
 def system_prompt_of_a_turn(up: UpProcess) -> str:
     """Wake ada with a direct message; the system prompt of the phase it ran."""
     message = json.dumps(slack_message(f"Ev{uuid.uuid4().hex[:10]}", "what is your job?")).encode()
@@ -48,9 +35,9 @@ def system_prompt_of_a_turn(up: UpProcess) -> str:
     assert status == 202, accepted
     trace = accepted["trace_id"]
     rows = wait_until(
-        lambda: api(up, f"events?trace_id={trace}&type=agent_phase_completed")["events"], 90, "ada's phase completed"
+        lambda: up.api(f"/api/events?trace_id={trace}&type=agent_phase_completed")["events"], 90, "ada's phase completed"
     )
-    return str(api(up, f"events/{rows[0]['id']}")["event"]["wire"]["system_prompt"])
+    return str(up.api(f"/api/events/{rows[0]['id']}")["event"]["wire"]["system_prompt"])
 
 
 def test_an_edited_company_file_runs_after_a_restart_and_an_unchanged_one_keeps_the_active_revision(tmp_path: Path) -> None:
@@ -65,7 +52,7 @@ def test_an_edited_company_file_runs_after_a_restart_and_an_unchanged_one_keeps_
 
     with start() as up:
         first = up.wait_for("event=company_file_imported")
-        wait_until(lambda: len(activations(up)) == 1, 60, "the first import's activation was recorded")
+        wait_until(lambda: len(up.events("config_revision_activated")) == 1, 60, "the first import's activation was recorded")
         assert "Version one" in system_prompt_of_a_turn(up)
         assert up.terminate() == 0, up.output()
     assert "revision=1 " in first and 'reason="the store had no active revision"' in first
@@ -73,8 +60,8 @@ def test_an_edited_company_file_runs_after_a_restart_and_an_unchanged_one_keeps_
     (tmp_path / "ada.md").write_text("Version two: you own the deploy and the pager.")
     with start() as up:
         second = up.wait_for("event=company_file_imported")
-        wait_until(lambda: len(activations(up)) == 2, 60, "the edited file's activation was recorded")
-        one, two = activations(up)
+        wait_until(lambda: len(up.events("config_revision_activated")) == 2, 60, "the edited file's activation was recorded")
+        one, two = up.events("config_revision_activated")
         prompt = system_prompt_of_a_turn(up)
         assert up.terminate() == 0, up.output()
     assert 'reason="the file differs from revision 1, which it was last imported as"' in second and "revision=2 " in second
@@ -85,7 +72,7 @@ def test_an_edited_company_file_runs_after_a_restart_and_an_unchanged_one_keeps_
     with start() as up:
         unchanged = up.wait_for("event=company_file_")
         prompt = system_prompt_of_a_turn(up)
-        stored = activations(up)
+        stored = up.events("config_revision_activated")
         assert up.terminate() == 0, up.output()
     assert "event=company_file_unchanged revision=2 " in unchanged
     assert 'reason="the file is unchanged since it was imported as this revision"' in unchanged

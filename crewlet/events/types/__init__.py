@@ -1,8 +1,10 @@
 """Every typed event body the design lists under Event Types, one class per wire type.
 
-Each class is a dataclass registered with ``@register("<wire type>",
-category=...)``, so its fields are marshalled flat beside the envelope and it
-decodes back as itself. The registration is the one place a type is declared:
+Each class is registered with ``@register("<wire type>", category=...)``,
+which makes it a dataclass, so its fields are marshalled flat beside the
+envelope and it decodes back as itself. Field groups several bodies carry
+(a seat's, a turn's tags, a phase and its iteration, token spend...) are one
+base each in :mod:`.base` or beside their bodies. The registration is the one place a type is declared:
 its category (the closed set in ``crewlet.events.registry``), ``stored=False``
 for a live-only type (each class's docstring says why it is never a row),
 ``fed=False`` for a stored type kept out of the activity feed, and an

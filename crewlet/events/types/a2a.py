@@ -5,15 +5,14 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import A2A, register
-from crewlet.events.types.base import EventBody, _plural, _s, _tail
+from crewlet.events.types.base import EventBody, _ActorTags, _plural, _s, _tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
 
 
 @register("a2a_channel_opened", category=A2A)
-@dataclass
-class A2AChannelOpened(EventBody):
+class A2AChannelOpened(EventBody, _ActorTags):
     """An agent asked another one something: the channel and its brief (content lives only in events)."""
 
     channel_id: str = ""
@@ -23,17 +22,14 @@ class A2AChannelOpened(EventBody):
     brief: str = ""
     turn_id: str = ""
     work_key: str = ""
-    role: str = ""
-    agent_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        who = _s(self.opened_by) or self.actor(event)
+        who = self._named(self.opened_by, event)
         return f"{who} asked {_s(self.target) or 'another agent'} over A2A" + _tail(self.brief)
 
 
 @register("a2a_message_sent", category=A2A)
-@dataclass
-class A2AMessageSent(EventBody):
+class A2AMessageSent(EventBody, _ActorTags):
     """A message on an A2A channel (the answer, in practice)."""
 
     channel_id: str = ""
@@ -42,11 +38,9 @@ class A2AMessageSent(EventBody):
     message: str = ""
     message_count: int = 0
     turn_id: str = ""
-    role: str = ""
-    agent_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        who = _s(self.from_seat) or self.actor(event)
+        who = self._named(self.from_seat, event)
         return f"{who} replied to {_s(self.to_seat) or 'another agent'} over A2A" + _tail(self.message)
 
 
@@ -55,7 +49,6 @@ SYSTEM_CLOSED_A2A = "system closed A2A channel"
 
 
 @register("a2a_channel_closed", category=A2A)
-@dataclass
 class A2AChannelClosed(EventBody):
     """A channel closed, by its answering turn or by the sweep.
 
@@ -82,37 +75,32 @@ class A2AChannelClosed(EventBody):
         )
 
 
-@register("a2a_request", category=A2A, stored=False)
 @dataclass
-class A2ARequest(EventBody):
-    """Not stored: the ask, as a wake in the target's inbox (its row is a2a_channel_opened)."""
+class _LetterBody(EventBody, _ActorTags):
+    """A wake in a seat's inbox on an A2A channel: from whom to whom, and the asking turn's tags."""
 
     channel_id: str = ""
     from_seat: str = ""
     to_seat: str = ""
-    brief: str = ""
     turn_id: str = ""
     conversation_key: str = ""
-    role: str = ""
-    agent_id: str = ""
+
+
+@register("a2a_request", category=A2A, stored=False)
+class A2ARequest(_LetterBody):
+    """Not stored: the ask, as a wake in the target's inbox (its row is a2a_channel_opened)."""
+
+    brief: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.from_seat) or self.actor(event)} asked {_s(self.to_seat) or 'another agent'}" + _tail(self.brief)
+        return f"{self._named(self.from_seat, event)} asked {_s(self.to_seat) or 'another agent'}" + _tail(self.brief)
 
 
 @register("a2a_message", category=A2A, stored=False)
-@dataclass
-class A2AMessage(EventBody):
+class A2AMessage(_LetterBody):
     """Not stored: the answer, as a wake in the asker's inbox (its row is a2a_message_sent)."""
 
-    channel_id: str = ""
-    from_seat: str = ""
-    to_seat: str = ""
     message: str = ""
-    turn_id: str = ""
-    conversation_key: str = ""
-    role: str = ""
-    agent_id: str = ""
     #: In a chain of asks, the ask the receiver still owes an answer on (the channel it asked this one on
     #: behalf of), as that ask's ``a2a_request`` fields: the turn this answer wakes answers THAT ask, so
     #: its prompt must show what was asked beside the answer that came back. Empty when nothing is owed.
@@ -131,6 +119,6 @@ class A2AMessage(EventBody):
         return A2ARequest(**{k: str(v) for k, v in self.owed_ask.items() if k in known and v is not None})
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.from_seat) or self.actor(event)} answered {_s(self.to_seat) or 'another agent'}" + _tail(
+        return f"{self._named(self.from_seat, event)} answered {_s(self.to_seat) or 'another agent'}" + _tail(
             self.message
         )

@@ -54,6 +54,10 @@ class EventBody:
             getattr(self, "agent_id", ""),
         )
 
+    def _named(self, name: Any, event: Optional["Event"] = None) -> str:
+        """Who the body names (a ``requested_by``, a ``from_seat``), else :meth:`actor`."""
+        return _s(name) or self.actor(event)
+
     def _seat(self) -> str:
         """The seat by its handle ("grace"), or "a seat" when the body names none."""
         return _s(getattr(self, "seat", "")) or "a seat"
@@ -68,12 +72,26 @@ class EventBody:
 
 
 @dataclass
-class _SeatBody(EventBody):
-    """The seat a body is about and whose it is: the fields :meth:`EventBody.actor` reads, first on the wire."""
+class _ActorTags:
+    """Whose an event is, beside the envelope's ``source``: the fields :meth:`EventBody.actor` reads."""
 
-    seat: str = ""
     role: str = ""
     agent_id: str = ""
+
+
+@dataclass
+class _DeliveryTags:
+    """The vendor delivery an event is about: the vendor's event name and its delivery id."""
+
+    event_name: str = ""
+    delivery_id: str = ""
+
+
+@dataclass
+class _SeatBody(EventBody, _ActorTags):
+    """The seat a body is about, and whose it is."""
+
+    seat: str = ""
 
 
 @dataclass
@@ -82,3 +100,60 @@ class _TurnBody(_SeatBody):
 
     turn_id: str = ""
     conversation_key: str = ""
+
+
+@dataclass
+class _PhaseBody(_TurnBody):
+    """An event inside one phase of a turn."""
+
+    phase: str = ""
+
+
+@dataclass
+class _IterationBody(_PhaseBody):
+    """An event inside one iteration of a phase."""
+
+    iteration: int = 0
+
+
+@dataclass
+class _RoundBody(_IterationBody):
+    """An event inside one model round of an iteration."""
+
+    round: int = 0
+
+
+@dataclass
+class _Tokens:
+    """What a model call or a turn spent, as the vendor bills input (cached tokens at their fraction)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class _CachedTokens(_Tokens):
+    """Spend with the prompt cache's share: the cached tokens themselves, counted raw."""
+
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+@dataclass
+class _WorkItemTags:
+    """What a turn works on: ``work_item`` is ``{backend, id, key, project}`` or None; ``work_item_basis`` one of WORK_ITEM_BASES.
+
+    ``resumed`` marks a parked coding run's resumed segment under the same ``turn_id``.
+    """
+
+    work_item: Optional[dict[str, Any]] = None
+    work_item_basis: str = ""
+    resumed: bool = False
+
+
+@dataclass
+class _Failure:
+    """Why a call failed: ``error_kind`` a fixed phrase, ``error`` the message."""
+
+    error_kind: str = ""
+    error: str = ""

@@ -16,10 +16,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
 
 
-@register("decision_requested", category=DECISION)
 @dataclass
-class DecisionRequested(EventBody):
+class _DecisionBody(EventBody):
+    """An event about one decision, by its id."""
+
     decision_id: str = ""
+
+
+@register("decision_requested", category=DECISION)
+class DecisionRequested(_DecisionBody):
     title: str = ""
     options: list[str] = field(default_factory=list)
     requested_by: str = ""
@@ -30,44 +35,38 @@ class DecisionRequested(EventBody):
     work_item: Optional[dict[str, Any]] = None
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.requested_by) or self.actor(event)} asked for a decision" + _tail(self.title)
+        return f"{self._named(self.requested_by, event)} asked for a decision" + _tail(self.title)
 
 
 @register("decision_resolved", category=DECISION)
-@dataclass
-class DecisionResolved(EventBody):
-    decision_id: str = ""
+class DecisionResolved(_DecisionBody):
     title: str = ""
     choice: str = ""
     resolved_by: str = ""
     rationale: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.resolved_by) or self.actor(event)} decided" + _tail(
+        return f"{self._named(self.resolved_by, event)} decided" + _tail(
             _s(self.title) or _s(self.decision_id), " "
         ) + _tail(self.choice)
 
 
 @register("contribution_requested", category=DECISION)
-@dataclass
-class ContributionRequested(EventBody):
-    decision_id: str = ""
+class ContributionRequested(_DecisionBody):
     requested_by: str = ""
     requested_from: str = ""
     question: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.requested_by) or self.actor(event)} asked {_s(self.requested_from) or 'someone'} for input" + _tail(
+        return f"{self._named(self.requested_by, event)} asked {_s(self.requested_from) or 'someone'} for input" + _tail(
             self.question
         )
 
 
 @register("contribution_received", category=DECISION)
-@dataclass
-class ContributionReceived(EventBody):
-    decision_id: str = ""
+class ContributionReceived(_DecisionBody):
     contributed_by: str = ""
     contribution: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
-        return f"{_s(self.contributed_by) or self.actor(event)} gave input" + _tail(self.contribution)
+        return f"{self._named(self.contributed_by, event)} gave input" + _tail(self.contribution)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import LEARNING, register
-from crewlet.events.types.base import _plural, _s, _SeatBody, _tail, _TurnBody
+from crewlet.events.types.base import _PhaseBody, _plural, _s, _SeatBody, _tail, _TurnBody
 from crewlet.events.types.phrases import VIA_GET_PAGE, VIA_SEARCH
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -14,7 +14,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @register("turn_completed", category=LEARNING)
-@dataclass
 class TurnCompleted(_TurnBody):
     """A finished turn handed to reflection on the node holding the seat."""
 
@@ -25,7 +24,6 @@ class TurnCompleted(_TurnBody):
 
 
 @register("episode_written", category=LEARNING)
-@dataclass
 class EpisodeWritten(_TurnBody):
     episode_id: str = ""
 
@@ -34,7 +32,6 @@ class EpisodeWritten(_TurnBody):
 
 
 @register("persist_decider_completed", category=LEARNING)
-@dataclass
 class PersistDeciderCompleted(_TurnBody):
     persisted: bool = False
     reason: str = ""
@@ -45,7 +42,6 @@ class PersistDeciderCompleted(_TurnBody):
 
 
 @register("counterparty_profile_updated", category=LEARNING)
-@dataclass
 class CounterpartyProfileUpdated(_TurnBody):
     counterparty: str = ""
 
@@ -54,7 +50,6 @@ class CounterpartyProfileUpdated(_TurnBody):
 
 
 @register("reflection_completed", category=LEARNING)
-@dataclass
 class ReflectionCompleted(_TurnBody):
     """A reflection on one finished turn ended; ``rows`` names each memory row it wrote (``{table, key}``)."""
 
@@ -112,26 +107,18 @@ class _SkillBody(_SeatBody):
         return f"{self.actor(event)} {self._verb} skill {self._skill()}" + _tail(self.reason)
 
 
-@register("skill_synthesized", category=LEARNING)
-@dataclass
-class SkillSynthesized(_SkillBody):
-    _verb = "wrote"
+def _skill_type(type_name: str, class_name: str, verb: str) -> type[_SkillBody]:
+    """A step of a skill's life that carries nothing beyond the skill: its own wire type, told apart by the verb."""
+    body = type(class_name, (_SkillBody,), {"_verb": verb, "__module__": __name__, "__qualname__": class_name})
+    return register(type_name, category=LEARNING)(body)
 
 
-@register("skill_refined", category=LEARNING)
-@dataclass
-class SkillRefined(_SkillBody):
-    _verb = "refined"
-
-
-@register("skill_promoted", category=LEARNING)
-@dataclass
-class SkillPromoted(_SkillBody):
-    _verb = "promoted"
+SkillSynthesized = _skill_type("skill_synthesized", "SkillSynthesized", "wrote")
+SkillRefined = _skill_type("skill_refined", "SkillRefined", "refined")
+SkillPromoted = _skill_type("skill_promoted", "SkillPromoted", "promoted")
 
 
 @register("skill_used", category=LEARNING)
-@dataclass
 class SkillUsed(_SkillBody):
     """A seat loaded a skill; a company-published one names the page it was read from.
 
@@ -145,26 +132,12 @@ class SkillUsed(_SkillBody):
     _verb = "used"
 
 
-@register("skill_staled", category=LEARNING)
-@dataclass
-class SkillStaled(_SkillBody):
-    _verb = "marked stale"
-
-
-@register("skill_archived", category=LEARNING)
-@dataclass
-class SkillArchived(_SkillBody):
-    _verb = "archived"
-
-
-@register("skill_revived", category=LEARNING)
-@dataclass
-class SkillRevived(_SkillBody):
-    _verb = "revived"
+SkillStaled = _skill_type("skill_staled", "SkillStaled", "marked stale")
+SkillArchived = _skill_type("skill_archived", "SkillArchived", "archived")
+SkillRevived = _skill_type("skill_revived", "SkillRevived", "revived")
 
 
 @register("prefetch_summary", category=LEARNING)
-@dataclass
 class PrefetchSummary(_TurnBody):
     """The turn-start knowledge block: how much was put in front of the seat."""
 
@@ -177,8 +150,7 @@ class PrefetchSummary(_TurnBody):
 
 
 @register("knowledge_read", category=LEARNING)
-@dataclass
-class KnowledgeRead(_TurnBody):
+class KnowledgeRead(_PhaseBody):
     """One act of reading the knowledge base, listing the pages it reached.
 
     ``pages`` is ``[{id, container, title, rank}]`` (rank on a ranked answer
@@ -189,7 +161,6 @@ class KnowledgeRead(_TurnBody):
 
     pages: list[dict[str, Any]] = field(default_factory=list)
     backend: str = ""
-    phase: str = ""
     via: str = ""
     query: str = ""
 
@@ -200,9 +171,7 @@ class KnowledgeRead(_TurnBody):
 
 
 @register("compaction_requested", category=LEARNING)
-@dataclass
-class CompactionRequested(_TurnBody):
-    phase: str = ""
+class CompactionRequested(_PhaseBody):
     reason: str = ""
     tokens: int = 0
 
@@ -211,9 +180,7 @@ class CompactionRequested(_TurnBody):
 
 
 @register("compaction_completed", category=LEARNING)
-@dataclass
-class CompactionCompleted(_TurnBody):
-    phase: str = ""
+class CompactionCompleted(_PhaseBody):
     tokens_before: int = 0
     tokens_after: int = 0
 

@@ -12,7 +12,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @register("org_started", category=LIFECYCLE)
-@dataclass
 class OrgStarted(EventBody):
     """The org came up on this node."""
 
@@ -24,7 +23,6 @@ class OrgStarted(EventBody):
 
 
 @register("org_stopped", category=LIFECYCLE)
-@dataclass
 class OrgStopped(EventBody):
     """The org went down on this node."""
 
@@ -36,7 +34,6 @@ class OrgStopped(EventBody):
 
 
 @register("config_revision_activated", category=LIFECYCLE)
-@dataclass
 class ConfigRevisionActivated(EventBody):
     """A new revision is the one to serve."""
 
@@ -54,7 +51,6 @@ class ConfigRevisionActivated(EventBody):
 
 
 @register("config_revision_applied", category=LIFECYCLE)
-@dataclass
 class ConfigRevisionApplied(EventBody):
     """One node's outcome applying a revision, and how far it got (the node is the envelope's)."""
 
@@ -70,9 +66,20 @@ class ConfigRevisionApplied(EventBody):
         return f"{where} {how} config revision {self.revision}" + _tail(self.reached, ", reached ") + _tail(self.error)
 
 
-@register("operator_acted", category=LIFECYCLE)
 @dataclass
-class OperatorActed(EventBody):
+class _AuditBody(EventBody):
+    """The runtime audit's who: the operator token's own name, and the person (``actor_seat``) it is bound to."""
+
+    token: str = ""
+    actor_seat: str = ""
+
+    def actor(self, event: Optional[Event] = None) -> str:
+        """The token's own name (design: the runtime audit), then the general rule."""
+        return _s(self.token) or super().actor(event)
+
+
+@register("operator_acted", category=LIFECYCLE)
+class OperatorActed(_AuditBody):
     """The runtime audit: one operator tool call that is not a proven read, whatever became of it.
 
     From the dashboard (``/operator/act``) or a person's assistant
@@ -80,18 +87,12 @@ class OperatorActed(EventBody):
     and ``actor_seat`` the person it is bound to. Never the arguments.
     """
 
-    token: str = ""
-    actor_seat: str = ""
     tool: str = ""
     transport: str = ""  # act | mcp
     request_id: str = ""
     outcome: str = ""
     position: str = ""
     refusal: str = ""
-
-    def actor(self, event: Optional[Event] = None) -> str:
-        """The token's own name (design: the runtime audit), then the general rule."""
-        return _s(self.token) or super().actor(event)
 
     def summary(self, event: Optional[Event] = None) -> str:
         who = self.actor(event)
@@ -101,20 +102,13 @@ class OperatorActed(EventBody):
 
 
 @register("backup_requested", category=LIFECYCLE)
-@dataclass
-class BackupRequested(EventBody):
+class BackupRequested(_AuditBody):
     """A POST /backup that began copying. Which node's disk holds it is the envelope's ``node``."""
 
     dir: str = ""
     finished: bool = False
     streams: int = 0
-    token: str = ""
-    actor_seat: str = ""
     error: str = ""
-
-    def actor(self, event: Optional[Event] = None) -> str:
-        """Like the rest of the runtime audit, the token's own name first."""
-        return _s(self.token) or super().actor(event)
 
     def summary(self, event: Optional[Event] = None) -> str:
         state = "finished" if self.finished else "did not finish"
@@ -122,17 +116,22 @@ class BackupRequested(EventBody):
         return f"{self.actor(event)} backed up {_plural(self.streams, 'stream')}{where} ({state})" + _tail(self.error)
 
 
-@register("seat_paused", category=LIFECYCLE)
 @dataclass
-class SeatPaused(EventBody):
-    """A person paused a seat; published once per change by the caller whose compare-and-set won."""
+class _PauseBody(EventBody):
+    """The pause a body is about: the seat, who paused it and when."""
 
     seat: str = ""
     paused_by: str = ""
+    paused_at: str = ""
+
+
+@register("seat_paused", category=LIFECYCLE)
+class SeatPaused(_PauseBody):
+    """A person paused a seat; published once per change by the caller whose compare-and-set won."""
+
     paused_by_seat: str = ""
     reason: str = ""
     stop_running: bool = False
-    paused_at: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         stop = " and stopped its running turn" if self.stop_running else ""
@@ -140,15 +139,11 @@ class SeatPaused(EventBody):
 
 
 @register("seat_resumed", category=LIFECYCLE)
-@dataclass
-class SeatResumed(EventBody):
+class SeatResumed(_PauseBody):
     """The pause was lifted; names the pause it ended."""
 
-    seat: str = ""
     resumed_by: str = ""
     resumed_by_seat: str = ""
-    paused_by: str = ""
-    paused_at: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         ended = f" (paused by {_s(self.paused_by)})" if _s(self.paused_by) else ""
@@ -156,7 +151,6 @@ class SeatResumed(EventBody):
 
 
 @register("agent_spawned", category=LIFECYCLE, stored=False)
-@dataclass
 class AgentSpawned(_SeatBody):
     """Not stored: this node acquired a seat. Placement moves seats on every rebalance; live projection only."""
 
@@ -168,7 +162,6 @@ class AgentSpawned(_SeatBody):
 
 
 @register("agent_terminated", category=LIFECYCLE, stored=False)
-@dataclass
 class AgentTerminated(_SeatBody):
     """Not stored: this node released a seat. Placement moves seats on every rebalance; live projection only."""
 

@@ -1,19 +1,18 @@
 """Notification bodies: a surface's notification, a delivery skipped and why, wakes coalesced, a trigger skipped."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import NOTIFICATION, register
-from crewlet.events.types.base import EventBody, _plural, _s, _SeatBody, _tail
+from crewlet.events.types.base import EventBody, _DeliveryTags, _plural, _s, _SeatBody, _tail, _TurnBody
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
 
 
 @register("external_notification", category=NOTIFICATION)
-@dataclass
-class ExternalNotification(_SeatBody):
+class ExternalNotification(_SeatBody, _DeliveryTags):
     """Inbound from a third-party app webhook or chat socket, as the wake a seat receives.
 
     The envelope's ``source`` names the app. Per the design, the partition key
@@ -24,8 +23,6 @@ class ExternalNotification(_SeatBody):
     alone.
     """
 
-    event_name: str = ""
-    delivery_id: str = ""
     sender: str = ""
     title: str = ""
     body: str = ""
@@ -41,16 +38,13 @@ class ExternalNotification(_SeatBody):
 
 
 @register("notification_skipped", category=NOTIFICATION)
-@dataclass
-class NotificationSkipped(EventBody):
+class NotificationSkipped(EventBody, _DeliveryTags):
     """A delivery addressed to somebody was dropped. ``reason`` is one of SKIP_REASONS; ``detail`` the particulars."""
 
     reason: str = ""
     detail: str = ""
     seat: str = ""
     recipient: str = ""
-    event_name: str = ""
-    delivery_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         app = _s(event.source) if event is not None else ""
@@ -60,7 +54,6 @@ class NotificationSkipped(EventBody):
 
 
 @register("notifications_coalesced", category=NOTIFICATION)
-@dataclass
 class NotificationsCoalesced(_SeatBody):
     """N same-partition inbox events merged into one digest trigger.
 
@@ -80,13 +73,10 @@ class NotificationsCoalesced(_SeatBody):
 
 
 @register("turn_trigger_skipped", category=NOTIFICATION)
-@dataclass
-class TurnTriggerSkipped(_SeatBody):
+class TurnTriggerSkipped(_TurnBody):
     """A trigger not run: already worked (ledger), answered by a later turn in its thread, or abandoned."""
 
     trigger_event_id: str = ""
-    turn_id: str = ""
-    conversation_key: str = ""
     reason: str = ""
     detail: str = ""
 

@@ -10,7 +10,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import LIFECYCLE, SYSTEM, register
-from crewlet.events.types.base import EventBody, _person, _plural, _s, _SeatBody, _tail, _TurnBody
+from crewlet.events.types.base import (
+    EventBody,
+    _ActorTags,
+    _CachedTokens,
+    _Failure,
+    _IterationBody,
+    _person,
+    _PhaseBody,
+    _plural,
+    _RoundBody,
+    _s,
+    _SeatBody,
+    _tail,
+    _Tokens,
+    _TurnBody,
+    _WorkItemTags,
+)
 from crewlet.events.types.phrases import STEER_EXPIRED
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -18,8 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @register("agent_turn_started", category=SYSTEM)
-@dataclass
-class AgentTurnStarted(_TurnBody):
+class AgentTurnStarted(_TurnBody, _WorkItemTags):
     """A turn, or a resumed segment of one, beginning — before its context is assembled.
 
     ``work_item`` is ``{backend, id, key, project}`` or None when nothing named
@@ -28,11 +43,8 @@ class AgentTurnStarted(_TurnBody):
     resumed segment under the same ``turn_id``.
     """
 
-    work_item: Optional[dict[str, Any]] = None
-    work_item_basis: str = ""
     trigger_type: str = ""
     trigger_event_id: str = ""
-    resumed: bool = False
 
     def summary(self, event: Optional[Event] = None) -> str:
         verb = "resumed" if self.resumed else "started"
@@ -42,22 +54,13 @@ class AgentTurnStarted(_TurnBody):
 
 
 @register("agent_turn_completed", category=SYSTEM)
-@dataclass
-class AgentTurnCompleted(_TurnBody):
+class AgentTurnCompleted(_TurnBody, _WorkItemTags, _CachedTokens):
     """A full reasoning cycle with tokens and tools.
 
     ``suspended`` on a segment that parked on a coding run; ``stopped`` (never
     with ``failed``) on a turn a person ended.
     """
 
-    work_item: Optional[dict[str, Any]] = None
-    work_item_basis: str = ""
-    resumed: bool = False
-    #: Input as the vendor bills it (cached tokens at their fraction); the cached tokens themselves, counted raw.
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     tools: list[str] = field(default_factory=list)
     tool_calls: int = 0
     iterations: int = 0
@@ -80,7 +83,6 @@ class AgentTurnCompleted(_TurnBody):
 
 
 @register("agent_turn_stopped", category=SYSTEM)
-@dataclass
 class AgentTurnStopped(_TurnBody):
     """A pause with stop_running ended this turn at its next round; its trigger counts as worked."""
 
@@ -93,14 +95,10 @@ class AgentTurnStopped(_TurnBody):
 
 
 @register("agent_turn_steered", category=SYSTEM)
-@dataclass
-class AgentTurnSteered(_TurnBody):
+class AgentTurnSteered(_RoundBody):
     """What became of a person's note to a running turn; the note's only durable record."""
 
     status: str = ""  # one of STEER_STATUSES
-    phase: str = ""
-    iteration: int = 0
-    round: int = 0
     note: str = ""
     note_id: str = ""
     steered_by: str = ""
@@ -115,15 +113,9 @@ class AgentTurnSteered(_TurnBody):
 
 
 @register("agent_turn_progress", category=SYSTEM, stored=False)
-@dataclass
-class AgentTurnProgress(_TurnBody):
+class AgentTurnProgress(_RoundBody, _Tokens):
     """Not stored: a live per-round signal; agent_phase_completed is the durable record."""
 
-    phase: str = ""
-    iteration: int = 0
-    round: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
     tool: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
@@ -131,18 +123,14 @@ class AgentTurnProgress(_TurnBody):
 
 
 @register("agent_phase_started", category=SYSTEM)
-@dataclass
-class AgentPhaseStarted(_TurnBody):
-    phase: str = ""
-    iteration: int = 0
+class AgentPhaseStarted(_IterationBody):
 
     def summary(self, event: Optional[Event] = None) -> str:
         return f"{self.actor(event)} began phase" + _tail(self.phase, " ")
 
 
 @register("agent_phase_completed", category=SYSTEM)
-@dataclass
-class AgentPhaseCompleted(_TurnBody):
+class AgentPhaseCompleted(_IterationBody, _CachedTokens, _Failure):
     """One phase's durable record: prompts, response, tool calls and ``rounds[]``.
 
     Each round is ``{timing, tokens, stop_reason}`` (STOP_REASONS; absent where
@@ -151,21 +139,13 @@ class AgentPhaseCompleted(_TurnBody):
     ``error_kind: refusal``.
     """
 
-    phase: str = ""
-    iteration: int = 0
     system_prompt: str = ""
     user_prompt: str = ""
     response: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     duration_ms: int = 0
     failed: bool = False
-    error_kind: str = ""
-    error: str = ""
     refusal: Optional[dict[str, Any]] = None
     #: The parts cut to fit the record on the wire (``response``, ``user_prompt``,
     #: ``system_prompt``, ``tool_calls.arguments``), largest first; empty when whole.
@@ -182,8 +162,7 @@ class AgentPhaseCompleted(_TurnBody):
 
 
 @register("auxiliary_spend", category=SYSTEM, fed=False)
-@dataclass
-class AuxiliarySpend(EventBody):
+class AuxiliarySpend(EventBody, _Tokens, _ActorTags):
     """What the auxiliary model cost for one key, coalesced over one flush of the node's ledger.
 
     Stored and NOT fed: accounting, not activity. No prompt, no response, and
@@ -194,16 +173,12 @@ class AuxiliarySpend(EventBody):
     purpose: str = ""
     seat: str = ""
     person: str = ""
-    role: str = ""
-    agent_id: str = ""
     turn_id: str = ""
     model: str = ""
     provider_key: str = ""
     company_day: str = ""
     calls: int = 0
     failed_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
     first_started_at: str = ""
     last_ended_at: str = ""
 
@@ -216,7 +191,6 @@ class AuxiliarySpend(EventBody):
 
 
 @register("budget_exhausted", category=SYSTEM)
-@dataclass
 class BudgetExhausted(_TurnBody):
     """A charge the token budget refused ended a turn; names the refusing window."""
 
@@ -234,7 +208,6 @@ class BudgetExhausted(_TurnBody):
 
 
 @register("budget_meters", category=SYSTEM, stored=False)
-@dataclass
 class BudgetMeters(EventBody):
     """Not stored: the fleet's shared token counters, every capped window with its state.
 
@@ -262,7 +235,6 @@ class BudgetMeters(EventBody):
         "this is the record each such read publishes, naming who did not answer and why"
     ),
 )
-@dataclass
 class HistoryPartial(EventBody):
     """Not stored: a history read that came back without every live node (an extension to the design's list).
 
@@ -282,7 +254,6 @@ class HistoryPartial(EventBody):
 
 
 @register("turn.guard_breach", category=SYSTEM)
-@dataclass
 class TurnGuardBreach(_TurnBody):
     """A runtime invariant fired (GUARDS). A failed turn: the seat's last_error, never a stop."""
 
@@ -294,11 +265,9 @@ class TurnGuardBreach(_TurnBody):
 
 
 @register("llm_unavailable", category=SYSTEM)
-@dataclass
-class LLMUnavailable(_TurnBody):
+class LLMUnavailable(_PhaseBody):
     """The fallback chain is exhausted."""
 
-    phase: str = ""
     providers: list[str] = field(default_factory=list)
     error: str = ""
 
@@ -307,16 +276,11 @@ class LLMUnavailable(_TurnBody):
 
 
 @register("provider_fallback", category=SYSTEM)
-@dataclass
-class ProviderFallback(_TurnBody):
+class ProviderFallback(_IterationBody, _Failure):
     """The chain moved to its next provider: one per provider call; empty ``to_provider_key`` on the last."""
 
-    phase: str = ""
-    iteration: int = 0
     from_provider_key: str = ""
     to_provider_key: str = ""
-    error_kind: str = ""
-    error: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         to = _s(self.to_provider_key) or "nothing left"
@@ -324,9 +288,7 @@ class ProviderFallback(_TurnBody):
 
 
 @register("subagent_batched", category=SYSTEM)
-@dataclass
-class SubagentBatched(_TurnBody):
-    phase: str = ""
+class SubagentBatched(_PhaseBody):
     count: int = 0
     tasks: list[str] = field(default_factory=list)
 
@@ -335,9 +297,7 @@ class SubagentBatched(_TurnBody):
 
 
 @register("phase.tool_skill_blocked", category=SYSTEM)
-@dataclass
-class PhaseToolSkillBlocked(_TurnBody):
-    phase: str = ""
+class PhaseToolSkillBlocked(_PhaseBody):
     tool: str = ""
     skill: str = ""
     reason: str = ""
@@ -347,7 +307,6 @@ class PhaseToolSkillBlocked(_TurnBody):
 
 
 @register("skill_telemetry_write_failed", category=SYSTEM)
-@dataclass
 class SkillTelemetryWriteFailed(_SeatBody):
     skill_id: str = ""
     error: str = ""
@@ -357,11 +316,9 @@ class SkillTelemetryWriteFailed(_SeatBody):
 
 
 @register("prompt.size", category=SYSTEM)
-@dataclass
-class PromptSize(_TurnBody):
+class PromptSize(_PhaseBody):
     """One phase's OPENING prompt in bytes, plus a token approximation."""
 
-    phase: str = ""
     system_bytes: int = 0
     user_bytes: int = 0
     message_bytes: int = 0
@@ -391,7 +348,6 @@ DEAD_LETTER_REASONS: tuple[str, ...] = (DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_
         "the row is how an operator finds out which seats and why, after the fact"
     ),
 )
-@dataclass
 class SeatsUnplaceable(EventBody):
     """Agent seats no live node may run, each with why (an extension to the design's list).
 
@@ -418,7 +374,6 @@ class SeatsUnplaceable(EventBody):
         "which ages out and is not in any trace; the row names the entry and the event, never its bytes"
     ),
 )
-@dataclass
 class MessageDeadLettered(EventBody):
     """A message the queue copied to CREWLET_DLQ and terminated (an extension to the design's list).
 
@@ -465,7 +420,6 @@ class _ToolServerBody(_SeatBody):
         "crashing tool server is tool calls that failed while it was down"
     ),
 )
-@dataclass
 class ToolServerRestarted(_ToolServerBody):
     """A seat's session with an MCP server ended on its own (the process died, the connection dropped) and was opened again.
 
@@ -486,7 +440,6 @@ class ToolServerRestarted(_ToolServerBody):
         "says why once instead of a failure on every turn"
     ),
 )
-@dataclass
 class ToolServerUnavailable(_ToolServerBody):
     """A seat's MCP server could not be started (a missing program, a refused connection, a failed handshake).
 

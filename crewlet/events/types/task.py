@@ -5,14 +5,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.events.registry import TASK, register
-from crewlet.events.types.base import _person, _s, _SeatBody, _tail
+from crewlet.events.types.base import _person, _s, _SeatBody, _tail, _TurnBody
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.events.envelope import Event
 
 
 @register("task_assigned", category=TASK)
-@dataclass
 class TaskAssigned(_SeatBody):
     """Work published to a seat's inbox by the scheduler."""
 
@@ -28,17 +27,22 @@ class TaskAssigned(_SeatBody):
 
 
 @dataclass
-class _RunBody(_SeatBody):
+class _RunBody(_TurnBody):
     """Fields every coding-run event shares."""
 
     run_id: str = ""
-    turn_id: str = ""
-    conversation_key: str = ""
     work_key: str = ""
 
 
-@register("sandbox_run_started", category=TASK)
 @dataclass
+class _Answerer:
+    """Who answered a parked run's question: a person's name, else their seat."""
+
+    answered_by: str = ""
+    answered_by_seat: str = ""
+
+
+@register("sandbox_run_started", category=TASK)
 class SandboxRunStarted(_RunBody):
     """A detached coding run began executing."""
 
@@ -49,7 +53,6 @@ class SandboxRunStarted(_RunBody):
 
 
 @register("sandbox_clarification_requested", category=TASK)
-@dataclass
 class SandboxClarificationRequested(_RunBody):
     """A run stopped to ask a person something; it holds nothing while it waits."""
 
@@ -61,7 +64,6 @@ class SandboxClarificationRequested(_RunBody):
 
 
 @register("sandbox_run_completed", category=TASK)
-@dataclass
 class SandboxRunCompleted(_RunBody):
     """A run settled."""
 
@@ -74,7 +76,6 @@ class SandboxRunCompleted(_RunBody):
 
 
 @register("sandbox_run_failed", category=TASK)
-@dataclass
 class SandboxRunFailed(_RunBody):
     """A run lost, once: republished under the id and instant its ending recorded on the row."""
 
@@ -86,14 +87,11 @@ class SandboxRunFailed(_RunBody):
 
 
 @register("sandbox_run_answered", category=TASK)
-@dataclass
-class SandboxRunAnswered(_RunBody):
+class SandboxRunAnswered(_RunBody, _Answerer):
     """What an answer to a parked run's question became, by which route, and from whom."""
 
     outcome: str = ""  # one of ANSWER_OUTCOMES
     route: str = ""  # one of ANSWER_ROUTES
-    answered_by: str = ""
-    answered_by_seat: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         via = f" via {_s(self.route)}" if _s(self.route) else ""
@@ -104,13 +102,10 @@ class SandboxRunAnswered(_RunBody):
 
 
 @register("sandbox_answer_given", category=TASK, stored=False)
-@dataclass
-class SandboxAnswerGiven(_RunBody):
+class SandboxAnswerGiven(_RunBody, _Answerer):
     """Not stored: the operator route's answer to a parked run, travelling as an inbox wake; never a turn."""
 
     answer: str = ""
-    answered_by: str = ""
-    answered_by_seat: str = ""
     request_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
@@ -118,7 +113,6 @@ class SandboxAnswerGiven(_RunBody):
 
 
 @register("scheduled_task_fired", category=TASK)
-@dataclass
 class ScheduledTaskFired(_SeatBody):
     """A schedule fired and created a task for its target seat."""
 

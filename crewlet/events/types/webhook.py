@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Optional
 
 from crewlet.events.labels import delivery_label
 from crewlet.events.registry import WEBHOOK, register
-from crewlet.events.types.base import EventBody, _s
+from crewlet.events.types.base import EventBody, _DeliveryTags, _s, _SeatBody
 from crewlet.events.types.phrases import BODY_TEXT, _decode_body, _encode_body
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @dataclass
-class _DeliveryBody(EventBody):
+class _DeliveryBody(EventBody, _DeliveryTags):
     """A delivery as the provider sent it: ``body`` is the provider's exact bytes.
 
     As UTF-8 text when they were (``body_encoding`` ""), else base64
@@ -22,9 +22,7 @@ class _DeliveryBody(EventBody):
     """
 
     surface: str = ""  # webhook | forge | socket (see labels.SURFACES)
-    event_name: str = ""
     provider: str = ""
-    delivery_id: str = ""
     route: str = ""
     content_type: str = ""
     body: str = ""
@@ -41,18 +39,13 @@ class _DeliveryBody(EventBody):
 
 
 @register("inbound_delivery", category=WEBHOOK)
-@dataclass
-class InboundDelivery(_DeliveryBody):
+class InboundDelivery(_DeliveryBody, _SeatBody):
     """One delivery presented to one seat, counted once across the fleet.
 
     Its row is filed under the delivery's own label (``webhook:<event>``,
     ``forge:<event>``, ``socket:posted``; ``categories.store_label``) with
     the provider's exact bytes as the payload.
     """
-
-    seat: str = ""
-    role: str = ""
-    agent_id: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         app = _s(self.provider) or (_s(event.source) if event is not None else "")
@@ -61,7 +54,6 @@ class InboundDelivery(_DeliveryBody):
 
 
 @register("raw_webhook", category=WEBHOOK, stored=False)
-@dataclass
 class RawWebhook(_DeliveryBody):
     """Not stored: the delivery as the edge took it (its row is the inbound_delivery beside it)."""
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 from urllib.parse import parse_qs, urlsplit
 
 from atlassian import ConfluenceV2
@@ -34,7 +34,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from crewlet.company.builtin_servers import CONFLUENCE
 from seats.tools.servers.atlassian_client import CLIENT_ERRORS, credentials, refusal
-from seats.tools.servers.common import ADDS, READS, message_text
+from seats.tools.servers.common import ADDS, READS, VendorCalls, message_text, page_limit, server, tool
 
 #: A page's or a comment's id: Confluence's content ids are numbers.
 _CONTENT_ID = re.compile(r"[0-9]{1,20}")
@@ -44,8 +44,6 @@ MAX_PAGE = 100
 STORAGE = "storage"
 #: Where a comment is created (``/wiki`` is the site URL's).
 FOOTER_COMMENTS = "api/v2/footer-comments"
-
-T = TypeVar("T")
 
 
 def content_id_arg(value: str, field: str) -> str:
@@ -62,24 +60,25 @@ def storage(text: str) -> str:
     return "".join("<p>" + "<br />".join(html.escape(line) for line in p.splitlines()) + "</p>" for p in paragraphs)
 
 
-class ConfluenceTools:
+class ConfluenceTools(VendorCalls[ConfluenceV2]):
     """The tools' calls through one client made on first use."""
 
-    def __init__(self) -> None:
-        self._client: Optional[ConfluenceV2] = None
+    name = "confluence"
+    instructions = (
+        "Read and answer Confluence page comments as this seat. The reply target you are given names the "
+        "page_id (and the comment to answer, parent_comment_id): answer there with add_comment."
+    )
+    errors = CLIENT_ERRORS
 
-    def client(self) -> ConfluenceV2:
-        if self._client is None:
-            self._client = ConfluenceV2(**credentials(CONFLUENCE, "Confluence"))
-        return self._client
+    def connect(self) -> ConfluenceV2:
+        return ConfluenceV2(**credentials(CONFLUENCE, "Confluence"))
 
-    def call(self, what: str, make: Callable[[ConfluenceV2], T]) -> T:
-        try:
-            return make(self.client())
-        except CLIENT_ERRORS as exc:
-            raise ToolError(refusal("Confluence", what, exc)) from None
+    def refusal(self, what: str, exc: Exception) -> str:
+        return refusal("Confluence", what, exc)
 
+    @tool(ADDS)
     def add_comment(self, page_id: str, body: str, parent_comment_id: str = "") -> dict[str, Any]:
+        """Comment ``body`` (plain text) on the page ``page_id``; with ``parent_comment_id``, as a reply to that comment of the page."""
         page = content_id_arg(page_id, "page_id")
         parent = content_id_arg(parent_comment_id, "parent_comment_id") if str(parent_comment_id).strip() else ""
         value = storage(message_text(body, "body"))
@@ -89,11 +88,11 @@ class ConfluenceTools:
         made = made if isinstance(made, dict) else {}
         return {"id": made.get("id"), "page_id": str(made.get("pageId") or page), "parent_comment_id": parent or None}
 
+    @tool(READS)
     def read_comments(self, page_id: str, limit: int = 25, cursor: str = "") -> dict[str, Any]:
+        """The footer comments of the page ``page_id``; pass ``next_cursor`` back as ``cursor`` for more."""
         page = content_id_arg(page_id, "page_id")
-        if not 1 <= limit <= MAX_PAGE:
-            raise ToolError(f"limit must be between 1 and {MAX_PAGE} (got {limit})")
-        params: dict[str, Any] = {"body-format": STORAGE, "limit": limit}
+        params: dict[str, Any] = {"body-format": STORAGE, "limit": page_limit(limit, MAX_PAGE)}
         if cursor.strip():
             params["cursor"] = cursor.strip()
         answer = self.call(
@@ -116,33 +115,8 @@ class ConfluenceTools:
 
 def build(tools: Optional[ConfluenceTools] = None) -> MCPServer:
     """The Confluence server with its two tools."""
-    calls = tools or ConfluenceTools()
-    # WARNING: its stderr is the engine's log stream, which wants no line per call.
-    server = MCPServer(
-        "confluence",
-        instructions=(
-            "Read and answer Confluence page comments as this seat. The reply target you are given names the "
-            "page_id (and the comment to answer, parent_comment_id): answer there with add_comment."
-        ),
-        log_level="WARNING",
-    )
-
-    @server.tool(annotations=ADDS)
-    def add_comment(page_id: str, body: str, parent_comment_id: str = "") -> dict[str, Any]:
-        """Comment ``body`` (plain text) on the page ``page_id``; with ``parent_comment_id``, as a reply to that comment of the page."""
-        return calls.add_comment(page_id, body, parent_comment_id)
-
-    @server.tool(annotations=READS)
-    def read_comments(page_id: str, limit: int = 25, cursor: str = "") -> dict[str, Any]:
-        """The footer comments of the page ``page_id``; pass ``next_cursor`` back as ``cursor`` for more."""
-        return calls.read_comments(page_id, limit, cursor)
-
-    return server
-
-
-def main() -> None:
-    build().run("stdio")
+    return server(tools or ConfluenceTools())
 
 
 if __name__ == "__main__":
-    main()
+    build().run("stdio")

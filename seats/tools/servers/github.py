@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import requests
 from github import Auth, Github, GithubException
@@ -34,7 +34,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from crewlet.company.builtin_servers import GITHUB
-from seats.tools.servers.common import ADDS, ADDS_ONCE, READS, from_env, message_text
+from seats.tools.servers.common import ADDS, ADDS_ONCE, READS, VendorCalls, from_env, message_text, page_limit, server, tool
 
 #: How long one REST call may take, in seconds (the engine's own ``tools.call_timeout_s`` bounds the tool call).
 CALL_TIMEOUT_S = 30
@@ -46,8 +46,6 @@ _REPO = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}")
 REACTIONS = ("+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes")
 #: The longest comment GitHub stores, in characters.
 MAX_COMMENT_CHARS = 65_536
-
-T = TypeVar("T")
 
 
 def api_url() -> str:
@@ -89,24 +87,25 @@ def number_arg(value: int, field: str) -> int:
     return value
 
 
-class GitHubTools:
+class GitHubTools(VendorCalls[Github]):
     """The tools' calls, each one REST call through one client made on first use."""
 
-    def __init__(self) -> None:
-        self._client: Optional[Github] = None
+    name = "github"
+    instructions = (
+        "Read and answer GitHub issues and pull requests as this seat. The reply target you are given names the "
+        "repo and issue_number: answer there with add_comment."
+    )
+    errors = (GithubException, requests.RequestException)
 
-    def client(self) -> Github:
-        if self._client is None:
-            self._client = client(from_env(GITHUB.token_env, "the seat's GitHub token"), api_url())
-        return self._client
+    def connect(self) -> Github:
+        return client(from_env(GITHUB.token_env, "the seat's GitHub token"), api_url())
 
-    def call(self, what: str, make: Callable[[Github], T]) -> T:
-        try:
-            return make(self.client())
-        except (GithubException, requests.RequestException) as exc:
-            raise ToolError(refusal(what, exc)) from None
+    def refusal(self, what: str, exc: Exception) -> str:
+        return refusal(what, exc)
 
+    @tool(ADDS)
     def add_comment(self, repo: str, issue_number: int, body: str) -> dict[str, Any]:
+        """Comment ``body`` (Markdown) on issue or pull request ``issue_number`` of ``repo`` (owner/name)."""
         repo, number = repo_arg(repo), number_arg(issue_number, "issue_number")
         text = message_text(body, "body")
         if len(text) > MAX_COMMENT_CHARS:
@@ -117,11 +116,11 @@ class GitHubTools:
         )
         return {"id": made.id, "html_url": made.html_url, "repo": repo, "issue_number": number}
 
+    @tool(READS)
     def read_comments(self, repo: str, issue_number: int, limit: int = 30, page: int = 1) -> dict[str, Any]:
+        """The comments of issue or pull request ``issue_number`` of ``repo``, oldest first, ``limit`` per page."""
         repo, number = repo_arg(repo), number_arg(issue_number, "issue_number")
-        if not 1 <= limit <= MAX_PAGE:
-            raise ToolError(f"limit must be between 1 and {MAX_PAGE} (got {limit})")
-        page = number_arg(page, "page")
+        limit, page = page_limit(limit, MAX_PAGE), number_arg(page, "page")
 
         def read(g: Github) -> list[Any]:
             g.per_page = limit  # the page size of the next listing (the tools' calls run one at a time)
@@ -139,7 +138,9 @@ class GitHubTools:
             "has_more": len(comments) == limit,
         }
 
+    @tool(ADDS_ONCE)
     def add_reaction(self, repo: str, issue_number: int, comment_id: int, content: str) -> str:
+        """React to comment ``comment_id`` on issue or pull request ``issue_number`` of ``repo`` (content: +1, -1, laugh, confused, heart, hooray, rocket, eyes)."""
         repo, number = repo_arg(repo), number_arg(issue_number, "issue_number")
         comment = number_arg(comment_id, "comment_id")
         if content not in REACTIONS:
@@ -153,38 +154,8 @@ class GitHubTools:
 
 def build(tools: Optional[GitHubTools] = None) -> MCPServer:
     """The GitHub server with its three tools."""
-    calls = tools or GitHubTools()
-    # WARNING: its stderr is the engine's log stream, which wants no line per call.
-    server = MCPServer(
-        "github",
-        instructions=(
-            "Read and answer GitHub issues and pull requests as this seat. The reply target you are given names the "
-            "repo and issue_number: answer there with add_comment."
-        ),
-        log_level="WARNING",
-    )
-
-    @server.tool(annotations=ADDS)
-    def add_comment(repo: str, issue_number: int, body: str) -> dict[str, Any]:
-        """Comment ``body`` (Markdown) on issue or pull request ``issue_number`` of ``repo`` (owner/name)."""
-        return calls.add_comment(repo, issue_number, body)
-
-    @server.tool(annotations=READS)
-    def read_comments(repo: str, issue_number: int, limit: int = 30, page: int = 1) -> dict[str, Any]:
-        """The comments of issue or pull request ``issue_number`` of ``repo``, oldest first, ``limit`` per page."""
-        return calls.read_comments(repo, issue_number, limit, page)
-
-    @server.tool(annotations=ADDS_ONCE)
-    def add_reaction(repo: str, issue_number: int, comment_id: int, content: str) -> str:
-        """React to comment ``comment_id`` on issue or pull request ``issue_number`` of ``repo`` (content: +1, -1, laugh, confused, heart, hooray, rocket, eyes)."""
-        return calls.add_reaction(repo, issue_number, comment_id, content)
-
-    return server
-
-
-def main() -> None:
-    build().run("stdio")
+    return server(tools or GitHubTools())
 
 
 if __name__ == "__main__":
-    main()
+    build().run("stdio")

@@ -21,7 +21,7 @@ and its ``errorMessages``.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 from atlassian import Jira
 from mcp.server.mcpserver import MCPServer
@@ -29,7 +29,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from crewlet.company.builtin_servers import JIRA
 from seats.tools.servers.atlassian_client import CLIENT_ERRORS, credentials, refusal
-from seats.tools.servers.common import ADDS, READS, message_text
+from seats.tools.servers.common import ADDS, READS, VendorCalls, message_text, page_limit, server, tool
 
 #: An issue key as Jira writes it: the project's key, a dash, the issue's number.
 _ISSUE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,254}-[0-9]{1,18}")
@@ -37,8 +37,6 @@ _ISSUE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,254}-[0-9]{1,18}")
 MAX_PAGE = 100
 #: The longest comment Jira stores by default, in characters (``jira.text.field.character.limit``).
 MAX_COMMENT_CHARS = 32_767
-
-T = TypeVar("T")
 
 
 def issue_key_arg(value: str) -> str:
@@ -49,24 +47,25 @@ def issue_key_arg(value: str) -> str:
     return text.upper()
 
 
-class JiraTools:
+class JiraTools(VendorCalls[Jira]):
     """The tools' calls through one client made on first use."""
 
-    def __init__(self) -> None:
-        self._client: Optional[Jira] = None
+    name = "jira"
+    instructions = (
+        "Read and answer Jira issues as this seat. The reply target you are given names the issue_key: answer "
+        "there with add_comment."
+    )
+    errors = CLIENT_ERRORS
 
-    def client(self) -> Jira:
-        if self._client is None:
-            self._client = Jira(**credentials(JIRA, "Jira"), api_version="2")
-        return self._client
+    def connect(self) -> Jira:
+        return Jira(**credentials(JIRA, "Jira"), api_version="2")
 
-    def call(self, what: str, make: Callable[[Jira], T]) -> T:
-        try:
-            return make(self.client())
-        except CLIENT_ERRORS as exc:
-            raise ToolError(refusal("Jira", what, exc)) from None
+    def refusal(self, what: str, exc: Exception) -> str:
+        return refusal("Jira", what, exc)
 
+    @tool(ADDS)
     def add_comment(self, issue_key: str, body: str) -> dict[str, Any]:
+        """Comment ``body`` (plain text or Jira wiki markup) on the issue ``issue_key`` (e.g. PROJ-123)."""
         key, text = issue_key_arg(issue_key), message_text(body, "body")
         if len(text) > MAX_COMMENT_CHARS:
             raise ToolError(f"body is {len(text)} characters; Jira stores at most {MAX_COMMENT_CHARS}")
@@ -74,10 +73,10 @@ class JiraTools:
         made = made if isinstance(made, dict) else {}
         return {"id": made.get("id"), "issue_key": key, "self": made.get("self")}
 
+    @tool(READS)
     def read_comments(self, issue_key: str, limit: int = 50, start_at: int = 0) -> dict[str, Any]:
-        key = issue_key_arg(issue_key)
-        if not 1 <= limit <= MAX_PAGE:
-            raise ToolError(f"limit must be between 1 and {MAX_PAGE} (got {limit})")
+        """The comments of the issue ``issue_key``, oldest first: ``limit`` from ``start_at``."""
+        key, limit = issue_key_arg(issue_key), page_limit(limit, MAX_PAGE)
         if isinstance(start_at, bool) or not isinstance(start_at, int) or start_at < 0:
             raise ToolError(f"start_at must be 0 or more (got {start_at!r})")
         params = {"startAt": start_at, "maxResults": limit, "orderBy": "created"}
@@ -103,33 +102,8 @@ class JiraTools:
 
 def build(tools: Optional[JiraTools] = None) -> MCPServer:
     """The Jira server with its two tools."""
-    calls = tools or JiraTools()
-    # WARNING: its stderr is the engine's log stream, which wants no line per call.
-    server = MCPServer(
-        "jira",
-        instructions=(
-            "Read and answer Jira issues as this seat. The reply target you are given names the issue_key: answer "
-            "there with add_comment."
-        ),
-        log_level="WARNING",
-    )
-
-    @server.tool(annotations=ADDS)
-    def add_comment(issue_key: str, body: str) -> dict[str, Any]:
-        """Comment ``body`` (plain text or Jira wiki markup) on the issue ``issue_key`` (e.g. PROJ-123)."""
-        return calls.add_comment(issue_key, body)
-
-    @server.tool(annotations=READS)
-    def read_comments(issue_key: str, limit: int = 50, start_at: int = 0) -> dict[str, Any]:
-        """The comments of the issue ``issue_key``, oldest first: ``limit`` from ``start_at``."""
-        return calls.read_comments(issue_key, limit, start_at)
-
-    return server
-
-
-def main() -> None:
-    build().run("stdio")
+    return server(tools or JiraTools())
 
 
 if __name__ == "__main__":
-    main()
+    build().run("stdio")

@@ -24,7 +24,7 @@ naming the server's own message.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
 import httpx
@@ -35,7 +35,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from crewlet.company.builtin_servers import MATTERMOST
-from seats.tools.servers.common import ADDS, ADDS_ONCE, READS, from_env, message_text, need_text
+from seats.tools.servers.common import ADDS, ADDS_ONCE, READS, VendorCalls, from_env, message_text, need_text, server, tool
 
 # The driver sets its loggers to INFO as it is imported and logs every refusal at ERROR itself, once per call.
 # Whoever calls it here reports a failure with its context (the tool error the model reads; the working
@@ -97,46 +97,54 @@ def refusal(what: str, exc: Exception) -> str:
     return f"Mattermost refused {what}: HTTP {status or '?'}: {message[:500]}"
 
 
-class MattermostTools:
+class MattermostTools(VendorCalls[TypedDriver]):
     """The tools' calls through one driver made on first use; the bot's own user id asked once."""
 
+    name = "mattermost"
+    instructions = (
+        "Read and answer Mattermost conversations as this seat's own bot. The post that woke you names its "
+        "channel and thread (mattermost:<channel_id>:<root_id>): answer there with reply_in_thread."
+    )
+    errors = DRIVER_ERRORS
+
     def __init__(self) -> None:
-        self._driver: Optional[TypedDriver] = None
+        super().__init__()
         self._me = ""
 
-    def driver(self) -> TypedDriver:
-        if self._driver is None:
-            token = from_env(MATTERMOST.token_env, "the seat's Mattermost bot token")
-            try:
-                self._driver = driver(server_url(), token)
-            except ValueError as exc:
-                raise ToolError(str(exc)) from None
-        return self._driver
-
-    def call(self, what: str, make: Callable[[TypedDriver], Any]) -> Any:
+    def connect(self) -> TypedDriver:
+        token = from_env(MATTERMOST.token_env, "the seat's Mattermost bot token")
         try:
-            return make(self.driver())
-        except DRIVER_ERRORS as exc:
-            raise ToolError(refusal(what, exc)) from None
+            return driver(server_url(), token)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+
+    def refusal(self, what: str, exc: Exception) -> str:
+        return refusal(what, exc)
 
     def me(self) -> str:
         if not self._me:
             self._me = str(self.call("GET /api/v4/users/me", lambda d: d.users.get_user("me"))["id"])
         return self._me
 
+    @tool(ADDS)
     def reply_in_thread(self, channel_id: str, root_id: str, message: str) -> dict[str, Any]:
+        """Post ``message`` as a reply in the thread whose root post is ``root_id``, in ``channel_id``."""
         channel_id, root_id, text = need_text(channel_id, "channel_id"), need_text(root_id, "root_id"), message_text(message, "message")
         post = self.call(
             "POST /api/v4/posts", lambda d: d.posts.create_post(channel_id=channel_id, message=text, root_id=root_id)
         )
         return {"id": post.get("id"), "channel_id": post.get("channel_id", channel_id), "root_id": post.get("root_id", root_id)}
 
+    @tool(ADDS)
     def post_message(self, channel_id: str, message: str) -> dict[str, Any]:
+        """Post ``message`` as a new post at the top of ``channel_id`` (not in a thread)."""
         channel_id, text = need_text(channel_id, "channel_id"), message_text(message, "message")
         post = self.call("POST /api/v4/posts", lambda d: d.posts.create_post(channel_id=channel_id, message=text))
         return {"id": post.get("id"), "channel_id": post.get("channel_id", channel_id)}
 
+    @tool(ADDS_ONCE)
     def add_reaction(self, post_id: str, emoji_name: str) -> str:
+        """React to the post ``post_id`` with the emoji ``emoji_name`` (e.g. white_check_mark)."""
         post_id, emoji = need_text(post_id, "post_id"), need_text(emoji_name, "emoji_name", 64).strip(":")
         me = self.me()
         self.call(
@@ -145,7 +153,9 @@ class MattermostTools:
         )
         return f"reacted :{emoji}: to post {post_id}"
 
+    @tool(READS)
     def read_thread(self, post_id: str) -> dict[str, Any]:
+        """Every post of the thread ``post_id`` belongs to (its root or any reply), oldest first."""
         post_id = need_text(post_id, "post_id")
         thread = self.call(f"GET /api/v4/posts/{post_id}/thread", lambda d: d.posts.get_post_thread(post_id))
         posts = thread.get("posts") if isinstance(thread, dict) else None
@@ -162,43 +172,8 @@ class MattermostTools:
 
 def build(tools: Optional[MattermostTools] = None) -> MCPServer:
     """The Mattermost server with its four tools."""
-    calls = tools or MattermostTools()
-    # WARNING: its stderr is the engine's log stream, which wants no line per call.
-    server = MCPServer(
-        "mattermost",
-        instructions=(
-            "Read and answer Mattermost conversations as this seat's own bot. The post that woke you names its "
-            "channel and thread (mattermost:<channel_id>:<root_id>): answer there with reply_in_thread."
-        ),
-        log_level="WARNING",
-    )
-
-    @server.tool(annotations=ADDS)
-    def reply_in_thread(channel_id: str, root_id: str, message: str) -> dict[str, Any]:
-        """Post ``message`` as a reply in the thread whose root post is ``root_id``, in ``channel_id``."""
-        return calls.reply_in_thread(channel_id, root_id, message)
-
-    @server.tool(annotations=ADDS)
-    def post_message(channel_id: str, message: str) -> dict[str, Any]:
-        """Post ``message`` as a new post at the top of ``channel_id`` (not in a thread)."""
-        return calls.post_message(channel_id, message)
-
-    @server.tool(annotations=ADDS_ONCE)
-    def add_reaction(post_id: str, emoji_name: str) -> str:
-        """React to the post ``post_id`` with the emoji ``emoji_name`` (e.g. white_check_mark)."""
-        return calls.add_reaction(post_id, emoji_name)
-
-    @server.tool(annotations=READS)
-    def read_thread(post_id: str) -> dict[str, Any]:
-        """Every post of the thread ``post_id`` belongs to (its root or any reply), oldest first."""
-        return calls.read_thread(post_id)
-
-    return server
-
-
-def main() -> None:
-    build().run("stdio")
+    return server(tools or MattermostTools())
 
 
 if __name__ == "__main__":
-    main()
+    build().run("stdio")

@@ -26,16 +26,16 @@ import logging
 import math
 import os
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from slack_sdk.errors import SlackApiError, SlackClientError
-from slack_sdk.web import SlackResponse, WebClient
+from slack_sdk.web import WebClient
 
 from crewlet.company.builtin_servers import SLACK
 from crewlet.company.org import SLACK_DEFAULT_API_URL
-from seats.tools.servers.common import ADDS, ADDS_ONCE, READS, from_env, message_text, need_text
+from seats.tools.servers.common import ADDS, ADDS_ONCE, READS, VendorCalls, from_env, message_text, need_text, page_limit, server, tool
 
 
 #: How long one Web API call may take, in seconds (the engine's own ``tools.call_timeout_s`` bounds the tool call).
@@ -80,36 +80,41 @@ def ts_arg(value: str, field: str) -> str:
     return text
 
 
-class SlackTools:
+class SlackTools(VendorCalls[WebClient]):
     """The tools' calls, each one Web API method through one ``WebClient`` made on first use."""
 
-    def __init__(self) -> None:
-        self._client: Optional[WebClient] = None
+    name = "slack"
+    instructions = (
+        "Read and answer Slack conversations as this seat's own bot. The message that woke you names its "
+        "channel and thread (slack:<channel>:<thread_ts>): answer there with reply_in_thread."
+    )
+    errors = (SlackApiError, SlackClientError, OSError)
 
-    def client(self) -> WebClient:
-        if self._client is None:
-            self._client = web_client(from_env(SLACK.token_env, "the seat's Slack bot token"), api_url())
-        return self._client
+    def connect(self) -> WebClient:
+        return web_client(from_env(SLACK.token_env, "the seat's Slack bot token"), api_url())
 
-    def call(self, method: str, make: Callable[[WebClient], SlackResponse]) -> SlackResponse:
-        try:
-            return make(self.client())
-        except (SlackApiError, SlackClientError, OSError) as exc:
-            raise ToolError(refusal(method, exc)) from None
+    def refusal(self, what: str, exc: Exception) -> str:
+        return refusal(what, exc)
 
+    @tool(ADDS)
     def reply_in_thread(self, channel: str, thread_ts: str, text: str) -> dict[str, Any]:
+        """Post ``text`` as a reply in the thread rooted at ``thread_ts`` of ``channel`` (Slack's ids, e.g. C0123, 1718000000.000100)."""
         channel, thread_ts, text = need_text(channel, "channel"), ts_arg(thread_ts, "thread_ts"), message_text(text)
         answer = self.call(
             "chat.postMessage", lambda c: c.chat_postMessage(channel=channel, thread_ts=thread_ts, text=text)
         )
         return {"channel": answer.get("channel", channel), "ts": answer.get("ts"), "thread_ts": thread_ts}
 
+    @tool(ADDS)
     def post_message(self, channel: str, text: str) -> dict[str, Any]:
+        """Post ``text`` as a new message at the top of ``channel`` (not in a thread)."""
         channel, text = need_text(channel, "channel"), message_text(text)
         answer = self.call("chat.postMessage", lambda c: c.chat_postMessage(channel=channel, text=text))
         return {"channel": answer.get("channel", channel), "ts": answer.get("ts")}
 
+    @tool(ADDS_ONCE)
     def add_reaction(self, channel: str, timestamp: str, name: str) -> str:
+        """React to the message ``timestamp`` of ``channel`` with the emoji ``name`` (e.g. white_check_mark)."""
         channel, timestamp = need_text(channel, "channel"), ts_arg(timestamp, "timestamp")
         emoji = need_text(name, "name", 100).strip(":")
         try:
@@ -119,11 +124,11 @@ class SlackTools:
                 raise
         return f"reacted :{emoji}: to {timestamp} in {channel}"
 
+    @tool(READS)
     def read_thread(self, channel: str, thread_ts: str, limit: int = 50, cursor: str = "") -> dict[str, Any]:
+        """The messages of the thread rooted at ``thread_ts`` in ``channel``, oldest first; pass ``next_cursor`` back as ``cursor`` for more."""
         channel, thread_ts = need_text(channel, "channel"), ts_arg(thread_ts, "thread_ts")
-        if not 1 <= limit <= MAX_PAGE:
-            raise ToolError(f"limit must be between 1 and {MAX_PAGE} (got {limit})")
-        options: dict[str, Any] = {"channel": channel, "ts": thread_ts, "limit": limit}
+        options: dict[str, Any] = {"channel": channel, "ts": thread_ts, "limit": page_limit(limit, MAX_PAGE)}
         if cursor.strip():
             options["cursor"] = cursor.strip()
         answer = self.call("conversations.replies", lambda c: c.conversations_replies(**options))
@@ -144,43 +149,8 @@ class SlackTools:
 
 def build(tools: Optional[SlackTools] = None) -> MCPServer:
     """The Slack server with its four tools."""
-    calls = tools or SlackTools()
-    # WARNING: its stderr is the engine's log stream, which wants no line per call.
-    server = MCPServer(
-        "slack",
-        instructions=(
-            "Read and answer Slack conversations as this seat's own bot. The message that woke you names its "
-            "channel and thread (slack:<channel>:<thread_ts>): answer there with reply_in_thread."
-        ),
-        log_level="WARNING",
-    )
-
-    @server.tool(annotations=ADDS)
-    def reply_in_thread(channel: str, thread_ts: str, text: str) -> dict[str, Any]:
-        """Post ``text`` as a reply in the thread rooted at ``thread_ts`` of ``channel`` (Slack's ids, e.g. C0123, 1718000000.000100)."""
-        return calls.reply_in_thread(channel, thread_ts, text)
-
-    @server.tool(annotations=ADDS)
-    def post_message(channel: str, text: str) -> dict[str, Any]:
-        """Post ``text`` as a new message at the top of ``channel`` (not in a thread)."""
-        return calls.post_message(channel, text)
-
-    @server.tool(annotations=ADDS_ONCE)
-    def add_reaction(channel: str, timestamp: str, name: str) -> str:
-        """React to the message ``timestamp`` of ``channel`` with the emoji ``name`` (e.g. white_check_mark)."""
-        return calls.add_reaction(channel, timestamp, name)
-
-    @server.tool(annotations=READS)
-    def read_thread(channel: str, thread_ts: str, limit: int = 50, cursor: str = "") -> dict[str, Any]:
-        """The messages of the thread rooted at ``thread_ts`` in ``channel``, oldest first; pass ``next_cursor`` back as ``cursor`` for more."""
-        return calls.read_thread(channel, thread_ts, limit, cursor)
-
-    return server
-
-
-def main() -> None:
-    build().run("stdio")
+    return server(tools or SlackTools())
 
 
 if __name__ == "__main__":
-    main()
+    build().run("stdio")

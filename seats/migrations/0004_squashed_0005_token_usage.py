@@ -1,14 +1,29 @@
-"""The usage domain's token counters: one row per (scope, period, window) a seat or the company spent in."""
+"""Schedules' first sightings and the token-usage counters, squashed from ``0004_schedule_seen`` and ``0005_token_usage`` (docs/architecture.md, Migrations)."""
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
 
+    replaces = [('seats', '0004_schedule_seen'), ('seats', '0005_token_usage')]
+
     dependencies = [
-        ('seats', '0004_schedule_seen'),
+        ('seats', '0003_operator_token_moves_to_crewlet'),
     ]
 
     operations = [
+        migrations.CreateModel(
+            name='ScheduleSeen',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('schedule', models.CharField(max_length=200)),
+                ('cadence', models.CharField(max_length=300)),
+                ('first_seen_ms', models.BigIntegerField()),
+            ],
+            options={
+                'db_table': 'seats_schedule_seen',
+                'constraints': [models.UniqueConstraint(fields=('schedule', 'cadence'), name='seats_schedule_seen_uniq')],
+            },
+        ),
         migrations.CreateModel(
             name='TokenUsage',
             fields=[
