@@ -17,8 +17,8 @@ from tests.process_support import mark_process_backends
 
 #: The suite's fixtures, available to every test: seats_support (runtime_on_memory,
 #: close_store_connections, which a module opts into) and eventstore_support (scope,
-#: operator, api_client).
-pytest_plugins = ["seats_support", "eventstore_support"]
+#: operator, api_client); figures_support prints and writes the fault suite's figures.
+pytest_plugins = ["seats_support", "eventstore_support", "figures_support"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ../shared beside the repository (CI lays a copy there); CREWLET_SHARED_DIR overrides.
@@ -56,6 +56,25 @@ def fixtures_dir(shared_dir: Path) -> Path:
     if not path.is_dir():
         skip_or_fail(f"shared fixtures not found at {path}")
     return path
+
+
+#: The PostgreSQL names a pass is given, and bin/test's defaults when it is given none.
+DATABASE_NAME_VARIABLES = (("CREWLET_PG_DBNAME", "crewlet"), ("CREWLET_PG_EVENTS_DBNAME", "crewlet_events"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's PostgreSQL names are the pass's names plus its id (``suite`` -> ``suite_gw0``).
+
+    pytest-django gives each worker's test databases that suffix already
+    (``test_suite_gw0``); a test that derives names of its own from
+    ``CREWLET_PG_DBNAME`` (a fleet's coordination store, a node's events
+    database) reads the worker's, so two workers never create, use or drop
+    the same database. A serial run keeps the names it was given.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        for variable, default in DATABASE_NAME_VARIABLES:
+            os.environ[variable] = f"{os.environ.get(variable) or default}_{worker}"
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -21,13 +21,15 @@ from tests.faults.fault_support import Outcome, Sender, Up, company_yaml, record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-#: The production ack clock (``stream.ack_wait_s`` default): what a crash costs fetched mail.
-PRODUCTION_ACK_WAIT_S = 30.0
-#: The shrunk ack clock of the progress case: shorter than a turn, so a turn whose
+#: The ack clock of the cases (``stream.ack_wait_s``, the least it allows; 30 s by default): what a
+#: crash costs fetched mail, and, in the progress case, shorter than a turn, so a turn whose
 #: delivery kept no clock alive would be handed out again while it runs.
 SHORT_ACK_WAIT_S = 5.0
 #: How long the echo model thinks per turn in the in-flight cases.
 TURN_S = 2.0
+#: How long a turn of the progress case thinks: half as long again as the ack clock, so
+#: the clock runs out mid-turn unless in-progress signals (every third of it) renew it.
+LONG_TURN_S = 1.5 * SHORT_ACK_WAIT_S
 #: Slack over a bound for a loaded 2-core machine (start-up, polling, the event writer).
 SLACK_S = 10.0
 
@@ -75,9 +77,9 @@ def test_kill_9_of_up_with_mail_held_for_a_paused_seat_loses_and_doubles_nothing
 def test_kill_9_of_up_with_a_turn_in_flight_and_mail_waiting_runs_each_delivery_exactly_once_after_the_restart(
     tmp_path: Path, figures: Figures
 ) -> None:
-    """The production ack clock: mail fetched by the dead process is back within one clock, not half an hour."""
+    """Mail fetched by the dead process is back within one ack clock (shrunk to its least), not half an hour."""
     company = company_yaml(providers=f"[{{kind: echo, delay_s: {TURN_S}}}]", max_concurrent=1, coalesce_max_batch=20)
-    up = Up(tmp_path, company=company)
+    up = Up(tmp_path, company=company, env={"CREWLET_STREAM_ACK_WAIT_S": str(SHORT_ACK_WAIT_S)})
     try:
         up.start()
         # One turn thinks for TURN_S on the only slot; the others wait for it, fetched or not.
@@ -88,7 +90,7 @@ def test_kill_9_of_up_with_a_turn_in_flight_and_mail_waiting_runs_each_delivery_
         recovery_s = time.monotonic() - began
         restarted_at = time.time()
         # Serially, with one slot: 4 turns of TURN_S, after at most one ack clock.
-        bound_s = PRODUCTION_ACK_WAIT_S + 4 * TURN_S + SLACK_S
+        bound_s = SHORT_ACK_WAIT_S + 4 * TURN_S + SLACK_S
         outcome = sender.wait_all_ran(timeout_s=bound_s + 30)
         _figures(figures, sender, outcome, bound_s=bound_s, origin=restarted_at, recovery_s=recovery_s, note="turn in flight, 1 slot; delay from restart")
     finally:
@@ -97,7 +99,7 @@ def test_kill_9_of_up_with_a_turn_in_flight_and_mail_waiting_runs_each_delivery_
 
 def test_a_turn_longer_than_the_ack_clock_runs_once_without_a_crash(tmp_path: Path, figures: Figures) -> None:
     """In-progress signals keep a running turn's delivery from being handed out again."""
-    turn_s = 2 * SHORT_ACK_WAIT_S
+    turn_s = LONG_TURN_S
     company = company_yaml(providers=f"[{{kind: echo, delay_s: {turn_s}}}]", max_concurrent=1, coalesce_max_batch=20)
     up = Up(tmp_path, company=company, env={"CREWLET_STREAM_ACK_WAIT_S": str(SHORT_ACK_WAIT_S)})
     try:

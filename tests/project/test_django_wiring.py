@@ -79,7 +79,8 @@ def test_the_test_databases_are_two_postgresql_databases() -> None:
         with conn.cursor() as cursor:
             cursor.execute("select current_database()")
             names[alias] = cursor.fetchone()[0]
-    # bin/test's defaults, or the names CREWLET_PG_DBNAME / CREWLET_PG_EVENTS_DBNAME give.
+    # bin/test's defaults, or the names CREWLET_PG_DBNAME / CREWLET_PG_EVENTS_DBNAME give (a pytest-xdist
+    # worker's carry its id: tests/conftest.py).
     expected = {
         "default": "test_" + (os.environ.get("CREWLET_PG_DBNAME") or "crewlet"),
         "events": "test_" + (os.environ.get("CREWLET_PG_EVENTS_DBNAME") or "crewlet_events"),
