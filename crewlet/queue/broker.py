@@ -70,6 +70,9 @@ DEFAULT_SERVER_NAME = "crewlet-embedded"
 _LOG_TAIL_LINES = 40
 #: How often a member waiting for its cluster says so, and asks again whether a meta leader exists.
 CLUSTER_PROGRESS_EVERY_S = 3.0
+#: What a stop may take beyond ``stop_timeout_s`` for each consumer the server holds before it is SIGKILLed:
+#: about five times the ~10 ms a file-backed consumer's shutdown takes, for a loaded machine.
+STOP_PER_CONSUMER_S = 0.05
 _CLUSTER_ASK_TIMEOUT_S = 1.0
 #: The stand-in for the cluster secret in anything shown (a log tail, an error).
 _REDACTED = "[redacted]"
@@ -454,17 +457,37 @@ class EmbeddedBroker:
         finally:
             await nc.close()
 
+    async def _consumers(self) -> int:
+        """How many consumers the server holds (``$JS.API.INFO``), 0 when it cannot say within a second."""
+        import nats  # as in _probe
+
+        try:
+            nc = await nats.connect(self.url, allow_reconnect=False, connect_timeout=1, max_reconnect_attempts=1, error_cb=_quiet)
+        except Exception:
+            return 0
+        try:
+            msg = await nc.request("$JS.API.INFO", b"", timeout=1.0)
+            count = json.loads(msg.data).get("consumers", 0)
+            return count if isinstance(count, int) and count > 0 else 0
+        except Exception:
+            return 0
+        finally:
+            await nc.close()
+
     async def _terminate(self, *, kill: bool = False) -> None:
         proc = self._proc
         if proc is None:
             return
+        # nats-server stops its consumers one at a time, each waiting on its store's flusher (~10 ms a
+        # file-backed one): a company of thousands of mailboxes needs that long to stop cleanly.
+        allowance_s = 0.0 if kill or proc.poll() is not None else await self._consumers() * STOP_PER_CONSUMER_S
         if proc.poll() is None:
             try:
                 proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
             except ProcessLookupError:
                 pass
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + (2.0 if kill else self._stop_timeout_s)
+            deadline = loop.time() + (2.0 if kill else self._stop_timeout_s + allowance_s)
             while proc.poll() is None and loop.time() < deadline:
                 await asyncio.sleep(0.02)
             if proc.poll() is None:

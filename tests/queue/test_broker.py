@@ -142,6 +142,23 @@ async def test_the_file_store_survives_a_restart(tmp_path: Path) -> None:
             await t.close()
 
 
+async def test_a_broker_holding_many_file_backed_consumers_is_given_the_time_to_stop_them_instead_of_a_sigkill(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A base timeout far shorter than 60 consumers' shutdown (~10 ms each): only the per-consumer allowance saves it.
+    broker = EmbeddedBroker(store_dir=tmp_path / "js", stop_timeout_s=0.05)
+    await broker.start()
+    t = await JetStreamTransport.connect(broker.url, memory_storage=False)
+    for n in range(60):
+        await t.ensure_consumer(topics.agent_inbox(f"s{n}"), f"agent-s{n}")
+    await t.close()
+    server = broker._proc
+    assert server is not None
+    await broker.stop()
+    assert server.returncode is not None and server.returncode >= 0, server.returncode  # it exited, not SIGKILLed
+    assert "embedded_broker_kill" not in caplog.text
+
+
 async def test_the_supervisor_restarts_a_crashed_server_on_the_same_port() -> None:
     async with EmbeddedBroker() as b:
         url, pid = b.url, b.pid
