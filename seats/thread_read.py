@@ -93,13 +93,13 @@ def seat_access(org: Organization, seat: Seat, surface: str, environ: Optional[M
     return Access(url, values) if url and values.get(kind.token_env) else None
 
 
-def _seat_tools(tools: type[T], accessor: str, made: object) -> T:
-    """A shipped server's tools whose client accessor (``client`` / ``driver``) answers ``made``, the seat's own client.
+def _seat_tools(tools: type[T], made: object) -> T:
+    """A shipped server's tools whose client accessor (``client``) answers ``made``, the seat's own client.
 
     The tools make their client from the environment a tool server is started
     with; in the engine the seat's credentials are this client's instead.
     """
-    bound = type(f"{tools.__name__}AsSeat", (tools,), {accessor: lambda self: made})
+    bound = type(f"{tools.__name__}AsSeat", (tools,), {"client": lambda self: made})
     return cast(T, bound())
 
 
@@ -114,7 +114,7 @@ def _tool_read(make: Callable[[], Any]) -> Any:
 def read_slack(access: Access, seat: Seat, target: Mapping[str, Any], limit: int, timeout_s: float) -> Conversation:
     """A Slack thread, every page; a direct message's channel (no thread) its latest ``limit`` messages."""
     made = slack_server.web_client(access.value(SLACK.token_env), access.url, timeout_s=timeout_s, retries=False)
-    tools = _seat_tools(slack_server.SlackTools, "client", made)
+    tools = _seat_tools(slack_server.SlackTools, made)
     channel, root = str(target["channel"]), str(target.get("thread_ts") or "")
     mine = set(seat.own_ids(SLACK.surface))
     raw: list[dict[str, Any]] = []
@@ -150,7 +150,7 @@ def read_mattermost(access: Access, seat: Seat, target: Mapping[str, Any], limit
     except ValueError as exc:
         raise ThreadReadError(str(exc)) from None
     try:
-        thread = _tool_read(lambda: _seat_tools(mattermost_server.MattermostTools, "driver", made).read_thread(str(target.get("post_id") or target["root_id"])))
+        thread = _tool_read(lambda: _seat_tools(mattermost_server.MattermostTools, made).read_thread(str(target.get("post_id") or target["root_id"])))
     finally:
         made.close()
     mine = set(seat.own_ids(MATTERMOST.surface))
@@ -165,7 +165,7 @@ def read_mattermost(access: Access, seat: Seat, target: Mapping[str, Any], limit
 def read_github(access: Access, seat: Seat, target: Mapping[str, Any], limit: int, timeout_s: float) -> Conversation:
     """The comments of the issue or pull request, every page."""
     made = github_server.client(access.value(GITHUB.token_env), access.url, timeout_s=max(1, int(timeout_s)))
-    tools = _seat_tools(github_server.GitHubTools, "client", made)
+    tools = _seat_tools(github_server.GitHubTools, made)
     repo, number = str(target["repo"]), int(target["issue_number"])
     raw: list[dict[str, Any]] = []
     for page in range(1, MAX_PAGES + 1):
@@ -224,7 +224,7 @@ def read_jira(access: Access, seat: Seat, target: Mapping[str, Any], limit: int,
 
 def read_confluence(access: Access, seat: Seat, target: Mapping[str, Any], limit: int, timeout_s: float) -> Conversation:
     """The page's footer comments, every page."""
-    tools = _seat_tools(confluence_server.ConfluenceTools, "client", ConfluenceV2(**_atlassian(access, CONFLUENCE, timeout_s)))
+    tools = _seat_tools(confluence_server.ConfluenceTools, ConfluenceV2(**_atlassian(access, CONFLUENCE, timeout_s)))
     page_id = str(target["page_id"])
     raw: list[dict[str, Any]] = []
     cursor = ""
