@@ -55,6 +55,7 @@ from eventstore.projection.states import (
     TERMINATED,
     TRIGGER_SKIPPED,
     TURN_PROGRESS,
+    WAKE_ID_FIELD,
     WORK_ARRIVED,
 )
 from eventstore.questions import (
@@ -126,6 +127,8 @@ class SeatLive:
     #: Triggers a turn, a digest or a skip already took whose wake record has not arrived (yet), newest last:
     #: the record is published after the wake reaches the inbox, so it can trail its own turn's start.
     taken: dict[str, None] = field(default_factory=dict)
+    #: Waiting wakes whose record names no wake id (an A2A ask or answer).
+    unnamed: int = 0
     stopped: str = ""
     #: What last went wrong with its work (a failed turn, a guard breach, an abandoned trigger); "" once a turn succeeds.
     last_error: str = ""
@@ -136,26 +139,31 @@ class SeatLive:
 
     @property
     def queued(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + self.unnamed
 
     def arrived(self, wake_id: str) -> None:
-        """A wake's record: it waits unless a turn already took it or nothing holds it back (no turn, no pause)."""
-        if self.taken.pop(wake_id, False) is None:
+        """A wake's record (``wake_id`` "" when it names none): it waits unless a turn took it or nothing holds it back."""
+        if wake_id and self.taken.pop(wake_id, False) is None:
             return
-        if self.turn_id or self.paused:
+        if not (self.turn_id or self.paused):
+            return
+        if wake_id:
             self.waiting[wake_id] = None
+        else:
+            self.unnamed += 1
 
     def take(self, trigger_id: str) -> None:
-        """A turn, a digest or a skip took ``trigger_id``; an unnamed trigger takes the oldest waiting wake."""
-        if not trigger_id:
-            if self.waiting:
-                del self.waiting[next(iter(self.waiting))]
+        """A turn, a digest or a skip took ``trigger_id``: its own wake, else an unnamed one, else it is remembered."""
+        if trigger_id and self.waiting.pop(trigger_id, False) is None:
             return
-        if self.waiting.pop(trigger_id, False) is None:
-            return
-        self.taken[trigger_id] = None
-        while len(self.taken) > TAKEN_REMEMBERED:
-            del self.taken[next(iter(self.taken))]
+        if self.unnamed:
+            self.unnamed -= 1
+        elif not trigger_id and self.waiting:
+            del self.waiting[next(iter(self.waiting))]
+        if trigger_id:
+            self.taken[trigger_id] = None
+            while len(self.taken) > TAKEN_REMEMBERED:
+                del self.taken[next(iter(self.taken))]
 
 
 @dataclass
@@ -360,7 +368,9 @@ class LiveProjection:
         live.touched = True
         etype = event.type
         if etype in WORK_ARRIVED:
-            live.arrived(event.id)  # it waits: behind the running turn, or on the broker until the resume
+            field_name = WAKE_ID_FIELD.get(etype)
+            wake_id = event.id if field_name == "id" else _text(event.field(field_name)) if field_name else ""
+            live.arrived(wake_id)  # it waits: behind the running turn, or on the broker until the resume
             return
         if etype == SPAWNED:
             live.present, live.absent_reason, live.node = True, "", event.node or live.node
@@ -371,6 +381,7 @@ class LiveProjection:
             live.turn_id = ""
             live.waiting.clear()
             live.taken.clear()
+            live.unnamed = 0
         elif etype == SEAT_PAUSED:
             live.paused = True
             live.pause_reason = _text(event.field("reason"))

@@ -72,6 +72,13 @@ WORK_ARRIVED: dict[str, str] = {
     types.A2AChannelOpened.event_type: "target",
     types.A2AMessageSent.event_type: "to_seat",
 }
+#: Where a work record names the id of the wake it put in the inbox — the id a turn or a skip names as its
+#: trigger: a notification's record is its wake, a schedule's names its task. An A2A record has an id of its
+#: own and names no wake, so it waits unnamed: the next turn that takes no named wake takes it.
+WAKE_ID_FIELD: dict[str, str] = {
+    types.ExternalNotification.event_type: "id",
+    types.ScheduledTaskFired.event_type: "task_event_id",
+}
 
 #: Types that name the seat they move in their ``seat`` field (work arrivals have their own field).
 SEAT_TYPES: frozenset[str] = frozenset(

@@ -22,6 +22,8 @@ from crewlet.events.types import (
     ExternalNotification,
     LLMUnavailable,
     NotificationsCoalesced,
+    ScheduledTaskFired,
+    A2AMessageSent,
     TurnTriggerSkipped,
 )
 from crewlet.company.loading import load_settings
@@ -252,6 +254,19 @@ def test_a_digest_takes_off_exactly_the_wakes_it_merged_and_a_skip_its_own_trigg
     assert row is not None and row["queued"] == 1
     row = apply(live, TurnTriggerSkipped(seat="ada", trigger_event_id="w4", reason="already worked"))
     assert row is not None and row["queued"] == 1
+
+
+def test_a_schedules_record_is_its_task_and_an_a2a_record_waits_unnamed_until_a_turn_takes_it() -> None:
+    live = LiveProjection(company=company)
+    apply(live, AgentTurnStarted(seat="ada", turn_id="t1", trigger_event_id="task-1"))
+    # The record of the schedule whose task this turn runs: it names the task, and is not queued behind it.
+    row = apply(live, ScheduledTaskFired(seat="ada", schedule_id="standup", task_event_id="task-1"))
+    assert row is not None and (row["state"], row["queued"]) == ("running", 0)
+    row = apply(live, A2AMessageSent(from_seat="linus", to_seat="ada", message="the answer"))
+    assert row is not None and (row["state"], row["queued"]) == ("queued", 1)
+    apply(live, AgentTurnCompleted(seat="ada", turn_id="t1"))
+    row = apply(live, AgentTurnStarted(seat="ada", turn_id="t2", trigger_event_id="a2a-answer"))
+    assert row is not None and (row["state"], row["queued"]) == ("running", 0)
 
 
 def test_a_company_with_no_provider_holds_its_seats_and_a_refused_budget_stops_one() -> None:
