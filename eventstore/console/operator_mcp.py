@@ -56,6 +56,8 @@ MCP_PATH = "/operator/mcp"
 SERVER_NAME = "crewlet-operator"
 #: Where the verified token's name rides in the ASGI scope, from the gate to the tools.
 SCOPE_ACTOR = "crewlet.operator_actor"
+#: The caller's headers a route's answer may depend on besides its credential (TLS behind a proxy).
+FORWARDED_HEADERS = ("x-forwarded-proto", "x-forwarded-for")
 #: How long one tool call waits for the route or the engine it runs on.
 CALL_TIMEOUT_S = 10.0
 
@@ -110,15 +112,24 @@ def actor_of(ctx: Context) -> str:
     return str(_request_of(ctx).scope.get(SCOPE_ACTOR, ""))
 
 
+def _client_of(request: Any) -> tuple[str, int]:
+    """The caller's address, so a route's per-client limits count the caller, not this server."""
+    client = request.client
+    return (str(client.host), int(client.port)) if client is not None else ("127.0.0.1", 0)
+
+
 def route_caller(django_app: Any) -> Api:
     """A call of the app's own route ``path`` with the caller's credentials: its JSON, or :class:`RouteRefused`."""
 
     async def call(method: str, path: str, body: Optional[dict[str, Any]], ctx: Context) -> Any:
         request = _request_of(ctx)
+        # The caller's own credential, host and scheme (and the proxy's word on it): the route judges them as it
+        # would the caller's direct request (ALLOWED_HOSTS, CREWLET_SSL_REDIRECT behind TLS).
         headers = {"Authorization": request.headers.get("authorization", ""), "Accept": "application/json"}
-        host = request.headers.get("host", "localhost")
+        headers.update({name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers})
+        base = f"{request.url.scheme}://{request.headers.get('host', 'localhost')}"
         async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=django_app), base_url=f"http://{host}", timeout=CALL_TIMEOUT_S
+            transport=httpx.ASGITransport(app=django_app, client=_client_of(request)), base_url=base, timeout=CALL_TIMEOUT_S
         ) as client:
             response = await client.request(method, path, headers=headers, json=body)
         try:

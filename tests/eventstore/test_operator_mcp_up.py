@@ -77,6 +77,7 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
             ("seats_list", {}),
             ("events_list", {"limit": 5}),
             ("dead_letters_list", {}),
+            ("event_get", {"event_id": "no-such-event"}),
             (om.TOOL_SEAT_PAUSE, {"handle": agent, "reason": "secret-reason-never-audited"}),
             (om.TOOL_SEAT_PAUSE, {"handle": agent}),
             (om.TOOL_SEAT_RESUME, {"handle": agent}),
@@ -91,10 +92,11 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
         assert all(listed[name].read_only_hint is True for name in READ_TOOLS)
         assert all(listed[name].read_only_hint is False for name in om.ACTING_TOOLS)
 
-        read_seats, read_events, read_letters, paused, again, resumed, unknown, gone, no_revision = results
+        read_seats, read_events, read_letters, no_event, paused, again, resumed, unknown, gone, no_revision = results
         assert not read_seats.is_error and {s["handle"] for s in json.loads(_text(read_seats))["seats"]} >= {agent}
         assert not read_events.is_error and "events" in json.loads(_text(read_events))
         assert json.loads(_text(read_letters))["dead_letters"] == []
+        assert no_event.is_error and "404 not_found: no such event" in _text(no_event)  # the route's refusal, as a tool error
         assert (json.loads(_text(paused))["changed"], json.loads(_text(again))["changed"]) == (True, False)
         assert json.loads(_text(resumed))["changed"] is True
         assert unknown.is_error and "nobody-here" in _text(unknown)
@@ -119,3 +121,6 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
         assert {(d["transport"], d["token"]) for d in data} == {(ops.TRANSPORT_MCP, SEEDED_TOKEN_NAME)}
         assert len({d["request_id"] for d in data}) == 6 and {row["source"] for row in rows} == {"operator"}
         assert "secret-reason-never-audited" not in json.dumps(rows) and "999999" not in json.dumps(rows)
+
+        assert up.terminate() == 0
+        assert "Traceback" not in up.output() and "was destroyed but it is pending" not in up.output()
