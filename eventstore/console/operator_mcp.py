@@ -333,9 +333,16 @@ class OperatorMCP:
             await asyncio.Future()  # open until the loop ends
 
     async def _started(self) -> None:
+        """The SDK's session manager running (started by the first request); raised when it could not start."""
+        if self._ready.is_set():
+            return
         if self._running is None:
             self._running = asyncio.get_running_loop().create_task(self._hold_session_manager())
-        await self._ready.wait()
+        ready = asyncio.ensure_future(self._ready.wait())
+        await asyncio.wait([self._running, ready], return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            ready.cancel()
+            raise RuntimeError("the MCP session manager stopped before it served a request")
 
     async def _refusal(self, scope: dict[str, Any]) -> tuple[int, str, str]:
         """(status, reason, "") for a caller refused at the gate, else (0, "", the token's name)."""
