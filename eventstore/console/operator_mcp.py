@@ -71,6 +71,8 @@ ACTING_TOOLS = frozenset({TOOL_SEAT_PAUSE, TOOL_SEAT_RESUME, TOOL_DEAD_LETTER_RE
 #: Outcomes of the acting tools besides ``/operator/act``'s: the call changed something; it was already so.
 OUTCOME_CHANGED = "changed"
 OUTCOME_UNCHANGED = "unchanged"
+#: The largest revision number (the key is a 64-bit integer).
+MAX_REVISION = 2**63 - 1
 #: Refusal of an activation naming no stored revision.
 REFUSAL_NO_REVISION = "no_revision"
 
@@ -289,6 +291,10 @@ def build_server(django_app: Any) -> MCPServer:
     async def revision_activate(ctx: Context, revision: int) -> str:
         """Make stored company-config revision ``revision`` the one every node serves. Audited."""
         tool = TOOL_REVISION_ACTIVATE
+        if not 1 <= revision <= MAX_REVISION:
+            detail = f"revision={str(revision)[:40]} is out of range: a stored revision's number, 1 to {MAX_REVISION}"
+            await _audit(ctx, ops.ActResult(tool, ops.OUTCOME_REFUSED, ops.REFUSAL_BAD_ARGS, detail=detail))
+            raise ToolError(f"{ops.REFUSAL_BAD_ARGS}: {detail}")
         exists = await sync_to_async(lambda: ConfigRevision.objects.filter(pk=revision).exists())()
         if not exists:
             detail = f"revision={revision} names no stored revision: see the admin's config revisions"

@@ -65,6 +65,7 @@ async def _operate(url: str) -> dict[str, Any]:
                     ("replayed", om.TOOL_DEAD_LETTER_REPLAY, {"ref": ref}),
                     ("gone", om.TOOL_DEAD_LETTER_REPLAY, {"ref": ref}),
                     ("no_revision", om.TOOL_REVISION_ACTIVATE, {"revision": 424242}),
+                    ("zero", om.TOOL_REVISION_ACTIVATE, {"revision": 0}),
                     ("active", om.TOOL_REVISION_ACTIVATE, {"revision": 1}),  # the file up imported: already active
                 ):
                     got[name] = await session.call_tool(tool, args)
@@ -120,13 +121,14 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
             assert json.loads(_text(got["replayed"]))["topic"] == inbox
             assert got["gone"].is_error and ops.REFUSAL_GONE in _text(got["gone"])
             assert got["no_revision"].is_error and om.REFUSAL_NO_REVISION in _text(got["no_revision"])
+            assert got["zero"].is_error and "revision=0 is out of range" in _text(got["zero"])
             assert json.loads(_text(got["active"])) == {"changed": False, "revision": 1}
 
             def audited() -> Optional[list[dict[str, Any]]]:
                 rows = up.events("operator_acted")
-                return rows if len(rows) >= 8 else None
+                return rows if len(rows) >= 9 else None
 
-            rows = wait_until(audited, 30.0, "eight operator_acted rows", 0.1)
+            rows = wait_until(audited, 30.0, "nine operator_acted rows", 0.1)
             # One per acting call, none for a read; the wire form carries the body's fields at its top.
             assert [(r["tool"], r["outcome"], r["refusal"]) for r in rows] == [
                 (om.TOOL_SEAT_PAUSE, om.OUTCOME_CHANGED, ""),
@@ -136,12 +138,13 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
                 (om.TOOL_DEAD_LETTER_REPLAY, ops.OUTCOME_REPLAYED, ""),
                 (om.TOOL_DEAD_LETTER_REPLAY, ops.OUTCOME_REFUSED, ops.REFUSAL_GONE),
                 (om.TOOL_REVISION_ACTIVATE, ops.OUTCOME_REFUSED, om.REFUSAL_NO_REVISION),
+                (om.TOOL_REVISION_ACTIVATE, ops.OUTCOME_REFUSED, ops.REFUSAL_BAD_ARGS),
                 (om.TOOL_REVISION_ACTIVATE, om.OUTCOME_UNCHANGED, ""),
             ]
             assert {(r["transport"], r["token"], r["source"]) for r in rows} == {
                 (ops.TRANSPORT_MCP, SEEDED_TOKEN_NAME, "operator")
             }
-            assert len({r["request_id"] for r in rows}) == 8 and rows[4]["position"] == inbox
+            assert len({r["request_id"] for r in rows}) == 9 and rows[4]["position"] == inbox
             assert "secret-reason-never-audited" not in json.dumps(rows)  # never the arguments
 
             assert up.terminate() == 0
