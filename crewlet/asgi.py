@@ -45,6 +45,7 @@ django_application = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from eventstore.console.operator_mcp import OperatorMCP  # noqa: E402
 from eventstore.stream import websocket_urlpatterns  # noqa: E402
 
 _TRACE_HEADERS = (TRACEPARENT_HEADER.encode(), b"tracestate")
@@ -232,9 +233,21 @@ class WebhookFastPath:
         return response
 
 
+class WithOperatorMCP:
+    """ASGI: ``/operator/mcp`` (the operator's MCP server, :mod:`eventstore.console.operator_mcp`) before ``app``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.mcp = OperatorMCP(django_application)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        target = self.mcp if self.mcp.serves(str(scope.get("path", ""))) else self.app
+        await target(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": traced(WebhookFastPath(django_application)),
+        "http": traced(WithOperatorMCP(WebhookFastPath(django_application))),
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -33,9 +33,8 @@ def _refused(reason: str) -> JsonResponse:
     return response
 
 
-def _bearer(request: HttpRequest) -> tuple[Optional[str], str]:
-    """(token, "") from the Authorization header, else (None, why it is no credential)."""
-    header = request.headers.get("Authorization", "")
+def bearer_token(header: str) -> tuple[Optional[str], str]:
+    """(token, "") from an Authorization header's value, else (None, why it is no credential)."""
     if not header:
         return None, NO_CREDENTIAL
     parts = header.split()
@@ -44,17 +43,18 @@ def _bearer(request: HttpRequest) -> tuple[Optional[str], str]:
     return parts[1], ""
 
 
-def _is_scrape_token(token: str) -> bool:
+def is_scrape_token(token: str) -> bool:
+    """True when ``token`` is ``CREWLET_METRICS_TOKEN``: a credential for ``/metrics`` and nothing else."""
     expected = str(getattr(settings, "METRICS_TOKEN", "") or "")
     return bool(expected) and hmac.compare_digest(token.encode(), expected.encode())
 
 
 @require_GET
 async def metrics(request: HttpRequest) -> HttpResponse:
-    token, why = _bearer(request)
+    token, why = bearer_token(request.headers.get("Authorization", ""))
     if token is None:
         return _refused(why)
-    if not _is_scrape_token(token) and await sync_to_async(operator_for)(token) is None:
+    if not is_scrape_token(token) and await sync_to_async(operator_for)(token) is None:
         return _refused(UNKNOWN_TOKEN)
     engine = runtime.current_engine()
     if engine is None:
