@@ -325,17 +325,21 @@ def _store_dir_refusal(store_dir: Path) -> None:
         )
 
 
-async def restore_backup(value: object, store_dir: Path, broker_timeout_s: float = 30.0) -> tuple[int, list[str]]:
+async def restore_backup(
+    value: object, store_dir: Path, broker_timeout_s: float = 30.0, nats_url: str = ""
+) -> tuple[int, list[str]]:
     """Restore the backup in directory ``value`` into this install (stopped): (streams restored, stores restored).
 
     Everything is checked before anything is written; the stores go back
     first, then a broker of the restore's own on ``store_dir`` takes the
-    streams and is stopped again.
+    streams and is stopped again — or, with ``nats_url``, the external
+    broker there takes them (it must not hold them yet).
     """
     from crewlet.queue.broker import EmbeddedBroker
 
     source, manifest = read_manifest(value)
-    _store_dir_refusal(store_dir)
+    if not nats_url:
+        _store_dir_refusal(store_dir)
     snapshots: list[tuple[str, dict[str, Any], Path]] = []
     for entry in manifest.get(K_STREAMS) or []:
         path = source / str(entry[K_FILE])
@@ -343,6 +347,10 @@ async def restore_backup(value: object, store_dir: Path, broker_timeout_s: float
             raise BackupRefused(FIELD_DIR, str(source), f"is missing {entry[K_FILE]}: the backup is incomplete")
         snapshots.append((str(entry[K_NAME]), dict(entry[K_META]), path))
     stores = await asyncio.to_thread(restore_stores, source, manifest)
+    if nats_url:
+        restored = await restore_streams(nats_url, snapshots, broker_timeout_s)
+        log.info("backup_restored", extra={"dir": str(source), "streams": restored, "stores": len(stores)})
+        return restored, stores
     broker = EmbeddedBroker(store_dir, supervise=False)
     await broker.start()
     try:

@@ -24,42 +24,29 @@ from pathlib import Path
 from typing import Any
 
 import nats
-import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from crewlet.base.aio import keeping_cancel
 from crewlet.queue.errors import InvalidArgument, Unavailable
 from crewlet.queue.jetstream.base import TransportBase
-from crewlet.queue.jetstream.wire import _NATS_ERRORS, API_PREFIX, ERR_STREAM_NAME_IN_USE, _status_of
+from crewlet.queue.jetstream.wire import _NATS_ERRORS, API_PREFIX, ERR_STREAM_NAME_IN_USE, _ApiError, _status_of, api_request
 
 #: Bytes per chunk the server sends in a snapshot and a restore sends back.
 CHUNK_BYTES = 128 * 1024
 #: The status of a snapshot's last, empty message when the server finished.
 _EOF_OK = ("", "204")
-#: The most streams one listing page returns (the server's own page size).
-_PAGE = 256
+#: A restore of a stream the broker already holds ("stream name already in use, cannot restore").
+ERR_STREAM_RESTORE_EXISTS = 10130
 
 
 async def _request(nc: NatsClient, subject: str, payload: bytes, timeout_s: float, what: str) -> dict[str, Any]:
-    """One request whose answer is the JetStream API's JSON: an error answer is ``Unavailable`` naming it."""
+    """One API request of a snapshot or restore; a stream the broker already has is ``InvalidArgument``."""
     try:
-        msg = await keeping_cancel(nc.request(subject, payload, timeout=timeout_s))
-    except nats.errors.NoRespondersError as exc:
-        raise Unavailable(f"{what}: JetStream did not answer (not enabled, or starting)") from exc
-    except _NATS_ERRORS as exc:
-        raise Unavailable(f"{what}: {exc!r}") from exc
-    if not msg.data:
-        return {}
-    try:
-        answer: dict[str, Any] = json.loads(msg.data)
-    except ValueError as exc:
-        raise Unavailable(f"{what}: unparseable answer") from exc
-    error = answer.get("error")
-    if error:
-        if int(error.get("err_code", 0) or 0) == ERR_STREAM_NAME_IN_USE:
-            raise InvalidArgument(f"{what}: the broker already has this stream; restore into a broker without it")
-        raise Unavailable(f"{what}: {error.get('description', 'refused')} ({error.get('code', '?')})")
-    return answer
+        return await api_request(nc, subject, payload, timeout_s, what, empty_ok=True)
+    except _ApiError as exc:
+        if exc.err_code in (ERR_STREAM_NAME_IN_USE, ERR_STREAM_RESTORE_EXISTS):
+            raise InvalidArgument(f"{what}: the broker already has this stream; restore into a broker without it") from exc
+        raise
 
 
 async def stream_names(nc: NatsClient, timeout_s: float) -> list[str]:

@@ -29,11 +29,15 @@ class Command(BaseCommand):
             "--store-dir", default=None,
             help="the embedded broker's store to restore the streams into (default: <data dir>/jetstream, as up uses)",
         )
+        parser.add_argument(
+            "--nats-url", default="",
+            help="restore the streams into this external NATS server instead (stream.type nats; it must not hold them yet)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         store_dir = Path(options["store_dir"] or Path(settings.VAR_DIR) / "jetstream").absolute()
         try:
-            streams, stores = asyncio.run(backups.restore_backup(options["dir"], store_dir))
+            streams, stores = asyncio.run(backups.restore_backup(options["dir"], store_dir, nats_url=options["nats_url"]))
         except (backups.BackupRefused, backups.BackupFailed, QueueError, OSError) as exc:
             raise CommandError(f"restore refused: {exc}" if isinstance(exc, backups.BackupRefused) else f"restore failed: {exc}") from None
         self.stdout.write(
