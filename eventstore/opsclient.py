@@ -46,6 +46,9 @@ DEFAULT_LIMIT = 20
 EVENTS_PATH = "/api/events"
 DEAD_LETTERS_PATH = "/api/dead-letters"
 ACT_PATH = "/operator/act"
+BACKUP_PATH = "/backup"
+#: How long a backup request may take: the node copies every stream and store before it answers.
+BACKUP_TIMEOUT_S = 600.0
 K_EVENTS = "events"
 K_ID = "id"
 K_SUMMARY = "summary"
@@ -101,11 +104,14 @@ def _refusal(status: int, body: Any) -> str:
     return f"the node answered {status}"
 
 
-def call(node: Node, method: str, path: str, *, query: Optional[dict[str, Any]] = None, body: Any = None) -> Any:
+def call(
+    node: Node, method: str, path: str, *, query: Optional[dict[str, Any]] = None, body: Any = None,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> Any:
     """One request to the node's API; its JSON answer, or :class:`OpsError` saying what went wrong."""
     url = node.base + path + (f"?{urlencode(query, doseq=True)}" if query else "")
     try:
-        response = requests.request(method, url, json=body, headers=node.headers(), timeout=REQUEST_TIMEOUT_S)
+        response = requests.request(method, url, json=body, headers=node.headers(), timeout=timeout_s)
     except requests.RequestException as exc:
         raise OpsError(f"cannot reach the node at {node.base}: {type(exc).__name__}") from None
     try:
@@ -209,7 +215,18 @@ def replayed_line(ref: str, answer: dict[str, Any]) -> str:
     return f"replayed {ref} onto {answer.get(opv.K_TOPIC)} ({answer.get(opv.K_OUTCOME)}, event {answer.get(opv.K_EVENT_ID) or '-'})"
 
 
+def backup(node: Node, directory: str) -> dict[str, Any]:
+    """``POST /backup {dir}``: the node copies its streams and stores into ``directory`` on its disk; its answer."""
+    answer: dict[str, Any] = call(node, "POST", BACKUP_PATH, body={"dir": directory}, timeout_s=BACKUP_TIMEOUT_S)
+    return answer
+
+
+def backed_up_line(answer: dict[str, Any]) -> str:
+    streams, stores = answer.get("streams") or [], answer.get("stores") or []
+    return f"backed up {len(streams)} stream{'s' if len(streams) != 1 else ''} and {len(stores)} store{'s' if len(stores) != 1 else ''} to {answer.get('dir')}"
+
+
 __all__ = [
-    "DEFAULT_URL", "Node", "OpsError", "add_node_arguments", "node_from", "dead_letter_line", "dead_letters", "event_line", "follow", "latest_events",
+    "backup", "backed_up_line", "DEFAULT_URL", "Node", "OpsError", "add_node_arguments", "node_from", "dead_letter_line", "dead_letters", "event_line", "follow", "latest_events",
     "replay", "replayed_line",
 ]

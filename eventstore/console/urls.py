@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import path
 
 from eventstore.console import dashboard, screens
+from eventstore.console.backup_views import BackupView
 from eventstore.console.operator_views import OperatorActView
 
 urlpatterns = [
@@ -18,4 +19,5 @@ urlpatterns = [
     path("seats/<str:handle>/memory/", dashboard.seat_memory, name="dash-seat-memory"),
     path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
     path("operator/act", OperatorActView.as_view(), name="operator-act"),
+    path("backup", BackupView.as_view(), name="backup"),
 ]

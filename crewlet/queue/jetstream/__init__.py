@@ -14,14 +14,16 @@ none escapes.
 
 The modules, bottom up:
 
-- ``wire``: the API prefix, error codes, status and reply-subject parsing,
-  the nats-py exceptions translated here.
+- ``wire``: the API prefix, error codes, the API call, status and
+  reply-subject parsing, the nats-py exceptions translated here.
 - ``configs``: durable names and the configurations the broker is told (pure).
 - ``message``: one fetched message and its settlement.
 - ``pull``: ``JetStreamPuller``, one pull request per fetch.
 - ``base``: the state every part of the transport shares, and the API call.
 - ``streams``, ``consumers``, ``dead_letters``, ``broadcast``, ``ask_serve``:
   the transport's parts, one concern each.
+- ``snapshots``: a stream's snapshot and restore over JetStream's own API
+  (``STREAM.SNAPSHOT`` / ``STREAM.RESTORE``), for a node's backup.
 - ``transport``: ``JetStreamTransport`` assembled from the parts, its
   connection's life (connect, reconnect, sever, close), and ``JetStreamQueue``.
 """

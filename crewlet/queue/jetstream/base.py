@@ -19,7 +19,7 @@ from crewlet.base.aio import keeping_cancel
 from crewlet.queue import topics
 from crewlet.queue.contract import Timings
 from crewlet.queue.errors import InvalidArgument, Unavailable
-from crewlet.queue.jetstream.wire import _NATS_ERRORS, API_PREFIX, _ApiError, redact_url
+from crewlet.queue.jetstream.wire import API_PREFIX, api_request, redact_url
 from crewlet.queue.transport import Transport
 
 if TYPE_CHECKING:
@@ -105,24 +105,7 @@ class TransportBase(Transport):
     ) -> dict[str, Any]:
         self._require_connected()
         payload = json.dumps(body).encode() if body is not None else b""
-        try:
-            msg = await keeping_cancel(
-                self._nc.request(f"{API_PREFIX}.{suffix}", payload, timeout=timeout or self._api_timeout_s)
-            )
-        except nats.errors.NoRespondersError as e:
-            raise Unavailable(f"{what or suffix}: JetStream did not answer (not enabled, or starting)") from e
-        except _NATS_ERRORS as e:
-            raise Unavailable(f"{what or suffix}: {e!r}") from e
-        try:
-            resp: dict[str, Any] = json.loads(msg.data)
-        except ValueError as e:
-            raise Unavailable(f"{what or suffix}: unparseable answer") from e
-        err = resp.get("error")
-        if err:
-            raise _ApiError(
-                what or suffix, int(err.get("code", 0) or 0), int(err.get("err_code", 0) or 0), str(err.get("description", ""))
-            )
-        return resp
+        return await api_request(self._nc, f"{API_PREFIX}.{suffix}", payload, timeout or self._api_timeout_s, what or suffix)
 
     async def _consumer_info(self, stream: str, consumer: str) -> dict[str, Any]:
         """The broker's view of one consumer; :class:`_ApiError` (``no_consumer``) when there is none."""

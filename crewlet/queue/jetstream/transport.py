@@ -16,6 +16,7 @@ from crewlet.queue.jetstream.broadcast import BroadcastPart, _Broadcast
 from crewlet.queue.jetstream.configs import MAX_MESSAGE_BYTES
 from crewlet.queue.jetstream.consumers import ConsumersPart
 from crewlet.queue.jetstream.dead_letters import DeadLettersPart
+from crewlet.queue.jetstream.snapshots import SnapshotsPart
 from crewlet.queue.jetstream.subjects import SubjectsPart
 from crewlet.queue.jetstream.wire import redact_url
 from crewlet.queue.natsclient import LatePongClient
@@ -41,7 +42,7 @@ class ConnectOptions(TypedDict, total=False):
     provision_wait_s: float
 
 
-class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServePart, SubjectsPart):
+class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServePart, SubjectsPart, SnapshotsPart):
     """The JetStream broker primitives under :class:`~crewlet.queue.client.QueueClient`."""
 
     name = "jetstream"

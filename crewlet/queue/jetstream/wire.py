@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import nats.errors
@@ -152,6 +153,29 @@ class _ApiError(Unavailable):
     def no_consumer(self) -> bool:
         """The consumer the call named does not exist, or its stream does not."""
         return self.err_code in (ERR_CONSUMER_NOT_FOUND, ERR_STREAM_NOT_FOUND)
+
+
+async def api_request(nc: NatsClient, subject: str, payload: bytes, timeout_s: float, what: str, *, empty_ok: bool = False) -> dict[str, Any]:
+    """One request whose answer is the JetStream API's JSON; an error answer is :class:`_ApiError`, a failure ``Unavailable``.
+
+    ``empty_ok``: an empty answer (a restore's acknowledgement of a chunk) is ``{}``.
+    """
+    try:
+        msg = await keeping_cancel(nc.request(subject, payload, timeout=timeout_s))
+    except nats.errors.NoRespondersError as e:
+        raise Unavailable(f"{what}: JetStream did not answer (not enabled, or starting)") from e
+    except _NATS_ERRORS as e:
+        raise Unavailable(f"{what}: {e!r}") from e
+    if empty_ok and not msg.data:
+        return {}
+    try:
+        resp: dict[str, Any] = json.loads(msg.data)
+    except ValueError as e:
+        raise Unavailable(f"{what}: unparseable answer") from e
+    err = resp.get("error")
+    if err:
+        raise _ApiError(what, int(err.get("code", 0) or 0), int(err.get("err_code", 0) or 0), str(err.get("description", "")))
+    return resp
 
 
 def _message_not_found(e: "nats.js.errors.APIError") -> bool:
