@@ -60,6 +60,11 @@ HELD_NO_PROVIDER = "no_provider"
 HELD_TURN = "running_turn"
 
 
+def carries_delivery(event_type: str, category: str) -> bool:
+    """Whether a row of this type names a delivery id in its body (the dashboard links it to the delivery's page)."""
+    return event_type in NAMING_TYPES or category == ACCEPTED_CATEGORY
+
+
 def _like(text: str) -> str:
     """``text`` as it sits in a stored body (compact JSON), escaped for LIKE (``\\`` the escape)."""
     quoted = json.dumps(text, ensure_ascii=False)
