@@ -170,16 +170,6 @@ class DeliveryCoalescedSerializer(serializers.Serializer):
     count = serializers.IntegerField()
 
 
-class DeliveryTurnSerializer(serializers.Serializer):
-    turn_id = serializers.CharField()
-    seat = serializers.CharField()
-    outcome = serializers.ChoiceField(choices=list(TURN_OUTCOMES))
-    started = serializers.CharField(allow_null=True)
-    ended = serializers.CharField(allow_null=True)
-    duration_ms = serializers.IntegerField(allow_null=True)
-    trace_id = serializers.CharField(allow_null=True)
-
-
 class DeliveryTriggerSkipSerializer(serializers.Serializer):
     event_id = serializers.CharField()
     reason = serializers.CharField(help_text="the turn_trigger_skipped reason")
@@ -214,7 +204,7 @@ class DeliverySeatSerializer(serializers.Serializer):
     node = serializers.CharField(allow_blank=True)
     why = serializers.CharField(allow_blank=True)
     coalesced = DeliveryCoalescedSerializer(allow_null=True)
-    turn = DeliveryTurnSerializer(allow_null=True)
+    turn = TurnSerializer(allow_null=True, help_text="the turn that took it (the wake or its digest), folded")
     skip = DeliveryTriggerSkipSerializer(allow_null=True)
     waiting = DeliveryWaitingSerializer(allow_null=True)
     dead_letter = DeliveryDeadLetterSerializer(allow_null=True)

@@ -93,8 +93,6 @@ def spend(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/spend.html", context)
 
 
-__all__ = ["spend", "trace", "turn"]
-
 
 @staff_only
 def delivery(request: HttpRequest, delivery_id: str) -> HttpResponse:
@@ -119,3 +117,6 @@ def delivery_of_event(request: HttpRequest, event_id: str) -> HttpResponse:
     if not delivery_id:
         raise Http404(f"event {event_id} names no delivery")
     return redirect("dash-delivery", delivery_id=delivery_id)
+
+
+__all__ = ["delivery", "delivery_of_event", "spend", "trace", "turn"]

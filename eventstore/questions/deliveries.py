@@ -160,7 +160,8 @@ def _event(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _turn_brief(turn: dict[str, Any]) -> dict[str, Any]:
-    return {k: turn.get(k) for k in ("turn_id", "seat", "outcome", "started", "ended", "duration_ms", "trace_id")}
+    """The folded turn without its events (the delivery's own ``events`` hold the rows that matter here)."""
+    return {k: v for k, v in turn.items() if k not in ("events", "truncated")}
 
 
 def held_by(live: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
