@@ -298,3 +298,66 @@ def turns_page(query: QueryDict) -> dict[str, Any]:
 
 def turn_detail(query: QueryDict, turn_id: str) -> dict[str, Any]:
     return _one(query, qs.TURN, "turn_id", turn_id)
+
+
+#: How many dead letters a delivery read looks through for its wakes (the oldest first, as the broker lists them).
+DEAD_LETTERS_SCANNED = 500
+#: How long a delivery read waits for the broker's dead-letter listing.
+DEAD_LETTERS_TIMEOUT_S = 5.0
+
+
+def _live_seats(handles: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Each seat's live row (the projection's) with ``positions``: its waiting wakes by place; {} where no projection runs."""
+    from eventstore import projection
+
+    live = projection.current()
+    if live is None:
+        return {}
+    rows: dict[str, dict[str, Any]] = {}
+    for handle in dict.fromkeys(handles):
+        row = live.seat(handle)
+        if row is not None:
+            rows[handle] = {**row, "positions": live.waiting(handle)}
+    return rows
+
+
+def _dead_letters(event_ids: set[str]) -> Optional[dict[str, dict[str, Any]]]:
+    """The dead letters holding one of ``event_ids``, by that id; None when the broker could not be asked."""
+    from crewlet.engine import runtime
+
+    try:
+        letters = runtime.on_engine(lambda queue: queue.dead_letters(DEAD_LETTERS_SCANNED), DEAD_LETTERS_TIMEOUT_S)
+    except Exception:  # the broker away or the engine stopping: the answer says it could not look
+        return None
+    found: dict[str, dict[str, Any]] = {}
+    for letter in letters:
+        try:
+            event_id = letter.event.id
+        except Exception:  # an undecodable letter holds no wake this read can name
+            continue
+        if event_id in event_ids:
+            found[event_id] = {"ref": letter.ref, "topic": letter.topic, "deliveries": letter.deliveries}
+    return found
+
+
+def delivery(query: QueryDict, delivery_id: str) -> dict[str, Any]:
+    """Where ``delivery_id`` is now: the fleet's rows about it folded with the live inbox facts and the dead letters.
+
+    ``delivery`` is None when no node's history names it (the view's 404).
+    """
+    check_params(query, ())
+    check_text("delivery_id", delivery_id)
+    merged = ask(Question(kind=qs.DELIVERY, at=qs.instant(here.clock()), key=delivery_id))
+    naming, following, turns = merged.pop("rows"), merged.pop("following"), merged.pop("turns")
+    live = _live_seats(r["seat"] for r in naming if r["type"] == qs.deliveries.WAKE)
+    folded = qs.fold_delivery(delivery_id, naming, following, turns, live)
+    checked = False
+    if folded is not None and any(p["state"] in qs.deliveries.UNSETTLED for p in folded["seats"]):
+        triggers = {p["wake_event_id"] for p in folded["seats"]} | {p["coalesced"]["trigger_event_id"] for p in folded["seats"] if p["coalesced"]}
+        dead = _dead_letters(triggers)
+        if dead is not None:
+            checked = True
+            folded = qs.fold_delivery(delivery_id, naming, following, turns, live, dead)
+    if folded is not None:
+        folded["dead_letters_checked"] = checked
+    return {**merged, "delivery": folded}

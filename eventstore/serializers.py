@@ -145,3 +145,83 @@ class TurnDetailRowSerializer(TurnSerializer):
 
 class TurnDetailSerializer(AnswerSerializer):
     turn = TurnDetailRowSerializer()
+
+
+class DeliveryAcceptedSerializer(serializers.Serializer):
+    event_id = serializers.CharField()
+    timestamp = serializers.CharField()
+    node = serializers.CharField()
+
+
+class DeliverySkipSerializer(serializers.Serializer):
+    event_id = serializers.CharField()
+    timestamp = serializers.CharField()
+    seat = serializers.CharField(allow_blank=True)
+    recipient = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField(help_text="the notification_skipped reason phrase")
+    detail = serializers.CharField(allow_blank=True)
+
+
+class DeliveryCoalescedSerializer(serializers.Serializer):
+    event_id = serializers.CharField(help_text="the notifications_coalesced record")
+    timestamp = serializers.CharField()
+    trigger_event_id = serializers.CharField(help_text="the merged trigger a turn names as its trigger_event_id")
+    event_ids = serializers.ListField(child=serializers.CharField(), help_text="the wakes merged, this seat's among them")
+    count = serializers.IntegerField()
+
+
+class DeliveryTriggerSkipSerializer(serializers.Serializer):
+    event_id = serializers.CharField()
+    reason = serializers.CharField(help_text="the turn_trigger_skipped reason")
+    detail = serializers.CharField(allow_blank=True)
+
+
+class DeliveryHoldSerializer(serializers.Serializer):
+    kind = serializers.CharField(help_text="pause, budget, no_provider or running_turn")
+    reason = serializers.CharField(allow_blank=True)
+    by = serializers.CharField(allow_blank=True, help_text="who paused it, or the running turn's id")
+
+
+class DeliveryWaitingSerializer(serializers.Serializer):
+    seat_state = serializers.CharField(allow_blank=True, help_text="the seat's live state (empty where no live projection runs)")
+    held_by = DeliveryHoldSerializer(allow_null=True)
+    behind_turn = serializers.CharField(allow_null=True)
+    position = serializers.IntegerField(allow_null=True, help_text="1-based place among the seat's waiting wakes, where known")
+    queued = serializers.IntegerField(allow_null=True)
+
+
+class DeliveryDeadLetterSerializer(serializers.Serializer):
+    ref = serializers.CharField()
+    topic = serializers.CharField()
+    deliveries = serializers.IntegerField()
+
+
+class DeliverySeatSerializer(serializers.Serializer):
+    seat = serializers.CharField()
+    state = serializers.CharField(help_text="waiting, coalesced, running, worked, skipped or dead_lettered")
+    wake_event_id = serializers.CharField()
+    routed_at = serializers.CharField()
+    node = serializers.CharField(allow_blank=True)
+    why = serializers.CharField(allow_blank=True)
+    coalesced = DeliveryCoalescedSerializer(allow_null=True)
+    turn = TurnSerializer(allow_null=True, help_text="the turn that took it (the wake or its digest), folded")
+    skip = DeliveryTriggerSkipSerializer(allow_null=True)
+    waiting = DeliveryWaitingSerializer(allow_null=True)
+    dead_letter = DeliveryDeadLetterSerializer(allow_null=True)
+
+
+class DeliveryRowSerializer(serializers.Serializer):
+    delivery_id = serializers.CharField()
+    state = serializers.CharField(help_text="the least settled seat's state; skipped when every recipient was skipped; accepted before routing")
+    source = serializers.CharField()
+    event_name = serializers.CharField(allow_blank=True)
+    trace_id = serializers.CharField()
+    accepted = DeliveryAcceptedSerializer(allow_null=True)
+    seats = DeliverySeatSerializer(many=True)
+    skipped = DeliverySkipSerializer(many=True)
+    events = EventRowSerializer(many=True)
+    dead_letters_checked = serializers.BooleanField(help_text="whether the dead letters were looked through for its wakes")
+
+
+class DeliverySerializer(AnswerSerializer):
+    delivery = DeliveryRowSerializer()

@@ -13,6 +13,7 @@ urlpatterns = [
     path("traces/<str:trace_id>", views.TraceView.as_view(), name="api-trace"),
     path("turns", views.TurnsView.as_view(), name="api-turns"),
     path("turns/<str:turn_id>", views.TurnView.as_view(), name="api-turn"),
+    path("deliveries/<str:delivery_id>", views.DeliveryView.as_view(), name="api-delivery"),
     path("dead-letters", operator_views.DeadLettersView.as_view(), name="api-dead-letters"),
     path("schema/", views.SchemaView.as_view(), name="api-schema"),
     path("docs/", views.SwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -176,6 +176,14 @@ class TurnView(DetailView):
     key, what, holds, read = "turn_id", "turn", "turn", staticmethod(api.turn_detail)
 
 
+@extend_schema_view(get=_detail_schema(
+    "deliveries_get", "Where a delivery is now: accepted, routed, waiting (and why), coalesced, worked, skipped or dead-lettered",
+    _key("delivery_id", "the provider's delivery id (the webhook's 202 names it)"), s.DeliverySerializer,
+))
+class DeliveryView(DetailView):
+    key, what, holds, read = "delivery_id", "delivery", "delivery", staticmethod(api.delivery)
+
+
 #: The schema route's own parameters: the schema's version and DRF's format override (json, yaml).
 SCHEMA_PARAMS = frozenset({"version", "format"})
 

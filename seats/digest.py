@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 from crewlet.events import Event, format_timestamp
 from crewlet.events.types import ExternalNotification
+from crewlet.events.types.notification import coalesced_trigger_id
 from seats.wake import (
     BODY,
     COALESCED_COUNT,
@@ -64,9 +64,6 @@ from seats.wake import (
     WakeValueError,
 )
 
-#: Ids of merged triggers are derived from their constituents' ids, so the
-#: same partition merged twice (a redelivery) is the same trigger.
-COALESCED_ID_NAMESPACE = uuid.UUID("0b8f3f52-6c1e-5d7a-9d2b-636f616c6573")
 DUPLICATE_MARKER = "(same as a later message from {sender}; collapsed)"
 COLLAPSED_DUPLICATE = "duplicate"
 COLLAPSED_SUPERSEDED = "superseded"
@@ -265,7 +262,7 @@ def merge(unique: Sequence[Event]) -> Event:
     return Event(
         type=latest_ev.type if latest_ev.data is not None else ExternalNotification.event_type,
         payload=payload,
-        id=str(uuid.uuid5(COALESCED_ID_NAMESPACE, "|".join(ids))),
+        id=coalesced_trigger_id(ids),
         timestamp=latest_ev.timestamp,
         source=latest_ev.source,
         trace_id=first.event.trace_id,

@@ -238,18 +238,28 @@ def turn_completed(url: str, trace_id: str, token: str, timeout_s: float = REQUE
 
 __all__ = [
     "READY_LINE", "REQUEST_TIMEOUT_S", "UP_READY_S", "UpProcess", "http_call", "http_json", "openai_company", "serve",
-    "turn_completed", "up_env",
+    "turn_completed", "up_env", "dashboard_page", "dashboard_pages",
 ]
 
 
 def dashboard_page(up: UpProcess, path: str) -> str:
     """The dashboard page at ``path`` as a staff user sees it: one is created, signs in, and is sent on there."""
+    return dashboard_pages(up, path)[0]
+
+
+def dashboard_pages(up: UpProcess, first: str, *more: str) -> list[str]:
+    """:func:`dashboard_page` at ``first``, then each of ``more`` in the same signed-in session (redirects followed)."""
     up.manage("createsuperuser", "--noinput", "--username", "op", "--email", "op@example.com",
               extra_env={"DJANGO_SUPERUSER_PASSWORD": "pw-0123456789"})
     browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
     with browser.open(up.url + "/login/", timeout=30) as response:
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.read().decode())
     assert token is not None
-    form = urlencode({"csrfmiddlewaretoken": token.group(1), "username": "op", "password": "pw-0123456789", "next": path})
+    form = urlencode({"csrfmiddlewaretoken": token.group(1), "username": "op", "password": "pw-0123456789", "next": first})
+    pages = []
     with browser.open(urllib.request.Request(up.url + "/login/", data=form.encode()), timeout=30) as response:
-        return str(response.read().decode())
+        pages.append(str(response.read().decode()))
+    for path in more:
+        with browser.open(up.url + path, timeout=30) as response:
+            pages.append(str(response.read().decode()))
+    return pages

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 
 from crewlet.engine import runtime
 from eventstore import api as store_api
@@ -93,4 +93,30 @@ def spend(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/spend.html", context)
 
 
-__all__ = ["spend", "trace", "turn"]
+
+@staff_only
+def delivery(request: HttpRequest, delivery_id: str) -> HttpResponse:
+    """Where one delivery is now: accepted, each seat it was routed to (waiting and why, coalesced, worked), each skip."""
+    try:
+        answer = store_api.delivery(QueryDict(), delivery_id)
+    except store_api.BadParameter as exc:
+        return _refused(request, "Delivery", exc)
+    if not answer.get("delivery"):
+        raise Http404(f"no delivery {delivery_id} in the fleet's history")
+    return render(request, "dashboard/delivery.html", {"page": "delivery", "delivery": answer["delivery"], "coverage": answer.get("coverage")})
+
+
+@staff_only
+def delivery_of_event(request: HttpRequest, event_id: str) -> HttpResponse:
+    """An event row's "delivery" link: the delivery its body names, on its own page."""
+    try:
+        found = reads.event(event_id)
+    except store_api.BadParameter as exc:
+        return _refused(request, "Delivery", exc)
+    delivery_id = str(((found or {}).get("wire") or {}).get("delivery_id") or "")
+    if not delivery_id:
+        raise Http404(f"event {event_id} names no delivery")
+    return redirect("dash-delivery", delivery_id=delivery_id)
+
+
+__all__ = ["delivery", "delivery_of_event", "spend", "trace", "turn"]

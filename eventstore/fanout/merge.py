@@ -215,6 +215,32 @@ def model_spend_plan(question: Question) -> Plan:
     return qs.merge_model_spend(answer for _, answer in parts)
 
 
+def delivery_plan(question: Question) -> Plan:
+    """The rows naming the delivery, then (twice at most: the wakes, then the digests' merged triggers) the rows
+    taking what it became, then the turns those started; the parts' ``rows``, ``following`` and ``turns``.
+
+    The live facts and the dead letters are the asker's to add (:func:`eventstore.api.delivery`), so the fold
+    happens there; this returns what every node's store holds.
+    """
+    at, version = question.at, question.version
+    parts = yield Question(kind=qs.DELIVERY, at=at, version=version, key=question.key)
+    naming = _rows_in_order((answer["rows"] for _, answer in parts), "ts_us")
+    following: list[dict[str, Any]] = []
+    asked: set[str] = set()
+    triggers = qs.wake_ids(naming)
+    for _ in range(2):
+        fresh = tuple(t for t in dict.fromkeys(triggers) if t not in asked)
+        if not fresh:
+            break
+        asked.update(fresh)
+        parts = yield Question(kind=qs.DELIVERY, at=at, version=version, key=question.key, keys=fresh)
+        found = _rows_in_order((answer["rows"] for _, answer in parts), "ts_us")
+        following = _rows_in_order([following, found], "ts_us")
+        triggers = qs.merged_ids(found)
+    turns = yield from turn_details(question, qs.turn_ids(following))
+    return {"rows": naming, "following": following, "turns": turns}
+
+
 _PLANS = {
     qs.EVENTS: events_plan,
     qs.EVENT: event_plan,
@@ -223,6 +249,7 @@ _PLANS = {
     qs.TURN: turn_plan,
     qs.TURNS: turns_plan,
     qs.MODEL_SPEND: model_spend_plan,
+    qs.DELIVERY: delivery_plan,
 }
 
 

@@ -92,6 +92,7 @@ NODE_PARTS: dict[str, Callable[[qs.Question, Any, qs.NodeScope], dict[str, Any]]
     qs.LAST_TURNS: qs.answer_last_turns,
     qs.COUNTS: qs.answer_counts,
     qs.MODEL_SPEND: qs.answer_model_spend,
+    qs.DELIVERY: qs.answer_delivery,
 }
 
 
@@ -148,6 +149,7 @@ _SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
     qs.LAST_TURNS: {"seats": dict},
     qs.COUNTS: {"counters": dict, "per_seat": dict},
     qs.MODEL_SPEND: {"models": dict, "rounds": int},
+    qs.DELIVERY: {"rows": list},
 }
 
 

@@ -247,6 +247,12 @@ class LiveProjection:
         with self._lock:
             return self._row(org, seat)
 
+    def waiting(self, handle: str) -> dict[str, int]:
+        """The wakes waiting in ``handle``'s inbox, each by its 1-based place (oldest first)."""
+        with self._lock:
+            live = self._seats.get(handle)
+            return {wake: n for n, wake in enumerate(live.waiting, 1)} if live is not None else {}
+
     def _live(self, handle: str) -> SeatLive:
         live = self._seats.get(handle)
         if live is None:

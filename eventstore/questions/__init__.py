@@ -28,7 +28,7 @@ refusals), :mod:`.timefmt` (exact microseconds and their wire spelling),
 table), :mod:`.listing` (a listing row), :mod:`.answers` (the checks, the
 dispatch and the events, series and trace answers), :mod:`.turns` (the
 turn fold and the turn answers) and :mod:`.counts` (the row counters the
-overview and the live projection's seed read) and :mod:`.spend` (tokens per model per day, from the phases' rounds). Callers import from the package.
+overview and the live projection's seed read), :mod:`.spend` (tokens per model per day, from the phases' rounds) and :mod:`.deliveries` (where a delivery is now). Callers import from the package.
 """
 from __future__ import annotations
 
@@ -65,10 +65,12 @@ from eventstore.questions.counts import (
     spent_tokens,
 )
 from eventstore.questions.cursor import EVENTS_CURSOR, TURNS_CURSOR, cursor_format, cursor_pattern, decode_cursor, encode_cursor
+from eventstore.questions.deliveries import answer_delivery, fold_delivery, merged_ids, turn_ids, wake_ids
 from eventstore.questions.listing import LIST_COLUMNS, list_row, listing_of
 from eventstore.questions.model import (
     COUNTS,
     DEFAULT_LIMIT,
+    DELIVERY,
     EVENT,
     EVENT_SERIES,
     EVENTS,
@@ -134,6 +136,7 @@ __all__ = [
     "C_TURNS_COMPLETED",
     "C_TURNS_FAILED",
     "DEFAULT_LIMIT",
+    "DELIVERY",
     "DURATION_PATTERN",
     "EPOCH",
     "EVENT",
@@ -177,6 +180,7 @@ __all__ = [
     "add_rounds",
     "answer",
     "answer_counts",
+    "answer_delivery",
     "answer_event",
     "answer_events",
     "answer_last_turns",
@@ -193,6 +197,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "finish_series",
+    "fold_delivery",
     "fold_detail",
     "fold_listed",
     "fold_turn",
@@ -203,6 +208,7 @@ __all__ = [
     "list_row",
     "listing_of",
     "merge_model_spend",
+    "merged_ids",
     "new_counters",
     "new_seat_counters",
     "parse_duration",
@@ -214,6 +220,8 @@ __all__ = [
     "to_us",
     "trace_answer",
     "trace_rows",
+    "turn_ids",
     "turn_page",
     "us_sql",
+    "wake_ids",
 ]

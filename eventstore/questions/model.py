@@ -29,7 +29,9 @@ LAST_TURNS = "last_turns"
 COUNTS = "counts"
 #: Tokens per model per company day from the phases' rounds (``key`` the company's zone, ``filters.since`` the first day).
 MODEL_SPEND = "model_spend"
-KINDS: tuple[str, ...] = (EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN, TURN_ROWS, LAST_TURNS, COUNTS, MODEL_SPEND)
+#: Where a delivery is now (``key`` the delivery id; ``keys`` the triggers its wakes became, on the second round).
+DELIVERY = "delivery"
+KINDS: tuple[str, ...] = (EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN, TURN_ROWS, LAST_TURNS, COUNTS, MODEL_SPEND, DELIVERY)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500

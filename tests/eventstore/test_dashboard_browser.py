@@ -118,6 +118,8 @@ def test_a_posted_webhook_changes_the_seat_and_the_feed_live_without_a_reload(pa
     expect(feed_turn).to_have_count(1)
     turn_row = page.locator("#feed li[data-type=agent_turn_completed]", has=page.locator(f"a.trace[href='/traces/{trace_id}/']"))
     shown_in_the_browsers_zone(turn_row.locator("time"))  # a row the live socket added
+    wake_row = page.locator("#feed li[data-type=external_notification]", has=page.locator(f"a.trace[href='/traces/{trace_id}/']"))
+    expect(wake_row.locator("a.delivery[href^='/deliveries/event/']")).to_have_count(1)  # the live row links its delivery too
     expect(page.locator(f"tr[data-seat=ada] .last-turn a[href='/traces/{trace_id}/']")).to_be_visible()
     expect(seat_state(page, "ada")).to_have_attribute("data-state", "idle")
     states = page.evaluate("() => [...window.__adaStates, window.__adaCell.dataset.state]")

@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 
 from crewlet.events import format_timestamp
 from crewlet.events.types import HistoryPartial
+from crewlet.events.types.notification import coalesced_trigger_id
 from crewlet.engine.interfaces import FLEET_READS
 from crewlet.engine.metrics import EngineMetrics
 from crewlet.queue import topics
@@ -309,3 +310,28 @@ async def test_tokens_per_model_are_the_sum_of_every_nodes_rounds_by_the_company
         assert answer["rounds"] == 6
         with pytest.raises(qs.BadQuestion, match="not a time zone"):
             await nodes[0].aask(Question(kind=qs.MODEL_SPEND, at=AT, key="Mars/Olympus", filters=Filters(since=since)))
+
+
+async def test_a_delivery_accepted_on_one_node_and_worked_on_another_reads_worked_from_any_node() -> None:
+    base, delivery = AT - 300 * S, "Ev-fleet-1"
+    merged = coalesced_trigger_id(["wake-1", "wake-0"])
+    await sync_to_async(_put)(
+        "a",
+        make_event("inbound_delivery", base, event_id="in-1", surface="slack", event_name="message", delivery_id=delivery),
+        make_event("external_notification", base + S, event_id="wake-1", seat="ada", delivery_id=delivery),
+    )
+    await sync_to_async(_put)(
+        "b",
+        make_event("notifications_coalesced", base + 2 * S, event_id="co-1", seat="ada", event_ids=["wake-1", "wake-0"], count=2),
+        make_event("agent_turn_started", base + 3 * S, event_id="t-d-start", seat="ada", turn_id="t-d", trigger_event_id=merged),
+        make_event("agent_turn_completed", base + 4 * S, event_id="t-d-end", seat="ada", turn_id="t-d"),
+    )
+    await sync_to_async(_put)("c", make_event("agent_turn_started", base + 4 * S, event_id="other", seat="ada", turn_id="t-x", trigger_event_id="wake-9"))
+    async with jetstream_queues(*NODES) as queues, readers(queues) as nodes:
+        for asker in nodes:
+            answer = await asker.aask(Question(kind=qs.DELIVERY, at=AT, key=delivery))
+            found = qs.fold_delivery(delivery, answer["rows"], answer["following"], answer["turns"])
+            assert found is not None and found["state"] == "worked" and _complete(answer, *NODES)
+            (seat,) = found["seats"]
+            assert (seat["turn"]["turn_id"], seat["turn"]["outcome"], seat["coalesced"]["event_id"]) == ("t-d", qs.OUTCOME_OK, "co-1")
+            assert [(e["id"], e["node"]) for e in found["events"]] == [("in-1", "a"), ("wake-1", "a"), ("co-1", "b"), ("t-d-start", "b")]

@@ -41,7 +41,7 @@ PAST_THE_END = "9999-12-31T23:59:59-23:59"
 BEFORE_THE_START = "0001-01-01T00:00:00+14:00"
 LIST_ROUTES = ["/api/events", "/api/turns", "/api/events/series"]
 #: The eventstore's read operations, by the schema's operation id.
-READ_OPERATIONS = {"events_list", "events_series", "turns_list", "events_get", "traces_get", "turns_get"}
+READ_OPERATIONS = {"events_list", "events_series", "turns_list", "events_get", "traces_get", "turns_get", "deliveries_get"}
 TEXT_PARAMS = {
     "/api/events": ["type", "seat", "trace_id", "conversation_key", "partition_key", "node", "cursor", "category"],
     "/api/turns": ["seat", "trace_id", "conversation", "node", "cursor"],
@@ -267,7 +267,7 @@ def test_every_parameter_the_server_takes_is_in_the_schema_and_nothing_else(docu
     assert by_operation["events_list"] == api.EVENTS_PARAMS
     assert by_operation["turns_list"] == api.TURNS_PARAMS
     assert by_operation["events_series"] == api.SERIES_PARAMS
-    assert by_operation["events_get"] == by_operation["traces_get"] == by_operation["turns_get"] == set()
+    assert by_operation["events_get"] == by_operation["traces_get"] == by_operation["turns_get"] == by_operation["deliveries_get"] == set()
 
 
 def test_the_documented_limit_is_the_enforced_one(document: dict[str, Any]) -> None:

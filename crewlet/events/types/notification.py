@@ -1,6 +1,7 @@
 """Notification bodies: a surface's notification, a delivery skipped and why, wakes coalesced, a trigger skipped."""
 from __future__ import annotations
 
+import uuid
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -70,6 +71,20 @@ class NotificationsCoalesced(_SeatBody):
         return f"{self.actor(event)} merged {_plural(self.count, 'notification')} into one turn" + _tail(
             self.partition_key, " on "
         )
+
+
+#: Ids of merged triggers are derived from their constituents' ids, so the
+#: same partition merged twice (a redelivery) is the same trigger.
+COALESCED_ID_NAMESPACE = uuid.UUID("0b8f3f52-6c1e-5d7a-9d2b-636f616c6573")
+
+
+def coalesced_trigger_id(event_ids: list[str]) -> str:
+    """The id of the trigger merged from ``event_ids`` (a ``notifications_coalesced`` record's, in its order).
+
+    The turn a digest wakes names this id as its trigger; a reader that has
+    the record derives it the same way the merge made it.
+    """
+    return str(uuid.uuid5(COALESCED_ID_NAMESPACE, "|".join(event_ids)))
 
 
 @register("turn_trigger_skipped", category=NOTIFICATION)
