@@ -5,6 +5,7 @@ from django.urls import path
 
 from eventstore.console import dashboard, screens
 from eventstore.console.operator_views import OperatorActView
+from eventstore.console.replay_views import BulkReplayView
 
 urlpatterns = [
     path("", dashboard.overview, name="dash-overview"),
@@ -18,4 +19,5 @@ urlpatterns = [
     path("seats/<str:handle>/memory/", dashboard.seat_memory, name="dash-seat-memory"),
     path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
     path("operator/act", OperatorActView.as_view(), name="operator-act"),
+    path("operator/dead-letters/replay", BulkReplayView.as_view(), name="operator-dead-letters-replay"),
 ]
