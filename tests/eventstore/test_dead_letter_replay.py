@@ -180,7 +180,8 @@ def test_a_filter_is_parsed_whole_or_refused_naming_the_key() -> None:
     wanted = rp.parse_filter({"seat": "ada", "reason": "undecodable", "older_than": "15m", "newer_than": "7d"})
     assert (wanted.seat, wanted.reason, wanted.older_than_s, wanted.newer_than_s) == ("ada", "undecodable", 900.0, 604800.0)
     assert rp.parse_filter({}).empty
-    for values, param in [({"source": "x" * 65}, "source"), ({"newer_than": "1w"}, "newer_than"), ({"seat": 3}, "seat")]:
+    cases: list[tuple[dict[str, Any], str]] = [({"source": "x" * 65}, "source"), ({"newer_than": "1w"}, "newer_than"), ({"seat": 3}, "seat")]
+    for values, param in cases:
         with pytest.raises(rp.BadFilter) as refused:
             rp.parse_filter(values, where="filter.")
         assert refused.value.param == f"filter.{param}"
