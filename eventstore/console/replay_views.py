@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -135,6 +135,20 @@ def _scan(limit: int = rp.SCAN_MAX) -> Any:
 _UNREADABLE = "the broker could not be reached to list the dead letters; try again"
 
 
+def _read(request: Request, *, preview: bool) -> Union[Response, tuple[list[rp.Facts], int, int]]:
+    """A read's letters: (the first ``limit`` matching, how many matched, how many were scanned), or its 503.
+
+    An unfiltered list reads only ``limit`` letters, as it always did; a filter or a preview scans them all.
+    """
+    wanted = _filter_from_query(request)
+    limit = opv._limit(request)
+    letters = _scan(limit if wanted.empty and not preview else rp.SCAN_MAX)
+    if letters is None:
+        return opv._unavailable(_UNREADABLE)
+    found, matched = rp.matching(letters, wanted, here.clock(), limit)
+    return found, matched, len(letters)
+
+
 class FilteredDeadLettersView(APIView):
     @extend_schema(
         operation_id="dead_letters_list",
@@ -143,13 +157,10 @@ class FilteredDeadLettersView(APIView):
         responses={200: opv.DeadLetterListSerializer, **error_responses(400, 401, 503)},
     )
     def get(self, request: Request) -> Response:
-        wanted = _filter_from_query(request)
-        limit = opv._limit(request)
-        letters = _scan(limit if wanted.empty else rp.SCAN_MAX)
-        if letters is None:
-            return opv._unavailable(_UNREADABLE)
-        found, _ = rp.matching(letters, wanted, here.clock(), limit)
-        return Response({opv.K_DEAD_LETTERS: [f.answer(preview=False) for f in found]})
+        read = _read(request, preview=False)
+        if isinstance(read, Response):
+            return read
+        return Response({opv.K_DEAD_LETTERS: [f.answer(preview=False) for f in read[0]]})
 
 
 class DeadLetterPreviewView(APIView):
@@ -160,19 +171,13 @@ class DeadLetterPreviewView(APIView):
         responses={200: PreviewSerializer, **error_responses(400, 401, 503)},
     )
     def get(self, request: Request) -> Response:
-        wanted = _filter_from_query(request)
-        limit = opv._limit(request)
-        letters = _scan()
-        if letters is None:
-            return opv._unavailable(_UNREADABLE)
-        found, matched = rp.matching(letters, wanted, here.clock(), limit)
+        read = _read(request, preview=True)
+        if isinstance(read, Response):
+            return read
+        found, matched, scanned = read
         rp.preview(found)
         return Response(
-            {
-                opv.K_DEAD_LETTERS: [f.answer(preview=True) for f in found],
-                K_MATCHED: matched,
-                K_SCANNED: len(letters),
-            }
+            {opv.K_DEAD_LETTERS: [f.answer(preview=True) for f in found], K_MATCHED: matched, K_SCANNED: scanned}
         )
 
 
