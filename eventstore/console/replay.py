@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from crewlet.company.org import HANDLE_PATTERN
 from crewlet.events import Event
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_REASONS, DEAD_LETTER_UNDECODABLE
 from crewlet.queue import topics
@@ -62,8 +63,11 @@ WILL_BURY_AGAIN = "bury_again"
 
 #: The most dead letters one filtered read scans, oldest first.
 SCAN_MAX = 5000
-#: A source as events carry it.
-_SOURCE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: A source as events carry it, and a seat as the company file names one: what the filters take.
+SOURCE_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
+SEAT_PATTERN = HANDLE_PATTERN
+_SOURCE = re.compile(SOURCE_PATTERN)
+_SEAT = re.compile(SEAT_PATTERN)
 
 
 class BadFilter(ValueError):
@@ -126,11 +130,8 @@ def parse_filter(values: Mapping[str, Any], *, where: str = "") -> LetterFilter:
     source, seat, reason = found.get(F_SOURCE, ""), found.get(F_SEAT, ""), found.get(F_REASON, "")
     if source and not _SOURCE.fullmatch(source):
         raise BadFilter(f"{where}{F_SOURCE}", f"{_clip(source)} is no source: 1 to 64 letters, digits, '_', '.', ':' or '-'")
-    if seat:
-        try:
-            topics.agent_inbox(seat)
-        except InvalidArgument:
-            raise BadFilter(f"{where}{F_SEAT}", f"{_clip(seat)} is no seat handle") from None
+    if seat and not _SEAT.fullmatch(seat):
+        raise BadFilter(f"{where}{F_SEAT}", f"{_clip(seat)} is no seat handle: {SEAT_PATTERN}")
     if reason and reason not in DEAD_LETTER_REASONS:
         raise BadFilter(f"{where}{F_REASON}", f"{_clip(reason)} is no reason; the reasons are: {', '.join(DEAD_LETTER_REASONS)}")
     ages: dict[str, float] = {}

@@ -28,12 +28,13 @@ from crewlet.engine import runtime
 from crewlet.events.types import DEAD_LETTER_REASONS
 from crewlet.queue.contract import DEAD_LETTER_REF_RULE
 from crewlet.http.auth import actor_of
-from crewlet.http.bodies import BadBody, StrictCharField, bad_request_body, error_responses
+from crewlet.http.bodies import BadBody, ClosedSerializer, StrictCharField, bad_request_body, error_responses
 from eventstore import actions as ops
 from eventstore import here
 from eventstore.api import BadParameter, check_params
 from eventstore.console import operator_views as opv
 from eventstore.console import replay as rp
+from eventstore.questions.timefmt import DURATION_PATTERN
 
 log = logging.getLogger("crewlet.eventstore.replay")
 
@@ -58,11 +59,23 @@ BULK_KEYS = (K_FILTER, K_REFS, opv.K_REQUEST_ID)
 READ_PARAMS = frozenset({*rp.FILTER_KEYS, opv.P_LIMIT})
 
 _FILTER_PARAMETERS = [
-    OpenApiParameter(rp.F_SOURCE, str, OpenApiParameter.QUERY, required=False, description="the event's source (slack, jira, ...)"),
-    OpenApiParameter(rp.F_SEAT, str, OpenApiParameter.QUERY, required=False, description="the seat whose inbox it came from"),
+    OpenApiParameter(
+        rp.F_SOURCE, {"type": "string", "pattern": f"^{rp.SOURCE_PATTERN}$"}, OpenApiParameter.QUERY, required=False,
+        description="the event's source (slack, jira, ...)",
+    ),
+    OpenApiParameter(
+        rp.F_SEAT, {"type": "string", "pattern": f"^{rp.SEAT_PATTERN}$"}, OpenApiParameter.QUERY, required=False,
+        description="the seat whose inbox it came from",
+    ),
     OpenApiParameter(rp.F_REASON, str, OpenApiParameter.QUERY, required=False, enum=list(DEAD_LETTER_REASONS)),
-    OpenApiParameter(rp.F_OLDER_THAN, str, OpenApiParameter.QUERY, required=False, description="dead-lettered at least this long ago: 15m, 1h, 7d"),
-    OpenApiParameter(rp.F_NEWER_THAN, str, OpenApiParameter.QUERY, required=False, description="dead-lettered at most this long ago: 15m, 1h, 7d"),
+    OpenApiParameter(
+        rp.F_OLDER_THAN, {"type": "string", "pattern": DURATION_PATTERN}, OpenApiParameter.QUERY, required=False,
+        description="dead-lettered at least this long ago: 15m, 1h, 7d (not longer than newer_than)",
+    ),
+    OpenApiParameter(
+        rp.F_NEWER_THAN, {"type": "string", "pattern": DURATION_PATTERN}, OpenApiParameter.QUERY, required=False,
+        description="dead-lettered at most this long ago: 15m, 1h, 7d",
+    ),
     OpenApiParameter(
         opv.P_LIMIT, {"type": "integer", "minimum": 1, "maximum": opv.MAX_LIMIT, "default": opv.DEFAULT_LIMIT},
         OpenApiParameter.QUERY, required=False,
@@ -70,17 +83,19 @@ _FILTER_PARAMETERS = [
 ]
 
 
-class FilterSerializer(serializers.Serializer):
-    source = StrictCharField(required=False)
-    seat = StrictCharField(required=False)
+class FilterSerializer(ClosedSerializer):
+    source = StrictCharField(required=False, pattern=rp.SOURCE_PATTERN, pattern_says="must be a source name")
+    seat = StrictCharField(required=False, pattern=rp.SEAT_PATTERN, pattern_says="must be a seat handle")
     reason = serializers.ChoiceField(choices=list(DEAD_LETTER_REASONS), required=False)
-    older_than = StrictCharField(required=False)
-    newer_than = StrictCharField(required=False)
+    older_than = StrictCharField(required=False, pattern=DURATION_PATTERN.strip("^$"), pattern_says="a duration: 15m, 1h, 7d")
+    newer_than = StrictCharField(required=False, pattern=DURATION_PATTERN.strip("^$"), pattern_says="a duration: 15m, 1h, 7d")
 
 
-class BulkReplaySerializer(serializers.Serializer):
+class BulkReplaySerializer(ClosedSerializer):
     filter = FilterSerializer(help_text="which letters; {} is every one")
-    refs = serializers.ListField(child=StrictCharField(pattern=opv.REF_PATTERN), required=False, max_length=MAX_BULK)
+    refs = serializers.ListField(
+        child=StrictCharField(pattern=opv.REF_PATTERN, pattern_says="digits"), required=False, min_length=1, max_length=MAX_BULK
+    )
     request_id = StrictCharField(required=False, allow_blank=True, max_length=opv.MAX_REQUEST_ID)
 
 
@@ -266,9 +281,9 @@ class BulkReplayView(APIView):
         if not isinstance(refs, list) or not refs or len(refs) > MAX_BULK:
             raise rp.BadFilter(K_REFS, f"must be a list of 1 to {MAX_BULK} dead-letter refs (from the preview)")
         for i, ref in enumerate(refs):
-            if not isinstance(ref, str) or not re.fullmatch(opv.REF_PATTERN, ref) or ops.ref_refusal(ref.strip()):
+            if not isinstance(ref, str) or not re.fullmatch(opv.REF_PATTERN, ref):
                 raise rp.BadFilter(f"{K_REFS}[{i}]", f"{str(ref)[:40]!r}: {DEAD_LETTER_REF_RULE}")
-        return wanted, {ref.strip() for ref in refs}
+        return wanted, {ref.strip() for ref in refs}  # digits naming no letter (0, replayed) narrow to nothing
 
 
 __all__ = ["BulkReplayView", "DeadLetterPreviewView", "FilteredDeadLettersView", "TOOL_BULK_REPLAY"]
