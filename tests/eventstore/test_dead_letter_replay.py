@@ -192,3 +192,14 @@ def test_with_no_engine_the_preview_and_the_bulk_replay_are_503() -> None:
     c: APIClient = bearer(token)
     assert c.get("/api/dead-letters/preview?seat=ada").status_code == 503
     assert c.post("/operator/dead-letters/replay", {"filter": {}}, format="json").status_code == 503
+
+
+def test_the_dead_letters_page_refuses_a_bad_filter_with_a_400_naming_it() -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    page = Client()
+    page.force_login(get_user_model().objects.create_user("grace-admin", password="pw", is_staff=True))
+    refused = page.get("/dead-letters/?reason=bored&seat=ada")
+    assert refused.status_code == 400
+    assert "Filter refused — reason:" in refused.content.decode() and 'value="ada"' in refused.content.decode()
