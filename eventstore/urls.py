@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.urls import path
 
 from eventstore import views
-from eventstore.console import operator_views
+from eventstore.console import replay_views
 
 urlpatterns = [
     path("events", views.EventsView.as_view(), name="api-events"),
@@ -14,7 +14,8 @@ urlpatterns = [
     path("turns", views.TurnsView.as_view(), name="api-turns"),
     path("turns/<str:turn_id>", views.TurnView.as_view(), name="api-turn"),
     path("deliveries/<str:delivery_id>", views.DeliveryView.as_view(), name="api-delivery"),
-    path("dead-letters", operator_views.DeadLettersView.as_view(), name="api-dead-letters"),
+    path("dead-letters", replay_views.FilteredDeadLettersView.as_view(), name="api-dead-letters"),
+    path("dead-letters/preview", replay_views.DeadLetterPreviewView.as_view(), name="api-dead-letters-preview"),
     path("schema/", views.SchemaView.as_view(), name="api-schema"),
     path("docs/", views.SwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("redoc/", views.RedocView.as_view(url_name="api-schema"), name="api-redoc"),

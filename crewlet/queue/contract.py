@@ -211,6 +211,10 @@ class DeadLetter:
     deliveries: int
     data: bytes
     ref: str
+    #: Why it was buried (a ``DEAD_LETTER_REASONS`` phrase) and when (epoch seconds); "" and 0.0 on an
+    #: entry stored by a build that did not record them.
+    reason: str = ""
+    buried_at_s: float = 0.0
 
     @property
     def event(self) -> Event:

@@ -8,6 +8,7 @@ of each settlement are decided in one place for every subscription.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable, Optional, Sequence
 
 from crewlet import events
@@ -137,7 +138,7 @@ class Settler:
         and in the trace of the work it belonged to, not only an entry on a
         stream that ages out.
         """
-        headers = dead_letter_headers(pair.topic, pair.group, msg.delivered)
+        headers = dead_letter_headers(pair.topic, pair.group, msg.delivered, reason, time.time())
         try:
             seq = await self._transport.publish(topics.dlq(pair.topic, pair.group), msg.data, headers)
         except QueueError:

@@ -18,6 +18,9 @@ from crewlet.queue.contract import Closable, DeadLetter, SubscriptionRef
 H_DLQ_TOPIC = "Crewlet-Dlq-Topic"
 H_DLQ_GROUP = "Crewlet-Dlq-Group"
 H_DLQ_DELIVERIES = "Crewlet-Dlq-Deliveries"
+#: Why it was buried (a ``DEAD_LETTER_REASONS`` phrase) and when (epoch seconds): what a filter asks of an entry.
+H_DLQ_REASON = "Crewlet-Dlq-Reason"
+H_DLQ_AT = "Crewlet-Dlq-At"
 H_MSG_ID = "Nats-Msg-Id"
 #: How long a stream remembers a publish's ``Nats-Msg-Id`` and drops another with the same id
 #: (JetStream's duplicate window; both backends keep it).
@@ -29,9 +32,14 @@ def replay_msg_id(ref: str) -> str:
     return f"crewlet-dlq-replay-{ref}"
 
 
-def dead_letter_headers(topic: str, group: str, deliveries: int) -> dict[str, str]:
-    """The headers a dead letter is stored with: where it came from and how often it was tried."""
-    return {H_DLQ_TOPIC: topic, H_DLQ_GROUP: group, H_DLQ_DELIVERIES: str(deliveries)}
+def dead_letter_headers(topic: str, group: str, deliveries: int, reason: str = "", at_s: float = 0.0) -> dict[str, str]:
+    """The headers a dead letter is stored with: where it came from, how often it was tried, why and when."""
+    headers = {H_DLQ_TOPIC: topic, H_DLQ_GROUP: group, H_DLQ_DELIVERIES: str(deliveries)}
+    if reason:
+        headers[H_DLQ_REASON] = reason
+    if at_s > 0:
+        headers[H_DLQ_AT] = f"{at_s:.3f}"
+    return headers
 
 
 def dead_letter_from(headers: Mapping[str, Any], data: bytes, ref: str) -> DeadLetter:
@@ -40,12 +48,18 @@ def dead_letter_from(headers: Mapping[str, Any], data: bytes, ref: str) -> DeadL
         deliveries = int(headers.get(H_DLQ_DELIVERIES, "0") or 0)
     except (TypeError, ValueError):
         deliveries = 0
+    try:
+        at_s = float(headers.get(H_DLQ_AT, "0") or 0)
+    except (TypeError, ValueError):
+        at_s = 0.0
     return DeadLetter(
         topic=str(headers.get(H_DLQ_TOPIC, "") or ""),
         group=str(headers.get(H_DLQ_GROUP, "") or ""),
         deliveries=deliveries,
         data=bytes(data),
         ref=ref,
+        reason=str(headers.get(H_DLQ_REASON, "") or ""),
+        buried_at_s=at_s if at_s > 0 and at_s == at_s else 0.0,
     )
 
 

@@ -24,11 +24,12 @@ from django.urls import reverse_lazy
 
 from crewlet.engine import runtime
 from crewlet.events import categories
+from crewlet.events.types import DEAD_LETTER_REASONS
 from crewlet.queue import topics
 from eventstore import api as store_api
-from eventstore import projection
+from eventstore import here, projection
 from eventstore.console import reads
-from eventstore.console.operator_views import dead_letter_row
+from eventstore.console import replay
 from seats import actions, episodes
 from seats.api import state
 from seats.memory.api import read_rows
@@ -247,6 +248,15 @@ def seat_memory(request: HttpRequest, handle: str) -> HttpResponse:
 
 @staff_only
 def dead_letters(request: HttpRequest) -> HttpResponse:
-    letters, error = on_engine_loop(lambda queue: queue.dead_letters(DEAD_LETTERS_SHOWN))
-    rows = [dead_letter_row(letter) for letter in letters or []]
-    return render(request, "dashboard/dead_letters.html", {"page": "dead-letters", "rows": rows, "error": error})
+    """The dead letters a filter matches, each with its preview: what a replay of it would do."""
+    given = {key: value for key, value in request.GET.items() if key in replay.FILTER_KEYS and value}
+    context: dict[str, Any] = {"page": "dead-letters", "rows": [], "filter": given, "reasons": DEAD_LETTER_REASONS}
+    try:
+        wanted = replay.parse_filter(given)
+    except replay.BadFilter as exc:
+        return render(request, "dashboard/dead_letters.html", {**context, "bad_filter": f"{exc.param}: {exc.reason}"}, status=400)
+    letters, error = on_engine_loop(replay.scan)
+    found, matched = replay.matching(letters or [], wanted, here.clock(), DEAD_LETTERS_SHOWN)
+    replay.preview(found)
+    rows = [facts.answer(preview=True) for facts in found]
+    return render(request, "dashboard/dead_letters.html", {**context, "rows": rows, "matched": matched, "error": error})

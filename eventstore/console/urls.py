@@ -6,6 +6,7 @@ from django.urls import path
 from eventstore.console import dashboard, screens
 from eventstore.console.backup_views import BackupView
 from eventstore.console.operator_views import OperatorActView
+from eventstore.console.replay_views import BulkReplayView
 
 urlpatterns = [
     path("", dashboard.overview, name="dash-overview"),
@@ -22,4 +23,5 @@ urlpatterns = [
     path("dead-letters/", dashboard.dead_letters, name="dash-dead-letters"),
     path("operator/act", OperatorActView.as_view(), name="operator-act"),
     path("backup", BackupView.as_view(), name="backup"),
+    path("operator/dead-letters/replay", BulkReplayView.as_view(), name="operator-dead-letters-replay"),
 ]

@@ -221,6 +221,10 @@ def within_the_cross_parameter_rules(case: Any) -> bool:
     query = case.query or {}
     if "since" in query and "until" in query and _instant(query["since"]) > _instant(query["until"]):
         return False
+    ages = query if "older_than" in query else ((case.body or {}).get("filter") if isinstance(case.body, dict) else None) or {}
+    if isinstance(ages, dict) and "older_than" in ages and "newer_than" in ages:
+        if qs.parse_duration(ages["older_than"]) > qs.parse_duration(ages["newer_than"]):
+            return False  # a dead-letter filter's older_than longer than its newer_than matches nothing: refused
     if case.operation.path == "/api/events/series":
         window = qs.parse_duration(query.get("window", api.DEFAULT_WINDOW))
         return qs.parse_duration(query.get("bucket", api.DEFAULT_BUCKET)) <= window

@@ -198,6 +198,7 @@ async def test_a_dead_letter_is_recorded_as_a_message_dead_lettered_event_in_the
     assert event.trace_id == poison.trace_id and event.parent_span_id == poison.span_id
     assert event.node == "n1", "the node whose consume loop buried it"
     assert letter.data not in event.to_json(), "never the buried bytes"
+    assert letter.reason == DEAD_LETTER_MAX_DELIVERIES and letter.buried_at_s > 0, "the entry keeps why and when"
 
 
 async def test_an_undecodable_message_is_buried_at_once_and_recorded_with_a_trace_of_its_own(harness, queue):
@@ -217,3 +218,4 @@ async def test_an_undecodable_message_is_buried_at_once_and_recorded_with_a_trac
     assert event.data.original_id == "" and event.trace_id and not event.parent_span_id
     (letter,) = [d for d in await queue.dead_letters() if d.topic == topic]
     assert event.data.ref == letter.ref
+    assert letter.reason == DEAD_LETTER_UNDECODABLE and letter.buried_at_s > 0
