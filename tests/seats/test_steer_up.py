@@ -11,7 +11,8 @@ there is a second round); its second ends the turn. grace's Slack DM wakes ada.
   person's note, and recorded ``delivered`` at phase respond, iteration 1,
   round 2, with the note, its id (the one the 202 answered), who sent it and when;
 * a note sent while round 2 (the last) is in flight is never read: ``expired``;
-* bad requests are refused with the field and what is allowed.
+* bad requests are refused with the field and what is allowed;
+* the running turn's dashboard page carries the steer box.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import pytest
 
 from crewlet.http.auth import SEEDED_TOKEN_NAME
 from seats.steering import NO_RUNNING_TURN
-from tests.up_support import UpProcess, http_json, up_env
+from tests.up_support import UpProcess, dashboard_page, http_json, up_env
 from seats_support import FakeModelServer, Reply, loopback_http
 from waiting_support import wait_until
 
@@ -114,7 +115,7 @@ def test_a_note_reaches_the_running_turn_at_its_next_round_and_one_no_round_read
     with held_model(replies) as model:
         (tmp_path / "acme.yaml").write_text(company(model.base_url))
         env = up_env(CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused")
-        with UpProcess(tmp_path, "--data-dir", str(tmp_path / "data"), "--company", str(tmp_path / "acme.yaml"), node="s1", env=env) as up:
+        with UpProcess(tmp_path, "--company", str(tmp_path / "acme.yaml"), node="s1", env=env) as up:
             idle_status, idle = steer(up, "ada", {"note": "anyone there?"})
             refusals = {
                 "unknown seat": steer(up, "nobody", {"note": "hi"}),
@@ -129,6 +130,8 @@ def test_a_note_reaches_the_running_turn_at_its_next_round_and_one_no_round_read
                                   {"Content-Type": "application/json"}, empty={})
             assert status == 202
             wait_until(lambda: len(model.requests) >= 1, 120, "ada's round 1 is in flight")
+            [started] = wait_until(lambda: up.events("agent_turn_started", "ada"), 120, "ada's turn started on record")
+            running_page = dashboard_page(up, f"/turns/{started['turn_id']}/")
             first_status, first = steer(up, "ada", {"note": FIRST_NOTE})
             model.gates[0].set()
             wait_until(lambda: len(model.requests) >= 2, 120, "ada's round 2 is in flight")
@@ -148,6 +151,8 @@ def test_a_note_reaches_the_running_turn_at_its_next_round_and_one_no_round_read
         "unknown seat": 404, "human seat": 409, "empty note": 400, "extra field": 400, "long note": 400, "no token": 401,
     }, refusals
     assert refusals["empty note"][1]["param"] == "note" and refusals["long note"][1]["param"] == "note"
+    # The running turn's page has the steer box, posting to the seat's steer route.
+    assert '<form id="steer" data-seat="ada"' in running_page and "/steer`" in running_page
     # Accepted while a turn runs: which node, which turn.
     assert first_status == 202 and late_status == 202, (first, late)
     assert first["node"] == "s1" and first["turn_id"] == late["turn_id"] == done["turn_id"]
