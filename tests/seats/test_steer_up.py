@@ -16,20 +16,17 @@ there is a second round); its second ends the turn. grace's Slack DM wakes ada.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from crewlet.http.auth import SEEDED_TOKEN_NAME
 from seats.steering import NO_RUNNING_TURN
 from tests.up_support import UpProcess, dashboard_page, http_json, up_env
-from seats_support import FakeModelServer, Reply, loopback_http
+from seats_support import Reply, held_model
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -38,43 +35,6 @@ TOKEN = "steer-up-operator-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 FIRST_NOTE = "Use the staging cluster, not production."
 LATE_NOTE = "Also mention the rollback plan."
-
-
-class HeldModel(FakeModelServer):
-    """A scripted model whose n-th request is answered only once ``gates[n]`` is set (the test's hand on the round)."""
-
-    def __init__(self, replies: list[Reply]) -> None:
-        super().__init__(replies=replies)
-        self.gates = [threading.Event() for _ in replies]
-
-
-@contextlib.contextmanager
-def held_model(replies: list[Reply]) -> Iterator[HeldModel]:
-    state = HeldModel(replies)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            state.requests.append(body)
-            n = len(state.requests)
-            state.gates[min(n, len(state.gates)) - 1].wait(120)
-            data = json.dumps(state.openai_answer(str(body.get("model", "")), state.replies[min(n, len(state.replies)) - 1])).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    with loopback_http(Handler) as port:
-        state.port = port
-        try:
-            yield state
-        finally:
-            for gate in state.gates:
-                gate.set()
 
 
 def company(base_url: str) -> str:
@@ -93,7 +53,7 @@ def direct_message() -> dict[str, Any]:
         "type": "event_callback",
         "event_id": f"Ev{uuid.uuid4().hex[:10]}",
         "event": {"type": "message", "channel": "D0ADA", "channel_type": "im", "user": "U0GRACE",
-                  "text": "<@U0ADA> please ship the release", "ts": "1718000000.000100"},
+                  "text": "<@U0ADA> please ship the release", "ts": f"1718000000.{uuid.uuid4().int % 10**6:06d}"},
         "authorizations": [{"user_id": "U0ADA", "is_bot": True}],
     }
 
@@ -114,7 +74,7 @@ def test_a_note_reaches_the_running_turn_at_its_next_round_and_one_no_round_read
     replies = [Reply(calls=(("look_around", {}),)), Reply(text="shipped to staging")]
     with held_model(replies) as model:
         (tmp_path / "acme.yaml").write_text(company(model.base_url))
-        env = up_env(CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused")
+        env = up_env(CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused", CREWLET_VAR_DIR=str(tmp_path / "data"))
         with UpProcess(tmp_path, "--company", str(tmp_path / "acme.yaml"), node="s1", env=env) as up:
             idle_status, idle = steer(up, "ada", {"note": "anyone there?"})
             refusals = {
