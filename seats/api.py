@@ -1,4 +1,4 @@
-"""``/api/seats/``: the company's seats, and a person pausing or resuming one.
+"""``/api/seats/``: the company's seats, a person pausing or resuming one, and a person's note to its running turn (``steer``: :mod:`seats.steering`).
 
 Same credentials as the rest of ``/api/`` (an operator token or a staff
 session; 401 otherwise). The views are thin: the change itself is
@@ -39,7 +39,7 @@ from crewlet.fleet import leases
 from crewlet.fleet.leases import SEAT
 from crewlet.company.org import Organization, Seat
 from crewlet.queue import topics
-from seats import actions
+from seats import actions, steering
 from seats.actions import SeatNotFound
 from seats.delivery_models import SeatPause
 
@@ -97,6 +97,17 @@ class PauseRequestSerializer(ClosedSerializer):
 class ChangeSerializer(serializers.Serializer):
     changed = serializers.BooleanField(help_text="true only for the call whose compare-and-set made the change")
     state = PauseStateSerializer()
+
+
+class SteerRequestSerializer(ClosedSerializer):
+    note = StrictCharField(allow_blank=False, max_length=steering.NOTE_MAX_CHARS)
+
+
+class SteerAcceptedSerializer(serializers.Serializer):
+    seat = serializers.CharField()
+    note_id = serializers.CharField(help_text="the request's id: agent_turn_steered carries it as note_id")
+    node = serializers.CharField(help_text="the node running the seat's turn, which records what became of the note")
+    turn_id = serializers.CharField(help_text="the running turn the note waits in, for its next round")
 
 
 _ERRORS = error_responses(400, 401, 404, 409, 503)
@@ -245,4 +256,27 @@ class SeatResumeView(APIView):
         return _change(handle, "resume", lambda: actions.resume_seat(handle, actor_of(request)))
 
 
-__all__ = ["NO_SEAT_RUNTIME", "SeatPauseView", "SeatResumeView", "SeatsView", "company", "depths"]
+class SeatSteerView(APIView):
+    @extend_schema(
+        operation_id="seats_steer",
+        summary="Send a note to the seat's running turn, read at its next round (agent_turn_steered)",
+        request=SteerRequestSerializer,
+        responses={202: SteerAcceptedSerializer, **_ERRORS},
+    )
+    def post(self, request: Request, handle: str) -> Response:
+        """202 once the node running the seat's turn holds the note; 409 when no turn of the seat runs (nothing recorded)."""
+        body = SteerRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        _, error = _seat_or_error(handle)
+        if error is not None:
+            return error
+        answer = steering.steer(handle, body.validated_data["note"], by=actor_of(request))
+        if not answer.accepted:
+            return error_response(status.HTTP_409_CONFLICT, answer.reason, param=P_HANDLE, note_id=answer.note_id)
+        return Response(
+            {"seat": handle, "note_id": answer.note_id, "node": answer.node, "turn_id": answer.turn_id},
+            status=status.HTTP_202_ACCEPTED,
+        )
+
+
+__all__ = ["NO_SEAT_RUNTIME", "SeatSteerView", "SeatPauseView", "SeatResumeView", "SeatsView", "company", "depths"]

@@ -6,7 +6,7 @@ services (the fleet member's leases, the toolbox, the event store's writer).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from crewlet.engine.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME
 from crewlet.engine.services import Service
@@ -16,7 +16,12 @@ from seats.indicator import WORKING_INDICATOR
 from seats.ownership import LeasedOwnership
 from seats.runtime import TOOLBOX, SeatRuntime
 from seats.scheduler import rehearsal_clock
+from seats.steering import SteerServer
 from seats.tools.base import SEAT_TOOLS
+from seats.turn_types import Trigger
+
+#: The steer scatter's server (:mod:`seats.steering`): a duty nobody asks the engine for.
+STEER_SERVER = "seat_steering"
 
 if TYPE_CHECKING:  # pragma: no cover
     from crewlet.engine.core import Engine
@@ -60,7 +65,21 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         engine.add_stop_hook(runtime.gate.close)  # what waits at the gate goes back, not into a turn
         return runtime
 
-    return [Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS, FLEET, WORKING_INDICATOR))]
+    def make_steering(engine: "Engine") -> SteerServer:
+        assert engine.queue is not None
+        runtime = engine.find(SEAT_RUNTIME)
+        assert isinstance(runtime, SeatRuntime)
+
+        def turn_of(handle: str) -> tuple[bool, Optional[Trigger]]:
+            loop = runtime.loops.get(handle)
+            return (loop is not None, loop.turn.trigger if loop is not None else None)
+
+        return SteerServer(engine.queue, engine.settings.node.id or engine.queue.node, turn_of)
+
+    return [
+        Service(SEAT_RUNTIME, make, after=(EVENT_STORE, SEAT_TOOLS, FLEET, WORKING_INDICATOR)),
+        Service(STEER_SERVER, make_steering, depends_on=(SEAT_RUNTIME,)),
+    ]
 
 
 def install(engine: "Engine", **options: Any) -> None:
@@ -69,4 +88,4 @@ def install(engine: "Engine", **options: Any) -> None:
         engine.add(service)
 
 
-__all__ = ["install", "services"]
+__all__ = ["STEER_SERVER", "install", "services"]

@@ -15,6 +15,7 @@ from typing import Optional
 
 from crewlet.base.logfmt import short_reason
 from crewlet.company.org import Seat
+from seats import steering
 from seats.hooks import begin_turn
 from seats.turn_types import ERR_CRASHED, OUTCOME_FAILED, Trigger, TurnResult, TurnStop
 from seats.turns import TurnRunner
@@ -61,6 +62,11 @@ class TurnTask:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    @property
+    def trigger(self) -> Optional[Trigger]:
+        """The running turn's trigger (where a person's note waits for its next round); None when none runs."""
+        return self._trigger if self.running else None
 
     def take_hand_back(self) -> bool:
         """Whether the turn that ended was stopped to hand its mail back (a lost lease); asking clears it."""
@@ -143,6 +149,7 @@ class TurnTask:
             return TurnResult(turn_id=trigger.turn_id, outcome=OUTCOME_FAILED, error=short_reason(exc, 1000), error_kind=ERR_CRASHED)
         finally:
             end_hooks()
+            steering.dropped(trigger, self.handle)
             if self._stop_timer is not None:
                 self._stop_timer.cancel()
             self._task = self._trigger = self._stop_timer = None

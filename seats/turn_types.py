@@ -62,6 +62,45 @@ class TurnStop:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Steer:
+    """A person's note to a running turn (``agent_turn_steered``), as it crossed the steer scatter."""
+
+    note: str
+    note_id: str
+    steered_by: str = ""
+    steered_by_seat: str = ""
+    sent_at: str = ""
+
+
+@dataclass
+class SteerBox:
+    """The notes waiting for a running turn's next round; closed once the turn can read no more of them.
+
+    The node's steer server offers into it while the turn runs; the turn takes
+    what waits before each round's call, and closes it as it ends, so a note
+    offered after that is refused rather than silently dropped.
+    """
+
+    waiting: list[Steer] = field(default_factory=list)
+    closed: bool = False
+
+    def offer(self, steer: Steer) -> bool:
+        if self.closed:
+            return False
+        self.waiting.append(steer)
+        return True
+
+    def take(self) -> list[Steer]:
+        taken, self.waiting = self.waiting, []
+        return taken
+
+    def close(self) -> list[Steer]:
+        """No more notes: the ones still waiting (they expired)."""
+        self.closed = True
+        return self.take()
+
+
 @dataclass
 class Trigger:
     """What woke the seat: one partition's fresh events, oldest first.
@@ -72,7 +111,8 @@ class Trigger:
     change the world (a tool not marked read-only) runs: the inbox records the
     triggers in the completion ledger there, so a turn that has begun to act
     is never run again for them, while one that only read can be. ``stop`` is
-    set by the inbox while the turn runs, when a person's pause asks it to end.
+    set by the inbox while the turn runs, when a person's pause asks it to end;
+    ``notes`` holds the people's notes that wait for its next round.
     """
 
     events: list[Event]
@@ -82,6 +122,8 @@ class Trigger:
     first_delivery: bool = True
     before_write: Optional[Callable[[], Awaitable[None]]] = None
     stop: Optional[TurnStop] = None
+    #: People's notes to this turn while it runs (:mod:`seats.steering`).
+    notes: SteerBox = field(default_factory=SteerBox)
 
     @property
     def first(self) -> Event:
@@ -191,6 +233,8 @@ __all__ = [
     "PHASE_RESPOND",
     "STOPPED_BY_ENGINE",
     "STOP_LEASE_LOST",
+    "Steer",
+    "SteerBox",
     "Trigger",
     "TurnResult",
     "TurnState",

@@ -24,7 +24,9 @@ further starts. The round that does not run is recorded with
 ``stop_reason: paused`` and no provider call, and ``agent_turn_stopped``
 names the person. A model that answers ``end`` on the call that was in flight
 has ended its turn itself: that turn completes. A round that never ends (a
-hung provider) is the inbox's to cancel after its grace.
+hung provider) is the inbox's to cancel after its grace. A person's note to
+the running turn is read the same way, before each round's call
+(:mod:`seats.steering`).
 
 A turn woken by a chat message or a tracker comment is first shown the
 conversation it belongs to, read from its backend with the seat's own
@@ -83,7 +85,7 @@ from crewlet.events.types import (
 from crewlet.company.org import CompanyHolder, Organization, Provider as ProviderConfig, Seat
 from crewlet.queue.contract import EventQueue
 from crewlet.events.tracing import trace_of
-from seats import episodes
+from seats import episodes, steering
 from seats.guards import guarded
 from seats.budget import BudgetKeeper
 from seats.hooks import TurnHooks, declared_hooks
@@ -245,6 +247,7 @@ class TurnRunner:
                 except Exception as exc:  # closing a client never fails the turn it served
                     log.debug("provider_close_failed", extra={"provider": provider.key, "error": short_reason(exc)})
         result.duration_ms = int((time.monotonic() - started) * 1000)
+        await steering.expire(self._emit, trigger, tags)
         await finish(self._emit, loop, result, tags)
         await episodes.remember(self._emit, loop, result, tags)
         return result
@@ -278,6 +281,7 @@ class TurnRunner:
             if self._fenced(loop, result) or await self._refused(loop, result, tags):
                 return
             number += 1
+            await steering.deliver(self._emit, loop, tags, number)
             await progress(self._emit, tags, result, number)
             answer = await self._call_chain(loop, result, tags, number)
             if answer is None:
@@ -482,6 +486,7 @@ class TurnRunner:
     async def stopped(self, seat: Seat, trigger: Trigger, *, by: str, by_seat: str = "", reason: str = "") -> TurnResult:
         """A person's pause with ``stop_running`` ended this turn: say so, and close it as stopped."""
         tags = self._tags(seat, trigger)
+        await steering.expire(self._emit, trigger, tags)
         await self._emit(AgentTurnStopped(**tags, stopped_by=by, stopped_by_seat=by_seat, reason=reason))
         await self._emit(AgentTurnCompleted(**tags, iterations=1, stopped=True), extras={"outcome": OUTCOME_STOPPED})
         log.info("agent_turn_stopped", extra={"seat": seat.handle, "turn_id": trigger.turn_id, "by": by})

@@ -10,5 +10,6 @@ urlpatterns = [
     path("", api.SeatsView.as_view(), name="api-seats"),
     path("<str:handle>/pause", api.SeatPauseView.as_view(), name="api-seat-pause"),
     path("<str:handle>/resume", api.SeatResumeView.as_view(), name="api-seat-resume"),
+    path("<str:handle>/steer", api.SeatSteerView.as_view(), name="api-seat-steer"),
     path("<str:handle>/memory", memory_api.SeatMemoryView.as_view(), name="api-seat-memory"),
 ]

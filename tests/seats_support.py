@@ -367,6 +367,39 @@ def model_server(
         yield state
 
 
+class HeldModel(FakeModelServer):
+    """A scripted model whose n-th request is answered only once ``gates[n]`` is set (the test's hand on the round)."""
+
+    def __init__(self, replies: list[Reply]) -> None:
+        super().__init__(replies=replies)
+        self.gates = [threading.Event() for _ in replies]
+
+
+@contextlib.contextmanager
+def held_model(replies: list[Reply]) -> Iterator[HeldModel]:
+    """An OpenAI-compatible model on loopback answering ``replies`` in order, each only once its gate is set."""
+    state = HeldModel(replies)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            state.requests.append(body)
+            n = len(state.requests)
+            state.gates[min(n, len(state.gates)) - 1].wait(120)
+            send_json(self, 200, state.openai_answer(str(body.get("model", "")), state.replies[min(n, len(state.replies)) - 1]))
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with loopback_http(Handler) as port:
+        state.port = port
+        try:
+            yield state
+        finally:
+            for gate in state.gates:
+                gate.set()
+
+
 def store_away_for(outages: list[int]) -> Any:
     """The real screen, after ``outages[0]`` screenings the store fails as a database that cannot be reached does."""
 

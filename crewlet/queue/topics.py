@@ -23,6 +23,8 @@ DLQ_PREFIX = "dlq"
 DLQ_ALL = "dlq.>"
 #: The fleet's history reads: every engine serves it from its own store (core request/reply, no stream).
 HISTORY_READS = "crewlet.history.read"
+#: A person's note to a seat's running turn: every engine serves it, the node running the seat answers (core, no stream).
+TURN_STEER = "crewlet.steer.turn"
 
 _TOKEN_BAD = re.compile(r"[\s.*>]")
 

@@ -22,6 +22,7 @@ from crewlet.engine.interfaces import (
 )
 from crewlet.company.org import CompanyHolder
 from crewlet.company.parse import load_company
+from seats.runtime_service import STEER_SERVER
 from engine_support import FakeBroker, fast_settings, twin_connect
 from waiting_support import eventually
 
@@ -171,7 +172,7 @@ def test_every_installed_app_contributes_its_services_and_the_store_starts_befor
     engine = an_engine()
     names = {service.name for service in app_services(engine)}
     keyed = {key.name for key in (FLEET, EVENT_STORE, FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER)}
-    assert keyed | {"eventstore_retention", "a2a_sweep", "seat_tools", "working_indicator"} == names
+    assert keyed | {"eventstore_retention", "a2a_sweep", "seat_tools", "working_indicator", STEER_SERVER} == names
     order = [s.name for s in ordered(app_services(engine))]
 
     def at(key: ServiceKey[Any]) -> int:
@@ -181,6 +182,7 @@ def test_every_installed_app_contributes_its_services_and_the_store_starts_befor
     assert at(EVENT_STORE) < at(SEAT_RUNTIME) < at(CONFIG_POLLER)
     assert at(FLEET) < at(EVENT_STORE)  # a node refused its store writes nothing into it
     assert at(SEAT_RUNTIME) < at(LIVE_PROJECTION)  # the seed reads which seats this node holds
+    assert at(SEAT_RUNTIME) < order.index(STEER_SERVER)  # a note is offered to the runtime's running turns
 
 
 def test_a_service_is_handed_out_by_its_key_and_a_request_thread_is_told_which_part_is_missing() -> None:

@@ -358,8 +358,8 @@ def test_up_registers_every_loop_and_duty_and_the_web_server_runconsumers_no_web
     names = {service.name: service.stop_first for service in cmd.engine(options).registered}
     assert names == {
         "eventstore_writer": False, "eventstore_retention": False, "eventstore_fleet_reads": False, "eventstore_projection": False,
-        "seat_runtime": False, "seat_tools": False, "working_indicator": False, "notify": False, "a2a_sweep": False,
-        "config_poller": False, "fleet": False, "web": True,
+        "seat_runtime": False, "seat_steering": False, "seat_tools": False, "working_indicator": False, "notify": False,
+        "a2a_sweep": False, "config_poller": False, "fleet": False, "web": True,
     }
     cmd, options = _options("runconsumers", "--stream-type", "nats", "--stream-url", "nats://b:4222")
     assert "web" not in {service.name for service in cmd.engine(options).registered}
