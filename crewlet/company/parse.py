@@ -34,9 +34,7 @@ from crewlet.company.fields import (
 )
 from crewlet.company.org import (
     BUILTIN_TOOLS,
-    REFLECTION_MODES,
     REFLECTION_OFF,
-    REFLECTION_ON,
     DEFAULT_MAX_ROUNDS,
     HANDLE_PATTERN,
     MODE_SOCKET,
@@ -68,6 +66,7 @@ from crewlet.company.instructions import (
 )
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
 from crewlet.company.episodes import EPISODES_KEY, parse_episodes
+from crewlet.company.reflection import REFLECTION_KEY, parse_reflection
 from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.provider_retry import RETRY_KEY, parse_retry
@@ -472,7 +471,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 turn_token_budget=_number(
                     entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
                 ),
-                reflection=_reflection(entry.get(REFLECTION_KEY, REFLECTION_OFF), f"{name}.{REFLECTION_KEY}", source),
+                reflection=parse_reflection(entry.get(REFLECTION_KEY, REFLECTION_OFF), f"{name}.{REFLECTION_KEY}", source),
                 placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
                 slack=seat_slack(entry.get("slack"), f"{name}.slack", kind, source),
                 mattermost=seat_mattermost(entry.get("mattermost"), f"{name}.mattermost", kind, source),
@@ -491,18 +490,6 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 )
             owners[ident] = seat.handle
     return seats
-
-
-#: A seat's post-turn reflection mode.
-REFLECTION_KEY = "reflection"
-
-
-def _reflection(value: Any, name: str, source: Optional[str]) -> str:
-    """A mode; YAML reads an unquoted ``on``/``off`` as a boolean, which means the mode of that name."""
-    value = {True: REFLECTION_ON, False: REFLECTION_OFF}.get(value, value) if isinstance(value, bool) else value
-    if value not in REFLECTION_MODES:
-        raise CompanyError(name, value, f"must be one of {', '.join(REFLECTION_MODES)}", source)
-    return str(value)
 
 
 #: The keys of a seat read by :func:`_seats_own`: its instructions and its own model chain.
