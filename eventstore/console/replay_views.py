@@ -99,7 +99,7 @@ class BulkReplaySerializer(ClosedSerializer):
     request_id = StrictCharField(required=False, allow_blank=True, max_length=opv.MAX_REQUEST_ID)
 
 
-class TriggerSerializer(serializers.Serializer):
+class ReplayTriggerSerializer(serializers.Serializer):
     trigger = serializers.CharField()
     worked_by = serializers.CharField(allow_blank=True, help_text="the turn that worked it, '' when none did")
     in_thread = serializers.BooleanField()
@@ -110,7 +110,7 @@ class PreviewRowSerializer(opv.DeadLetterSerializer):
     reason = serializers.CharField()
     source = serializers.CharField(allow_blank=True)
     age_s = serializers.FloatField(allow_null=True)
-    triggers = TriggerSerializer(many=True)
+    triggers = ReplayTriggerSerializer(many=True)
     will = serializers.ChoiceField(choices=[rp.WILL_RUN, rp.WILL_SKIP, rp.WILL_BURY_AGAIN])
 
 
