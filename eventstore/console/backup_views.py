@@ -35,7 +35,7 @@ ERROR_BACKUP_FAILED = "backup_failed"
 
 
 class BackupRequestSerializer(serializers.Serializer):
-    dir = serializers.CharField(help_text="an absolute path on the node's disk: a new or empty directory")
+    dir = serializers.RegexField(r"^/", help_text="an absolute path on the node's disk: a new or empty directory")
 
 
 class BackupResultSerializer(serializers.Serializer):

@@ -261,7 +261,9 @@ def test_schemathesis_finds_no_failure_of_any_check_against_the_served_schema(up
     a failing run stays as short as a passing one.
     """
     schema = schemathesis.openapi.from_url(f"{up.url}/api/schema/?format=json", headers=AUTH, timeout=60)
-    operations = [result.ok() for result in schema.get_all_operations()]
+    # POST /backup writes a copy of the node wherever its body says: a fuzzer must not choose where on this
+    # machine's disk (its refusals and its copy are tests/eventstore/test_backup_up.py's).
+    operations = [op for op in (result.ok() for result in schema.get_all_operations()) if op.label != "POST /backup"]
     assert len(operations) >= 14, [op.label for op in operations]
     failures = [f for op in operations for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) for f in _run(op, mode)]
     assert not failures, "\n\n".join(failures)
