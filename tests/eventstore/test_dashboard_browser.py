@@ -234,7 +234,8 @@ def test_a_dead_letter_is_replayed_onto_its_topic_and_audited(
     expect(row).to_have_count(1)
     expect(row).to_contain_text(topic)
     expect(row).to_contain_text("task_assigned")
-    expect(row.locator("td").nth(3)).to_have_text("25")
+    expect(row.locator("td").nth(3)).to_have_text("max_deliveries")  # why it was buried
+    expect(row.locator("td").nth(4)).to_have_text("25")  # after how many deliveries
     screenshot(page, "dead-letters")
 
     async def receive(delivery: Any) -> Outcome:
