@@ -522,6 +522,8 @@ class LiveProjection:
             live.present = True
             live.last_turn = turn.last_turn
             live.turn_id = turn.running
+            if turn.trigger:
+                live.take(turn.trigger)  # its wake's record may trail it: it is not waiting behind its own turn
             live.stopped = turn.stopped
             live.counters = dict(turn.counters)
         for handle, row in data.pauses.items():

@@ -39,12 +39,17 @@ from eventstore.questions import (
 
 @dataclass
 class SeedTurn:
-    """A seat's newest turn as the seed read it: its last-turn row, the turn still running, why it stopped, its counters."""
+    """A seat's newest turn as the seed read it: its last-turn row, the turn still running, why it stopped, its counters.
+
+    ``trigger`` is the wake the running turn took: its record can still be on
+    its way, and must not be counted as waiting behind the turn that took it.
+    """
 
     last_turn: dict[str, Any]
     running: str
     stopped: str
     counters: dict[str, int]
+    trigger: str = ""
 
 
 @dataclass
@@ -118,6 +123,7 @@ def _seed_turn(turn: dict[str, Any]) -> SeedTurn:
         running=turn["turn_id"] if outcome == qs.OUTCOME_RUNNING else "",
         stopped=stopped,
         counters=new_seat_counters(),
+        trigger=str((turn.get("trigger") or {}).get("event_id") or "") if outcome == qs.OUTCOME_RUNNING else "",
     )
 
 

@@ -386,6 +386,35 @@ async def test_events_that_arrive_while_the_seed_reads_are_applied_after_it_and_
     assert live.seat("ada")["state"] == "idle"  # type: ignore[index]
 
 
+async def test_a_wake_whose_record_trails_a_turn_the_seed_found_running_is_not_left_queued_behind_later_turns() -> None:
+    org = company()
+    live = LiveProjection(company=lambda: org)
+    started = made(AgentTurnStarted(seat="ada", turn_id="t1", trigger_event_id="w1"))
+    async with memory_queues(NODE) as (_, [q]):
+        writer = eventstore.attach(q)
+        try:
+            await q.publish(topics.event(started.type), started)  # stored while no projection watched
+            scope = qs.NodeScope(node_id=NODE)
+
+            def turn_stored() -> bool:
+                turns = qs.Question(kind=qs.TURNS, at=qs.instant(), filters=qs.Filters(seat="ada"), limit=1)
+                return bool(qs.answer(turns, scope)["turns"])
+
+            await eventually(sync_to_async(turn_stored), what="the start stored")
+        finally:
+            await writer.aclose()
+    seeding = asyncio.get_running_loop().create_task(live.seed(scope))
+    await asyncio.sleep(0)  # a yield, not a wait: the seed takes its instant and starts reading
+    live.apply(topics.event(started.type), started)  # the live copy of a row the seed reads: applied once
+    assert await seeding is True
+    assert live.seat("ada")["state"] == "running"  # type: ignore[index]
+    row = apply(live, ExternalNotification(seat="ada", sender="sam", body="the trigger"), event_id="w1")
+    assert row is not None and (row["state"], row["queued"]) == ("running", 0)
+    apply(live, AgentTurnCompleted(seat="ada", turn_id="t1"))
+    row = apply(live, AgentTurnStarted(seat="ada", turn_id="t2", trigger_event_id="w2"))
+    assert row is not None and (row["state"], row["queued"]) == ("running", 0)
+
+
 def test_the_engine_installs_the_projection_service_beside_the_writer() -> None:
     engine = Engine(load_settings({}, env={}, overrides={"node.id": NODE}), company=CompanyHolder(company()))
     eventstore.install(engine)
