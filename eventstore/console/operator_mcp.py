@@ -16,7 +16,9 @@ The tools run the code the HTTP routes run, never a copy of it:
   Authorization header, and the tool returns that route's JSON (a refusal is a
   tool error carrying the route's reason);
 * ``seat_pause`` / ``seat_resume`` go through ``POST /api/seats/{handle}/pause``
-  and ``/resume`` the same way (:func:`seats.actions.pause_seat`);
+  and ``/resume`` the same way (:func:`seats.actions.pause_seat`), and
+  ``seat_steer`` through ``POST /api/seats/{handle}/steer``
+  (:func:`seats.steering.steer`: the note crosses to the node running the turn);
 * ``dead_letter_replay`` is :func:`eventstore.actions.replay_dead_letter`, as
   ``/operator/act`` calls it; ``revision_activate`` is
   :func:`crewlet.engine.activation.activate`, as the admin calls it.
@@ -66,11 +68,16 @@ TOOL_SEAT_PAUSE = "seat_pause"
 TOOL_SEAT_RESUME = "seat_resume"
 TOOL_DEAD_LETTER_REPLAY = ops.TOOL_DEAD_LETTER_REPLAY
 TOOL_REVISION_ACTIVATE = "revision_activate"
-ACTING_TOOLS = frozenset({TOOL_SEAT_PAUSE, TOOL_SEAT_RESUME, TOOL_DEAD_LETTER_REPLAY, TOOL_REVISION_ACTIVATE})
+TOOL_SEAT_STEER = "seat_steer"
+ACTING_TOOLS = frozenset(
+    {TOOL_SEAT_PAUSE, TOOL_SEAT_RESUME, TOOL_SEAT_STEER, TOOL_DEAD_LETTER_REPLAY, TOOL_REVISION_ACTIVATE}
+)
 
 #: Outcomes of the acting tools besides ``/operator/act``'s: the call changed something; it was already so.
 OUTCOME_CHANGED = "changed"
 OUTCOME_UNCHANGED = "unchanged"
+#: A steer's outcome: the node running the turn holds the note (``agent_turn_steered`` says whether a round read it).
+OUTCOME_ACCEPTED = "accepted"
 #: The largest revision number (the key is a 64-bit integer).
 MAX_REVISION = 2**63 - 1
 #: Refusal of an activation naming no stored revision.
@@ -83,8 +90,8 @@ UNKNOWN_TOKEN = "unknown operator token"
 READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 #: Pause, resume, activate: a second identical call changes nothing more.
 SETS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-#: A replay moves a dead letter back onto its topic: the seat works it again.
-REPLAYS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+#: Replay, steer: each call acts again (a replay puts the letter back to be worked, a steer sends one more note).
+EACH_CALL_ACTS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
 
 Api = Callable[[str, str, Optional[dict[str, Any]], Context], Awaitable[Any]]
 
@@ -193,8 +200,14 @@ def _refusal_of(status: int, error: str) -> tuple[str, str]:
     return ops.OUTCOME_REFUSED, error or ("not_found" if status == 404 else ops.REFUSAL_BAD_ARGS)
 
 
-async def _act_through_route(api: Api, ctx: Context, tool: str, path: str, body: dict[str, Any]) -> str:
-    """Run an acting route, audit it once, and answer its JSON (or a tool error with its reason)."""
+async def _act_through_route(
+    api: Api, ctx: Context, tool: str, path: str, body: dict[str, Any], *, done: Optional[str] = None
+) -> str:
+    """Run an acting route, audit it once, and answer its JSON (or a tool error with its reason).
+
+    The audited outcome is ``done`` when given (a route whose answer has no
+    ``changed``), else whether the route changed something.
+    """
     try:
         answer = await api("POST", path, body, ctx)
     except RouteRefused as exc:
@@ -206,7 +219,7 @@ async def _act_through_route(api: Api, ctx: Context, tool: str, path: str, body:
         await _audit(ctx, ops.ActResult(tool, ops.OUTCOME_FAILED, ops.REFUSAL_UNAVAILABLE))
         raise ToolError(f"{tool} could not be run: the route did not answer; try again") from None
     changed = bool(answer.get("changed")) if isinstance(answer, dict) else False
-    await _audit(ctx, ops.ActResult(tool, OUTCOME_CHANGED if changed else OUTCOME_UNCHANGED))
+    await _audit(ctx, ops.ActResult(tool, done or (OUTCOME_CHANGED if changed else OUTCOME_UNCHANGED)))
     return json.dumps(answer, sort_keys=True)
 
 
@@ -272,7 +285,13 @@ def build_server(django_app: Any) -> MCPServer:
         """Resume a paused seat. Audited."""
         return await _act_through_route(api, ctx, TOOL_SEAT_RESUME, f"/api/seats/{_segment(handle, 'handle')}/resume", {})
 
-    @server.tool(name=TOOL_DEAD_LETTER_REPLAY, annotations=REPLAYS)
+    @server.tool(name=TOOL_SEAT_STEER, annotations=EACH_CALL_ACTS)
+    async def seat_steer(ctx: Context, handle: str, note: str) -> str:
+        """Send ``note`` to the seat's running turn, read at its next round (agent_turn_steered: delivered or expired). Audited, never the note."""
+        path = f"/api/seats/{_segment(handle, 'handle')}/steer"
+        return await _act_through_route(api, ctx, TOOL_SEAT_STEER, path, {"note": note}, done=OUTCOME_ACCEPTED)
+
+    @server.tool(name=TOOL_DEAD_LETTER_REPLAY, annotations=EACH_CALL_ACTS)
     async def dead_letter_replay(ctx: Context, ref: str) -> str:
         """Put dead letter ``ref`` (from dead_letters_list) back on its topic. Audited."""
         caller = _caller(ctx)

@@ -25,6 +25,7 @@ from crewlet.http.auth import SEEDED_TOKEN_NAME
 from crewlet.queue import topics
 from eventstore import actions as ops
 from eventstore.console import operator_mcp as om
+from seats.steering import NO_RUNNING_TURN
 from seats_support import publish_raw, subscribed_on
 from tests.browser_support import LoopThread
 from tests.up_support import UpProcess, http_json, up_env
@@ -62,6 +63,7 @@ async def _operate(url: str) -> dict[str, Any]:
                     ("again", om.TOOL_SEAT_PAUSE, {"handle": SEAT}),
                     ("resumed", om.TOOL_SEAT_RESUME, {"handle": SEAT}),
                     ("unknown", om.TOOL_SEAT_PAUSE, {"handle": "nobody-here"}),
+                    ("no_turn", om.TOOL_SEAT_STEER, {"handle": SEAT, "note": "secret-note-never-audited"}),
                     ("replayed", om.TOOL_DEAD_LETTER_REPLAY, {"ref": ref}),
                     ("gone", om.TOOL_DEAD_LETTER_REPLAY, {"ref": ref}),
                     ("no_revision", om.TOOL_REVISION_ACTIVATE, {"revision": 424242}),
@@ -118,6 +120,7 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
             assert (json.loads(_text(got["paused"]))["changed"], json.loads(_text(got["again"]))["changed"]) == (True, False)
             assert json.loads(_text(got["resumed"]))["changed"] is True
             assert got["unknown"].is_error and "nobody-here" in _text(got["unknown"])
+            assert got["no_turn"].is_error and f"409 conflict: seat '{SEAT}' {NO_RUNNING_TURN}" in _text(got["no_turn"])
             assert json.loads(_text(got["replayed"]))["topic"] == inbox
             assert got["gone"].is_error and ops.REFUSAL_GONE in _text(got["gone"])
             assert got["no_revision"].is_error and om.REFUSAL_NO_REVISION in _text(got["no_revision"])
@@ -126,15 +129,16 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
 
             def audited() -> Optional[list[dict[str, Any]]]:
                 rows = up.events("operator_acted")
-                return rows if len(rows) >= 9 else None
+                return rows if len(rows) >= 10 else None
 
-            rows = wait_until(audited, 30.0, "nine operator_acted rows", 0.1)
+            rows = wait_until(audited, 30.0, "ten operator_acted rows", 0.1)
             # One per acting call, none for a read; the wire form carries the body's fields at its top.
             assert [(r["tool"], r["outcome"], r["refusal"]) for r in rows] == [
                 (om.TOOL_SEAT_PAUSE, om.OUTCOME_CHANGED, ""),
                 (om.TOOL_SEAT_PAUSE, om.OUTCOME_UNCHANGED, ""),
                 (om.TOOL_SEAT_RESUME, om.OUTCOME_CHANGED, ""),
                 (om.TOOL_SEAT_PAUSE, ops.OUTCOME_REFUSED, "not_found"),
+                (om.TOOL_SEAT_STEER, ops.OUTCOME_REFUSED, "conflict"),
                 (om.TOOL_DEAD_LETTER_REPLAY, ops.OUTCOME_REPLAYED, ""),
                 (om.TOOL_DEAD_LETTER_REPLAY, ops.OUTCOME_REFUSED, ops.REFUSAL_GONE),
                 (om.TOOL_REVISION_ACTIVATE, ops.OUTCOME_REFUSED, om.REFUSAL_NO_REVISION),
@@ -144,8 +148,9 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
             assert {(r["transport"], r["token"], r["source"]) for r in rows} == {
                 (ops.TRANSPORT_MCP, SEEDED_TOKEN_NAME, "operator")
             }
-            assert len({r["request_id"] for r in rows}) == 9 and rows[4]["position"] == inbox
+            assert len({r["request_id"] for r in rows}) == 10 and rows[5]["position"] == inbox
             assert "secret-reason-never-audited" not in json.dumps(rows)  # never the arguments
+            assert "secret-note-never-audited" not in json.dumps(rows)
 
             assert up.terminate() == 0
             assert "Traceback" not in up.output() and "was destroyed but it is pending" not in up.output()

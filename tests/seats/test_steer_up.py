@@ -7,23 +7,30 @@ there is a second round); its second ends the turn. grace's Slack DM wakes ada.
 
 * before any turn runs, a steer is refused (409, the reason says there is no
   running turn) and nothing is recorded;
-* a note sent while round 1 is in flight is in round 2's request, marked as a
-  person's note, and recorded ``delivered`` at phase respond, iteration 1,
-  round 2, with the note, its id (the one the 202 answered), who sent it and when;
+* a note sent while round 1 is in flight — through the operator's MCP server's
+  ``seat_steer``, with the official client — is in round 2's request, marked as
+  a person's note, and recorded ``delivered`` at phase respond, iteration 1,
+  round 2, with the note, its id (the one the tool answered), who sent it and
+  when; the call is one ``operator_acted`` (outcome ``accepted``, never the note);
 * a note sent while round 2 (the last) is in flight is never read: ``expired``;
 * bad requests are refused with the field and what is allowed;
 * the running turn's dashboard page carries the steer box.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 from crewlet.http.auth import SEEDED_TOKEN_NAME
+from eventstore.console import operator_mcp as om
 from seats.steering import NO_RUNNING_TURN
 from tests.up_support import UpProcess, dashboard_page, http_json, up_env
 from seats_support import Reply, held_model
@@ -62,6 +69,21 @@ def steer(up: UpProcess, handle: str, body: Any, headers: dict[str, str] = AUTH)
     return http_json("POST", f"{up.url}/api/seats/{handle}/steer", json.dumps(body).encode(), headers, empty={})
 
 
+def steer_over_mcp(up: UpProcess, handle: str, note: str) -> tuple[bool, Any]:
+    """``seat_steer`` called by the official MCP client with the operator token: (is_error, its answer or text)."""
+
+    async def call() -> Any:
+        async with httpx2.AsyncClient(headers={"Authorization": AUTH["Authorization"]}, timeout=httpx2.Timeout(30.0)) as http:
+            async with streamable_http_client(up.url + om.MCP_PATH, http_client=http) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    return await session.call_tool(om.TOOL_SEAT_STEER, {"handle": handle, "note": note})
+
+    result = asyncio.run(call())
+    text = "".join(getattr(block, "text", "") for block in result.content)
+    return result.is_error, text if result.is_error else json.loads(text)
+
+
 def two(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found if len(found) >= 2 else []
 
@@ -92,7 +114,7 @@ def test_a_note_reaches_the_running_turn_at_its_next_round_and_one_no_round_read
             wait_until(lambda: len(model.requests) >= 1, 120, "ada's round 1 is in flight")
             [started] = wait_until(lambda: up.events("agent_turn_started", "ada"), 120, "ada's turn started on record")
             running_page = dashboard_page(up, f"/turns/{started['turn_id']}/")
-            first_status, first = steer(up, "ada", {"note": FIRST_NOTE})
+            first_error, first = steer_over_mcp(up, "ada", FIRST_NOTE)
             model.gates[0].set()
             wait_until(lambda: len(model.requests) >= 2, 120, "ada's round 2 is in flight")
             late_status, late = steer(up, "ada", {"note": LATE_NOTE})
@@ -102,6 +124,7 @@ def test_a_note_reaches_the_running_turn_at_its_next_round_and_one_no_round_read
             [done] = wait_until(lambda: up.events("agent_turn_completed", "ada"), 120, "ada's turn completed")
             after_status, after = steer(up, "ada", {"note": "too late"})
             steered_after = up.events("agent_turn_steered", "ada")
+            [acted] = up.events("operator_acted")
             assert up.terminate() == 0, up.output()
 
     # No running turn: refused with the reason, nothing recorded.
@@ -114,7 +137,9 @@ def test_a_note_reaches_the_running_turn_at_its_next_round_and_one_no_round_read
     # The running turn's page has the steer box, posting to the seat's steer route.
     assert '<form id="steer" data-seat="ada"' in running_page and "/steer`" in running_page
     # Accepted while a turn runs: which node, which turn.
-    assert first_status == 202 and late_status == 202, (first, late)
+    assert first_error is False and late_status == 202, (first, late)
+    assert (acted["tool"], acted["outcome"], acted["transport"], acted["token"]) == ("seat_steer", "accepted", "mcp", SEEDED_TOKEN_NAME)
+    assert FIRST_NOTE not in json.dumps(acted)  # never the arguments
     assert first["node"] == "s1" and first["turn_id"] == late["turn_id"] == done["turn_id"]
     # Round 2's request carries the note, marked as a person's; round 1's did not.
     assert not any(FIRST_NOTE in t for t in texts(model.requests[0]))
