@@ -352,7 +352,7 @@ def delivery(query: QueryDict, delivery_id: str) -> dict[str, Any]:
     live = _live_seats(r["seat"] for r in naming if r["type"] == qs.deliveries.WAKE)
     folded = qs.fold_delivery(delivery_id, naming, following, turns, live)
     checked = False
-    if folded is not None and any(p["state"] in qs.deliveries.UNSETTLED for p in folded["seats"]):
+    if folded is not None and any(qs.deliveries.may_be_dead(p) for p in folded["seats"]):
         triggers = {p["wake_event_id"] for p in folded["seats"]} | {p["coalesced"]["trigger_event_id"] for p in folded["seats"] if p["coalesced"]}
         dead = _dead_letters(triggers)
         if dead is not None:

@@ -182,12 +182,20 @@ class DeliveryHoldSerializer(serializers.Serializer):
     by = serializers.CharField(allow_blank=True, help_text="who paused it, or the running turn's id")
 
 
+class DeliveryRetrySerializer(serializers.Serializer):
+    event_id = serializers.CharField(help_text="the message_retry_scheduled row")
+    delivery = serializers.IntegerField(help_text="the deliveries it spent, the failed one included")
+    max_deliveries = serializers.IntegerField(help_text="the budget: its last failure dead-letters it")
+    retry_at = serializers.CharField(help_text="when the broker offers it again, behind the mail waiting then")
+
+
 class DeliveryWaitingSerializer(serializers.Serializer):
     seat_state = serializers.CharField(allow_blank=True, help_text="the seat's live state (empty where no live projection runs)")
     held_by = DeliveryHoldSerializer(allow_null=True)
     behind_turn = serializers.CharField(allow_null=True)
     position = serializers.IntegerField(allow_null=True, help_text="1-based place among the seat's waiting wakes, where known")
     queued = serializers.IntegerField(allow_null=True)
+    retry = DeliveryRetrySerializer(allow_null=True, help_text="set when a failed attempt handed it back to come again")
 
 
 class DeliveryDeadLetterSerializer(serializers.Serializer):

@@ -377,7 +377,8 @@ class HeldModel(FakeModelServer):
 
 @contextlib.contextmanager
 def held_model(replies: list[Reply]) -> Iterator[HeldModel]:
-    """An OpenAI-compatible model on loopback answering ``replies`` in order, each only once its gate is set."""
+    """An OpenAI-compatible model on loopback answering ``replies`` in order, each only once its gate is set
+    (a reply whose ``status`` is not 200 is that HTTP failure)."""
     state = HeldModel(replies)
 
     class Handler(BaseHTTPRequestHandler):
@@ -386,7 +387,11 @@ def held_model(replies: list[Reply]) -> Iterator[HeldModel]:
             state.requests.append(body)
             n = len(state.requests)
             state.gates[min(n, len(state.gates)) - 1].wait(120)
-            send_json(self, 200, state.openai_answer(str(body.get("model", "")), state.replies[min(n, len(state.replies)) - 1]))
+            reply = state.replies[min(n, len(state.replies)) - 1]
+            if reply.status != 200:
+                send_json(self, reply.status, {"error": {"message": f"scripted HTTP {reply.status}"}}, reply.headers)
+            else:
+                send_json(self, 200, state.openai_answer(str(body.get("model", "")), reply))
 
         def log_message(self, *args: Any) -> None:
             pass

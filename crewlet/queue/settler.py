@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable, Optional, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Sequence
 
 from crewlet import events
 from crewlet.events import Event, Trace
-from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
+from crewlet.events.envelope import format_timestamp
+from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered, MessageRetryScheduled
 from crewlet.queue import topics
 from crewlet.queue.contract import (
+    MAX_DELIVERIES,
     SETTLED_ACK,
     SETTLED_DEAD_LETTER,
     SETTLED_DEFER,
@@ -33,14 +36,19 @@ if TYPE_CHECKING:
 #: The client's logger: a settlement is logged as the client's, whichever loop settled it.
 logger = logging.getLogger("crewlet.queue.client")
 
-#: The envelope ``source`` of what the queue itself publishes (a burial's record).
+#: The envelope ``source`` of what the queue itself publishes (a burial's record, a retry's).
 _QUEUE_SOURCE = "queue"
+#: The types of the queue's own records: never recorded again when one of them fails.
+_QUEUE_RECORDS = frozenset({MessageDeadLettered.event_type, MessageRetryScheduled.event_type})
 
 
-def _agent_inbox_or_empty(handle: str) -> str:
-    """The inbox subject of seat ``handle``, or "" when ``handle`` cannot be a seat's."""
+def _seat_of(topic: str) -> str:
+    """The seat whose inbox ``topic`` is, or "" when it is no seat's inbox."""
+    parts = topic.split(".")
+    if len(parts) != 4:
+        return ""
     try:
-        return topics.agent_inbox(handle)
+        return parts[2] if topics.agent_inbox(parts[2]) == topic else ""
     except InvalidArgument:
         return ""
 
@@ -93,10 +101,31 @@ class Settler:
         self._observe_settled(pair.topic, SETTLED_ACK)
 
     async def nak(self, pair: _Pair, msg: RawMessage) -> None:
-        """A failure: behind the waiting mail after the backoff, or the dead letter."""
-        await self.redeliver_or_bury(
-            pair, msg, lambda: msg.nak(self._timings.backoff_s(msg.delivered)), "queue_nak_failed", SETTLED_NAK
-        )
+        """A failure: behind the waiting mail after the backoff, or the dead letter.
+
+        A seat's inbox message that comes again is recorded as
+        ``message_retry_scheduled`` (which delivery it spent, when it comes
+        back), so where it waits is in the history and not the broker's alone.
+        """
+        delay_s = self._timings.backoff_s(msg.delivered)
+        if await self.redeliver_or_bury(pair, msg, lambda: msg.nak(delay_s), "queue_nak_failed", SETTLED_NAK):
+            seat = _seat_of(pair.topic)
+            if seat:
+                retry_at = format_timestamp(datetime.now(timezone.utc) + timedelta(seconds=delay_s))
+                await self._record(
+                    msg,
+                    lambda original: MessageRetryScheduled(
+                        topic=pair.topic,
+                        group=pair.group,
+                        seat=seat,
+                        delivery=msg.delivered,
+                        max_deliveries=MAX_DELIVERIES,
+                        retry_at=retry_at,
+                        **original,
+                    ),
+                    "queue_retry_unrecorded",
+                    {"topic": pair.topic, "group": pair.group, "delivery": msg.delivered},
+                )
 
     async def hand_back(self, pair: _Pair, msg: RawMessage, *, leaving: bool = False) -> None:
         """A hand-back: at the head at once; it spent a delivery like any other.
@@ -114,21 +143,23 @@ class Settler:
         redeliver: Callable[[], Awaitable[None]],
         failed_event: str,
         outcome: str,
-    ) -> None:
+    ) -> bool:
         """A delivery that did not end in an ack: the dead letter once none remain, else ``redeliver``.
 
-        A redelivery the transport refuses is logged (``failed_event``), not raised:
-        the handler's outcome is settled and the consumer goes on.
+        True when it was handed back to come again. A redelivery the transport
+        refuses is logged (``failed_event``), not raised: the handler's outcome
+        is settled and the consumer goes on.
         """
         if remaining_after(msg.delivered) == 0:
             await self.bury(pair, msg, reason=DEAD_LETTER_MAX_DELIVERIES)
-            return
+            return False
         try:
             await redeliver()
         except QueueError:
             logger.warning(failed_event, exc_info=True)
-            return
+            return False
         self._observe_settled(pair.topic, outcome)
+        return True
 
     async def bury(self, pair: _Pair, msg: RawMessage, *, reason: str) -> None:
         """Copy to CREWLET_DLQ, then terminate; if the copy fails, keep the message.
@@ -160,38 +191,49 @@ class Settler:
         await self._record_burial(pair, msg, reason=reason, ref=str(seq) if seq else "")
 
     async def _record_burial(self, pair: _Pair, msg: RawMessage, *, reason: str, ref: str) -> None:
-        """Publish the ``message_dead_lettered`` of one burial; a failure is logged, never raised.
+        """Publish the ``message_dead_lettered`` of one burial (:meth:`_record`)."""
+        await self._record(
+            msg,
+            lambda original: MessageDeadLettered(
+                topic=pair.topic,
+                group=pair.group,
+                seat=_seat_of(pair.topic),
+                ref=ref,
+                deliveries=msg.delivered,
+                reason=reason,
+                **original,
+            ),
+            "queue_dead_letter_unrecorded",
+            {"topic": pair.topic, "group": pair.group, "ref": ref, "reason": reason},
+        )
 
-        Under the buried event's own trace (a child span of it), so the row
-        lands in the trace of the delivery that failed; an undecodable
-        message has no trace and starts one. A buried record of a burial is
-        not recorded again, so a consumer failing everything on the event
+    async def _record(
+        self, msg: RawMessage, body_of: Callable[[dict[str, str]], Any], failed_event: str, fields: dict[str, Any]
+    ) -> None:
+        """Publish the queue's record of what became of ``msg``; a failure is logged (``failed_event``), never raised.
+
+        Under the message's own trace (a child span of it), so the row lands
+        in the trace of the delivery it is about; an undecodable message has
+        no trace and starts one. ``body_of`` is given the message's
+        ``original_id`` and ``original_type``. The queue's record of one of its
+        own records is not made, so a consumer failing everything on the event
         stream cannot feed itself a chain of them.
         """
         try:
             original: Optional[Event] = Event.from_json(msg.data)
         except Exception:
             original = None
-        if original is not None and original.type == MessageDeadLettered.event_type:
+        if original is not None and original.type in _QUEUE_RECORDS:
             return
         parent = Trace.of(original) if original is not None else None
-        parts = pair.topic.split(".")
-        body = MessageDeadLettered(
-            topic=pair.topic,
-            group=pair.group,
-            seat=parts[2] if len(parts) == 4 and _agent_inbox_or_empty(parts[2]) == pair.topic else "",
-            ref=ref,
-            deliveries=msg.delivered,
-            reason=reason,
-            original_id=original.id if original is not None else "",
-            original_type=original.type if original is not None else "",
+        body = body_of(
+            {
+                "original_id": original.id if original is not None else "",
+                "original_type": original.type if original is not None else "",
+            }
         )
         event = events.new(body, parent.child() if parent is not None else Trace.root(), source=_QUEUE_SOURCE)
         try:
             await self._publish(topics.event(event.type), event)
         except (QueueError, OSError):
-            logger.error(
-                "queue_dead_letter_unrecorded",
-                extra={"topic": pair.topic, "group": pair.group, "ref": ref, "reason": reason},
-                exc_info=True,
-            )
+            logger.error(failed_event, extra=fields, exc_info=True)

@@ -28,17 +28,18 @@ from crewlet.events.types.notification import coalesced_trigger_id
 from eventstore.questions.listing import LIST_COLUMNS, list_row, list_sql
 from eventstore.questions.model import MAX_DETAIL_ROWS, NodeScope, Question
 from eventstore.questions.sql import TABLE, Where, fetch
-from eventstore.questions.turns import OUTCOME_RUNNING, TURN_STARTED
+from eventstore.questions.turns import OUTCOME_FAILED, OUTCOME_RUNNING, TURN_STARTED
 
 WAKE = types.ExternalNotification.event_type
 NOTIFICATION_SKIPPED = types.NotificationSkipped.event_type
 COALESCED = types.NotificationsCoalesced.event_type
 TRIGGER_SKIPPED = types.TurnTriggerSkipped.event_type
+RETRY = types.MessageRetryScheduled.event_type
 #: The inbound record's category: its row's type is the delivery's own label (``webhook:<event>``).
 ACCEPTED_CATEGORY = WEBHOOK
 #: The rows that name a delivery by its id, and the rows that follow a trigger by its id.
 NAMING_TYPES: tuple[str, ...] = (WAKE, NOTIFICATION_SKIPPED)
-FOLLOWING_TYPES: tuple[str, ...] = (COALESCED, TRIGGER_SKIPPED, TURN_STARTED)
+FOLLOWING_TYPES: tuple[str, ...] = (COALESCED, TRIGGER_SKIPPED, TURN_STARTED, RETRY)
 
 # -- a seat's state for the delivery, and the delivery's (wire strings) ----------------------------
 ACCEPTED = "accepted"
@@ -50,6 +51,7 @@ SKIPPED = "skipped"
 DEAD_LETTERED = "dead_lettered"
 #: The states a dead letter could still explain (nothing took the wake yet).
 UNSETTLED: frozenset[str] = frozenset({WAITING, COALESCED_STATE})
+
 #: A delivery's overall state is its least settled seat's, in this order.
 STATE_ORDER: tuple[str, ...] = (WAITING, COALESCED_STATE, RUNNING, DEAD_LETTERED, WORKED, SKIPPED, ACCEPTED)
 
@@ -63,6 +65,11 @@ HELD_TURN = "running_turn"
 def carries_delivery(event_type: str, category: str) -> bool:
     """Whether a row of this type names a delivery id in its body (the dashboard links it to the delivery's page)."""
     return event_type in NAMING_TYPES or category == ACCEPTED_CATEGORY
+
+
+def may_be_dead(path: dict[str, Any]) -> bool:
+    """Whether a dead letter could explain a seat's path: nothing took its wake yet, or its latest attempt failed."""
+    return path["state"] in UNSETTLED or (path["turn"] or {}).get("outcome") == OUTCOME_FAILED
 
 
 def _like(text: str) -> str:
@@ -85,7 +92,10 @@ def _rows(scope: NodeScope, q: Where) -> list[dict[str, Any]]:
 
 
 #: The body fields the fold reads: an inbound record's body holds the provider's whole payload, which stays home.
-KEPT_FIELDS: tuple[str, ...] = ("delivery_id", "event_name", "seat", "recipient", "reason", "detail", "event_ids", "trigger_event_id")
+KEPT_FIELDS: tuple[str, ...] = (
+    "delivery_id", "event_name", "seat", "recipient", "reason", "detail", "event_ids", "trigger_event_id",
+    "original_id", "delivery", "max_deliveries", "retry_at",
+)
 
 
 def _kept(raw: Any) -> dict[str, Any]:
@@ -130,7 +140,7 @@ def _takes(row: dict[str, Any]) -> set[str]:
     body = row.get("body") or {}
     if row["type"] == COALESCED:
         return {str(i) for i in body.get("event_ids") or ()}
-    trigger = body.get("trigger_event_id")
+    trigger = body.get("original_id") if row["type"] == RETRY else body.get("trigger_event_id")
     return {str(trigger)} if trigger else set()
 
 
@@ -180,6 +190,17 @@ def held_by(live: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return None
 
 
+def _retry(row: dict[str, Any]) -> dict[str, Any]:
+    """A failed delivery's wait for the broker to offer it again: which delivery it spent, of how many, and when."""
+    body = row["body"]
+    return {
+        "event_id": row["id"],
+        "delivery": body.get("delivery", 0),
+        "max_deliveries": body.get("max_deliveries", 0),
+        "retry_at": body.get("retry_at", ""),
+    }
+
+
 def _seat_path(
     wake: dict[str, Any],
     following: Sequence[dict[str, Any]],
@@ -211,23 +232,24 @@ def _seat_path(
         "dead_letter": None,
     }
     starts = [r for r in took if r["type"] == TURN_STARTED]
-    skips = [r for r in took if r["type"] == TRIGGER_SKIPPED]
     letter = dead.get(wake["id"]) or (dead.get(coalesced["trigger_event_id"]) if coalesced else None)
-    if starts:
+    if starts:  # the latest attempt, whatever became of it since
         turn_id = starts[-1]["turn_id"]
         turn = turns.get(turn_id) or {"turn_id": turn_id, "seat": seat, "outcome": OUTCOME_RUNNING}
         path["turn"] = _turn_brief(turn)
-        path["state"] = RUNNING if turn.get("outcome") == OUTCOME_RUNNING else WORKED
-    elif skips:
-        body = skips[-1]["body"]
-        path["skip"] = {"event_id": skips[-1]["id"], "reason": body.get("reason", ""), "detail": body.get("detail", "")}
-        path["state"] = SKIPPED
-    elif letter is not None:
+    latest = next((r for r in reversed(took) if r["type"] in (TURN_STARTED, TRIGGER_SKIPPED, RETRY)), None)
+    if letter is not None:  # on the dead-letter stream now, whatever its attempts did
         path["dead_letter"] = letter
         path["state"] = DEAD_LETTERED
-    elif coalesced is not None:
+    elif latest is not None and latest["type"] == TRIGGER_SKIPPED:
+        body = latest["body"]
+        path["skip"] = {"event_id": latest["id"], "reason": body.get("reason", ""), "detail": body.get("detail", "")}
+        path["state"] = SKIPPED
+    elif latest is not None and latest["type"] == TURN_STARTED:
+        path["state"] = RUNNING if path["turn"].get("outcome") == OUTCOME_RUNNING else WORKED
+    elif latest is None and coalesced is not None:
         path["state"] = COALESCED_STATE
-    else:
+    else:  # never taken yet, or handed back after a failure to come again
         path["state"] = WAITING
         seat_live = live.get(seat) or {}
         path["waiting"] = {
@@ -236,6 +258,7 @@ def _seat_path(
             "behind_turn": seat_live.get("turn_id") or None,
             "position": (seat_live.get("positions") or {}).get(wake["id"]),
             "queued": seat_live.get("queued"),
+            "retry": _retry(latest) if latest is not None else None,
         }
     return path
 

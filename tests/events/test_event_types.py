@@ -94,6 +94,7 @@ DESIGN_MAP = {name: cat for cat, names in DESIGN.items() for name in names}
 # design name: an extension is an addition, never a rename.
 EXTENSIONS: dict[str, str] = {
     "message_dead_lettered": "system",
+    "message_retry_scheduled": "system",
     "tool_server_restarted": "system",
     "tool_server_unavailable": "system",
     "history_partial": "system",

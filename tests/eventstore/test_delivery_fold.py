@@ -116,3 +116,36 @@ def test_the_least_settled_seat_decides_the_delivery_state_and_no_row_is_no_deli
     accepted_only = d.fold_delivery(DELIVERY, [_accepted()], [], {})
     assert accepted_only is not None and accepted_only["state"] == d.ACCEPTED
     assert d.fold_delivery(DELIVERY, [], [], {}) is None
+
+
+def _retry(n: int, seat: str, original: str, delivery: int) -> dict[str, Any]:
+    return _row(n, d.RETRY, seat=seat, original_id=original, delivery=delivery, max_deliveries=25, retry_at=f"2026-01-01T00:01:{n:02d}.000000Z")
+
+
+def test_a_wake_whose_turn_failed_waits_for_its_retry_with_the_delivery_it_spent_then_runs_again_or_is_dead_lettered() -> None:
+    wake = _wake(2, "ada")
+    failed = {"turn-1": _turn("turn-1", "ada", "failed")}
+    tried = [_started(3, "ada", "turn-1", wake["id"]), _retry(4, "ada", wake["id"], 1)]
+    folded = d.fold_delivery(DELIVERY, [_accepted(), wake], tried, failed)
+    assert folded is not None and folded["state"] == d.WAITING
+    (seat,) = folded["seats"]
+    assert seat["waiting"]["retry"] == {"event_id": "ev-4", "delivery": 1, "max_deliveries": 25, "retry_at": "2026-01-01T00:01:04.000000Z"}
+    assert seat["turn"]["turn_id"] == "turn-1" and seat["turn"]["outcome"] == "failed"  # the attempt that failed
+
+    again = [*tried, _started(5, "ada", "turn-2", wake["id"])]
+    turns = {**failed, "turn-2": _turn("turn-2", "ada", OUTCOME_RUNNING)}
+    running = d.fold_delivery(DELIVERY, [_accepted(), wake], again, turns)
+    assert running is not None and running["seats"][0]["state"] == d.RUNNING and running["seats"][0]["waiting"] is None
+
+    dead = {wake["id"]: {"ref": "9", "topic": "agent.ada.inbox", "deliveries": 25}}
+    buried = d.fold_delivery(DELIVERY, [_accepted(), wake], tried, failed, {}, dead)
+    assert buried is not None and buried["seats"][0]["state"] == d.DEAD_LETTERED
+    assert buried["seats"][0]["turn"]["turn_id"] == "turn-1"  # its last attempt, beside the letter
+
+
+def test_a_retry_of_another_seats_copy_of_the_wake_does_not_move_this_seat() -> None:
+    wake = _wake(2, "ada")
+    started = _started(3, "ada", "turn-1", wake["id"])
+    other = _retry(4, "grace", wake["id"], 3)
+    folded = d.fold_delivery(DELIVERY, [_accepted(), wake], [started, other], {"turn-1": _turn("turn-1", "ada", OUTCOME_OK)})
+    assert folded is not None and folded["seats"][0]["state"] == d.WORKED

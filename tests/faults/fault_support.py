@@ -296,6 +296,7 @@ class Delivery:
     statuses: list[Any] = dataclasses.field(default_factory=list)
     accepted_at: Optional[float] = None  # wall clock of the 202, to compare with event timestamps
     trace_id: str = ""  # the 202's
+    delivery_id: str = ""  # the 202's: GET /api/deliveries/{delivery_id} follows it
 
     @property
     def key(self) -> str:
@@ -345,7 +346,9 @@ class Sender:
         delivery.statuses.append(status)
         if status == 202 and delivery.accepted_at is None:
             delivery.accepted_at = time.time()
-            delivery.trace_id = str(json.loads(answer or b"{}").get("trace_id") or "")
+            accepted = json.loads(answer or b"{}")
+            delivery.trace_id = str(accepted.get("trace_id") or "")
+            delivery.delivery_id = str(accepted.get("delivery_id") or "")
         return status
 
     def send(self, delivery: Delivery, *, retries: int = 40, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:

@@ -76,6 +76,14 @@ def test_a_poison_delivery_is_delivered_exactly_25_times_dead_lettered_once_and_
         assert all(outcome.runs(d.key) == 1 for d in good), outcome.completed
         assert sender.outcome([poison]).failed.get(poison.key) == MAX_DELIVERIES
         assert model.poison_calls == MAX_DELIVERIES
+        # Where the delivery is: on the dead-letter stream, its last attempt a failed turn, every failed attempt
+        # but the last handed back as a retry naming the delivery it spent (the last became the dead letter).
+        followed = up.api(f"/api/deliveries/{poison.delivery_id}")["delivery"]
+        (seat,) = followed["seats"]
+        assert (followed["state"], seat["state"], seat["dead_letter"]["deliveries"]) == ("dead_lettered", "dead_lettered", MAX_DELIVERIES)
+        assert seat["turn"]["outcome"] == "failed" and seat["waiting"] is None
+        retries = [e for e in followed["events"] if e["type"] == "message_retry_scheduled"]
+        assert len(retries) == MAX_DELIVERIES - 1, [e["type"] for e in followed["events"]]
 
         model.poisoned = False
         status, answer = up.post_api("/operator/act", {"tool": "dead_letter_replay", "args": {"ref": letter["ref"]}, "request_id": "fault-1"})

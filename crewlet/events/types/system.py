@@ -401,6 +401,39 @@ class MessageDeadLettered(EventBody):
         return f"{what} dead-lettered from {where}{tries}" + _tail(self.reason, " — ")
 
 
+@register(
+    "message_retry_scheduled",
+    category=SYSTEM,
+    extension=(
+        "a failed delivery's wait left no record: which of its 25 deliveries a seat's mail had spent and when the "
+        "broker brings it back were the broker's alone, so 'why is it waiting?' could not be answered from the "
+        "history; the row names the message and its next attempt, never its bytes"
+    ),
+)
+class MessageRetryScheduled(EventBody):
+    """A seat's inbox message a handler failed, handed back to come again after its backoff (an extension).
+
+    Published by the node whose consume loop settled it, under the failed
+    event's trace, beside the ``message_dead_lettered`` its last failure
+    becomes instead. ``delivery`` counts the deliveries spent, this one
+    included, of ``max_deliveries``; ``retry_at`` is when the broker offers it
+    again (behind the mail waiting then).
+    """
+
+    topic: str = ""
+    group: str = ""
+    seat: str = ""
+    delivery: int = 0
+    max_deliveries: int = 0
+    retry_at: str = ""
+    original_id: str = ""
+    original_type: str = ""
+
+    def summary(self, event: Optional[Event] = None) -> str:
+        what = _s(self.original_type) or "a message"
+        return f"{what} for {_s(self.seat)} comes again at {_s(self.retry_at)} (delivery {self.delivery} of {self.max_deliveries} spent)"
+
+
 @dataclass
 class _ToolServerBody(_SeatBody):
     """One seat's session with one MCP server: whose, which server, over what, and what went wrong."""

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from crewlet.events import Event, Trace
-from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE, MessageDeadLettered
+from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_UNDECODABLE, MessageDeadLettered, MessageRetryScheduled
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DEAD_LETTER_REF, MAX_DELIVERIES, DeadLetter, Outcome
 from crewlet.queue.errors import Gone, InvalidArgument, NotLive, Unavailable
@@ -219,3 +219,19 @@ async def test_an_undecodable_message_is_buried_at_once_and_recorded_with_a_trac
     (letter,) = [d for d in await queue.dead_letters() if d.topic == topic]
     assert event.data.ref == letter.ref
     assert letter.reason == DEAD_LETTER_UNDECODABLE and letter.buried_at_s > 0
+
+
+async def test_each_failure_with_deliveries_left_is_recorded_as_a_retry_naming_the_delivery_it_spent(harness, queue):
+    recorded = Collector(harness)
+    queue.add_publish_listener(recorded.stream_handler)
+    traced = Trace.root()
+    poison = Event(type="conformance_probe", payload={"i": "retried"}, trace_id=traced.trace_id, span_id=traced.span_id)
+    topic, group, letter = await dead_letter(harness, queue, label="retried", event=poison)
+    retries = [e for t, e in recorded.items if e.type == MessageRetryScheduled.event_type]
+    assert [e.data.delivery for e in retries] == list(range(1, MAX_DELIVERIES)), "every failure but the last, which is buried"
+    assert all(t == topics.event(MessageRetryScheduled.event_type) for t, e in recorded.items if e in retries)
+    first = retries[0].data
+    assert (first.topic, first.group, first.seat, first.max_deliveries) == (topic, group, topic.split(".")[2], MAX_DELIVERIES)
+    assert (first.original_id, first.original_type) == (poison.id, poison.type) and first.retry_at.endswith("Z")
+    assert all(e.trace_id == poison.trace_id and e.parent_span_id == poison.span_id for e in retries)
+    assert letter.data not in retries[0].to_json(), "never the failed bytes"
