@@ -366,6 +366,17 @@ class SeatsUnplaceable(EventBody):
         return f"{self.count} seat(s) no live node may run: {named}"
 
 
+@dataclass
+class _QueueRecord(EventBody):
+    """What the queue publishes about a message it settled: where it came from and what it was, never its bytes."""
+
+    topic: str = ""
+    group: str = ""
+    seat: str = ""
+    original_id: str = ""
+    original_type: str = ""
+
+
 @register(
     "message_dead_lettered",
     category=SYSTEM,
@@ -374,7 +385,7 @@ class SeatsUnplaceable(EventBody):
         "which ages out and is not in any trace; the row names the entry and the event, never its bytes"
     ),
 )
-class MessageDeadLettered(EventBody):
+class MessageDeadLettered(_QueueRecord):
     """A message the queue copied to CREWLET_DLQ and terminated (an extension to the design's list).
 
     Published by the node whose consume loop decided it, under the trace of
@@ -385,14 +396,9 @@ class MessageDeadLettered(EventBody):
     those stay on CREWLET_DLQ.
     """
 
-    topic: str = ""
-    group: str = ""
-    seat: str = ""
     ref: str = ""
     deliveries: int = 0
     reason: str = ""  # DEAD_LETTER_REASONS
-    original_id: str = ""
-    original_type: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         what = _s(self.original_type) or "a message"
@@ -410,7 +416,7 @@ class MessageDeadLettered(EventBody):
         "history; the row names the message and its next attempt, never its bytes"
     ),
 )
-class MessageRetryScheduled(EventBody):
+class MessageRetryScheduled(_QueueRecord):
     """A seat's inbox message a handler failed, handed back to come again after its backoff (an extension).
 
     Published by the node whose consume loop settled it, under the failed
@@ -420,14 +426,9 @@ class MessageRetryScheduled(EventBody):
     again (behind the mail waiting then).
     """
 
-    topic: str = ""
-    group: str = ""
-    seat: str = ""
     delivery: int = 0
     max_deliveries: int = 0
     retry_at: str = ""
-    original_id: str = ""
-    original_type: str = ""
 
     def summary(self, event: Optional[Event] = None) -> str:
         what = _s(self.original_type) or "a message"
