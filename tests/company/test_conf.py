@@ -134,6 +134,25 @@ def test_direct_construction_is_validated_too() -> None:
     assert StreamSettings(event_retention_hours=2).event_retention_hours == 2.0
 
 
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: EngineSettings(stream={"cluster": {"port": 0}}), "stream.cluster.port=0: must be between 1 and 65535"),
+        (lambda: StreamSettings(cluster={"nme": "a"}), "stream.cluster.nme='a': unknown setting; known: stream.cluster.name, stream.cluster.host, "
+         "stream.cluster.port, stream.cluster.peers, stream.cluster.form_timeout_s"),
+        (lambda: EngineSettings(node=None), "node=None: must be a mapping"),
+        (lambda: StreamSettings(replicas=True), "stream.replicas=True: must be an integer"),
+        (lambda: NodeSettings(labels=("gpu", 7)), "node.labels=('gpu', 7): must be a list of strings"),
+        (lambda: NodeSettings(stop_grace_s=math.inf), "node.stop_grace_s=inf: must be a number between 0.1 and 3600"),
+    ],
+)
+def test_a_section_built_in_code_is_refused_in_the_same_one_line_words_never_in_pydantic_s(build: Any, message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        build()
+    assert str(info.value) == message
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # the ValidationError is not chained in
+
+
 # -- stream.type / stream.url ----------------------------------------------
 
 
