@@ -1,29 +1,33 @@
-"""Typed engine settings (``stream.*``, ``node.*``, ``delivery.*``, ...), validated whenever a section is built.
+"""Typed engine settings (``stream.*``, ``node.*``, ``delivery.*``, ...): frozen pydantic models, validated whenever built.
 
-Every knob is a dataclass field whose metadata carries its range, choices and
-environment variable; adding a knob is adding a field. A field whose type is
-itself a section (``stream.cluster``) is a nested mapping in the file and a
-dotted name everywhere else (``stream.cluster.port``, ``CREWLET_STREAM_CLUSTER_PORT``).
-A list setting (``stream.cluster.peers``, ``node.labels``) is a YAML list in the
+Every knob is a field: pydantic checks its type and range (``ge``/``le``), a
+:class:`Check` its choices or pattern, and the field carries its environment
+variable; adding a knob is adding a field. A field whose type is itself a
+section (``stream.cluster``) is a nested mapping in the file and a dotted name
+everywhere else (``stream.cluster.port``, ``CREWLET_STREAM_CLUSTER_PORT``). A
+list setting (``stream.cluster.peers``, ``node.labels``) is a YAML list in the
 file and a comma-separated environment variable.
 
-A bad value is a :class:`SettingsError` that names the dotted field, the value
-and what is allowed, so an operator fixes it from one line instead of from a
-traceback deep inside the broker. Where the values come from (the settings
-file, the environment, the command line) is :mod:`crewlet.company.loading`.
+A bad value is a :class:`SettingsError` naming the dotted field, the value and
+what is allowed: pydantic's ValidationError is translated into it in one place
+(:func:`_refusal`), never shown. Where values come from is :mod:`crewlet.company.loading`.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
+import itertools
 import re
 import socket
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Mapping, Optional, Sequence
 from urllib.parse import urlsplit
 
-from crewlet.company.refusal import FieldValueError, is_finite_number, quote_value
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic.json_schema import JsonDict
+from pydantic_core import PydanticCustomError, core_schema
+
+from crewlet.company.refusal import FieldValueError, quote_value
 from crewlet.queue import topics
 from crewlet.queue.contract import Timings
 
@@ -32,6 +36,9 @@ LABEL_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 PEER_PATTERN = re.compile(r"(?P<host>[^\s:/@]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 STREAM_TYPES = ("embedded", "nats")
 URL_SCHEMES = ("nats", "tls")
+NAME_WORDS = "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
+LABEL_WORDS = "a label: 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
+LISTEN_WORDS = "must be an address to listen on (0.0.0.0, 127.0.0.1, a host name)"
 #: Stream replica counts JetStream can keep a quorum with.
 REPLICA_CHOICES = (1, 3, 5)
 #: The type of a list setting (a YAML list, or a comma-separated environment variable).
@@ -82,109 +89,52 @@ def redact_url(url: str) -> str:
     return parts._replace(netloc=f"{user}@{host}").geturl()
 
 
-def _span(bounds: Optional[tuple[float, float]]) -> str:
+def _span(bounds: Optional[Sequence[float]]) -> str:
     return f" between {_show(bounds[0])} and {_show(bounds[1])}" if bounds else ""
 
 
 def setting(
-    default: Any,
-    *,
-    env: Optional[str] = None,
-    env_aliases: tuple[str, ...] = (),
-    bounds: Optional[tuple[float, float]] = None,
-    choices: Optional[tuple[Any, ...]] = None,
-    doc: str = "",
+    default: Any, *, env: str, env_aliases: tuple[str, ...] = (), bounds: Optional[tuple[float, float]] = None, doc: str = ""
 ) -> Any:
-    """A settings field: its default plus what validation and the env loader need to know.
+    """A settings field: its default, its range (pydantic's ``ge``/``le``), its variable and older names still read."""
+    low, high = bounds or (None, None)
+    extra: JsonDict = {"env": env, "env_aliases": list(env_aliases), "bounds": list(bounds) if bounds else None}
+    return Field(default, ge=low, le=high, description=doc, json_schema_extra=extra)
 
-    ``env_aliases`` are older variable names still read when ``env`` is unset.
+
+@dataclass(frozen=True)
+class Check:
+    """A rule past a value's type and range (``Annotated[str, Check(...)]``).
+
+    ``problem`` says, in the refusal's words, what is wrong with a value, or
+    None; ``choices`` lists a choice's values for :func:`known_settings`.
     """
-    return field(
-        default=default,
-        metadata={"env": env, "env_aliases": env_aliases, "bounds": bounds, "choices": choices, "doc": doc},
-    )
 
+    problem: typing.Callable[[Any], Optional[str]]
+    choices: Optional[tuple[Any, ...]] = None
 
-def section(cls: type) -> Any:
-    """A field holding a nested section (``stream.cluster``), defaulting to that section's defaults."""
-    return field(default_factory=cls)
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
 
-
-@functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _type_of(cls: type, name: str) -> type:
-    return _hints(cls)[name]
-
-
-def _check_field(section: str, f: dataclasses.Field, cls: type, value: Any) -> Any:
-    """Type-, range- and choice-check one value; returns it normalised (an int for a float field becomes float)."""
-    name = f"{section}.{f.name}"
-    kind = _type_of(cls, f.name)
-    bounds = f.metadata.get("bounds")
-    choices = f.metadata.get("choices")
-    span = _span(bounds)
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SettingsError(name, value, f"must be an integer{span}")
-    elif kind is float:
-        if not is_finite_number(value):
-            raise SettingsError(name, value, f"must be a number{span}")
-        value = float(value)
-    elif kind is str:
-        if not isinstance(value, str):
-            raise SettingsError(name, value, "must be a string")
-    elif kind == Strings:
-        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise SettingsError(name, value, "must be a list of strings")
-        value = tuple(value)
-    elif _is_section(kind):
-        if not isinstance(value, kind):
-            raise SettingsError(name, value, "must be a mapping")
+    def _check(self, value: Any) -> Any:
+        if problem := self.problem(value):
+            raise PydanticCustomError("check", "{allowed}", {"allowed": problem})
         return value
-    if choices and value not in choices:
-        raise SettingsError(name, value, f"must be one of {', '.join(str(c) for c in choices)}")
-    if bounds and not bounds[0] <= value <= bounds[1]:
-        raise SettingsError(name, value, f"must be{span}")
-    return value
 
 
-def _is_section(kind: Any) -> bool:
-    return isinstance(kind, type) and issubclass(kind, _Section)
+def one_of(*choices: Any) -> Check:
+    """A choice, checked after the type: a ``Literal`` takes ``True`` for ``1`` and refuses ``'3'`` as no choice."""
+    words = "must be one of " + ", ".join(map(str, choices))
+    return Check(lambda value: None if value in choices else words, choices)
 
 
-class _Section:
-    """Validation shared by every settings section; runs on construction, however constructed."""
-
-    SECTION = ""
-    # Every section is a dataclass; this tells the type checker so (dataclasses.fields accepts it).
-    __dataclass_fields__: typing.ClassVar[dict[str, dataclasses.Field[Any]]]
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = _check_field(self.SECTION, f, type(self), getattr(self, f.name))
-            object.__setattr__(self, f.name, value)
-        self.check()
-
-    def check(self) -> None:
-        """Rules that involve more than one field, or more than a range."""
-
-
-def _check_name(name: str, value: str) -> None:
-    """A node id or cluster name (empty passes: not chosen)."""
-    if value and not NODE_ID_PATTERN.fullmatch(value):
-        raise SettingsError(name, value, "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit")
-
-
-def _check_items(name: str, values: Strings, valid: typing.Callable[[str], bool], what: str, noun: str) -> None:
-    """Each of a list setting's values ``valid`` (else "'x' is not <what>"), and none twice."""
-    for value in values:
-        if not valid(value):
-            raise SettingsError(name, list(values), f"{quote_value(value)} is not {what}")
-    if len(set(values)) != len(values):
-        raise SettingsError(name, list(values), f"must not name a {noun} twice")
+def _items(valid: typing.Callable[[str], bool], what: str, noun: str) -> Check:
+    """A list setting's rule: each value ``valid`` (else "'x' is not <what>"), and none twice."""
+    def problem(values: Strings) -> Optional[str]:
+        bad = [v for v in values if not valid(v)]
+        twice = len(set(values)) < len(values)
+        return f"{quote_value(bad[0])} is not {what}" if bad else f"must not name a {noun} twice" if twice else None
+    return Check(problem)
 
 
 def _peer(value: str) -> Optional[tuple[str, int]]:
@@ -195,16 +145,73 @@ def _peer(value: str) -> Optional[tuple[str, int]]:
     return m["host"], int(m["port"])
 
 
-@dataclass(frozen=True)
+#: A list setting's field type: a list (YAML's) or a tuple of strings, held as a tuple.
+_StringList = Annotated[Strings, BeforeValidator(lambda value: tuple(value) if isinstance(value, list) else value)]
+#: A node id or cluster name (empty passes: not chosen).
+_Name = Annotated[str, Check(lambda v: NAME_WORDS if v and not NODE_ID_PATTERN.fullmatch(v) else None)]
+_Peers = Annotated[_StringList, _items(lambda p: _peer(p) is not None, "host:port (a port from 1 to 65535)", "peer")]
+_Labels = Annotated[_StringList, _items(lambda v: LABEL_PATTERN.fullmatch(v) is not None, LABEL_WORDS, "label")]
+_Listen = Annotated[str, Check(lambda v: None if v and not any(c.isspace() for c in v) else LISTEN_WORDS)]
+#: What a value of the wrong type is told, by the field's type.
+_TYPE_WORDS: dict[Any, str] = {
+    int: "must be an integer", float: "must be a number", str: "must be a string", Strings: "must be a list of strings",
+}
+
+
+def _section_type(info: FieldInfo) -> Optional[type[_Section]]:
+    """The section a field holds (``stream.cluster``), or None for a setting."""
+    kind = info.annotation
+    return kind if isinstance(kind, type) and issubclass(kind, _Section) else None
+
+
+def _refusal(cls: type[_Section], data: Mapping[str, Any], exc: ValidationError) -> SettingsError:
+    """pydantic's first error as the one-line refusal: the dotted field, the value as given (a list item's: the
+    list), what is allowed. A validator that knows its words raises the refusal itself, carried back by pydantic."""
+    error = exc.errors(include_url=False)[0]
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, SettingsError):
+        return cause
+    path = [str(part) for part in itertools.takewhile(lambda part: isinstance(part, str), error["loc"])]
+    dotted, value, owner, info = ".".join(filter(None, [cls.SECTION, *path])), typing.cast(Any, data), cls, None
+    for name in path:
+        value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+        if (info := owner.model_fields.get(name)) is None:
+            known = (".".join(filter(None, [owner.SECTION, n])) for n in owner.model_fields)
+            return SettingsError(dotted, value, "unknown setting; known: " + ", ".join(known))
+        owner = _section_type(info) or owner
+    if info is None or error["type"] == "model_type":
+        return SettingsError(dotted, value, "must be a mapping")
+    span = _span(typing.cast(dict[str, Any], info.json_schema_extra)["bounds"])
+    if error["type"] in ("greater_than_equal", "less_than_equal"):
+        return SettingsError(dotted, value, f"must be{span}")
+    if error["type"] == "check":
+        return SettingsError(dotted, value, error["ctx"]["allowed"])
+    words = _TYPE_WORDS.get(info.annotation, "must be valid")
+    return SettingsError(dotted, value, words + span if info.annotation in (int, float) else words)
+
+
+class _Section(BaseModel):
+    """A settings section, validated however it is built; ``SECTION`` (``stream.cluster``) prefixes its refusals."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
+    SECTION: ClassVar[str] = ""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _refusal(type(self), data, exc) from None
+
+
 class ClusterSettings(_Section):
     """This node's embedded broker as one member of a JetStream cluster (empty ``name``: a lone broker)."""
 
-    SECTION = "stream.cluster"
+    SECTION: ClassVar[str] = "stream.cluster"
 
-    name: str = setting("", env="CREWLET_STREAM_CLUSTER_NAME", doc="the cluster's name, the same on every member; empty: a lone broker")
-    host: str = setting("0.0.0.0", env="CREWLET_STREAM_CLUSTER_HOST", doc="the address this member's route listener binds")
+    name: _Name = setting("", env="CREWLET_STREAM_CLUSTER_NAME", doc="the cluster's name, the same on every member; empty: a lone broker")
+    host: _Listen = setting("0.0.0.0", env="CREWLET_STREAM_CLUSTER_HOST", doc="the address this member's route listener binds")
     port: int = setting(6222, env="CREWLET_STREAM_CLUSTER_PORT", bounds=(1, 65535), doc="this member's route port")
-    peers: Strings = setting((), env="CREWLET_STREAM_CLUSTER_PEERS", doc="host:port of every other member's route listener")
+    peers: _Peers = setting((), env="CREWLET_STREAM_CLUSTER_PEERS", doc="host:port of every other member's route listener")
     form_timeout_s: float = setting(
         60.0, env="CREWLET_STREAM_CLUSTER_FORM_TIMEOUT_S", bounds=(1, 3600),
         doc="how long start-up waits for the cluster to elect its JetStream meta leader",
@@ -223,8 +230,8 @@ class ClusterSettings(_Section):
         """Each peer as (host, port); the values were checked when the settings were made."""
         return [typing.cast(tuple[str, int], _peer(p)) for p in self.peers]
 
-    def check(self) -> None:
-        _check_name("stream.cluster.name", self.name)
+    @model_validator(mode="after")
+    def _members(self) -> ClusterSettings:
         if self.peers and not self.name:
             raise SettingsError("stream.cluster.name", self.name, "required when stream.cluster.peers is set")
         if self.name and not self.peers:
@@ -235,19 +242,16 @@ class ClusterSettings(_Section):
                 "needs stream.cluster.peers: a JetStream cluster has at least one other member to route to "
                 "(leave stream.cluster.name empty for a lone broker)",
             )
-        if not self.host or any(c.isspace() for c in self.host):
-            raise SettingsError("stream.cluster.host", self.host, "must be an address to listen on (0.0.0.0, 127.0.0.1, a host name)")
-        _check_items("stream.cluster.peers", self.peers, lambda p: _peer(p) is not None, "host:port (a port from 1 to 65535)", "peer")
+        return self
 
 
-@dataclass(frozen=True)
 class StreamSettings(_Section):
     """Where the broker runs and how long the event stream keeps history."""
 
-    SECTION = "stream"
+    SECTION: ClassVar[str] = "stream"
 
-    type: str = setting(
-        "embedded", env="CREWLET_STREAM_TYPE", choices=STREAM_TYPES,
+    type: Annotated[str, one_of(*STREAM_TYPES)] = setting(
+        "embedded", env="CREWLET_STREAM_TYPE",
         doc="embedded: a child nats-server on loopback; nats: dial stream.url",
     )
     url: str = setting(
@@ -262,8 +266,8 @@ class StreamSettings(_Section):
         720.0, env="CREWLET_EVENT_RETENTION_HOURS", bounds=(1, 8760),
         doc="age bound of CREWLET_EVENTS and CREWLET_DLQ",
     )
-    replicas: int = setting(
-        1, env="CREWLET_STREAM_REPLICAS", choices=REPLICA_CHOICES,
+    replicas: Annotated[int, one_of(*REPLICA_CHOICES)] = setting(
+        1, env="CREWLET_STREAM_REPLICAS",
         doc="copies of every stream and durable consumer; never more than the cluster's members",
     )
     ack_wait_s: float = setting(
@@ -278,16 +282,16 @@ class StreamSettings(_Section):
         topics.DEFAULT_MAX_CONSUMERS, env="CREWLET_STREAM_MAX_CONSUMERS", bounds=(2, 1_000_000),
         doc="durable consumers each engine stream may hold; every agent seat needs room for two on CREWLET_AGENT",
     )
-    cluster: ClusterSettings = section(ClusterSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     def urls(self) -> list[str]:
         """The servers ``stream.url`` names (comma-separated), in order."""
         return [u.strip() for u in self.url.split(",") if u.strip()]
 
-    def check(self) -> None:
-        if self.type == "nats" and not self.url:
-            raise SettingsError("stream.url", self.url, "required when stream.type is nats (nats://host:port or tls://host:port)")
-        for url in self.urls():
+    @field_validator("url")
+    @classmethod
+    def _servers(cls, value: str) -> str:
+        for url in filter(None, map(str.strip, value.split(","))):
             shown = redact_url(url)  # an error message ends up in logs: never the password
             parts = urlsplit(url)
             try:
@@ -296,6 +300,12 @@ class StreamSettings(_Section):
                 raise SettingsError("stream.url", shown, "has an invalid port") from None
             if parts.scheme not in URL_SCHEMES or not parts.hostname:
                 raise SettingsError("stream.url", shown, "must start with nats:// or tls:// and name a host")
+        return value
+
+    @model_validator(mode="after")
+    def _placed(self) -> StreamSettings:
+        if self.type == "nats" and not self.url:
+            raise SettingsError("stream.url", self.url, "required when stream.type is nats (nats://host:port or tls://host:port)")
         if self.cluster.enabled:
             if self.type != "embedded":
                 raise SettingsError(
@@ -310,23 +320,21 @@ class StreamSettings(_Section):
         if self.type == "embedded" and self.replicas > self.cluster.members:
             members = self.cluster.members
             allowed = ", ".join(str(c) for c in REPLICA_CHOICES if c <= members)
-            if not self.cluster.enabled:
-                reason = f"a lone embedded broker keeps one copy; allowed: {allowed} (stream.cluster makes this node one member of a cluster)"
-            else:
-                reason = (
-                    f"more than the cluster's {members} members (this node and its {members - 1} stream.cluster.peers); "
-                    f"allowed: {allowed}"
-                )
+            reason = (
+                f"more than the cluster's {members} members (this node and its {members - 1} stream.cluster.peers); allowed: {allowed}"
+                if self.cluster.enabled
+                else f"a lone embedded broker keeps one copy; allowed: {allowed} (stream.cluster makes this node one member of a cluster)"
+            )
             raise SettingsError("stream.replicas", self.replicas, reason)
+        return self
 
 
-@dataclass(frozen=True)
 class NodeSettings(_Section):
     """This process's identity in the fleet and how much work it runs at once."""
 
-    SECTION = "node"
+    SECTION: ClassVar[str] = "node"
 
-    id: str = setting(
+    id: _Name = setting(  # empty: not chosen yet; load_settings resolves it from the hostname
         "", env="CREWLET_NODE_ID",
         doc="stamped on every event this node publishes; empty derives it from the hostname",
     )
@@ -346,21 +354,12 @@ class NodeSettings(_Section):
         BUDGET_METERS_EVERY_S, env="CREWLET_NODE_BUDGET_METERS_EVERY_S", bounds=(0.05, 3600),
         doc="how often this node reports budget_meters and looks again at the seats a spent token budget holds",
     )
-    labels: Strings = setting(
+    labels: _Labels = setting(
         (), env="CREWLET_NODE_LABELS",
         doc="what this node offers placement (gpu, eu); a seat's placement may require labels",
     )
 
-    def check(self) -> None:
-        # Empty means "not chosen yet"; load_settings resolves it from the hostname.
-        _check_name("node.id", self.id)
-        _check_items(
-            "node.labels", self.labels, lambda v: LABEL_PATTERN.fullmatch(v) is not None,
-            "a label: 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit", "label",
-        )
 
-
-@dataclass(frozen=True)
 class DeliverySettings(_Section):
     """How the queue spaces redeliveries of failed messages.
 
@@ -370,7 +369,7 @@ class DeliverySettings(_Section):
     ack clock, once ``delivery.ack_wait_s``, is ``stream.ack_wait_s``.
     """
 
-    SECTION = "delivery"
+    SECTION: ClassVar[str] = "delivery"
 
     backoff_base_s: float = setting(
         Timings.backoff_base_s, env="CREWLET_DELIVERY_BACKOFF_BASE_S", bounds=(MIN_BACKOFF_S, 3600),
@@ -386,7 +385,6 @@ class DeliverySettings(_Section):
     )
 
 
-@dataclass(frozen=True)
 class ToolSettings(_Section):
     """How this node runs its seats' MCP tool servers: call and start time limits, and restart spacing.
 
@@ -401,7 +399,7 @@ class ToolSettings(_Section):
     sent again every ``typing_every_s`` while the turn runs.
     """
 
-    SECTION = "tools"
+    SECTION: ClassVar[str] = "tools"
 
     call_timeout_s: float = setting(
         60.0, env="CREWLET_TOOLS_CALL_TIMEOUT_S", bounds=(0.01, 3600),
@@ -425,11 +423,10 @@ class ToolSettings(_Section):
     )
 
 
-@dataclass(frozen=True)
 class HistorySettings(_Section):
     """How long a history read waits for the fleet's other nodes before naming the ones that did not answer."""
 
-    SECTION = "history"
+    SECTION: ClassVar[str] = "history"
 
     fleet_read_budget_s: float = setting(
         2.0, env="CREWLET_FLEET_READ_BUDGET_S", bounds=(0.05, 60),
@@ -437,7 +434,6 @@ class HistorySettings(_Section):
     )
 
 
-@dataclass(frozen=True)
 class FleetSettings(_Section):
     """How long a node's leases (its presence, its seats, its duties) outlive its last renewal.
 
@@ -447,7 +443,7 @@ class FleetSettings(_Section):
     more coordination-store writes.
     """
 
-    SECTION = "fleet"
+    SECTION: ClassVar[str] = "fleet"
 
     lease_ttl_s: float = setting(
         15.0, env="CREWLET_FLEET_LEASE_TTL_S", bounds=(5, 300),
@@ -455,16 +451,15 @@ class FleetSettings(_Section):
     )
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """Everything the engine is configured with."""
+class EngineSettings(_Section):
+    """Everything the engine is configured with: one section per field (a refusal names ``stream.cluster.port`` from here)."""
 
-    stream: StreamSettings = field(default_factory=StreamSettings)
-    node: NodeSettings = field(default_factory=NodeSettings)
-    delivery: DeliverySettings = field(default_factory=DeliverySettings)
-    tools: ToolSettings = field(default_factory=ToolSettings)
-    history: HistorySettings = field(default_factory=HistorySettings)
-    fleet: FleetSettings = field(default_factory=FleetSettings)
+    stream: StreamSettings = Field(default_factory=StreamSettings)
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    tools: ToolSettings = Field(default_factory=ToolSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
 
     def timings(self) -> Timings:
         """The queue's :class:`Timings`: the redelivery spacing and the ack clock."""
@@ -476,29 +471,34 @@ class EngineSettings:
 
 
 def _sections() -> dict[str, type[_Section]]:
-    return {f.name: _type_of(EngineSettings, f.name) for f in dataclasses.fields(EngineSettings)}
+    return {name: typing.cast(type[_Section], _section_type(info)) for name, info in EngineSettings.model_fields.items()}
 
 
-def _leaves(prefix: str, cls: type) -> list[tuple[str, dataclasses.Field, type]]:
-    out: list[tuple[str, dataclasses.Field, type]] = []
-    for f in dataclasses.fields(cls):
-        kind = _type_of(cls, f.name)
-        if _is_section(kind):
-            out.extend(_leaves(f"{prefix}.{f.name}", kind))
-        else:
-            out.append((f"{prefix}.{f.name}", f, kind))
-    return out
+@dataclass(frozen=True)
+class KnownSetting:
+    """One setting as docs, tests and the loader read it; ``metadata`` holds env, env_aliases, bounds, choices and doc."""
+
+    name: str
+    default: Any
+    metadata: Mapping[str, Any]
 
 
-def known_settings() -> list[tuple[str, dataclasses.Field, type]]:
-    """Every setting as (dotted name, field, python type), in declaration order (docs, tests).
+def known_settings(prefix: str = "", cls: type[_Section] = EngineSettings) -> list[tuple[str, KnownSetting, type]]:
+    """Every setting as (dotted name, its :class:`KnownSetting`, python type), in declaration order (docs, tests).
 
     A nested section's settings are listed under their full dotted names
     (``stream.cluster.port``); the section itself is not a setting.
     """
-    out = []
-    for name, cls in _sections().items():
-        out.extend(_leaves(name, cls))
+    out: list[tuple[str, KnownSetting, type]] = []
+    for name, info in cls.model_fields.items():
+        dotted, inner = f"{prefix}.{name}".lstrip("."), _section_type(info)
+        if inner is not None:
+            out.extend(known_settings(dotted, inner))
+            continue
+        extra = typing.cast(dict[str, Any], info.json_schema_extra)
+        choices = next((m.choices for m in info.metadata if isinstance(m, Check) and m.choices), None)
+        metadata = {**extra, "choices": choices, "doc": info.description}
+        out.append((dotted, KnownSetting(name, info.default, metadata), typing.cast(type, info.annotation)))
     return out
 
 

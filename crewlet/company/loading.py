@@ -14,24 +14,20 @@ logs and tracebacks), and is required when ``stream.cluster.peers`` is set.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import re
-import typing
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from crewlet.company.conf import (
     EngineSettings,
-    NodeSettings,
     SettingsError,
     Strings,
-    StreamSettings,
-    _is_section,
+    _Section,
+    _section_type,
     _sections,
     _span,
-    _type_of,
     default_node_id,
     known_settings,
 )
@@ -48,7 +44,7 @@ ENV_YIELDS_TO_FILE = frozenset({"node.id"})
 RENAMED = {"delivery.ack_wait_s": "stream.ack_wait_s"}
 
 
-def _parse_env(name: str, kind: type, raw: str, bounds: Optional[tuple[float, float]]) -> Any:
+def _parse_env(name: str, kind: type, raw: str, bounds: Optional[Sequence[float]]) -> Any:
     """Turn an environment string into the field's type; the range is checked later, with the rest."""
     span = _span(bounds)
     text = raw.strip()
@@ -81,14 +77,14 @@ def _read_file(path: str) -> Mapping[str, Any]:
 
 
 def _flatten(
-    prefix: str, cls: type, body: Any, source: Optional[str], values: dict[str, tuple[Any, Optional[str]]]
+    prefix: str, cls: type[_Section], body: Any, source: Optional[str], values: dict[str, tuple[Any, Optional[str]]]
 ) -> None:
     """One section's mapping into ``values`` under dotted names; a nested section recurses."""
     if body is None:
         return
     if not isinstance(body, Mapping):
         raise SettingsError(prefix, body, "must be a mapping", source)
-    kinds = {f.name: _type_of(cls, f.name) for f in dataclasses.fields(cls)}
+    kinds = cls.model_fields
     for name, value in body.items():
         dotted = f"{prefix}.{name}"
         if dotted in RENAMED:
@@ -98,24 +94,24 @@ def _flatten(
         if name not in kinds:
             listed = ", ".join(f"{prefix}.{n}" for n in kinds)
             raise SettingsError(dotted, value, f"unknown setting; known: {listed}", source)
-        if _is_section(kinds[name]):
-            _flatten(dotted, kinds[name], value, source, values)
+        inner = _section_type(kinds[name])
+        if inner is not None:
+            _flatten(dotted, inner, value, source, values)
         else:
             values[dotted] = (value, source)
 
 
-def _build(prefix: str, cls: type, values: Mapping[str, tuple[Any, Optional[str]]]) -> Any:
-    """The section ``cls`` at ``prefix`` from the dotted ``values`` (nested sections first)."""
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        dotted = f"{prefix}.{f.name}"
-        kind = _type_of(cls, f.name)
-        if _is_section(kind):
-            kwargs[f.name] = _build(dotted, kind, values)
-        elif dotted in values:
-            kwargs[f.name] = values[dotted][0]
+def _build(values: Mapping[str, tuple[Any, Optional[str]]]) -> EngineSettings:
+    """The settings from the dotted ``values``, nested back into sections; a refusal names its value's source."""
+    nested: dict[str, Any] = {}
+    for dotted, (value, _) in values.items():
+        *path, leaf = dotted.split(".")
+        at = nested
+        for name in path:
+            at = at.setdefault(name, {})
+        at[leaf] = value
     try:
-        return cls(**kwargs)
+        return EngineSettings(**nested)
     except SettingsError as exc:
         raise exc.from_source(values.get(exc.field, (None, None))[1]) from None
 
@@ -179,15 +175,12 @@ def load_settings(
             raise SettingsError(dotted, value, f"unknown setting; known: {', '.join(known)}", "overrides")
         values[dotted] = (value, "command line")
 
-    built: dict[str, Any] = {name: _build(name, cls, values) for name, cls in sections.items()}
-    secret = env.get(CLUSTER_SECRET_ENV, "")
-    stream = typing.cast(StreamSettings, built["stream"])
-    if stream.cluster.peers and not secret:
+    if values.get("node.id", ("", None))[0] == "":
+        values["node.id"] = (default_node_id(hostname), None)
+    settings = _build(values)
+    if settings.stream.cluster.peers and not env.get(CLUSTER_SECRET_ENV, ""):
         raise SettingsError(
             CLUSTER_SECRET_ENV, "(unset)",
             "required when stream.cluster.peers is set: the same secret on every member authenticates their routes",
         )
-    node = typing.cast(NodeSettings, built["node"])
-    if not node.id:
-        built["node"] = dataclasses.replace(node, id=default_node_id(hostname))
-    return EngineSettings(**built)
+    return settings

@@ -1,12 +1,12 @@
 """crewlet.company.conf: every engine setting's default, range, type, env override and error message."""
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from crewlet.company.conf import (
     ClusterSettings,
@@ -124,7 +124,7 @@ def test_the_old_ack_clock_names_still_set_the_one_stream_ack_wait_s(caplog: pyt
 
 def test_settings_are_immutable() -> None:
     s = load()
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         s.node.id = "other"  # type: ignore[misc]
 
 
@@ -132,6 +132,25 @@ def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(SettingsError, match=r"^node\.max_concurrent=0: must be between 1 and 64$"):
         NodeSettings(max_concurrent=0)
     assert StreamSettings(event_retention_hours=2).event_retention_hours == 2.0
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: EngineSettings(stream={"cluster": {"port": 0}}), "stream.cluster.port=0: must be between 1 and 65535"),
+        (lambda: StreamSettings(cluster={"nme": "a"}), "stream.cluster.nme='a': unknown setting; known: stream.cluster.name, stream.cluster.host, "
+         "stream.cluster.port, stream.cluster.peers, stream.cluster.form_timeout_s"),
+        (lambda: EngineSettings(node=None), "node=None: must be a mapping"),
+        (lambda: StreamSettings(replicas=True), "stream.replicas=True: must be an integer"),
+        (lambda: NodeSettings(labels=("gpu", 7)), "node.labels=('gpu', 7): must be a list of strings"),
+        (lambda: NodeSettings(stop_grace_s=math.inf), "node.stop_grace_s=inf: must be a number between 0.1 and 3600"),
+    ],
+)
+def test_a_section_built_in_code_is_refused_in_the_same_one_line_words_never_in_pydantic_s(build: Any, message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        build()
+    assert str(info.value) == message
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # the ValidationError is not chained in
 
 
 # -- stream.type / stream.url ----------------------------------------------
@@ -349,7 +368,7 @@ def test_yaml_file_from_env(tmp_path: Path) -> None:
     path = tmp_path / "crewlet.yaml"
     path.write_text("stream:\n  store_dir: /srv/js\n  event_retention_hours: 48\nnode:\n  id: n2\n  max_concurrent: 8\n")
     s = load_settings(None, {"CREWLET_SETTINGS_FILE": str(path)}, hostname=HOST)
-    assert s == EngineSettings(StreamSettings(store_dir="/srv/js", event_retention_hours=48), NodeSettings(id="n2", max_concurrent=8))
+    assert s == EngineSettings(stream=StreamSettings(store_dir="/srv/js", event_retention_hours=48), node=NodeSettings(id="n2", max_concurrent=8))
 
 
 def test_no_file_means_defaults() -> None:
