@@ -10,7 +10,6 @@ the event store's writer is the queue's publish listener, as in ``up``.
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
 import pytest
@@ -19,14 +18,13 @@ from asgiref.sync import sync_to_async
 from django.utils.crypto import get_random_string
 from rest_framework.test import APIClient
 
-import eventstore
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from eventstore import actions as ops
 from eventstore.models import EventRow
 from crewlet.base.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
-from engine_support import engine_here
+from eventstore_support import bound_as_engine
 from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, publish_raw, subscribed_on, wake
 from waiting_support import wait_until
 
@@ -38,17 +36,6 @@ pytestmark = [
 
 SEAT = "ada"
 TOPIC, GROUP = topics.agent_inbox(SEAT), topics.agent_inbox_group(SEAT)
-
-
-@asynccontextmanager
-async def bound_as_engine(q: Any) -> AsyncIterator[Any]:
-    """``q`` bound as this process's engine queue, its publishes written to the event store, as ``up`` wires it."""
-    writer = eventstore.attach(q)
-    try:
-        with engine_here(q):
-            yield q
-    finally:
-        await writer.aclose()
 
 
 @pytest.fixture
