@@ -79,17 +79,10 @@ def _turn_in(company: Any, trace_id: str) -> Optional[dict[str, Any]]:
 def test_inside_up_the_preview_says_worked_or_will_run_and_the_bulk_replay_takes_only_the_filtered_letters(
     tmp_path: Path,
 ) -> None:
-    from crewlet.queue.broker import EmbeddedBroker
-    from tests.browser_support import Company, LoopThread, slack_message
+    from tests.browser_support import company_on_broker, slack_message
     from tests.up_support import dashboard_page
 
-    loop = LoopThread()
-    broker = EmbeddedBroker(store_dir=tmp_path / "jetstream")
-    loop.run(broker.start())
-    company = Company(tmp_path, broker.url)
-    company.env["CREWLET_OPERATOR_TOKEN"] = TOKEN
-    try:
-        company.start()
+    with company_on_broker(tmp_path, CREWLET_OPERATOR_TOKEN=TOKEN) as (loop, broker, company):
         url = company.url
         status, _ = company.post_json("/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "work me once"))
         assert status in (200, 202)
@@ -136,8 +129,3 @@ def test_inside_up_the_preview_says_worked_or_will_run_and_the_bulk_replay_takes
             lambda: _http(f"{url}/api/events?type=operator_acted")[1]["events"], lambda r: len(r) == 2, "one audit per letter"
         )
         assert all(r["tool"] == ops.TOOL_DEAD_LETTER_REPLAY for r in rows), rows
-    finally:
-        output = company.stop()
-        loop.run(broker.stop())
-        loop.close()
-    assert "clean=true" in output, output[-4000:]

@@ -356,16 +356,9 @@ def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_win
     """`up` buries what its own consume loop cannot decode; the operator sees it and replays it once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from crewlet.queue.broker import EmbeddedBroker
-    from tests.browser_support import Company, LoopThread
+    from tests.browser_support import company_on_broker
 
-    loop = LoopThread()
-    broker = EmbeddedBroker(store_dir=tmp_path / "jetstream")
-    loop.run(broker.start())
-    company = Company(tmp_path, broker.url)
-    company.env["CREWLET_OPERATOR_TOKEN"] = UP_TOKEN
-    try:
-        company.start()
+    with company_on_broker(tmp_path, CREWLET_OPERATOR_TOKEN=UP_TOKEN) as (loop, broker, company):
         events_url = f"{company.url}/api/events?type={MessageDeadLettered.event_type}"
 
 
@@ -401,8 +394,3 @@ def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_win
 
         # The replay put the same bytes back on ada's inbox, and up buried them again: a second row.
         _until(burials, lambda rows: len(rows) == 2, "the replayed garbage buried and recorded again")
-    finally:
-        output = company.stop()
-        loop.run(broker.stop())
-        loop.close()
-    assert "clean=true" in output, output[-4000:]
