@@ -25,6 +25,7 @@ from django.utils.html import format_html, format_html_join
 from crewlet.company import revisions
 from crewlet.engine import activation
 from crewlet.models import ActivationPointer, ConfigRevision
+from crewlet.base.readonly_admin import ReadOnlyAdmin
 from crewlet.base.tokens import OperatorToken, hash_token, new_token
 from crewlet.company.fields import CompanyError
 from crewlet.company.instructions import INCLUDED_FILES, files_as_yaml, files_from_yaml
@@ -196,19 +197,10 @@ class ConfigRevisionAdmin(admin.ModelAdmin):
 
 
 @admin.register(ActivationPointer)
-class ActivationPointerAdmin(admin.ModelAdmin):
+class ActivationPointerAdmin(ReadOnlyAdmin):
     """Which revision is active, by whom and when: read-only (activate from a revision)."""
 
     list_display = ("revision", "activated_by", "activated_at")
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class OperatorTokenAddForm(forms.ModelForm):

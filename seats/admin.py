@@ -8,12 +8,13 @@ has a record (every seat the mailbox walk saw) but no pause row yet.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from crewlet.base.readonly_admin import ReadOnlyAdmin
 from seats import actions
 from seats.actions import SeatNotFound
 from seats.delivery_models import LedgerEntry, SeatPause, SeatRecord
@@ -61,49 +62,32 @@ def resume_selected(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
     _apply(modeladmin, request, queryset.values_list("handle", flat=True), pause=False)
 
 
-class _ReadOnly(admin.ModelAdmin):
-    """Rows the system writes: viewable, never added or edited by hand."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(SeatPause)
-class SeatPauseAdmin(_ReadOnly):
+class SeatPauseAdmin(ReadOnlyAdmin):
+    """The row is the state every node reconciles to: changed only by compare-and-set (the actions), never deleted."""
+
     list_display = ("handle", "paused", "paused_by", "reason", "paused_at", "stop_running", "version")
     list_filter = ("paused",)
     search_fields = ("handle", "paused_by", "reason")
     ordering = ("handle",)
     actions = [pause_selected, resume_selected]
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # the row is the state every node reconciles to: change it only by compare-and-set
-
 
 @admin.register(SeatRecord)
-class SeatRecordAdmin(_ReadOnly):
+class SeatRecordAdmin(ReadOnlyAdmin):
     list_display = ("handle", "kind", "first_seen", "last_active_at", "absent_since", "retired_at")
     list_filter = ("kind",)
     search_fields = ("handle",)
     ordering = ("handle",)
     actions = [pause_selected, resume_selected]
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(_ReadOnly):
+class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = ("seat", "trigger", "turn_id", "event_id", "worked_at")
     list_filter = ("seat",)
     search_fields = ("seat", "trigger", "turn_id", "event_id")
     date_hierarchy = "worked_at"
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 __all__ = ["LedgerEntryAdmin", "SeatPauseAdmin", "SeatRecordAdmin", "pause_selected", "resume_selected"]

@@ -11,13 +11,14 @@ Headless Chromium is Debian's (bin/test installs it); Playwright drives it with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 from crewlet.company.parse import EXAMPLE_COMPANY
 from tests.process_support import REPO_ROOT
@@ -108,6 +109,29 @@ class Company(UpProcess):
 
     def post_json(self, path: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return http_json("POST", self.url + path, json.dumps(payload).encode(), {"Content-Type": "application/json"}, empty={})
+
+
+@contextlib.contextmanager
+def company_on_broker(tmp: Path, **env: str) -> Iterator[tuple[LoopThread, Any, Company]]:
+    """A broker on a loop thread of its own and the example company's `up` on it, ``env`` added to up's.
+
+    On leaving, up is stopped, then the broker; up must have stopped cleanly (its output is the assertion's message).
+    """
+    from crewlet.queue.broker import EmbeddedBroker
+
+    loop = LoopThread()
+    broker = EmbeddedBroker(store_dir=tmp / "jetstream")
+    loop.run(broker.start())
+    company = Company(tmp, broker.url)
+    company.env.update(env)
+    try:
+        company.start()
+        yield loop, broker, company
+    finally:
+        output = company.stop()
+        loop.run(broker.stop())
+        loop.close()
+    assert "clean=true" in output, output[-4000:]
 
 
 _message_ts = itertools.count(1)

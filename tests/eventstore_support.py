@@ -2,18 +2,21 @@
 from __future__ import annotations
 
 import itertools
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional
+from typing import Any, AsyncIterator, Iterable, Optional
 
 import pytest
 from django.db import connections
 
+import eventstore
 from crewlet.events import Event, new, registered_type
 from crewlet.queue import topics
 from crewlet.events.tracing import Trace
 from eventstore.questions import NodeScope
 from eventstore.rows import row_for
 from eventstore.writer import insert_sql
+from engine_support import engine_here
 
 #: The asker's instant most tests read at: a microsecond that is on no bucket boundary.
 AT = datetime(2025, 3, 10, 12, 30, 0, 500, tzinfo=timezone.utc)
@@ -43,6 +46,17 @@ def make_event(
     event = new(cls(**fields), span or trace(), extras=extras, event_id=event_id or f"ev-{next(_ids):08d}", timestamp=ts)
     event.node = node
     return event
+
+
+@asynccontextmanager
+async def bound_as_engine(q: Any) -> AsyncIterator[Any]:
+    """``q`` bound as this process's engine queue, its publishes written to the event store, as ``up`` wires it."""
+    writer = eventstore.attach(q)
+    try:
+        with engine_here(q):
+            yield q
+    finally:
+        await writer.aclose()
 
 
 def store(*events: Event, topic: Optional[str] = None, using: str = "events") -> list[Event]:

@@ -116,10 +116,16 @@ class UpProcess:
         assert self.out is not None
         return self.out.text()
 
+    def call(self, path: str, method: str = "GET", body: Optional[dict[str, Any]] = None) -> tuple[int, Any]:
+        """``method path`` as the operator (the token ``up`` was started with), ``body`` sent as JSON; the status and
+        the answer's JSON (None for an empty answer), an error status answered like any other."""
+        token = self.env.get("CREWLET_OPERATOR_TOKEN", "")
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        return http_json(method, self.url + path, json.dumps(body).encode() if body is not None else None, headers)
+
     def api(self, path: str) -> Any:
         """``GET path`` (``/api/...``) as the operator, with the token ``up`` was started with; its JSON, asserting 200."""
-        token = self.env.get("CREWLET_OPERATOR_TOKEN", "")
-        status, body = http_json("GET", self.url + path, headers={"Authorization": f"Bearer {token}"}, empty={})
+        status, body = self.call(path)
         assert status == 200, body
         return body
 

@@ -7,7 +7,11 @@ moves it instead of sleeping.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Optional, TypeVar
+
 from crewlet.queue.queuetest.waiting import eventually, wait_until
+
+T = TypeVar("T")
 
 
 class ManualClock:
@@ -20,4 +24,18 @@ class ManualClock:
         return self.now
 
 
-__all__ = ["ManualClock", "eventually", "wait_until"]
+def wait_for_answer(
+    fetch: Callable[[], T], check: Callable[[T], Any], what: str, timeout_s: float = 90.0, interval_s: float = 0.1
+) -> T:
+    """Ask ``fetch()`` on this thread until ``check(answer)`` holds; that answer, even a falsy one (an empty list)."""
+
+    def answered() -> Optional[tuple[T]]:
+        answer = fetch()
+        return (answer,) if check(answer) else None
+
+    found = wait_until(answered, timeout_s, what, interval_s)
+    assert found is not None
+    return found[0]
+
+
+__all__ = ["ManualClock", "eventually", "wait_for_answer", "wait_until"]

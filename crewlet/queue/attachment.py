@@ -236,6 +236,13 @@ class _Attachment:
         finally:
             self.running = frozenset()
 
+    async def _decoded(self, msg: RawMessage) -> Optional[Event]:
+        """The event ``msg`` carries; None when it carries none, and then buried if this loop still held it."""
+        event = self.settler.decode_or_bury(self.pair, msg)
+        if event is None and self._forget(msg):
+            await self.settler.bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
+        return event
+
     async def _deliver_one(self, msgs: Sequence[RawMessage]) -> None:
         for i, msg in enumerate(msgs):
             if not self.ready():
@@ -243,10 +250,8 @@ class _Attachment:
                 return
             if msg not in self.held:
                 continue  # handed back by a stop meanwhile
-            event = self.settler.decode_or_bury(self.pair, msg)
+            event = await self._decoded(msg)
             if event is None:
-                if self._forget(msg):
-                    await self.settler.bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             delivery = Delivery(event=event, topic=self.pair.topic, remaining=remaining_after(msg.delivered))
             outcome = await self._handle([msg], self.handler, delivery)
@@ -280,10 +285,8 @@ class _Attachment:
 
         decoded: list[tuple[int, RawMessage, Event]] = []
         for idx, msg in enumerate(msgs):
-            event = self.settler.decode_or_bury(self.pair, msg)
+            event = await self._decoded(msg)
             if event is None:
-                if self._forget(msg):
-                    await self.settler.bury(self.pair, msg, reason=DEAD_LETTER_UNDECODABLE)
                 continue
             decoded.append((idx, msg, event))
         partitions = partition_drain(opts, decoded)

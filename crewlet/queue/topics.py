@@ -44,35 +44,46 @@ def digest(*parts: str, length: int = 16) -> str:
     return h.hexdigest()[:length]
 
 
+def _agent_subject(handle: str, lane: str) -> str:
+    """``crewlet.agent.{handle}.{lane}``: one lane of one seat's subjects."""
+    return f"crewlet.agent.{_token(handle, 'handle')}.{lane}"
+
+
+def _agent_group(handle: str, lane: str = "") -> str:
+    """The consumer group of one lane of a seat: ``agent-{handle}`` for the inbox, else ``agent-{handle}-{lane}``."""
+    group = f"agent-{_token(handle, 'handle')}"
+    return f"{group}-{lane}" if lane else group
+
+
 def agent_inbox(handle: str) -> str:
-    return f"crewlet.agent.{_token(handle, 'handle')}.inbox"
+    return _agent_subject(handle, "inbox")
 
 
 def agent_inbox_group(handle: str) -> str:
-    return f"agent-{_token(handle, 'handle')}"
+    return _agent_group(handle)
 
 
 def agent_control(handle: str) -> str:
-    return f"crewlet.agent.{_token(handle, 'handle')}.control"
+    return _agent_subject(handle, "control")
 
 
 def agent_control_group(handle: str) -> str:
-    return f"agent-{_token(handle, 'handle')}-control"
+    return _agent_group(handle, "control")
 
 
 def agent_reflect(handle: str) -> str:
-    return f"crewlet.agent.{_token(handle, 'handle')}.reflect"
+    return _agent_subject(handle, "reflect")
 
 
 def agent_reflect_group(handle: str) -> str:
-    return f"agent-{_token(handle, 'handle')}-reflect"
+    return _agent_group(handle, "reflect")
 
 
 def agent_pattern(handle: str = "*") -> str:
     """Every subject of one seat (or of every seat)."""
     if handle == "*":
         return AGENT_ALL
-    return f"crewlet.agent.{_token(handle, 'handle')}.>"
+    return _agent_subject(handle, ">")
 
 
 def event(event_type: str) -> str:

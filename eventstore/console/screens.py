@@ -6,7 +6,8 @@ template with plain HTML and CSS.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -18,31 +19,44 @@ from eventstore.console import reads, timeline
 from eventstore.console.dashboard import staff_only
 
 
-def _refused(request: HttpRequest, title: str, exc: store_api.BadParameter) -> HttpResponse:
-    return render(request, "dashboard/error.html", {"title": title, "reason": f"{exc.param}: {exc.reason}"}, status=400)
+def _refusing(title: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """A screen whose read refuses a parameter (``BadParameter``) is the error page titled ``title``, 400, naming it."""
+
+    def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @functools.wraps(view)
+        def refusing(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                return view(request, *args, **kwargs)
+            except store_api.BadParameter as exc:
+                reason = f"{exc.param}: {exc.reason}"
+                return render(request, "dashboard/error.html", {"title": title, "reason": reason}, status=400)
+
+        return refusing
+
+    return wrap
+
+
+def _found(read: Callable[[QueryDict, str], dict[str, Any]], ident: str, key: str, what: str) -> dict[str, Any]:
+    """What ``read`` answers for ``ident``, which must hold ``key``; else a 404 naming the ``what`` not found."""
+    answer = read(QueryDict(), ident)
+    if not answer.get(key):
+        raise Http404(f"no {what} {ident} in the fleet's history")
+    return answer
 
 
 @staff_only
+@_refusing("Trace")
 def trace(request: HttpRequest, trace_id: str) -> HttpResponse:
     """The trace as a timeline: every span a bar on one axis, folding as a tree; a turn opened into its rounds."""
-    try:
-        answer = store_api.trace(QueryDict(), trace_id)
-    except store_api.BadParameter as exc:
-        return _refused(request, "Trace", exc)
-    if not answer.get("spans"):
-        raise Http404(f"no trace {trace_id} in the fleet's history")
+    answer = _found(store_api.trace, trace_id, "spans", "trace")
     return render(request, "dashboard/trace.html", {"page": "trace", "trace": answer, "timeline": reads.trace_context(answer)})
 
 
 @staff_only
+@_refusing("Turn")
 def turn(request: HttpRequest, turn_id: str) -> HttpResponse:
     """One turn: its trigger (and what it coalesced), each round and tool call, the prompts and answers folded."""
-    try:
-        folded = store_api.turn_detail(QueryDict(), turn_id).get("turn")
-    except store_api.BadParameter as exc:
-        return _refused(request, "Turn", exc)
-    if not folded:
-        raise Http404(f"no turn {turn_id} in the fleet's history")
+    folded = _found(store_api.turn_detail, turn_id, "turn", "turn")["turn"]
     events = folded.get("events") or []
     started = next((e for e in events if e["type"] == timeline.TURN_STARTED), None)
     turn_us = timeline.moment_us(started["timestamp"]) if started else 0
@@ -95,24 +109,18 @@ def spend(request: HttpRequest) -> HttpResponse:
 
 
 @staff_only
+@_refusing("Delivery")
 def delivery(request: HttpRequest, delivery_id: str) -> HttpResponse:
     """Where one delivery is now: accepted, each seat it was routed to (waiting and why, coalesced, worked), each skip."""
-    try:
-        answer = store_api.delivery(QueryDict(), delivery_id)
-    except store_api.BadParameter as exc:
-        return _refused(request, "Delivery", exc)
-    if not answer.get("delivery"):
-        raise Http404(f"no delivery {delivery_id} in the fleet's history")
+    answer = _found(store_api.delivery, delivery_id, "delivery", "delivery")
     return render(request, "dashboard/delivery.html", {"page": "delivery", "delivery": answer["delivery"], "coverage": answer.get("coverage")})
 
 
 @staff_only
+@_refusing("Delivery")
 def delivery_of_event(request: HttpRequest, event_id: str) -> HttpResponse:
     """An event row's "delivery" link: the delivery its body names, on its own page."""
-    try:
-        found = reads.event(event_id)
-    except store_api.BadParameter as exc:
-        return _refused(request, "Delivery", exc)
+    found = reads.event(event_id)
     delivery_id = str(((found or {}).get("wire") or {}).get("delivery_id") or "")
     if not delivery_id:
         raise Http404(f"event {event_id} names no delivery")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from notifications.parsers import DeliveryMeta, ParseError, as_dict, as_text
 from notifications.sources.base import InboundRequest, hmac_sha256_hex, same
@@ -72,27 +72,47 @@ def _adf_budget_exceeded() -> ParseError:
     return ParseError(f"the ADF document has more than {ADF_MAX_NODES} nodes")
 
 
-def adf_text(node: Any) -> str:
-    """Plain text of an Atlassian Document Format node (a comment body in API v3).
+#: What each reading of a document does not descend into: a text run, a mention or a line break is read whole.
+_ADF_TEXT_LEAVES = frozenset({"text", "mention", "hardBreak"})
+_ADF_MENTION_LEAVES = frozenset({"mention"})
+
+
+def _adf_nodes(node: Any, leaves: frozenset[str]) -> Iterator[Any]:
+    """Every node of an ADF document in document order, descending into each object whose type is not in ``leaves``;
+    after a block's children, an :class:`_Emit` of its line end.
 
     Iterative, with an explicit stack, so a document nested thousands of
-    levels deep reads like a flat one instead of overflowing the call stack.
+    levels deep reads like a flat one instead of overflowing the call stack;
+    past :data:`ADF_MAX_NODES` nodes it is refused.
     """
-    out: list[str] = []
     stack: list[Any] = [node]
     visited = 0
     while stack:
         item = stack.pop()
         if isinstance(item, _Emit):
-            out.append(item.text)
+            yield item
             continue
         visited += 1
         if visited > ADF_MAX_NODES:
             raise _adf_budget_exceeded()
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, list):
+        if isinstance(item, list):
             stack.extend(reversed(item))
+            continue
+        yield item
+        if isinstance(item, dict) and item.get("type") not in leaves:
+            if item.get("type") in _ADF_BLOCKS:
+                stack.append(_Emit("\n"))
+            stack.append(item.get("content"))
+
+
+def adf_text(node: Any) -> str:
+    """Plain text of an Atlassian Document Format node (a comment body in API v3)."""
+    out: list[str] = []
+    for item in _adf_nodes(node, _ADF_TEXT_LEAVES):
+        if isinstance(item, _Emit):
+            out.append(item.text)
+        elif isinstance(item, str):
+            out.append(item)
         elif isinstance(item, dict):
             kind = item.get("type")
             if kind == "text":
@@ -103,32 +123,17 @@ def adf_text(node: Any) -> str:
                 out.append(as_text(attrs.get("text")) or f"[~accountid:{as_text(attrs.get('id'))}]")
             elif kind == "hardBreak":
                 out.append("\n")
-            else:
-                if kind in _ADF_BLOCKS:
-                    stack.append(_Emit("\n"))
-                stack.append(item.get("content"))
     return "".join(out)
 
 
 def _adf_mentions(node: Any) -> list[str]:
-    """The account ids an ADF document mentions, in document order (iterative, like :func:`adf_text`)."""
+    """The account ids an ADF document mentions, in document order."""
     found: list[str] = []
-    stack: list[Any] = [node]
-    visited = 0
-    while stack:
-        item = stack.pop()
-        visited += 1
-        if visited > ADF_MAX_NODES:
-            raise _adf_budget_exceeded()
-        if isinstance(item, list):
-            stack.extend(reversed(item))
-        elif isinstance(item, dict):
-            if item.get("type") == "mention":
-                ident = as_text(as_dict(item.get("attrs")).get("id"))
-                if ident:
-                    found.append(ident)
-            else:
-                stack.append(item.get("content"))
+    for item in _adf_nodes(node, _ADF_MENTION_LEAVES):
+        if isinstance(item, dict) and item.get("type") == "mention":
+            ident = as_text(as_dict(item.get("attrs")).get("id"))
+            if ident:
+                found.append(ident)
     return found
 
 

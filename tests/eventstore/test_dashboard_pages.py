@@ -17,6 +17,7 @@ from crewlet.events.types import SYSTEM_CLOSED_A2A
 from crewlet.engine.interfaces import LIVE_PROJECTION
 from crewlet.company.org import Organization
 from crewlet.events.tracing import Trace
+from eventstore.api import MAX_VALUE_LENGTH
 from eventstore.questions import NodeScope
 from eventstore_support import AT, make_event, store
 from crewlet.engine.runtime import NO_ENGINE
@@ -150,6 +151,26 @@ def test_a_trace_is_a_tree_of_folding_spans_and_a_swept_a2a_close_says_the_syste
     assert 'data-id="spend"' in html  # a turn's trace holds its accounting rows
 
     assert staff.get("/traces/" + "0" * 32 + "/").status_code == 404
+
+
+#: Each drawn screen keyed by its path: its path, the error page's title, the key the store names when it refuses one.
+SCREENS = (
+    ("/traces/{}/", "Trace", "trace_id"),
+    ("/turns/{}/", "Turn", "turn_id"),
+    ("/deliveries/{}/", "Delivery", "delivery_id"),
+    ("/deliveries/event/{}/", "Delivery", "event_id"),
+)
+
+
+def test_a_screen_whose_path_key_the_store_refuses_is_the_error_page_with_400_naming_the_key(
+    staff: Client, scope: NodeScope
+) -> None:
+    too_long = "x" * (MAX_VALUE_LENGTH + 1)
+    for path, title, param in SCREENS:
+        page = staff.get(path.format(too_long))
+        html = page.content.decode()
+        assert page.status_code == 400, path
+        assert title in html and f"{param}: longer than {MAX_VALUE_LENGTH} characters" in html, path
 
 
 def test_a_seat_page_shows_its_turns_and_the_pause_controls_only_for_an_agent_of_the_engines_company(

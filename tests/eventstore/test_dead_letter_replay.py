@@ -14,7 +14,6 @@ import pytest
 from asgiref.sync import sync_to_async
 from rest_framework.test import APIClient
 
-import eventstore
 from crewlet import events
 from crewlet.base.tokens import OperatorToken
 from crewlet.events import Trace
@@ -25,7 +24,7 @@ from eventstore import actions as ops
 from eventstore.console import replay as rp
 from eventstore.console.replay_views import TOOL_BULK_REPLAY
 from eventstore.models import EventRow
-from engine_support import engine_here
+from eventstore_support import bound_as_engine
 from seats import ledger
 from seats_support import bearer, eventually, in_thread, jetstream_queues, wake
 
@@ -38,13 +37,8 @@ pytestmark = [
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Any]:
-    async with jetstream_queues("n1") as [q]:
-        writer = eventstore.attach(q)
-        try:
-            with engine_here(q):
-                yield q
-        finally:
-            await writer.aclose()
+    async with jetstream_queues("n1") as [q], bound_as_engine(q):
+        yield q
 
 
 async def bury(q: Any, seat: str, wakes: list[Any]) -> None:

@@ -13,7 +13,6 @@ what the preview said: skip the first (``turn_trigger_skipped``), work the secon
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -30,27 +29,11 @@ from crewlet.queue.contract import MAX_DELIVERIES
 from crewlet.queue.transport import dead_letter_headers
 from eventstore import actions as ops
 from seats_support import FAST, publish_raw, subscribed_on
-from waiting_support import wait_until
+from waiting_support import wait_for_answer
 
 pytestmark = [pytest.mark.integration]
 
 TOKEN = "dead-letter-replay-up-token-0123456789abcdef"
-
-
-def _http(url: str, body: Any = None) -> tuple[int, dict[str, Any]]:
-    from tests.up_support import http_json
-
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    return http_json("GET" if data is None else "POST", url, data, headers, empty={})
-
-
-def _until(fetch: Any, check: Any, what: str, timeout_s: float = 90.0) -> Any:
-    def answered() -> Optional[tuple[Any]]:
-        answer = fetch()
-        return (answer,) if check(answer) else None
-
-    return wait_until(answered, timeout_s, what, 0.1)[0]
 
 
 async def _bury_as_the_settler_does(url: str, seat: str, event: Event) -> None:
@@ -79,37 +62,29 @@ def _turn_in(company: Any, trace_id: str) -> Optional[dict[str, Any]]:
 def test_inside_up_the_preview_says_worked_or_will_run_and_the_bulk_replay_takes_only_the_filtered_letters(
     tmp_path: Path,
 ) -> None:
-    from crewlet.queue.broker import EmbeddedBroker
-    from tests.browser_support import Company, LoopThread, slack_message
+    from tests.browser_support import company_on_broker, slack_message
     from tests.up_support import dashboard_page
 
-    loop = LoopThread()
-    broker = EmbeddedBroker(store_dir=tmp_path / "jetstream")
-    loop.run(broker.start())
-    company = Company(tmp_path, broker.url)
-    company.env["CREWLET_OPERATOR_TOKEN"] = TOKEN
-    try:
-        company.start()
-        url = company.url
+    with company_on_broker(tmp_path, CREWLET_OPERATOR_TOKEN=TOKEN) as (loop, broker, company):
         status, _ = company.post_json("/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "work me once"))
         assert status in (200, 202)
-        (wire,) = _until(lambda: _wakes(company, "work me once"), lambda rows: len(rows) == 1, "the Slack wake")
+        (wire,) = wait_for_answer(lambda: _wakes(company, "work me once"), lambda rows: len(rows) == 1, "the Slack wake")
         worked = Event.from_dict(wire)
-        done_turn = _until(lambda: _turn_in(company, worked.trace_id), bool, "ada's turn on it")
+        done_turn = wait_for_answer(lambda: _turn_in(company, worked.trace_id), bool, "ada's turn on it")
         fresh = events.new(ExternalNotification(seat="ada", sender="grace", body="never seen"), Trace.root(), source="slack")
         other = events.new(ExternalNotification(seat="linus", sender="grace", body="for linus"), Trace.root(), source="slack")
         for seat, event in (("ada", worked), ("ada", fresh), ("linus", other)):
             loop.run(_bury_as_the_settler_does(broker.url, seat, event))
-        _until(lambda: loop.run(subscribed_on(broker.url, topics.agent_inbox("ada"))), bool, "up reading ada's inbox")
+        wait_for_answer(lambda: loop.run(subscribed_on(broker.url, topics.agent_inbox("ada"))), bool, "up reading ada's inbox")
         loop.run(publish_raw(broker.url, topics.agent_inbox("ada"), b"\xff no event"))  # up buries it itself
-        _until(lambda: _http(f"{url}/api/dead-letters?reason=undecodable")[1].get("dead_letters"), bool, "up's burial")
+        wait_for_answer(lambda: company.call("/api/dead-letters?reason=undecodable")[1].get("dead_letters"), bool, "up's burial")
 
-        status, listed = _http(f"{url}/api/dead-letters?seat=ada")
+        status, listed = company.call("/api/dead-letters?seat=ada")
         assert status == 200 and len(listed["dead_letters"]) == 3, listed
-        status, refused = _http(f"{url}/api/dead-letters?reason=bored")
+        status, refused = company.call("/api/dead-letters?reason=bored")
         assert status == 400 and refused["param"] == "reason" and "max_deliveries" in refused["reason"], refused
 
-        status, preview = _http(f"{url}/api/dead-letters/preview?seat=ada")
+        status, preview = company.call("/api/dead-letters/preview?seat=ada")
         assert status == 200, preview
         will = {row["event_id"] or row["reason"]: row for row in preview["dead_letters"]}
         assert will[worked.id]["will"] == "skip" and will[worked.id]["triggers"][0]["worked_by"] == done_turn["turn_id"]
@@ -121,23 +96,18 @@ def test_inside_up_the_preview_says_worked_or_will_run_and_the_bulk_replay_takes
         assert 'id="replay-shown"' in page
 
         body = {"filter": {"seat": "ada", "reason": "max_deliveries"}, "request_id": "bulk-up"}
-        status, answer = _http(f"{url}/operator/dead-letters/replay", body)
+        status, answer = company.call("/operator/dead-letters/replay", "POST", body)
         assert status == 200, answer
         assert sorted(r["event_id"] for r in answer["replayed"]) == sorted([worked.id, fresh.id]) and not answer["not_replayed"]
-        status, left = _http(f"{url}/api/dead-letters")
+        status, left = company.call("/api/dead-letters")
         assert sorted(r["event_id"] or r["reason"] for r in left["dead_letters"]) == sorted([other.id, "undecodable"])
 
         # up does what the preview said: the worked trigger is skipped, the fresh one is worked.
-        (skip,) = _until(lambda: company.events("turn_trigger_skipped", "ada"), lambda rows: len(rows) == 1, "the skip")
+        (skip,) = wait_for_answer(lambda: company.events("turn_trigger_skipped", "ada"), lambda rows: len(rows) == 1, "the skip")
         assert (skip["trigger_event_id"], skip["reason"]) == (worked.id, TRIGGER_ALREADY_WORKED), skip
-        _until(lambda: _turn_in(company, fresh.trace_id), bool, "the fresh wake worked")
+        wait_for_answer(lambda: _turn_in(company, fresh.trace_id), bool, "the fresh wake worked")
 
-        rows = _until(
-            lambda: _http(f"{url}/api/events?type=operator_acted")[1]["events"], lambda r: len(r) == 2, "one audit per letter"
+        rows = wait_for_answer(
+            lambda: company.call("/api/events?type=operator_acted")[1]["events"], lambda r: len(r) == 2, "one audit per letter"
         )
         assert all(r["tool"] == ops.TOOL_DEAD_LETTER_REPLAY for r in rows), rows
-    finally:
-        output = company.stop()
-        loop.run(broker.stop())
-        loop.close()
-    assert "clean=true" in output, output[-4000:]

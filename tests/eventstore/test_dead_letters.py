@@ -10,8 +10,7 @@ the event store's writer is the queue's publish listener, as in ``up``.
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator
 
 import pytest
 import yaml
@@ -19,16 +18,15 @@ from asgiref.sync import sync_to_async
 from django.utils.crypto import get_random_string
 from rest_framework.test import APIClient
 
-import eventstore
 from crewlet.queue import topics
 from crewlet.queue.contract import MAX_DELIVERIES, Delivery, Outcome
 from eventstore import actions as ops
 from eventstore.models import EventRow
 from crewlet.base.tokens import OperatorToken
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, MessageDeadLettered
-from engine_support import engine_here
+from eventstore_support import bound_as_engine
 from seats_support import FAST, bearer, eventually, in_thread, jetstream_queues, publish_raw, subscribed_on, wake
-from waiting_support import wait_until
+from waiting_support import wait_for_answer
 
 pytestmark = [
     pytest.mark.integration,  # every test here replays through a real nats-server
@@ -38,17 +36,6 @@ pytestmark = [
 
 SEAT = "ada"
 TOPIC, GROUP = topics.agent_inbox(SEAT), topics.agent_inbox_group(SEAT)
-
-
-@asynccontextmanager
-async def bound_as_engine(q: Any) -> AsyncIterator[Any]:
-    """``q`` bound as this process's engine queue, its publishes written to the event store, as ``up`` wires it."""
-    writer = eventstore.attach(q)
-    try:
-        with engine_here(q):
-            yield q
-    finally:
-        await writer.aclose()
 
 
 @pytest.fixture
@@ -341,26 +328,6 @@ def test_the_openapi_schema_documents_both_routes() -> None:
 UP_TOKEN = "dead-letter-up-test-token-0123456789abcdef"
 
 
-def _http(url: str, token: str, body: Any = None) -> tuple[int, dict[str, Any]]:
-    import json
-
-    from tests.up_support import http_json
-
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    return http_json("GET" if data is None else "POST", url, data, headers, empty={})
-
-
-def _until(fetch: Any, check: Any, what: str, timeout_s: float = 60.0) -> Any:
-    """Ask ``fetch()`` until ``check(answer)`` holds; the answer (held in a 1-tuple, so a falsy one counts)."""
-
-    def answered() -> Optional[tuple[Any]]:
-        answer = fetch()
-        return (answer,) if check(answer) else None
-
-    return wait_until(answered, timeout_s, what, 0.1)[0]
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_wins_and_the_rest_are_404(
@@ -369,53 +336,38 @@ def test_inside_up_a_burial_is_a_row_in_api_events_and_of_racing_replays_one_win
     """`up` buries what its own consume loop cannot decode; the operator sees it and replays it once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from crewlet.queue.broker import EmbeddedBroker
-    from tests.browser_support import Company, LoopThread
+    from tests.browser_support import company_on_broker
 
-    loop = LoopThread()
-    broker = EmbeddedBroker(store_dir=tmp_path / "jetstream")
-    loop.run(broker.start())
-    company = Company(tmp_path, broker.url)
-    company.env["CREWLET_OPERATOR_TOKEN"] = UP_TOKEN
-    try:
-        company.start()
-        events_url = f"{company.url}/api/events?type={MessageDeadLettered.event_type}"
-
-
+    with company_on_broker(tmp_path, CREWLET_OPERATOR_TOKEN=UP_TOKEN) as (loop, broker, company):
         def burials() -> list[dict[str, Any]]:
-            status, body = _http(events_url, UP_TOKEN)
+            status, body = company.call(f"/api/events?type={MessageDeadLettered.event_type}")
             assert status == 200, body
             return body["events"]
 
         # Published only once up's seat loop reads ada's inbox: the mailbox keeps nothing nobody reads.
-        _until(lambda: loop.run(subscribed_on(broker.url, TOPIC)), bool, "up's durable subscription on ada's inbox")
+        wait_for_answer(lambda: loop.run(subscribed_on(broker.url, TOPIC)), bool, "up's durable subscription on ada's inbox")
         loop.run(publish_raw(broker.url, TOPIC, b"\xff this is no event"))
-        (row,) = _until(burials, lambda rows: len(rows) == 1, "the message_dead_lettered row in /api/events")
+        (row,) = wait_for_answer(burials, lambda rows: len(rows) == 1, "the message_dead_lettered row in /api/events")
         assert (row["category"], row["seat"], row["node"], row["failed"]) == ("system", SEAT, "web1", True)
         assert row["trace_id"]
 
-        status, listed = _http(f"{company.url}/api/dead-letters", UP_TOKEN)
+        status, listed = company.call("/api/dead-letters")
         assert status == 200, listed
         (letter,) = [d for d in listed["dead_letters"] if d["topic"] == TOPIC]
         assert letter["deliveries"] == 1 and letter["type"] == "unreadable"
 
         act = {"tool": ops.TOOL_DEAD_LETTER_REPLAY, "args": {"ref": letter["ref"]}}
         with ThreadPoolExecutor(max_workers=4) as pool:
-            answers = list(pool.map(lambda _: _http(f"{company.url}/operator/act", UP_TOKEN, act), range(4)))
+            answers = list(pool.map(lambda _: company.call("/operator/act", "POST", act), range(4)))
         codes = sorted(code for code, _ in answers)
         assert codes == [200, 404, 404, 404], answers
         for code, body in answers:
             if code == 404:
                 assert body["error"] == ops.REFUSAL_GONE and "nats" not in body["reason"].lower()
 
-        bad_code, bad = _http(f"{company.url}/operator/act", UP_TOKEN, {**act, "args": {"ref": "1e3"}})
+        bad_code, bad = company.call("/operator/act", "POST", {**act, "args": {"ref": "1e3"}})
         assert bad_code == 400 and bad["error"] == ops.REFUSAL_BAD_ARGS and bad["param"] == "args.ref", bad
         assert "nats" not in bad["reason"].lower() and "json" not in bad["reason"].lower()
 
         # The replay put the same bytes back on ada's inbox, and up buried them again: a second row.
-        _until(burials, lambda rows: len(rows) == 2, "the replayed garbage buried and recorded again")
-    finally:
-        output = company.stop()
-        loop.run(broker.stop())
-        loop.close()
-    assert "clean=true" in output, output[-4000:]
+        wait_for_answer(burials, lambda rows: len(rows) == 2, "the replayed garbage buried and recorded again")

@@ -73,6 +73,15 @@ def start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callab
         assert "Traceback" not in output, output[-6000:]
 
 
+@pytest.fixture
+def held() -> Iterator[list[socket.socket]]:
+    """The connections a test holds open; each is closed when the test ends, a failed one included (before its up stops)."""
+    sockets: list[socket.socket] = []
+    yield sockets
+    for sock in sockets:
+        sock.close()
+
+
 def slow_body(up: Up, source_ip: str, path: str = "/webhooks/slack") -> socket.socket:
     """A connection from ``source_ip`` that sent a whole head declaring a 100000-byte body, and one byte of it."""
     sock = socket.create_connection((up.host, up.port), timeout=WAIT_S, source_address=(source_ip, 0))
@@ -178,7 +187,7 @@ def test_a_burst_of_sheds_is_logged_at_its_first_then_as_one_count_per_interval(
 
 @pytest.mark.timeout(300)
 def test_many_slow_bodies_from_one_address_are_shed_past_its_share_and_webhooks_and_healthz_from_another_are_answered(
-    start_up: Callable[..., Up]
+    start_up: Callable[..., Up], held: list[socket.socket]
 ) -> None:
     total, per_client = limits.derived_connection_caps(SMALL_NOFILE)
     up = start_up(SMALL_NOFILE, CREWLET_HTTP_IDLE_TIMEOUT_S=HOLD_S, CREWLET_HTTP_BODY_TIMEOUT_S=HOLD_S)
@@ -186,7 +195,7 @@ def test_many_slow_bodies_from_one_address_are_shed_past_its_share_and_webhooks_
     assert f"max_connections={total} " in caps and f"max_connections_per_client={per_client} " in caps, caps
     assert f"nofile={SMALL_NOFILE}" in caps, caps
 
-    held = [slow_body(up, "127.0.0.2") for _ in range(per_client)]
+    held.extend(slow_body(up, "127.0.0.2") for _ in range(per_client))
     # Past its share each is answered 503 at once; held like the first ones, they would take more descriptors
     # than the process has (a socket each, and a file each for a declared 100000-byte body without the spool).
     shed = SMALL_NOFILE // 2
@@ -209,13 +218,11 @@ def test_many_slow_bodies_from_one_address_are_shed_past_its_share_and_webhooks_
     # A held connection that goes frees its place: the address is served again.
     held.pop().close()
     wait_until(lambda: webhook(up, "127.0.0.2", "Ev-caps-freed")[0] == 202, WAIT_S, "a webhook from 127.0.0.2 once a place is free")
-    for sock in held:
-        sock.close()
 
 
 @pytest.mark.timeout(300)
 def test_past_the_total_cap_any_address_is_shed_and_a_closed_websocket_gives_its_place_back(
-    start_up: Callable[..., Up]
+    start_up: Callable[..., Up], held: list[socket.socket]
 ) -> None:
     up = start_up(
         CREWLET_HTTP_MAX_CONNECTIONS="4",
@@ -224,7 +231,7 @@ def test_past_the_total_cap_any_address_is_shed_and_a_closed_websocket_gives_its
         CREWLET_HTTP_BODY_TIMEOUT_S=HOLD_S,
     )
     auth = bearer(up.operator_token("caps-tab"))
-    held = [slow_body(up, ip) for ip in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")]
+    held.extend(slow_body(up, ip) for ip in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"))
     for ip in ("127.0.0.4", "127.0.0.5"):  # addresses holding nothing, refused all the same
         sock = socket.create_connection((up.host, up.port), timeout=WAIT_S, source_address=(ip, 0))
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (up.host.encode(), up.port))
@@ -240,8 +247,6 @@ def test_past_the_total_cap_any_address_is_shed_and_a_closed_websocket_gives_its
     for _ in range(3):
         ws = wait_until(lambda: served_tab(up, auth), WAIT_S, "a /ws/stream socket served in the free place")
         ws.close()
-    for sock in held:
-        sock.close()
 
 
 # -- a body's whole duration ----------------------------------------------------------------------------

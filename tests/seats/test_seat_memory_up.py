@@ -9,12 +9,8 @@ reads it: ``/api/events`` and ``/api/seats/{handle}/memory``.
 """
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Optional
 
 import pytest
 
@@ -49,27 +45,8 @@ seats:
 """
 
 
-def call(up: UpProcess, path: str, method: str = "GET", body: Optional[dict[str, Any]] = None) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        up.url + path, method=method, data=json.dumps(body).encode() if body is not None else None,
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return int(response.status), json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
-def events_of(up: UpProcess, etype: str, **filters: str) -> list[dict[str, Any]]:
-    """Every stored event of ``etype``, oldest first, each as published."""
-    query = "&".join([f"type={etype}", *(f"{k}={v}" for k, v in filters.items())])
-    rows = call(up, f"/api/events?{query}")[1]["events"]
-    return [call(up, f"/api/events/{row['id']}")[1]["event"]["wire"] for row in reversed(rows)]
-
-
 def say(up: UpProcess, text: str) -> None:
-    assert call(up, "/webhooks/slack", "POST", slack_message(f"Ev{uuid.uuid4().hex[:10]}", text))[0] == 202
+    assert up.call("/webhooks/slack", "POST", slack_message(f"Ev{uuid.uuid4().hex[:10]}", text))[0] == 202
 
 
 def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_and_forgets_it(tmp_path: Path) -> None:
@@ -78,22 +55,22 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
     env = up_env(CREWLET_VAR_DIR=str(tmp_path / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
     with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as up:
         say(up, "please remember when we deploy")
-        wait_until(lambda: events_of(up, "reflection_completed", seat="ada"), 60, "ada remembered and reflected")
+        wait_until(lambda: up.events("reflection_completed", "ada"), 60, "ada remembered and reflected")
         say(up, "when is the deploy?")
-        wait_until(lambda: len(events_of(up, "agent_phase_completed", seat="ada")) == 2, 60, "ada answered")
-        remembering, answering = events_of(up, "agent_phase_completed", seat="ada")
-        sizes = events_of(up, "prompt.size", seat="ada")
-        reflected = events_of(up, "reflection_completed", seat="ada")[0]
-        handed = events_of(up, "turn_completed", seat="ada")
-        spends = events_of(up, "auxiliary_spend", seat="ada")
-        profiles = events_of(up, "counterparty_profile_updated", seat="ada")
+        wait_until(lambda: len(up.events("agent_phase_completed", "ada")) == 2, 60, "ada answered")
+        remembering, answering = up.events("agent_phase_completed", "ada")
+        sizes = up.events("prompt.size", "ada")
+        reflected = up.events("reflection_completed", "ada")[0]
+        handed = up.events("turn_completed", "ada")
+        spends = up.events("auxiliary_spend", "ada")
+        profiles = up.events("counterparty_profile_updated", "ada")
 
         page = dashboard_page(up, "/seats/ada/memory/?table=notes")
-        status, listed = call(up, "/api/seats/ada/memory?table=notes")
-        refused = call(up, "/api/seats/ada/memory?table=Not%20A%20Table")
-        forgotten = call(up, "/api/seats/ada/memory?table=notes&key=deploy", "DELETE")
-        after = call(up, "/api/seats/ada/memory")[1]
-        [audit] = events_of(up, "operator_acted")
+        status, listed = up.call("/api/seats/ada/memory?table=notes")
+        refused = up.call("/api/seats/ada/memory?table=Not%20A%20Table")
+        forgotten = up.call("/api/seats/ada/memory?table=notes&key=deploy", "DELETE")
+        after = up.call("/api/seats/ada/memory")[1]
+        [audit] = up.events("operator_acted")
         assert up.terminate() == 0, up.output()
     log = up.output()
 

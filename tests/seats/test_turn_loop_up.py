@@ -6,11 +6,8 @@ asserted is read back the way an operator reads it, through ``/api/events``.
 """
 from __future__ import annotations
 
-import json
-import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,42 +29,18 @@ providers:
 """ + ADA_ASKS_LINUS_ON_SLACK
 
 
-def api(up: UpProcess, path: str) -> Any:
-    request = urllib.request.Request(up.url + path, headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
-def post(up: UpProcess, path: str, body: dict[str, Any]) -> int:
-    """POST ``body`` as JSON with the operator's token; the status."""
-    request = urllib.request.Request(
-        up.url + path,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return int(response.status)
-
-
-def events_of(up: UpProcess, etype: str, **filters: str) -> list[dict[str, Any]]:
-    """Every stored event of ``etype`` (newest first), each as published (its wire form)."""
-    query = "&".join([f"type={etype}", *(f"{k}={v}" for k, v in filters.items())])
-    rows = api(up, f"/api/events?{query}")["events"]
-    return [api(up, f"/api/events/{row['id']}")["event"]["wire"] for row in rows]
-
-
 def test_a_slack_mention_runs_adas_tool_loop_and_linus_answer_wakes_her_with_the_channel_closed(tmp_path: Path) -> None:
     company = tmp_path / "company.yaml"
     company.write_text(COMPANY)
     env = up_env(CREWLET_VAR_DIR=str(tmp_path / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
     with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as up:
         body = slack_message(f"Ev{uuid.uuid4().hex[:10]}", "please ask linus about the deploy")
-        assert post(up, "/webhooks/slack", body) == 202
+        assert up.call("/webhooks/slack", "POST", body)[0] == 202
 
-        wait_until(lambda: len(events_of(up, "agent_phase_completed", seat="ada")) == 2, 60, "ada asked, then was woken")
-        closed = events_of(up, "a2a_channel_closed")
-        woken, asking = events_of(up, "agent_phase_completed", seat="ada")
-        [answering] = events_of(up, "agent_phase_completed", seat="linus")
+        wait_until(lambda: len(up.events("agent_phase_completed", "ada")) == 2, 60, "ada asked, then was woken")
+        closed = up.events("a2a_channel_closed")
+        asking, woken = up.events("agent_phase_completed", "ada")
+        [answering] = up.events("agent_phase_completed", "linus")
         assert up.terminate() == 0, up.output()
 
     rounds = asking["rounds"]
@@ -106,14 +79,14 @@ def test_a_pause_with_stop_running_posted_to_the_api_ends_a_looping_turn_at_its_
     company.write_text(LOOPING)
     env = up_env(CREWLET_VAR_DIR=str(tmp_path / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
     with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as up:
-        assert post(up, "/webhooks/slack", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "loop until stopped")) == 202
-        wait_until(lambda: events_of(up, "agent_turn_started", seat="ada"), 60, "ada's turn began")
-        assert post(up, "/api/seats/ada/pause", {"reason": "wrong repo", "stop_running": True}) == 200
-        wait_until(lambda: events_of(up, "agent_turn_completed", seat="ada"), 60, "the turn ended")
-        [stopped] = events_of(up, "agent_turn_stopped", seat="ada")
-        [phase] = events_of(up, "agent_phase_completed", seat="ada")
-        [done] = events_of(up, "agent_turn_completed", seat="ada")
-        [paused] = events_of(up, "seat_paused", seat="ada")
+        assert up.call("/webhooks/slack", "POST", slack_message(f"Ev{uuid.uuid4().hex[:10]}", "loop until stopped"))[0] == 202
+        wait_until(lambda: up.events("agent_turn_started", "ada"), 60, "ada's turn began")
+        assert up.call("/api/seats/ada/pause", "POST", {"reason": "wrong repo", "stop_running": True})[0] == 200
+        wait_until(lambda: up.events("agent_turn_completed", "ada"), 60, "the turn ended")
+        [stopped] = up.events("agent_turn_stopped", "ada")
+        [phase] = up.events("agent_phase_completed", "ada")
+        [done] = up.events("agent_turn_completed", "ada")
+        [paused] = up.events("seat_paused", "ada")
         assert up.terminate() == 0, up.output()
 
     assert (stopped["stopped_by"], stopped["reason"]) == (paused["paused_by"], "wrong repo")
