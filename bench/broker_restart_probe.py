@@ -11,7 +11,8 @@ would. The server is then stopped (SIGTERM, or kill -9) and started again
 on the same store, and the probe reports for each consumer kind:
 
 * whether ``a`` and ``b`` still exist, and what the stream still holds;
-* a publish to ``s.b`` before ``b`` is made again: is it acknowledged, and stored;
+* a publish to ``s.b`` before ``b`` is made again: is it acknowledged, and
+  stored; and its retry under the same ``Nats-Msg-Id`` once ``b`` is back;
 * ``a`` made again (if it was gone) and pulled: which messages come, with which delivery count;
 * the in-flight messages acknowledged through their pre-restart reply subjects: does the stream drop them.
 """
@@ -138,6 +139,9 @@ async def run(memory_state: bool, how: signal.Signals) -> None:
         after = await stored(nc)
         ack = await js_publish(nc, "s.b", b"b2")
         kept_b2 = await stored(nc) - after
+        if not alive["b"]:
+            await make(nc, "b", memory_state)
+        retry = await js_publish(nc, "s.b", b"b2")
         if not alive["a"]:
             await make(nc, "a", memory_state)
         again = await pull(nc, "a", 10)
@@ -146,15 +150,18 @@ async def run(memory_state: bool, how: signal.Signals) -> None:
         await asyncio.sleep(0.1)
         left = await stored(nc)
         print(f"{kind}, {how.name}: consumers kept a={alive['a']} b={alive['b']}; stream held {before} -> {after} after the restart; "
-              f"a publish to s.b before b is remade: {ack}, stored {kept_b2}; a pulled {described(again)}; "
+              f"a publish to s.b before b is remade: {ack}, stored {kept_b2}, its retry (same Nats-Msg-Id): {retry}; a pulled {described(again)}; "
               f"after acking the pre-restart in-flight replies the stream holds {left}", flush=True)
         await nc.close()
         await server.stop(signal.SIGTERM)
 
 
 async def js_publish(nc: Client, subject: str, data: bytes) -> str:
-    reply = json.loads((await nc.request(subject, data, timeout=5)).data)
-    return "error " + str(reply["error"]) if "error" in reply else f"acknowledged seq {reply.get('seq')}"
+    """A publish under the id ``data`` (as the engine sets ``Nats-Msg-Id``), and what the stream answered."""
+    reply = json.loads((await nc.request(subject, data, timeout=5, headers={"Nats-Msg-Id": data.decode()})).data)
+    if "error" in reply:
+        return "error " + str(reply["error"])
+    return f"acknowledged seq {reply.get('seq')}" + (" as a duplicate" if reply.get("duplicate") else "")
 
 
 async def main() -> None:
