@@ -107,13 +107,7 @@ def apply(writes: Sequence[RowWrite]) -> int:
 
 def replace(seat: str, writes: Sequence[RowWrite]) -> int:
     """The seat's rows become exactly ``writes`` (a replay): what this store had of it goes first. Rows kept."""
-    with transaction.atomic(using=EVENTS_ALIAS):
-        _rows().filter(seat=seat).delete()
-        _rows().bulk_create(
-            [MemoryRow(seat=seat, table=w.table, key=w.key, **_fields(w)) for w in writes if w.seat == seat],
-            batch_size=500,
-        )
-    return _rows().filter(seat=seat, deleted=False).count()
+    return replace_many({seat: writes})[seat]
 
 
 #: Seats named in one statement of a batch replay (well inside SQLite's bound on a statement's parameters).
