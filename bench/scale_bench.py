@@ -12,7 +12,10 @@ on) with a company of N agent seats ``s1``..``sN``, and measures:
   seconds of nothing to do, after ``SETTLE_S`` of settling;
 * delivery: one signed Slack message to the LAST seat, from the POST being
   sent to that seat's ``agent_turn_finished`` line in `up`'s log;
-* stop: SIGTERM to the process's exit.
+* stop: SIGTERM to the process's exit;
+* attach (printed per size, not compared): from `up`'s ``seat_mailboxes_ensured``
+  log line to its ``seat_runtime_started``, by the lines' own timestamps —
+  the seats' leases taken, their memory replayed and their inboxes attached.
 
 ``--fleet N`` then runs N seats on ``--fleet-nodes`` `up`s of one fleet (one
 PostgreSQL coordination database ``<CREWLET_PG_DBNAME>_scale_fleet`` and an
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
@@ -87,6 +91,16 @@ class Sized(Up):
         return kids[0] if kids else None
 
 
+def log_span(lines: list[str], first: str, last: str) -> float:
+    """Seconds between the first line holding ``event=<first>`` and the last holding ``event=<last>`` (their ``ts=``)."""
+    def at(line: str) -> datetime:
+        return datetime.fromisoformat(line.split("ts=", 1)[1].split(" ", 1)[0])
+
+    starts = [line for line in lines if f"event={first} " in line and "ts=" in line]
+    ends = [line for line in lines if f"event={last} " in line and "ts=" in line]
+    return (at(ends[-1]) - at(starts[0])).total_seconds() if starts and ends else float("nan")
+
+
 def measure(tmp: Path, seats: int, window_s: float) -> dict[str, float]:
     up = Sized(tmp, seats)
     t0 = time.monotonic()
@@ -113,7 +127,7 @@ def measure(tmp: Path, seats: int, window_s: float) -> dict[str, float]:
     up.proc.wait(timeout=600)
     stop = time.monotonic() - t1
     return {"ready_s": ready, "rss_up_mib": rss_up, "rss_broker_mib": rss_broker, "idle_cores": idle,
-            "delivery_s": delivery, "stop_s": stop}
+            "delivery_s": delivery, "stop_s": stop, "attach_s": log_span(up.lines, "seat_mailboxes_ensured", "seat_runtime_started")}
 
 
 def fleet_measure(tmp: Path, seats: int, nodes: int, replicas: int, window_s: float) -> dict[str, float]:

@@ -395,6 +395,8 @@ class SeatRuntime:
             return
         claimed = await self.ownership.claim_many(handles)
         pauses = await actions.apause_states(claimed) if claimed else {}
+        if len(claimed) > SEAT_CONCURRENCY:  # more than one round of attaches: one memory read for all, not one each
+            await self.memory.acquire_many(claimed)
         await bounded_each(claimed, lambda h: self._attach(h, org, pauses.get(h)), SEAT_CONCURRENCY)
 
     async def _attach(self, handle: str, org: Organization, row: Optional["SeatPause"]) -> None:

@@ -5,13 +5,14 @@ writes of the seats it holds (a forget through the API on another node, a
 write of a turn that ran here). Acquiring a seat replays the seat's subjects
 in one pass into the store; writes that arrive while the replay runs wait and
 are applied after it, the newer of two writes of a row winning, so the replay
-cannot undo them.
+cannot undo them. A node taking many seats at once (its share of a company at
+boot) replays them all in one read of every seat's memory instead.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 from crewlet.base.db import in_store
 from crewlet.base.db_router import EVENTS_ALIAS
@@ -31,6 +32,15 @@ log = logging.getLogger("crewlet.seats.memory")
 MEMORY_ALL = "crewlet.memory.>"
 
 
+class _Replayed(NamedTuple):
+    """A seat's part of a replay made together with other seats' (what its ``seat_memory_replayed`` line says)."""
+
+    rows: int
+    messages: int
+    tombstones: int
+    duration_ms: float
+
+
 class MemoryKeeper:
     """This node's copy of its seats' memory, kept current from CREWLET_MEMORY."""
 
@@ -40,6 +50,8 @@ class MemoryKeeper:
         self.reflector = reflector
         self.held: set[str] = set()
         self._replaying: dict[str, list[RowWrite]] = {}
+        #: Seats replayed by :meth:`acquire_many` whose :meth:`acquire` has not come yet.
+        self._ahead: dict[str, _Replayed] = {}
         self._live: Optional[Closable] = None
 
     async def start(self) -> None:
@@ -69,8 +81,61 @@ class MemoryKeeper:
         elif write.seat in self.held:
             await in_store(store.apply, alias=EVENTS_ALIAS)([write])
 
+    async def acquire_many(self, handles: Sequence[str]) -> None:
+        """Replay several seats' memory with ONE read of every seat's (``crewlet.memory.>``) and one transaction.
+
+        What a node taking its share of a company does instead of a read per
+        seat (each a throwaway consumer made and deleted on the broker, then a
+        transaction of its own): each seat's :meth:`acquire` then only
+        attaches its reflection and logs its part. The seats are held from
+        the replay on, so a live write of one is applied, not lost, before its
+        :meth:`acquire` comes. A read the broker refuses is logged and leaves
+        each seat to be replayed on its own by :meth:`acquire`.
+        """
+        wanted = [h for h in dict.fromkeys(handles) if h not in self.held]
+        if not wanted:
+            return
+        started = time.monotonic()
+        for handle in wanted:
+            self._replaying[handle] = []
+        try:
+            try:
+                replayed = await self.queue.read_last(MEMORY_ALL)
+            except QueueError as exc:
+                log.warning("seat_memory_replay_together_failed", extra={"seats": len(wanted), "error": str(exc)[:300]})
+                return
+            by_seat: dict[str, list[RowWrite]] = {h: [] for h in wanted}
+            for _, event in replayed:
+                write = from_event(event)
+                if write is not None and write.seat in by_seat:
+                    by_seat[write.seat].append(write)
+            counts = await in_store(store.replace_many, alias=EVENTS_ALIAS)(by_seat)
+            late = [w for h in wanted for w in self._replaying.get(h) or []]
+            if late:
+                await in_store(store.apply, alias=EVENTS_ALIAS)(late)
+                for handle in {w.seat for w in late}:
+                    counts[handle] = await in_store(store.count, alias=EVENTS_ALIAS)(handle)
+        finally:
+            for handle in wanted:
+                self._replaying.pop(handle, None)
+        self.held.update(wanted)
+        took_ms = round((time.monotonic() - started) * 1000, 1)
+        for handle in wanted:
+            writes = by_seat[handle]
+            self._ahead[handle] = _Replayed(counts.get(handle, 0), len(writes), sum(1 for w in writes if w.deleted), took_ms)
+        log.info(
+            "seat_memory_replayed_together",
+            extra={"seats": len(wanted), "rows": sum(counts.values()), "messages": len(replayed), "duration_ms": took_ms},
+        )
+
     async def acquire(self, handle: str) -> int:
         """Replay ``handle``'s memory into this node's store in one pass; the rows it holds. Raises QueueError."""
+        ahead = self._ahead.pop(handle, None)
+        if ahead is not None and handle in self.held:
+            if self.reflector is not None:
+                await self.reflector.attach(handle)
+            log.info("seat_memory_replayed", extra={"seat": handle, **ahead._asdict(), "together": True})
+            return ahead.rows
         started = time.monotonic()
         self._replaying[handle] = []
         try:
@@ -129,6 +194,7 @@ class MemoryKeeper:
     async def release(self, handle: str) -> None:
         """The seat is no longer this node's: its copy here goes (the stream keeps the memory)."""
         self.held.discard(handle)
+        self._ahead.pop(handle, None)
         if self.reflector is not None:
             await self.reflector.detach(handle)
         try:

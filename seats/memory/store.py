@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from django.db import connections, transaction
+from django.db.models import Count
 
 from crewlet.base.db_router import EVENTS_ALIAS
 from seats.memory.models import MemoryRow
@@ -106,13 +107,36 @@ def apply(writes: Sequence[RowWrite]) -> int:
 
 def replace(seat: str, writes: Sequence[RowWrite]) -> int:
     """The seat's rows become exactly ``writes`` (a replay): what this store had of it goes first. Rows kept."""
+    return replace_many({seat: writes})[seat]
+
+
+#: Seats named in one statement of a batch replay (well inside SQLite's bound on a statement's parameters).
+_SEATS_PER_STATEMENT = 500
+
+
+def replace_many(writes_by_seat: Mapping[str, Sequence[RowWrite]]) -> dict[str, int]:
+    """:func:`replace` for several seats in one transaction (a node acquiring its share of a company); rows kept per seat."""
+    seats = list(writes_by_seat)
+    counts: dict[str, int] = dict.fromkeys(seats, 0)
     with transaction.atomic(using=EVENTS_ALIAS):
-        _rows().filter(seat=seat).delete()
+        for i in range(0, len(seats), _SEATS_PER_STATEMENT):
+            _rows().filter(seat__in=seats[i:i + _SEATS_PER_STATEMENT]).delete()
         _rows().bulk_create(
-            [MemoryRow(seat=seat, table=w.table, key=w.key, **_fields(w)) for w in writes if w.seat == seat],
+            [
+                MemoryRow(seat=seat, table=w.table, key=w.key, **_fields(w))
+                for seat, writes in writes_by_seat.items()
+                for w in writes
+                if w.seat == seat
+            ],
             batch_size=500,
         )
-    return _rows().filter(seat=seat, deleted=False).count()
+        for i in range(0, len(seats), _SEATS_PER_STATEMENT):
+            kept = (
+                _rows().filter(seat__in=seats[i:i + _SEATS_PER_STATEMENT], deleted=False)
+                .values("seat").annotate(n=Count("id")).values_list("seat", "n")
+            )
+            counts.update({seat: int(n) for seat, n in kept})
+    return counts
 
 
 def clear(seat: str) -> int:

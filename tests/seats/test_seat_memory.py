@@ -6,6 +6,7 @@ SQLite (FTS5): the same cases hold both stores' search to one behaviour.
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -111,6 +112,41 @@ async def test_a_node_acquiring_a_seat_replays_its_memory_follows_a_forget_from_
         assert await sync_to_async(store.count)("ada") == 0  # the node let the seat go: its copy went with it
         assert await purge(q1, "ada") == 3
         assert await q1.read_last(topics.memory_pattern("ada")) == []
+
+
+@DB
+async def test_a_node_taking_many_seats_at_once_replays_all_their_memory_in_one_read_and_follows_writes_from_then_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from seats.runtime import SEAT_CONCURRENCY
+
+    caplog.set_level(logging.INFO, logger="crewlet.seats.memory")
+    handles = [f"s{i}" for i in range(SEAT_CONCURRENCY + 4)]  # more than one round of attaches
+    org = company(seats=[{"handle": h, "kind": "agent"} for h in handles])
+    async with memory_queues("n1", "n2") as (_, [q1, q2]):
+        await written(q2, "s1", "notes", "deploy", "on Thursdays", written_by="turn")
+        await written(q2, "s1", "notes", "gone", "soon forgotten", written_by="turn")
+        await written(q2, "s1", "notes", "gone", None, deleted=True, written_by="operator")
+        await written(q2, handles[-1], "notes", "lunch", "the canteen", written_by="turn")
+        await written(q2, "nobody", "notes", "k", "a seat of no company here", written_by="turn")
+        async with running(q1, org) as runtime:
+            assert sorted(runtime.loops) == sorted(handles)
+            listed = sync_to_async(store.listing)
+            assert [r.key for r in await listed("s1")] == ["deploy"]
+            assert [r.key for r in await listed(handles[-1])] == ["lunch"]
+            assert await listed("s2") == [] and await listed("nobody") == []
+            await written(q2, "s2", "notes", "later", "written after the replay", written_by="turn")
+
+            async def followed() -> bool:
+                return [r.key for r in await listed("s2")] == ["later"]
+
+            await eventually(followed, what="a write after the replay applied on n1")
+        together = [r for r in caplog.records if r.getMessage() == "seat_memory_replayed_together"]
+        per_seat = {r.__dict__["seat"]: r.__dict__ for r in caplog.records if r.getMessage() == "seat_memory_replayed"}
+    # one read of four messages (one per row: the forget replaced the write it forgot)
+    assert [(r.__dict__["seats"], r.__dict__["messages"]) for r in together] == [(len(handles), 4)]
+    assert sorted(per_seat) == sorted(handles) and all(p["together"] for p in per_seat.values())
+    assert (per_seat["s1"]["rows"], per_seat["s1"]["tombstones"], per_seat["s2"]["rows"]) == (1, 1, 0)
 
 
 @DB

@@ -1,5 +1,5 @@
 """A seat's memory through a real `manage.py up`: a turn remembers, reflection learns, the next turn is given both;
-the API lists and forgets.
+the API lists and forgets; a restart replays the memory of all its seats in one read.
 
 Offline: the echo model's script is the model (it calls ``memory_remember``
 when asked to remember, and otherwise answers with its prompt, so the memory
@@ -42,7 +42,7 @@ episodes: {recent: 0}
 seats:
   - {handle: ada, kind: agent, role: engineer, identities: {slack: U0ADA}, tools: [memory], reflection: on}
   - {handle: grace, kind: human, role: lead, identities: {slack: U0GRACE}}
-"""
+""" + "".join(f"  - {{handle: f{i}, kind: agent, role: engineer}}\n" for i in range(1, 17))  # more seats than one round of attaches
 
 
 def say(up: UpProcess, text: str) -> None:
@@ -95,3 +95,11 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
     assert [(r["table"], r["key"], r["written_by"]) for r in after["rows"]] == [("counterparty", "U0GRACE", "reflection")]
     assert (audit["tool"], audit["outcome"]) == ("seat_memory_forget", "forgotten")
     assert audit["token"] and audit["position"].startswith("crewlet.memory.ada.notes.")
+
+    with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as again:
+        replayed = call(again, "/api/seats/ada/memory")[1]
+        assert again.terminate() == 0, again.output()
+    restarted = again.output()
+    assert [(r["table"], r["key"]) for r in replayed["rows"]] == [("counterparty", "U0GRACE")]  # from the stream: a stop drops the copy
+    assert "event=seat_memory_replayed_together seats=17 rows=1 messages=2 " in restarted  # the row, and the forget's tombstone
+    assert "event=seat_memory_replayed seat=ada rows=1 messages=2 tombstones=1 " in restarted
