@@ -97,7 +97,7 @@ def test_a_turn_remembers_a_row_the_next_turn_is_given_it_and_an_operator_lists_
     assert audit["token"] and audit["position"].startswith("crewlet.memory.ada.notes.")
 
     with UpProcess(tmp_path, "--company", str(company), node="t1", env=env) as again:
-        replayed = call(again, "/api/seats/ada/memory")[1]
+        replayed = again.call("/api/seats/ada/memory")[1]
         assert again.terminate() == 0, again.output()
     restarted = again.output()
     assert [(r["table"], r["key"]) for r in replayed["rows"]] == [("counterparty", "U0GRACE")]  # from the stream: a stop drops the copy
