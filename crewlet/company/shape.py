@@ -1,0 +1,154 @@
+"""The company file's shape, section by section, as pydantic models: types, ranges, choices, patterns, unknown keys.
+
+A section's model says what each of its keys takes (``int`` with ``ge``/``le``,
+a non-empty string, a pattern, true or false), and forbids every other key;
+:func:`read_section` validates the section's mapping with it and translates
+pydantic's first error into the file's one-line :class:`CompanyError`
+(:func:`crewlet.company.refusal.locate` finds it, the words here are the
+file's): the dotted key path (``seats[2].placement.node``), the value as
+written (bounded), and what is allowed, never pydantic's own text. A value
+that looks like a credential is refused without echoing it (:func:`secretless`).
+
+These models are only the file's shape: the engine's model of a company is
+the frozen dataclasses of :mod:`crewlet.company.org`, which each step builds
+from a validated section. What involves more than one section (grants
+against ``mcp_servers``, identities against ``surfaces``, included files)
+stays in the steps of :mod:`crewlet.company.parse`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Mapping, Optional, TypeVar
+
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, ValidationInfo
+from pydantic_core import PydanticCustomError, core_schema
+
+from crewlet.base.logfmt import REDACTED
+from crewlet.company.fields import _ENV, CompanyError, _looks_secret
+from crewlet.company.refusal import Check, locate
+
+M = TypeVar("M", bound="FileModel")
+
+NON_EMPTY = "must be a non-empty string"
+ENV_NAME = "must be an environment variable name"
+#: What a value of the wrong type is told, by the field's type (a number's words add its range).
+_TYPE_WORDS: dict[Any, str] = {bool: "must be true or false", str: NON_EMPTY}
+
+
+class FileModel(BaseModel):
+    """A section of the company file (or an entry of one): strict types, no key it does not name, no NaN or infinity."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
+
+
+def words(default: Any, allowed: str, **kwargs: Any) -> Any:
+    """A field every refusal of which says ``allowed`` (its type, its range and its check in one phrase)."""
+    return Field(default, json_schema_extra={"allowed": allowed}, **kwargs)
+
+
+def text(pattern: Optional[re.Pattern[str]] = None, allowed: str = "") -> Check:
+    """A non-empty string (not only blanks), matching ``pattern`` when one is given (else refused with ``allowed``)."""
+    def problem(value: str) -> Optional[str]:
+        if not value.strip():
+            return NON_EMPTY
+        if pattern is not None and not pattern.fullmatch(value):
+            return allowed or f"must match {pattern.pattern}"
+        return None
+    return Check(problem)
+
+
+class _Secretless:
+    """A string refused, without being echoed, when it looks like a credential (a vendor token, a bearer, a URL password)."""
+
+    def __init__(self, allowed: str) -> None:
+        self.allowed = allowed
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, str) and _looks_secret(value):
+            raise PydanticCustomError("secret", "{allowed}", {"allowed": self.allowed})
+        return value
+
+
+def secretless(allowed: str) -> _Secretless:
+    """``Annotated[str, secretless(words), ...]``: checked before the string's own rules, so a token is never quoted."""
+    return _Secretless(allowed)
+
+
+#: An environment variable's name, refused unquoted when what was written is the secret itself.
+EnvName = Annotated[
+    str, secretless("must be an environment variable name, not the secret itself"), text(_ENV, ENV_NAME),
+]
+#: A non-empty string.
+Text = Annotated[str, text()]
+
+
+def _dotted(name: str, path: tuple[str | int, ...]) -> str:
+    out = name
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [info.alias or key for key, info in model.model_fields.items()]
+
+
+def _span(info: Any) -> str:
+    low = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
+    high = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
+    if low is None:
+        return ""
+    return f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+
+
+def refusal(model: type[BaseModel], data: Any, exc: ValidationError, name: str, source: Optional[str]) -> CompanyError:
+    """pydantic's first error in ``data`` (the section ``name``) as the file's one-line refusal."""
+    found = locate(model, data, exc, into_items=True)
+    if found.cause is not None:
+        cause = found.cause
+        return cause if isinstance(cause, CompanyError) and cause.source else CompanyError(cause.field, cause.value, cause.allowed, source)
+    dotted, value, info = _dotted(name, found.path), found.value, found.field
+    if info is None and found.path:
+        return CompanyError(dotted, value, "unknown key; allowed: " + ", ".join(_keys(found.owner)), source)
+    if info is None or found.kind in ("model_type", "dict_type"):
+        return CompanyError(dotted, value, "must be a mapping", source)
+    if found.kind == "secret":
+        return CompanyError(dotted, REDACTED, found.context["allowed"], source)
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "allowed" in extra:
+        return CompanyError(dotted, value, str(extra["allowed"]), source)
+    if found.kind == "check":
+        return CompanyError(dotted, value, found.context["allowed"], source)
+    span = _span(info)
+    if found.kind in ("greater_than_equal", "less_than_equal"):
+        return CompanyError(dotted, value, f"must be {span}", source)
+    if info.annotation in (int, float):
+        what = "a whole number" if info.annotation is int else "a number"
+        return CompanyError(dotted, value, f"must be {what} {span}".rstrip(), source)
+    return CompanyError(dotted, value, _TYPE_WORDS.get(info.annotation, "must be valid"), source)
+
+
+def read_section(model: type[M], value: Any, name: str, source: Optional[str]) -> M:
+    """``value`` (the section ``name``; None: every default) validated by ``model``; a bad value is a :class:`CompanyError`.
+
+    Validators reach ``name`` and ``source`` through the validation context
+    (:func:`where`) to word a refusal that involves more than one key.
+    """
+    data = {} if value is None else value
+    try:
+        return model.model_validate(data, context={"name": name, "source": source})
+    except ValidationError as exc:
+        raise refusal(model, data, exc, name, source) from None
+
+
+def where(info: ValidationInfo) -> tuple[str, Optional[str]]:
+    """The section's dotted name and the file's source, for a validator's own refusal."""
+    context: Mapping[str, Any] = info.context or {}
+    return str(context.get("name", "")), context.get("source")
+
+
+__all__ = ["ENV_NAME", "EnvName", "FileModel", "NON_EMPTY", "Text", "read_section", "refusal", "secretless", "text", "where", "words"]
