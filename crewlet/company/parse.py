@@ -18,7 +18,6 @@ from typing import Any, Mapping, Optional
 from crewlet.base.logfmt import is_secret_name
 from crewlet.company.chat_identity import check_seat_identities, seat_mattermost, seat_slack, seat_socket_kinds
 from crewlet.company.builtin_servers import BUILTIN_KEY, BuiltinServerError, builtin_mcp_server
-from crewlet.company.conf import NODE_ID_PATTERN
 from crewlet.company.fields import (
     _ENV,
     CompanyError,
@@ -27,7 +26,6 @@ from crewlet.company.fields import (
     _looks_secret,
     _mapping,
     _number,
-    _rate,
     _refuse_inline_secret,
     _refuse_non_finite,
     _string,
@@ -35,12 +33,9 @@ from crewlet.company.fields import (
 from crewlet.company.org import (
     BUILTIN_TOOLS,
     REFLECTION_OFF,
-    DEFAULT_MAX_ROUNDS,
-    HANDLE_PATTERN,
     MODE_SOCKET,
     MODE_WEBHOOK,
     PROVIDER_KINDS,
-    SEAT_KINDS,
     SURFACE_MODES,
     SURFACE_SECRET_KEYS,
     SURFACE_SERVER_KEYS,
@@ -70,28 +65,20 @@ from crewlet.company.reflection import REFLECTION_KEY, parse_reflection
 from crewlet.company.schedules import parse_schedules, parse_timezone
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.provider_retry import RETRY_KEY, parse_retry
+from crewlet.company.sections import CompanyFile, PlacementFile, SeatFile, SurfacesFile
+from crewlet.company.shape import read_section
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
-from crewlet.queue.contract import MAX_LINGER_SECONDS
 
-#: The range a seat's ``max_rounds`` may name.
-MAX_ROUNDS_RANGE = (1, 100)
 #: An echo script step: one tool call, several at once, or the answer that ends the turn.
 ECHO_STEP_KEYS = ("tool", "arguments", "calls", "answer")
-COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
-COALESCE_MAX_BATCH_RANGE = (1, 100)
 #: A model provider's ``timeout_s`` and the echo model's ``delay_s``, in seconds.
 PROVIDER_TIMEOUT_RANGE_S = (0.1, 3600.0)
 ECHO_DELAY_RANGE_S = (0.0, 3600.0)
-MAX_CONCURRENT_RANGE = (1, 64)
 EXAMPLE_COMPANY = Path(__file__).resolve().parent.parent / "companies" / "example.yaml"
 
 #: An MCP server's name is the prefix of every tool the model sees from it (``<server>__<tool>``), so it
 #: stays short and within the vendors' tool-name alphabet, and never holds the ``__`` separator itself.
 _MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}")
-_HANDLE = re.compile(HANDLE_PATTERN)
-#: What a pinned node id or a node label may be (the node id's own rule).
-NODE_ID_RULE = "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
-_ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def _mcp_server(sname: str, body: Mapping[str, Any], source: Optional[str]) -> McpServer:
@@ -257,46 +244,13 @@ def _mcp_servers(value: Any, surfaces: Mapping[str, Surface], source: Optional[s
     return servers
 
 
-def _placement(value: Any, name: str, kind: str, source: Optional[str]) -> Placement:
-    """``seats[].placement``: ``{node: n1}`` pins, ``{labels: [gpu]}`` needs every label; only an agent has one."""
-    if value is None:
+def _placement(value: Any, body: Optional[PlacementFile], name: str, kind: str, source: Optional[str]) -> Placement:
+    """``seats[].placement`` (its shape checked by :class:`PlacementFile`); only an agent has one, labels kept once each."""
+    if body is None:
         return Placement()
-    body = _mapping(value, name, source)
-    _known(body, f"{name}.", ("node", "labels"), source)
-    if body and kind != "agent":
-        raise CompanyError(name, dict(body), "applies only to an agent seat (a person runs on no node)", source)
-    node = ""
-    if body.get("node") is not None:
-        node = _string(body["node"], f"{name}.node", source, NODE_ID_PATTERN, NODE_ID_RULE)
-    raw = body.get("labels")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise CompanyError(f"{name}.labels", raw, "must be a list of node labels", source)
-    labels: list[str] = []
-    for i, label in enumerate(raw):
-        label = _string(label, f"{name}.labels[{i}]", source, NODE_ID_PATTERN, NODE_ID_RULE)
-        if label not in labels:
-            labels.append(label)
-    return Placement(node=node, labels=tuple(labels))
-
-
-_TOP_KEYS = (
-    "org",
-    "providers",
-    "node",
-    "notification_coalesce_window_seconds",
-    "notification_coalesce_max_batch",
-    "notification_rate_limit",
-    "surfaces",
-    "seats",
-    "schedules",
-    "mcp_servers",
-    "timezone",
-    BUDGET_KEY,
-    THREAD_BLOCK_KEY,
-    EPISODES_KEY,
-)
+    if value and kind != "agent":
+        raise CompanyError(name, dict(value), "applies only to an agent seat (a person runs on no node)", source)
+    return Placement(node=body.node or "", labels=tuple(dict.fromkeys(body.labels or ())))
 
 
 def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, str]:
@@ -367,52 +321,17 @@ def _provider_entries(llm: list[Any], prefix: str, source: Optional[str]) -> lis
     return providers
 
 
-def _node(value: Any, source: Optional[str]) -> int:
-    """``node.max_concurrent``: how many turns one node runs at once."""
-    node_body = _mapping(value, "node", source)
-    _known(node_body, "node.", ("max_concurrent",), source)
-    return _number(node_body.get("max_concurrent", 4), "node.max_concurrent", *MAX_CONCURRENT_RANGE, True, source)
-
-
-def _notification_pacing(data: Mapping[str, Any], source: Optional[str]) -> tuple[float, int, float]:
-    """The three ``notification_*`` keys: the coalescing window, the most wakes one digest holds, the rate valve."""
-    window = _number(
-        data.get("notification_coalesce_window_seconds", 0),
-        "notification_coalesce_window_seconds",
-        *COALESCE_WINDOW_RANGE,
-        False,
-        source,
-    )
-    max_batch = _number(
-        data.get("notification_coalesce_max_batch", 20),
-        "notification_coalesce_max_batch",
-        *COALESCE_MAX_BATCH_RANGE,
-        True,
-        source,
-    )
-    rate = _rate(data.get("notification_rate_limit", 0), "notification_rate_limit", source)
-    return window, max_batch, rate
-
-
 def _surfaces(value: Any, source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, Surface]:
     """``surfaces``: every surface kind, configured or not, with its secret variable, verification and mode."""
-    surfaces_body = _mapping(value, "surfaces", source)
-    _known(surfaces_body, "surfaces.", SURFACES, source)
+    checked = read_section(SurfacesFile, value, "surfaces", source)
+    surfaces_body = value or {}
     surfaces: dict[str, Surface] = {}
     for name in SURFACES:
-        body = _mapping(surfaces_body.get(name), f"surfaces.{name}", source)
-        key = SURFACE_SECRET_KEYS[name]
-        socket_keys = ("mode", SURFACE_SOCKET_TOKEN_KEYS[name]) if name in SURFACE_SOCKET_TOKEN_KEYS else ()
-        server_keys = (SURFACE_SERVER_KEYS[name],) if name in SURFACE_SERVER_KEYS else ()
-        _known(body, f"surfaces.{name}.", (key, "verify", *socket_keys, *server_keys), source)
-        env = body.get(key, "")
-        if env:
-            _string(env, f"surfaces.{name}.{key}", source, _ENV, "must be an environment variable name")
-        verify = body.get("verify", True)
-        if not isinstance(verify, bool):
-            raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
+        body = surfaces_body.get(name) or {}
+        shape = getattr(checked, name)
         surfaces[name] = Surface(
-            name=name, secret_env=env or "", verify=verify, configured=name in surfaces_body,
+            name=name, secret_env=getattr(shape, SURFACE_SECRET_KEYS[name], "") or "" if shape else "",
+            verify=shape.verify if shape else True, configured=name in surfaces_body,
             **_surface_socket(name, body, source, seat_sockets),
         )
     return surfaces
@@ -426,34 +345,14 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
     seen: dict[str, str] = {}
     for i, entry in enumerate(seats_raw):
         name = f"seats[{i}]"
-        entry = _mapping(entry, name, source)
-        _known(
-            entry,
-            f"{name}.",
-            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
-             REFLECTION_KEY, *SEAT_OWN_KEYS, "slack", "mattermost", BUDGET_KEY),
-            source,
-        )
-        handle = _string(
-            entry.get("handle"), f"{name}.handle", source, _HANDLE, "must be 1-63 lowercase letters, digits, '_' or '-'"
-        )
+        shape = read_section(SeatFile, entry, name, source)
+        entry = entry or {}
+        handle, kind = shape.handle, shape.kind
         if handle in seen:
             raise CompanyError(f"{name}.handle", handle, "must be unique; already used by another seat", source)
         seen[handle] = name
-        kind = entry.get("kind", "agent")
-        if kind not in SEAT_KINDS:
-            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(SEAT_KINDS)}", source)
-        role = entry.get("role", "") or ""
-        if not isinstance(role, str):
-            raise CompanyError(f"{name}.role", role, "must be a string", source)
-        display = entry.get("display_name", "") or handle.capitalize()
-        if not isinstance(display, str):
-            raise CompanyError(f"{name}.display_name", display, "must be a string", source)
-        idents = _mapping(entry.get("identities"), f"{name}.identities", source)
-        _known(idents, f"{name}.identities.", SURFACES, source)
-        identities = {}
-        for surface, ident in idents.items():
-            identities[surface] = _string(str(ident) if isinstance(ident, int) else ident, f"{name}.identities.{surface}", source)
+        role, display = shape.role or "", shape.display_name or handle.capitalize()
+        identities = {surface: getattr(shape.identities, surface) for surface in entry.get("identities") or {}}
         tools, grants = _seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source)
         seats.append(
             Seat(
@@ -465,14 +364,10 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 agent_id=agent_id_for(org, handle),
                 tools=tools,
                 grants=grants,
-                max_rounds=_number(
-                    entry.get("max_rounds", DEFAULT_MAX_ROUNDS), f"{name}.max_rounds", *MAX_ROUNDS_RANGE, True, source
-                ),
-                turn_token_budget=_number(
-                    entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
-                ),
+                max_rounds=shape.max_rounds,
+                turn_token_budget=shape.turn_token_budget,
                 reflection=parse_reflection(entry.get(REFLECTION_KEY, REFLECTION_OFF), f"{name}.{REFLECTION_KEY}", source),
-                placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
+                placement=_placement(entry.get("placement"), shape.placement, f"{name}.placement", kind, source),
                 slack=seat_slack(entry.get("slack"), f"{name}.slack", kind, source),
                 mattermost=seat_mattermost(entry.get("mattermost"), f"{name}.mattermost", kind, source),
             )
@@ -530,15 +425,13 @@ def parse_company(
     """
     included = included if included is not None else StoredFiles()
     if not isinstance(data, Mapping):
-        raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(_TOP_KEYS), source)
-    _known(data, "", _TOP_KEYS, source)
-    org = _string(data.get("org"), "org", source, _ORG, "must be 1-63 letters, digits, '.', '_' or '-'")
+        raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(CompanyFile.model_fields), source)
+    top = read_section(CompanyFile, data, "", source)
+    org = top.org
     providers = _providers(data.get("providers"), source)
     reflecting = (data.get("providers") or {}).get(REFLECTION_KEY) or []
     if not isinstance(reflecting, list):
         raise CompanyError(f"providers.{REFLECTION_KEY}", reflecting, "must be a list (empty = each seat's own chain)", source)
-    max_concurrent = _node(data.get("node"), source)
-    window, max_batch, rate = _notification_pacing(data, source)
     surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
     mcp_servers = _mcp_servers(data.get("mcp_servers"), surfaces, source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
@@ -551,10 +444,10 @@ def parse_company(
         org=org,
         providers=tuple(providers),
         reflection_providers=tuple(_provider_entries(reflecting, f"providers.{REFLECTION_KEY}", source)),
-        max_concurrent=max_concurrent,
-        coalesce_window_s=window,
-        coalesce_max_batch=max_batch,
-        rate_limit_per_s=rate,
+        max_concurrent=top.max_concurrent,
+        coalesce_window_s=top.notification_coalesce_window_seconds,
+        coalesce_max_batch=top.notification_coalesce_max_batch,
+        rate_limit_per_s=top.notification_rate_limit,
         surfaces=surfaces,
         seats=tuple(seats),
         schedules=tuple(schedules),

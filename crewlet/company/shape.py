@@ -22,6 +22,7 @@ from typing import Annotated, Any, Mapping, Optional, TypeVar
 
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, ValidationInfo
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
 
 from crewlet.base.logfmt import REDACTED
@@ -97,7 +98,7 @@ def _keys(model: type[BaseModel]) -> list[str]:
     return [info.alias or key for key, info in model.model_fields.items()]
 
 
-def _span(info: Any) -> str:
+def _span(info: FieldInfo) -> str:
     low = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
     high = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
     if low is None:
@@ -118,18 +119,30 @@ def refusal(model: type[BaseModel], data: Any, exc: ValidationError, name: str, 
         return CompanyError(dotted, value, "must be a mapping", source)
     if found.kind == "secret":
         return CompanyError(dotted, REDACTED, found.context["allowed"], source)
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    if "allowed" in extra:
-        return CompanyError(dotted, value, str(extra["allowed"]), source)
     if found.kind == "check":
         return CompanyError(dotted, value, found.context["allowed"], source)
-    span = _span(info)
-    if found.kind in ("greater_than_equal", "less_than_equal"):
-        return CompanyError(dotted, value, f"must be {span}", source)
-    if info.annotation in (int, float):
-        what = "a whole number" if info.annotation is int else "a number"
-        return CompanyError(dotted, value, f"must be {what} {span}".rstrip(), source)
-    return CompanyError(dotted, value, _TYPE_WORDS.get(info.annotation, "must be valid"), source)
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    whole = found.owner.model_fields.get(str(found.path[-1])) is info  # the field's own value, not one of its items
+    if whole and "allowed" in extra:
+        return CompanyError(dotted, value, str(extra["allowed"]), source)
+    return CompanyError(dotted, value, _type_words(found.kind, info if whole else None), source)
+
+
+def _type_words(kind: str, info: Optional[FieldInfo]) -> str:
+    """What a value of the wrong type, or out of range, is told: by its field's type and range, or (an item's) by the error."""
+    span = _span(info) if info is not None else ""
+    if kind in ("greater_than_equal", "less_than_equal"):
+        return f"must be {span}"
+    annotation = info.annotation if info is not None else None
+    if kind == "int_type" or annotation is int:
+        return f"must be a whole number {span}".rstrip()
+    if kind in ("float_type", "finite_number") or annotation is float:
+        return f"must be a number {span}".rstrip()
+    if kind == "bool_type" or annotation is bool:
+        return _TYPE_WORDS[bool]
+    if kind == "string_type" or annotation is str:
+        return NON_EMPTY
+    return "must be valid"
 
 
 def read_section(model: type[M], value: Any, name: str, source: Optional[str]) -> M:
