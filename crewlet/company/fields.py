@@ -20,51 +20,15 @@ from crewlet.company.refusal import FieldValueError, is_finite_number
 #: second widens the valve's window to 1/rate seconds, so the floor bounds that window (10,000 s); above
 #: the ceiling the valve would never shut.
 RATE_LIMIT_RANGE = (0.0001, 1000.0)
-#: A schedule's ``every``, in seconds: each firing is a whole turn of a seat and a row in the
-#: coordination store, so a minute is the shortest cadence (cron's own); a year the longest.
-SCHEDULE_EVERY_RANGE_S = (60.0, 365 * 86400.0)
-
 #: Values that are credentials by their shape, whatever they are called: chat, forge and model vendors' token prefixes.
 _SECRET_VALUE = re.compile(r"^(?:xox[a-z]-|xapp-|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|sk-|sk_live_|AKIA[0-9A-Z]{12})")
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class CompanyError(FieldValueError):
     """A company file that cannot be served; names the field, the value and what is allowed."""
 
     where = "in"
-
-
-def parse_duration_s(
-    text: Any, field_name: str, source: Optional[str] = None, bounds_s: tuple[float, float] = SCHEDULE_EVERY_RANGE_S
-) -> float:
-    """``90s``, ``15m``, ``24h``, ``7d`` (or a number of seconds) as float seconds within ``bounds_s``.
-
-    Finite only: ``.inf`` or a number of digits no float holds would be a
-    schedule that never fires, and a wait the scheduler cannot compute.
-    """
-    lo, hi = bounds_s
-    allowed = f"must be a duration like 90s, 15m, 24h or 7d, between {_duration_text(lo)} and {_duration_text(hi)}"
-    if is_finite_number(text):
-        seconds = float(text) if abs(text) <= hi else math.inf  # an int too large for a float is past the range anyway
-    else:
-        m = _DURATION.match(text.strip()) if isinstance(text, str) else None
-        if not m:
-            raise CompanyError(field_name, text, allowed, source)
-        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
-    if not math.isfinite(seconds) or not lo <= seconds <= hi:
-        raise CompanyError(field_name, text, allowed, source)
-    return seconds
-
-
-def _duration_text(seconds: float) -> str:
-    """A number of seconds in the largest unit that divides it (``60.0`` -> ``1m``), as the file writes one."""
-    for unit, size in sorted(_UNIT_S.items(), key=lambda item: -item[1]):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
 
 
 def _mapping(value: Any, name: str, source: Optional[str]) -> Mapping[str, Any]:

@@ -32,6 +32,7 @@ from crewlet.company.fields import (
 )
 from crewlet.company.org import (
     BUILTIN_TOOLS,
+    DEFAULT_TIMEZONE,
     REFLECTION_OFF,
     MODE_SOCKET,
     MODE_WEBHOOK,
@@ -62,7 +63,7 @@ from crewlet.company.instructions import (
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
 from crewlet.company.episodes import EPISODES_KEY, parse_episodes
 from crewlet.company.reflection import REFLECTION_KEY, parse_reflection
-from crewlet.company.schedules import parse_schedules, parse_timezone
+from crewlet.company.schedules import parse_schedules
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.provider_retry import RETRY_KEY, parse_retry
 from crewlet.company.sections import CompanyFile, PlacementFile, SeatFile, SurfacesFile
@@ -437,7 +438,7 @@ def parse_company(
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
     seats = _seats_own(data.get("seats", []), seats, included, source)
     seats = seat_budgets(data.get("seats", []), seats, source)
-    timezone = parse_timezone(data.get("timezone"), "timezone", source)
+    timezone = top.timezone or DEFAULT_TIMEZONE
     schedules = parse_schedules(data.get("schedules", []), seats, timezone, source)
 
     return Organization(

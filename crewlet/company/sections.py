@@ -31,6 +31,7 @@ from crewlet.company.org import (
 )
 from crewlet.company.refusal import Check, one_of
 from crewlet.company.reflection import REFLECTION_KEY
+from crewlet.company.schedules import Zone
 from crewlet.company.shape import ENV_NAME, FileModel, text, words
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY
 from crewlet.queue.contract import MAX_LINGER_SECONDS
@@ -75,7 +76,7 @@ class CompanyFile(FileModel):
     seats: Any = None
     schedules: Any = None
     mcp_servers: Any = None
-    timezone: Any = None
+    timezone: Optional[Zone] = None
     budget: Any = None
     thread_block: Any = None
     episodes: Any = None

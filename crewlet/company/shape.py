@@ -87,6 +87,11 @@ EnvName = Annotated[
 Text = Annotated[str, text()]
 
 
+def refuse(allowed: str) -> PydanticCustomError:
+    """A validator's refusal in the file's words (raise it): the field and the value are found where pydantic was."""
+    return PydanticCustomError("check", "{allowed}", {"allowed": allowed})
+
+
 def _dotted(name: str, path: tuple[str | int, ...]) -> str:
     out = name
     for part in path:
@@ -164,4 +169,4 @@ def where(info: ValidationInfo) -> tuple[str, Optional[str]]:
     return str(context.get("name", "")), context.get("source")
 
 
-__all__ = ["ENV_NAME", "EnvName", "FileModel", "NON_EMPTY", "Text", "read_section", "refusal", "secretless", "text", "where", "words"]
+__all__ = ["ENV_NAME", "EnvName", "FileModel", "NON_EMPTY", "Text", "read_section", "refuse", "refusal", "secretless", "text", "where", "words"]
