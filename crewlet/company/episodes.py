@@ -46,8 +46,8 @@ DEFAULT_EPISODES = EpisodeSettings()
 class EpisodesFile(FileModel):
     """The ``episodes`` section's shape."""
 
-    recent: int = Field(DEFAULT_RECENT, ge=RECENT_RANGE[0], le=RECENT_RANGE[1])
-    max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=MAX_BYTES_RANGE[0], le=MAX_BYTES_RANGE[1])
+    recent: int = Field(default=DEFAULT_RECENT, ge=RECENT_RANGE[0], le=RECENT_RANGE[1])
+    max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=MAX_BYTES_RANGE[0], le=MAX_BYTES_RANGE[1])
 
 
 def parse_episodes(value: Any, source: Optional[str]) -> EpisodeSettings:

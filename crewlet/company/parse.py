@@ -22,12 +22,9 @@ from crewlet.company.fields import (
     _ENV,
     CompanyError,
     _env_names,
-    _known,
     _looks_secret,
     _mapping,
-    _number,
     _refuse_inline_secret,
-    _refuse_non_finite,
     _string,
 )
 from crewlet.company.org import (
@@ -36,7 +33,6 @@ from crewlet.company.org import (
     REFLECTION_OFF,
     MODE_SOCKET,
     MODE_WEBHOOK,
-    PROVIDER_KINDS,
     SURFACE_MODES,
     SURFACE_SECRET_KEYS,
     SURFACE_SERVER_KEYS,
@@ -46,7 +42,6 @@ from crewlet.company.org import (
     McpServer,
     Organization,
     Placement,
-    Provider,
     Seat,
     Surface,
     agent_id_for,
@@ -65,16 +60,11 @@ from crewlet.company.episodes import EPISODES_KEY, parse_episodes
 from crewlet.company.reflection import REFLECTION_KEY, parse_reflection
 from crewlet.company.schedules import parse_schedules
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
-from crewlet.company.provider_retry import RETRY_KEY, parse_retry
+from crewlet.company.providers import parse_providers, provider_entries
 from crewlet.company.sections import CompanyFile, PlacementFile, SeatFile, SurfacesFile
 from crewlet.company.shape import read_section
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 
-#: An echo script step: one tool call, several at once, or the answer that ends the turn.
-ECHO_STEP_KEYS = ("tool", "arguments", "calls", "answer")
-#: A model provider's ``timeout_s`` and the echo model's ``delay_s``, in seconds.
-PROVIDER_TIMEOUT_RANGE_S = (0.1, 3600.0)
-ECHO_DELAY_RANGE_S = (0.0, 3600.0)
 EXAMPLE_COMPANY = Path(__file__).resolve().parent.parent / "companies" / "example.yaml"
 
 #: An MCP server's name is the prefix of every tool the model sees from it (``<server>__<tool>``), so it
@@ -152,69 +142,6 @@ def _mcp_server(sname: str, body: Mapping[str, Any], source: Optional[str]) -> M
     return McpServer(name=sname, command=command, env=env, env_from=env_from, url=url, headers_from=headers_from)
 
 
-def _echo_options(options: dict[str, Any], name: str, source: Optional[str]) -> None:
-    """The demo model's keys: ``delay_s``, ``fail``, and a ``script`` of rounds (``repeat`` loops it, ``match`` confines it)."""
-    _known(options, f"{name}.", ("delay_s", "fail", "script", "repeat", "match"), source)
-    if "match" in options:
-        _string(options["match"], f"{name}.match", source)
-    if "delay_s" in options:
-        options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", *ECHO_DELAY_RANGE_S, False, source)
-    for flag in ("fail", "repeat"):
-        if flag in options and not isinstance(options[flag], bool):
-            raise CompanyError(f"{name}.{flag}", options[flag], "must be true or false", source)
-    script = options.get("script", [])
-    if not isinstance(script, list):
-        raise CompanyError(f"{name}.script", script, "must be a list of steps ({tool, arguments}, {calls}, {answer})", source)
-    steps: list[dict[str, Any]] = []
-    for j, step in enumerate(script):
-        where = f"{name}.script[{j}]"
-        body = _mapping(step, where, source)
-        _known(body, f"{where}.", ECHO_STEP_KEYS, source)
-        if "answer" in body:
-            if len(body) != 1 or not isinstance(body["answer"], str):
-                raise CompanyError(where, dict(body), "an answer step is {answer: <text>} alone", source)
-            steps.append({"answer": body["answer"]})
-            continue
-        calls = body.get("calls", [body] if "tool" in body else None)
-        if not isinstance(calls, list) or not calls:
-            raise CompanyError(where, dict(body), "must name a tool, a list of calls, or an answer", source)
-        checked: list[dict[str, Any]] = []
-        for k, call in enumerate(calls):
-            cwhere = where if "tool" in body else f"{where}.calls[{k}]"
-            call = _mapping(call, cwhere, source)
-            _known(call, f"{cwhere}.", ("tool", "arguments"), source)
-            tool = _string(call.get("tool"), f"{cwhere}.tool", source)
-            arguments = _mapping(call.get("arguments"), f"{cwhere}.arguments", source)
-            _refuse_non_finite(arguments, f"{cwhere}.arguments", source)
-            checked.append({"tool": tool, "arguments": dict(arguments)})
-        steps.append({"calls": checked})
-    if script:
-        options["script"] = steps
-
-
-def _model_options(kind: str, options: dict[str, Any], name: str, source: Optional[str]) -> None:
-    """A vendor SDK's keys: the model, where it is served, the variable holding its key, and limits."""
-    _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens", RETRY_KEY), source)
-    if kind == "openai" or "base_url" in options:
-        base_url = _string(options.get("base_url"), f"{name}.base_url", source)
-        if _looks_secret(base_url):
-            _refuse_inline_secret(f"{name}.base_url", "carries a credential: name its variable in api_key_env", source)
-        if not re.match(r"^https?://", base_url):
-            raise CompanyError(f"{name}.base_url", base_url, "must be an http:// or https:// URL", source)
-    _string(options.get("model"), f"{name}.model", source)
-    if "api_key_env" in options:
-        env = options["api_key_env"]
-        if isinstance(env, str) and _looks_secret(env):
-            _refuse_inline_secret(f"{name}.api_key_env", "must name the environment variable holding the key, not the key", source)
-        _string(env, f"{name}.api_key_env", source, _ENV, "must be an environment variable name")
-    if "timeout_s" in options:
-        options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", *PROVIDER_TIMEOUT_RANGE_S, False, source)
-    if "max_tokens" in options:
-        options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
-    if RETRY_KEY in options:
-        options[RETRY_KEY] = parse_retry(options[RETRY_KEY], f"{name}.{RETRY_KEY}", source)
-
-
 def _builtin_server(sname: str, body: Mapping[str, Any], surfaces: Mapping[str, Surface], source: Optional[str]) -> McpServer:
     """``{builtin: slack}``: a shipped chat server, alone (the engine makes its command and environment)."""
     for key in body:
@@ -282,44 +209,6 @@ def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], s
             raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
         token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
     return {"mode": mode, "token_env": token_env, "server": server.rstrip("/")}
-
-
-def _providers(value: Any, source: Optional[str]) -> list[Provider]:
-    """``providers.llm``: the model providers in fallback order, each kind's keys checked and no secret written inline."""
-    providers_body = _mapping(value, "providers", source)
-    _known(providers_body, "providers.", ("llm", REFLECTION_KEY), source)
-    llm = providers_body.get("llm", [])
-    if llm is None:
-        llm = []
-    if not isinstance(llm, list):
-        raise CompanyError("providers.llm", llm, "must be a list (empty = a company with no model provider)", source)
-    return _provider_entries(llm, "providers.llm", source)
-
-
-def _provider_entries(llm: list[Any], prefix: str, source: Optional[str]) -> list[Provider]:
-    """A model chain's entries (``providers.llm``, a seat's ``providers``), each kind's keys checked and no secret inline."""
-    providers = []
-    for i, entry in enumerate(llm):
-        name = f"{prefix}[{i}]"
-        entry = _mapping(entry, name, source)
-        kind = entry.get("kind")
-        if kind not in PROVIDER_KINDS:
-            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(PROVIDER_KINDS)}", source)
-        options = {k: v for k, v in entry.items() if k != "kind"}
-        for key in options:
-            if is_secret_name(str(key)):
-                _refuse_inline_secret(
-                    f"{name}.{key}",
-                    "a secret is never written in the company file: name the environment variable "
-                    "that holds it in api_key_env",
-                    source,
-                )
-        if kind == "echo":
-            _echo_options(options, name, source)
-        else:
-            _model_options(kind, options, name, source)
-        providers.append(Provider(kind=kind, options=options))
-    return providers
 
 
 def _surfaces(value: Any, source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, Surface]:
@@ -407,7 +296,7 @@ def _seats_own(seats_raw: Any, seats: list[Seat], included: IncludedFiles, sourc
                 f"{name}.providers", chain,
                 "must be a non-empty list of providers.llm entries (leave it out for the company's providers.llm)", source,
             )
-        providers = tuple(_provider_entries(chain, f"{name}.providers", source)) if chain else ()
+        providers = tuple(provider_entries(chain, f"{name}.providers", source)) if chain else ()
         own.append(replace(seat, instructions=instructions, instructions_file=instructions_file, providers=providers))
     return own
 
@@ -429,10 +318,7 @@ def parse_company(
         raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(CompanyFile.model_fields), source)
     top = read_section(CompanyFile, data, "", source)
     org = top.org
-    providers = _providers(data.get("providers"), source)
-    reflecting = (data.get("providers") or {}).get(REFLECTION_KEY) or []
-    if not isinstance(reflecting, list):
-        raise CompanyError(f"providers.{REFLECTION_KEY}", reflecting, "must be a list (empty = each seat's own chain)", source)
+    providers, reflection_providers = parse_providers(top.providers, source)
     surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
     mcp_servers = _mcp_servers(data.get("mcp_servers"), surfaces, source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
@@ -444,7 +330,7 @@ def parse_company(
     return Organization(
         org=org,
         providers=tuple(providers),
-        reflection_providers=tuple(_provider_entries(reflecting, f"providers.{REFLECTION_KEY}", source)),
+        reflection_providers=tuple(reflection_providers),
         max_concurrent=top.max_concurrent,
         coalesce_window_s=top.notification_coalesce_window_seconds,
         coalesce_max_batch=top.notification_coalesce_max_batch,

@@ -40,8 +40,8 @@ class RetryPolicy:
 class RetryFile(FileModel):
     """A provider entry's ``retry`` section's shape."""
 
-    attempts: int = Field(DEFAULT_RETRY_ATTEMPTS, ge=RETRY_ATTEMPTS_RANGE[0], le=RETRY_ATTEMPTS_RANGE[1])
-    max_wait_s: float = Field(DEFAULT_RETRY_MAX_WAIT_S, ge=RETRY_MAX_WAIT_RANGE_S[0], le=RETRY_MAX_WAIT_RANGE_S[1])
+    attempts: int = Field(default=DEFAULT_RETRY_ATTEMPTS, ge=RETRY_ATTEMPTS_RANGE[0], le=RETRY_ATTEMPTS_RANGE[1])
+    max_wait_s: float = Field(default=DEFAULT_RETRY_MAX_WAIT_S, ge=RETRY_MAX_WAIT_RANGE_S[0], le=RETRY_MAX_WAIT_RANGE_S[1])
 
 
 def parse_retry(value: Any, name: str, source: Optional[str]) -> dict[str, Any]:

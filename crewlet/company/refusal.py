@@ -150,8 +150,10 @@ def _model(kind: Any) -> Optional[type[BaseModel]]:
 
 
 def _items_model(kind: Any) -> Optional[type[BaseModel]]:
-    """The model of the items a list or mapping field holds, or None."""
+    """The model of the items a list or mapping field holds (``Optional`` seen through), or None."""
     args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return next((m for m in map(_items_model, args) if m is not None), None)
     return _model(args[-1]) if args and typing.get_origin(kind) in (list, tuple, dict) else None
 
 

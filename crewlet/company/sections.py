@@ -58,7 +58,7 @@ _OptionalEnv = Annotated[str, Check(lambda v: ENV_NAME if v and not _ENV.fullmat
 class NodeFile(FileModel):
     """``node``: how many turns one node runs at once."""
 
-    max_concurrent: int = Field(4, ge=MAX_CONCURRENT_RANGE[0], le=MAX_CONCURRENT_RANGE[1])
+    max_concurrent: int = Field(default=4, ge=MAX_CONCURRENT_RANGE[0], le=MAX_CONCURRENT_RANGE[1])
 
 
 class CompanyFile(FileModel):
@@ -67,8 +67,8 @@ class CompanyFile(FileModel):
     org: Annotated[str, text(_ORG, ORG_RULE)]
     providers: Any = None
     node: Optional[NodeFile] = None
-    notification_coalesce_window_seconds: float = Field(0.0, ge=COALESCE_WINDOW_RANGE[0], le=COALESCE_WINDOW_RANGE[1])
-    notification_coalesce_max_batch: int = Field(20, ge=COALESCE_MAX_BATCH_RANGE[0], le=COALESCE_MAX_BATCH_RANGE[1])
+    notification_coalesce_window_seconds: float = Field(default=0.0, ge=COALESCE_WINDOW_RANGE[0], le=COALESCE_WINDOW_RANGE[1])
+    notification_coalesce_max_batch: int = Field(default=20, ge=COALESCE_MAX_BATCH_RANGE[0], le=COALESCE_MAX_BATCH_RANGE[1])
     notification_rate_limit: Annotated[
         float, Check(lambda v: None if v == 0 or RATE_LIMIT_RANGE[0] <= v <= RATE_LIMIT_RANGE[1] else _RATE_RULE)
     ] = words(0.0, _RATE_RULE)
@@ -83,7 +83,7 @@ class CompanyFile(FileModel):
 
     @property
     def max_concurrent(self) -> int:
-        return self.node.max_concurrent if self.node is not None else NodeFile.model_fields["max_concurrent"].default
+        return (self.node or NodeFile()).max_concurrent
 
 
 class PlacementFile(FileModel):
@@ -123,8 +123,8 @@ class SeatFile(FileModel):
     display_name: Optional[str] = words("", "must be a string")
     identities: Optional[IdentitiesFile] = None  # type: ignore[valid-type]
     tools: Any = None
-    max_rounds: int = Field(DEFAULT_MAX_ROUNDS, ge=MAX_ROUNDS_RANGE[0], le=MAX_ROUNDS_RANGE[1])
-    turn_token_budget: int = Field(0, ge=0)
+    max_rounds: int = Field(default=DEFAULT_MAX_ROUNDS, ge=MAX_ROUNDS_RANGE[0], le=MAX_ROUNDS_RANGE[1])
+    turn_token_budget: int = Field(default=0, ge=0)
     placement: Optional[PlacementFile] = None
     reflection: Any = None
     instructions: Any = None

@@ -48,6 +48,15 @@ def words(default: Any, allowed: str, **kwargs: Any) -> Any:
     return Field(default, json_schema_extra={"allowed": allowed}, **kwargs)
 
 
+def absent(**constraints: Any) -> Any:
+    """The default of a key that may be left out, and is then left out of what its step builds.
+
+    pydantic never validates a default, so the key given as null is still
+    refused like any other value of the wrong type.
+    """
+    return Field(default=None, **constraints)
+
+
 def text(pattern: Optional[re.Pattern[str]] = None, allowed: str = "") -> Check:
     """A non-empty string (not only blanks), matching ``pattern`` when one is given (else refused with ``allowed``)."""
     def problem(value: str) -> Optional[str]:
@@ -169,4 +178,4 @@ def where(info: ValidationInfo) -> tuple[str, Optional[str]]:
     return str(context.get("name", "")), context.get("source")
 
 
-__all__ = ["ENV_NAME", "EnvName", "FileModel", "NON_EMPTY", "Text", "read_section", "refuse", "refusal", "secretless", "text", "where", "words"]
+__all__ = ["ENV_NAME", "absent", "EnvName", "FileModel", "NON_EMPTY", "Text", "read_section", "refuse", "refusal", "secretless", "text", "where", "words"]

@@ -45,9 +45,9 @@ DEFAULT_THREAD_BOUNDS = ThreadBounds()
 class ThreadBlockFile(FileModel):
     """The ``thread_block`` section's shape; absent keys keep :data:`DEFAULT_THREAD_BOUNDS`'."""
 
-    max_messages: int = Field(DEFAULT_THREAD_BOUNDS.max_messages, ge=MAX_MESSAGES_RANGE[0], le=MAX_MESSAGES_RANGE[1])
-    max_bytes: int = Field(DEFAULT_THREAD_BOUNDS.max_bytes, ge=MAX_BYTES_RANGE[0], le=MAX_BYTES_RANGE[1])
-    timeout_s: float = Field(DEFAULT_THREAD_BOUNDS.timeout_s, ge=TIMEOUT_RANGE_S[0], le=TIMEOUT_RANGE_S[1])
+    max_messages: int = Field(default=DEFAULT_THREAD_BOUNDS.max_messages, ge=MAX_MESSAGES_RANGE[0], le=MAX_MESSAGES_RANGE[1])
+    max_bytes: int = Field(default=DEFAULT_THREAD_BOUNDS.max_bytes, ge=MAX_BYTES_RANGE[0], le=MAX_BYTES_RANGE[1])
+    timeout_s: float = Field(default=DEFAULT_THREAD_BOUNDS.timeout_s, ge=TIMEOUT_RANGE_S[0], le=TIMEOUT_RANGE_S[1])
 
 
 def parse_thread_bounds(value: Any, source: Optional[str]) -> ThreadBounds:
