@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, Validat
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
 
+from crewlet.base.jsontext import dotted as dotted_path
 from crewlet.base.logfmt import REDACTED
 from crewlet.company.fields import _ENV, CompanyError, _looks_secret
 from crewlet.company.refusal import Check, locate
@@ -71,21 +72,25 @@ def text(pattern: Optional[re.Pattern[str]] = None, allowed: str = "") -> Check:
 class _Secretless:
     """A string refused, without being echoed, when it looks like a credential (a vendor token, a bearer, a URL password)."""
 
-    def __init__(self, allowed: str) -> None:
+    def __init__(self, allowed: str, shape: Optional[re.Pattern[str]] = None) -> None:
         self.allowed = allowed
+        self.shape = shape
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_after_validator_function(self._check, handler(source))
 
     def _check(self, value: Any) -> Any:
-        if isinstance(value, str) and _looks_secret(value):
-            raise PydanticCustomError("secret", "{allowed}", {"allowed": self.allowed})
+        if isinstance(value, str) and (_looks_secret(value) or (self.shape is not None and self.shape.fullmatch(value.strip()))):
+            raise refuse_secret(self.allowed)
         return value
 
 
-def secretless(allowed: str) -> _Secretless:
-    """``Annotated[str, secretless(words), ...]``: checked before the string's own rules, so a token is never quoted."""
-    return _Secretless(allowed)
+def secretless(allowed: str, shape: Optional[re.Pattern[str]] = None) -> _Secretless:
+    """``Annotated[str, secretless(words), ...]``: checked before the string's own rules, so a token is never quoted.
+
+    ``shape``: a secret's own shape besides the vendors' token prefixes (a Slack signing secret's 32 hex digits).
+    """
+    return _Secretless(allowed, shape)
 
 
 #: An environment variable's name, refused unquoted when what was written is the secret itself.
@@ -101,11 +106,14 @@ def refuse(allowed: str) -> PydanticCustomError:
     return PydanticCustomError("check", "{allowed}", {"allowed": allowed})
 
 
-def _dotted(name: str, path: tuple[str | int, ...]) -> str:
-    out = name
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
-    return out
+def refuse_secret(allowed: str, key: Optional[str] = None) -> PydanticCustomError:
+    """A validator's refusal of a credential (raise it): the value is never quoted; ``key``: the mapping's key that held it."""
+    return PydanticCustomError("secret", "{allowed}", {"allowed": allowed, "key": key})
+
+
+def required(missing: str, **kwargs: Any) -> Any:
+    """A field that must be given: left out or null, it is refused with ``missing`` (what it is, and why it is needed)."""
+    return Field(json_schema_extra={"missing": missing}, **kwargs)
 
 
 def _keys(model: type[BaseModel]) -> list[str]:
@@ -126,17 +134,20 @@ def refusal(model: type[BaseModel], data: Any, exc: ValidationError, name: str, 
     if found.cause is not None:
         cause = found.cause
         return cause if isinstance(cause, CompanyError) and cause.source else CompanyError(cause.field, cause.value, cause.allowed, source)
-    dotted, value, info = _dotted(name, found.path), found.value, found.field
+    dotted, value, info = dotted_path(found.path, name), found.value, found.field
+    if found.kind == "secret":
+        key = found.context.get("key")
+        return CompanyError(dotted_path((key,), dotted) if key else dotted, REDACTED, found.context["allowed"], source)
+    if found.kind == "check":
+        return CompanyError(dotted, value, found.context["allowed"], source)
     if info is None and found.path:
         return CompanyError(dotted, value, "unknown key; allowed: " + ", ".join(_keys(found.owner)), source)
     if info is None or found.kind in ("model_type", "dict_type"):
         return CompanyError(dotted, value, "must be a mapping", source)
-    if found.kind == "secret":
-        return CompanyError(dotted, REDACTED, found.context["allowed"], source)
-    if found.kind == "check":
-        return CompanyError(dotted, value, found.context["allowed"], source)
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     whole = found.owner.model_fields.get(str(found.path[-1])) is info  # the field's own value, not one of its items
+    if whole and "missing" in extra and value is None:
+        return CompanyError(dotted, None, str(extra["missing"]), source)
     if whole and "allowed" in extra:
         return CompanyError(dotted, value, str(extra["allowed"]), source)
     return CompanyError(dotted, value, _type_words(found.kind, info if whole else None), source)
@@ -178,4 +189,4 @@ def where(info: ValidationInfo) -> tuple[str, Optional[str]]:
     return str(context.get("name", "")), context.get("source")
 
 
-__all__ = ["ENV_NAME", "absent", "EnvName", "FileModel", "NON_EMPTY", "Text", "read_section", "refuse", "refusal", "secretless", "text", "where", "words"]
+__all__ = ["ENV_NAME", "absent", "EnvName", "FileModel", "NON_EMPTY", "Text", "read_section", "refuse", "refuse_secret", "refusal", "required", "secretless", "text", "where", "words"]
