@@ -15,20 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from crewlet.base.logfmt import is_secret_name
 from crewlet.company.chat_identity import check_seat_identities, seat_mattermost, seat_slack, seat_socket_kinds
-from crewlet.company.builtin_servers import BUILTIN_KEY, BuiltinServerError, builtin_mcp_server
 from crewlet.company.fields import (
     _ENV,
     CompanyError,
-    _env_names,
-    _looks_secret,
-    _mapping,
-    _refuse_inline_secret,
     _string,
 )
 from crewlet.company.org import (
-    BUILTIN_TOOLS,
     DEFAULT_TIMEZONE,
     REFLECTION_OFF,
     MODE_SOCKET,
@@ -60,6 +53,7 @@ from crewlet.company.episodes import EPISODES_KEY, parse_episodes
 from crewlet.company.reflection import REFLECTION_KEY, parse_reflection
 from crewlet.company.schedules import parse_schedules
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
+from crewlet.company.mcp_servers import parse_mcp_servers
 from crewlet.company.providers import parse_providers, provider_entries
 from crewlet.company.sections import CompanyFile, PlacementFile, SeatFile, SurfacesFile
 from crewlet.company.shape import read_section
@@ -67,109 +61,6 @@ from crewlet.company.yamlfile import load_yaml, read_yaml_text
 
 EXAMPLE_COMPANY = Path(__file__).resolve().parent.parent / "companies" / "example.yaml"
 
-#: An MCP server's name is the prefix of every tool the model sees from it (``<server>__<tool>``), so it
-#: stays short and within the vendors' tool-name alphabet, and never holds the ``__`` separator itself.
-_MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}")
-
-
-def _mcp_server(sname: str, body: Mapping[str, Any], source: Optional[str]) -> McpServer:
-    prefix = f"mcp_servers.{sname}"
-    allowed_keys = ("command", "env", "env_from", "url", "headers_from")
-    for key in body:
-        if key not in allowed_keys:
-            if key == "headers" or is_secret_name(str(key)):
-                _refuse_inline_secret(
-                    f"{prefix}.{key}", "is not allowed: give a header through headers_from: {Header: ENV_VAR}, "
-                    "a secret variable through env_from: [ENV_VAR]", source,
-                )
-            raise CompanyError(f"{prefix}.{key}", body[key], f"unknown key; allowed: {', '.join(allowed_keys)}", source)
-    has_command, has_url = body.get("command") is not None, body.get("url") is not None
-    if has_command == has_url:
-        raise CompanyError(
-            prefix, "both command and url" if has_command else "neither command nor url",
-            "must have exactly one of command: [program, args...] (stdio) or url: http(s)://... (streamable HTTP)", source,
-        )
-    command: tuple[str, ...] = ()
-    url = ""
-    if has_command:
-        raw = body["command"]
-        if not isinstance(raw, list) or not raw:
-            raise CompanyError(f"{prefix}.command", raw, "must be a non-empty list: [program, args...]", source)
-        parts = []
-        for i, part in enumerate(raw):
-            part = str(part) if isinstance(part, (int, float)) and not isinstance(part, bool) else part
-            part = _string(part, f"{prefix}.command[{i}]", source)
-            if _looks_secret(part):
-                _refuse_inline_secret(
-                    f"{prefix}.command[{i}]", "looks like a credential: pass it through env_from: [ENV_VAR]", source
-                )
-            parts.append(part)
-        command = tuple(parts)
-    else:
-        url = _string(body["url"], f"{prefix}.url", source)
-        if _looks_secret(url):
-            _refuse_inline_secret(
-                f"{prefix}.url", "carries a credential: give it through headers_from: {Header: ENV_VAR}", source
-            )
-        if not re.match(r"^https?://", url):
-            raise CompanyError(f"{prefix}.url", url, "must be an http:// or https:// URL", source)
-    env: dict[str, str] = {}
-    for key, value in _mapping(body.get("env"), f"{prefix}.env", source).items():
-        key = _string(key, f"{prefix}.env", source, _ENV, "must be an environment variable name")
-        text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-        if is_secret_name(key) or (isinstance(text, str) and _looks_secret(text)):
-            _refuse_inline_secret(
-                f"{prefix}.env.{key}",
-                f"a secret is never inline: name the variable in env_from: [{key}] and set it in the node's environment",
-                source,
-            )
-        if not isinstance(text, str):
-            raise CompanyError(f"{prefix}.env.{key}", value, "must be a string", source)
-        env[key] = text
-    env_from = _env_names(body.get("env_from"), f"{prefix}.env_from", source)
-    headers_from: dict[str, str] = {}
-    for header, var in _mapping(body.get("headers_from"), f"{prefix}.headers_from", source).items():
-        what = f"{prefix}.headers_from.{header}"
-        if isinstance(var, str) and (_looks_secret(var) or (not _ENV.fullmatch(var) and is_secret_name(str(header)))):
-            _refuse_inline_secret(what, "must name the environment variable holding the value, not the value", source)
-        if not isinstance(var, str) or not _ENV.fullmatch(var):
-            raise CompanyError(what, var, "must be an environment variable name", source)
-        headers_from[str(header)] = var
-    if has_command and headers_from:
-        raise CompanyError(f"{prefix}.headers_from", dict(headers_from), "applies only to a url server", source)
-    if has_url and (env or env_from):
-        raise CompanyError(f"{prefix}.env", "env/env_from", "applies only to a command server", source)
-    return McpServer(name=sname, command=command, env=env, env_from=env_from, url=url, headers_from=headers_from)
-
-
-def _builtin_server(sname: str, body: Mapping[str, Any], surfaces: Mapping[str, Surface], source: Optional[str]) -> McpServer:
-    """``{builtin: slack}``: a shipped chat server, alone (the engine makes its command and environment)."""
-    for key in body:
-        if key != BUILTIN_KEY:
-            raise CompanyError(
-                f"mcp_servers.{sname}.{key}", body[key], "a builtin server takes no other key (its token and URL are the engine's)", source
-            )
-    try:
-        return builtin_mcp_server(sname, body[BUILTIN_KEY], surfaces)
-    except BuiltinServerError as exc:
-        raise CompanyError(exc.field, exc.value, exc.allowed, source) from None
-
-
-def _mcp_servers(value: Any, surfaces: Mapping[str, Surface], source: Optional[str]) -> dict[str, McpServer]:
-    servers: dict[str, McpServer] = {}
-    for sname, body in _mapping(value, "mcp_servers", source).items():
-        sname = _string(
-            sname, "mcp_servers", source, _MCP_SERVER_NAME,
-            "a server name must be 1-32 letters, digits, '-' or '_' (never '__'), starting with a letter or digit",
-        )
-        if sname in BUILTIN_TOOLS:
-            raise CompanyError(f"mcp_servers.{sname}", sname, "is the name of a built-in tool; choose another", source)
-        body = _mapping(body, f"mcp_servers.{sname}", source)
-        if BUILTIN_KEY in body:
-            servers[sname] = _builtin_server(sname, body, surfaces, source)
-            continue
-        servers[sname] = _mcp_server(sname, body, source)
-    return servers
 
 
 def _placement(value: Any, body: Optional[PlacementFile], name: str, kind: str, source: Optional[str]) -> Placement:
@@ -320,7 +211,7 @@ def parse_company(
     org = top.org
     providers, reflection_providers = parse_providers(top.providers, source)
     surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
-    mcp_servers = _mcp_servers(data.get("mcp_servers"), surfaces, source)
+    mcp_servers = parse_mcp_servers(top.mcp_servers, surfaces, source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
     seats = _seats_own(data.get("seats", []), seats, included, source)
     seats = seat_budgets(data.get("seats", []), seats, source)

@@ -101,9 +101,16 @@ EnvName = Annotated[
 Text = Annotated[str, text()]
 
 
-def refuse(allowed: str) -> PydanticCustomError:
-    """A validator's refusal in the file's words (raise it): the field and the value are found where pydantic was."""
-    return PydanticCustomError("check", "{allowed}", {"allowed": allowed})
+_UNSET: Any = object()
+
+
+def refuse(allowed: str, *, key: Optional[str] = None, shown: Any = _UNSET) -> PydanticCustomError:
+    """A validator's refusal in the file's words (raise it): the field is where pydantic was (``key``: a key of its
+    mapping), the value the one there unless ``shown`` says what to show instead."""
+    context: dict[str, Any] = {"allowed": allowed, "key": key}
+    if shown is not _UNSET:
+        context["shown"] = shown
+    return PydanticCustomError("check", "{allowed}", context)
 
 
 def refuse_secret(allowed: str, key: Optional[str] = None) -> PydanticCustomError:
@@ -139,7 +146,9 @@ def refusal(model: type[BaseModel], data: Any, exc: ValidationError, name: str, 
         key = found.context.get("key")
         return CompanyError(dotted_path((key,), dotted) if key else dotted, REDACTED, found.context["allowed"], source)
     if found.kind == "check":
-        return CompanyError(dotted, value, found.context["allowed"], source)
+        key = found.context.get("key")
+        shown = found.context.get("shown", value)
+        return CompanyError(dotted_path((key,), dotted) if key else dotted, shown, found.context["allowed"], source)
     if info is None and found.path:
         return CompanyError(dotted, value, "unknown key; allowed: " + ", ".join(_keys(found.owner)), source)
     if info is None or found.kind in ("model_type", "dict_type"):
