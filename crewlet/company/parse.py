@@ -10,23 +10,17 @@ steps share are :mod:`crewlet.company.fields`.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from crewlet.company.chat_identity import check_seat_identities, seat_mattermost, seat_slack, seat_socket_kinds
-from crewlet.company.fields import (
-    _ENV,
-    CompanyError,
-    _string,
-)
+from crewlet.company.fields import CompanyError
 from crewlet.company.org import (
     DEFAULT_TIMEZONE,
     REFLECTION_OFF,
     MODE_SOCKET,
     MODE_WEBHOOK,
-    SURFACE_MODES,
     SURFACE_SECRET_KEYS,
     SURFACE_SERVER_KEYS,
     SURFACE_SERVER_REQUIRED,
@@ -56,7 +50,7 @@ from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.mcp_servers import parse_mcp_servers
 from crewlet.company.providers import parse_providers, provider_entries
 from crewlet.company.sections import CompanyFile, PlacementFile, SeatFile, SurfacesFile
-from crewlet.company.shape import read_section
+from crewlet.company.shape import NON_EMPTY, read_section
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
 
 EXAMPLE_COMPANY = Path(__file__).resolve().parent.parent / "companies" / "example.yaml"
@@ -72,33 +66,28 @@ def _placement(value: Any, body: Optional[PlacementFile], name: str, kind: str, 
     return Placement(node=body.node or "", labels=tuple(dict.fromkeys(body.labels or ())))
 
 
-def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, str]:
-    """A surface's mode and server (read in either mode), and in ``socket`` mode the token variable.
+def _surface_socket(name: str, shape: Any, seat_sockets: frozenset[str], source: Optional[str]) -> dict[str, str]:
+    """A surface's mode and server (read in either mode), and in ``socket`` mode the token variable (its keys' shape checked).
 
     The server is read in either mode: a socket dials it, the shipped chat
     tools call it. ``seat_sockets``: the kinds a seat names its own socket
     token for; those sockets dial the surface's server too, and the
     company-level token may then be left out.
     """
-    mode = body.get("mode", MODE_WEBHOOK)
-    if mode not in SURFACE_MODES:
-        raise CompanyError(f"surfaces.{name}.mode", mode, f"must be one of {', '.join(SURFACE_MODES)}", source)
+    given = shape.model_fields_set if shape is not None else set()
+    mode = shape.mode if shape is not None and "mode" in given else MODE_WEBHOOK
     token_key, server_key = SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)
-    server = body.get(server_key, "") if server_key else ""
-    if server_key and (server or (mode == MODE_SOCKET and name in SURFACE_SERVER_REQUIRED)):
-        server = _string(server or None, f"surfaces.{name}.{server_key}", source)
-        if not re.match(r"^https?://[^/\s]+", server):
-            raise CompanyError(f"surfaces.{name}.{server_key}", server, "must be an http:// or https:// URL", source)
+    server = (getattr(shape, server_key) or "") if shape is not None and server_key else ""
+    if server_key and not server and mode == MODE_SOCKET and name in SURFACE_SERVER_REQUIRED:
+        raise CompanyError(f"surfaces.{name}.{server_key}", None, NON_EMPTY, source)
     if mode != MODE_SOCKET:
-        if token_key and token_key in body:
-            raise CompanyError(f"surfaces.{name}.{token_key}", body[token_key], "is read only with mode: socket", source)
+        if token_key and token_key in given:
+            raise CompanyError(f"surfaces.{name}.{token_key}", getattr(shape, token_key), "is read only with mode: socket", source)
         return {"mode": mode, "server": server.rstrip("/")}
     assert token_key is not None  # the socket modes' surfaces are SURFACE_SOCKET_TOKEN_KEYS'
-    token_env = ""
-    if token_key in body or name not in seat_sockets:
-        if token_key not in body:
-            raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
-        token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
+    if token_key not in given and name not in seat_sockets:
+        raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
+    token_env = getattr(shape, token_key) if token_key in given else ""
     return {"mode": mode, "token_env": token_env, "server": server.rstrip("/")}
 
 
@@ -108,12 +97,11 @@ def _surfaces(value: Any, source: Optional[str], seat_sockets: frozenset[str] = 
     surfaces_body = value or {}
     surfaces: dict[str, Surface] = {}
     for name in SURFACES:
-        body = surfaces_body.get(name) or {}
         shape = getattr(checked, name)
         surfaces[name] = Surface(
             name=name, secret_env=getattr(shape, SURFACE_SECRET_KEYS[name], "") or "" if shape else "",
             verify=shape.verify if shape else True, configured=name in surfaces_body,
-            **_surface_socket(name, body, source, seat_sockets),
+            **_surface_socket(name, shape, seat_sockets, source),
         )
     return surfaces
 

@@ -32,7 +32,7 @@ from crewlet.company.org import (
 from crewlet.company.refusal import Check, one_of
 from crewlet.company.reflection import REFLECTION_KEY
 from crewlet.company.schedules import Zone
-from crewlet.company.shape import ENV_NAME, FileModel, text, words
+from crewlet.company.shape import ENV_NAME, NON_EMPTY, FileModel, absent, text, words
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY
 from crewlet.queue.contract import MAX_LINGER_SECONDS
 
@@ -51,6 +51,11 @@ _RATE_RULE = f"must be 0 (off) or a number of wakes per second between {RATE_LIM
 _NodeId = Annotated[str, text(NODE_ID_PATTERN, NODE_ID_RULE)]
 #: A chat user id: YAML reads an all-digit one (a Mattermost id can be) as a number, which means its digits.
 _IdentityText = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) is int else v), text()]
+#: A surface's server (empty: the vendor's own, where it has one).
+_Server = Annotated[
+    str, Check(lambda v: None if not v else NON_EMPTY if not v.strip() else None if _SERVER_URL.match(v) else "must be an http:// or https:// URL"),
+]
+_SERVER_URL = re.compile(r"^https?://[^/\s]+")
 #: An environment variable's name where an empty string means none.
 _OptionalEnv = Annotated[str, Check(lambda v: ENV_NAME if v and not _ENV.fullmatch(v) else None)]
 
@@ -98,9 +103,9 @@ def _surface_model(name: str) -> type[FileModel]:
     fields: dict[str, Any] = {SURFACE_SECRET_KEYS[name]: (Optional[_OptionalEnv], ""), "verify": (bool, True)}
     if name in SURFACE_SOCKET_TOKEN_KEYS:
         fields["mode"] = (Annotated[str, one_of(*SURFACE_MODES)], words(MODE_WEBHOOK, "must be one of " + ", ".join(SURFACE_MODES)))
-        fields[SURFACE_SOCKET_TOKEN_KEYS[name]] = (Any, None)
+        fields[SURFACE_SOCKET_TOKEN_KEYS[name]] = (Annotated[str, text(_ENV, ENV_NAME)], absent())
     if name in SURFACE_SERVER_KEYS:
-        fields[SURFACE_SERVER_KEYS[name]] = (Any, None)
+        fields[SURFACE_SERVER_KEYS[name]] = (Optional[_Server], None)
     return create_model(f"{name.capitalize()}SurfaceFile", __base__=FileModel, **fields)
 
 
