@@ -18,7 +18,6 @@ from crewlet.company.chat_identity import check_seat_identities, seat_mattermost
 from crewlet.company.fields import CompanyError
 from crewlet.company.org import (
     DEFAULT_TIMEZONE,
-    REFLECTION_OFF,
     MODE_SOCKET,
     MODE_WEBHOOK,
     SURFACE_SECRET_KEYS,
@@ -44,7 +43,6 @@ from crewlet.company.instructions import (
 )
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
 from crewlet.company.episodes import EPISODES_KEY, parse_episodes
-from crewlet.company.reflection import REFLECTION_KEY, parse_reflection
 from crewlet.company.schedules import parse_schedules
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.mcp_servers import parse_mcp_servers
@@ -135,7 +133,7 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 grants=grants,
                 max_rounds=shape.max_rounds,
                 turn_token_budget=shape.turn_token_budget,
-                reflection=parse_reflection(entry.get(REFLECTION_KEY, REFLECTION_OFF), f"{name}.{REFLECTION_KEY}", source),
+                reflection=shape.reflection,
                 placement=_placement(entry.get("placement"), shape.placement, f"{name}.placement", kind, source),
                 slack=seat_slack(entry.get("slack"), f"{name}.slack", kind, source),
                 mattermost=seat_mattermost(entry.get("mattermost"), f"{name}.mattermost", kind, source),

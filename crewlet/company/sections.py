@@ -22,6 +22,7 @@ from crewlet.company.org import (
     DEFAULT_MAX_ROUNDS,
     HANDLE_PATTERN,
     MODE_WEBHOOK,
+    REFLECTION_OFF,
     SEAT_KINDS,
     SURFACE_MODES,
     SURFACE_SECRET_KEYS,
@@ -30,7 +31,7 @@ from crewlet.company.org import (
     SURFACES,
 )
 from crewlet.company.refusal import Check, one_of
-from crewlet.company.reflection import REFLECTION_KEY
+from crewlet.company.reflection import REFLECTION_KEY, REFLECTION_RULE, ReflectionMode
 from crewlet.company.schedules import Zone
 from crewlet.company.shape import ENV_NAME, NON_EMPTY, FileModel, absent, text, words
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY
@@ -131,7 +132,7 @@ class SeatFile(FileModel):
     max_rounds: int = Field(default=DEFAULT_MAX_ROUNDS, ge=MAX_ROUNDS_RANGE[0], le=MAX_ROUNDS_RANGE[1])
     turn_token_budget: int = Field(default=0, ge=0)
     placement: Optional[PlacementFile] = None
-    reflection: Any = None
+    reflection: ReflectionMode = words(REFLECTION_OFF, REFLECTION_RULE)
     instructions: Any = None
     instructions_file: Any = None
     providers: Any = None
