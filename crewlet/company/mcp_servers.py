@@ -115,15 +115,28 @@ class McpServerFile(FileModel):
         return self
 
 
+class BuiltinServerFile(FileModel):
+    """``{builtin: slack}``: a shipped chat server, alone (the engine makes its command and environment).
+
+    Which kinds there are, and whether the surface a kind calls is set up,
+    is :func:`~crewlet.company.builtin_servers.builtin_mcp_server`'s (it reads ``surfaces``).
+    """
+
+    builtin: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alone(cls, data: Any) -> Any:
+        for key, value in data.items() if isinstance(data, Mapping) else ():
+            if key != BUILTIN_KEY:
+                raise refuse("a builtin server takes no other key (its token and URL are the engine's)", key=str(key), shown=value)
+        return data
+
+
 def _builtin_server(sname: str, body: Mapping[str, Any], surfaces: Mapping[str, Surface], source: Optional[str]) -> McpServer:
-    """``{builtin: slack}``: a shipped chat server, alone (the engine makes its command and environment)."""
-    for key in body:
-        if key != BUILTIN_KEY:
-            raise CompanyError(
-                f"mcp_servers.{sname}.{key}", body[key], "a builtin server takes no other key (its token and URL are the engine's)", source
-            )
+    shape = read_section(BuiltinServerFile, body, f"mcp_servers.{sname}", source)
     try:
-        return builtin_mcp_server(sname, body[BUILTIN_KEY], surfaces)
+        return builtin_mcp_server(sname, shape.builtin, surfaces)
     except BuiltinServerError as exc:
         raise CompanyError(exc.field, exc.value, exc.allowed, source) from None
 

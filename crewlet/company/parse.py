@@ -166,14 +166,9 @@ def _seats_own(seats_raw: Any, seats: list[Seat], included: IncludedFiles, sourc
         for key in SEAT_OWN_KEYS:
             if entry.get(key) is not None and not seat.is_agent:
                 raise CompanyError(f"{name}.{key}", entry[key], "applies only to an agent seat (a person runs no turns)", source)
-        instructions, instructions_file = seat_instructions(entry, name, included, source)
-        chain = entry.get("providers")
-        if chain is not None and (not isinstance(chain, list) or not chain):
-            raise CompanyError(
-                f"{name}.providers", chain,
-                "must be a non-empty list of providers.llm entries (leave it out for the company's providers.llm)", source,
-            )
-        providers = tuple(provider_entries(chain, f"{name}.providers", source)) if chain else ()
+        shape = read_section(SeatFile, entry, name, source)  # read by _seats already: this only hands back its values
+        instructions, instructions_file = seat_instructions(shape.instructions, shape.instructions_file, name, included, source)
+        providers = tuple(provider_entries(shape.providers, f"{name}.providers", source)) if shape.providers else ()
         own.append(replace(seat, instructions=instructions, instructions_file=instructions_file, providers=providers))
     return own
 

@@ -17,7 +17,7 @@ from crewlet.company.budget import BUDGET_KEY
 from crewlet.company.conf import NODE_ID_PATTERN
 from crewlet.company.episodes import EPISODES_KEY
 from crewlet.company.fields import _ENV, RATE_LIMIT_RANGE
-from crewlet.company.instructions import INSTRUCTIONS_FILE_KEY, INSTRUCTIONS_KEY
+from crewlet.company.instructions import INSTRUCTIONS_FILE_KEY, INSTRUCTIONS_KEY, InlineInstructions, InstructionsPath
 from crewlet.company.org import (
     DEFAULT_MAX_ROUNDS,
     HANDLE_PATTERN,
@@ -133,9 +133,11 @@ class SeatFile(FileModel):
     turn_token_budget: int = Field(default=0, ge=0)
     placement: Optional[PlacementFile] = None
     reflection: ReflectionMode = words(REFLECTION_OFF, REFLECTION_RULE)
-    instructions: Any = None
-    instructions_file: Any = None
-    providers: Any = None
+    instructions: Optional[InlineInstructions] = None
+    instructions_file: Optional[InstructionsPath] = None
+    providers: Optional[Annotated[list[Any], Field(min_length=1)]] = words(
+        None, "must be a non-empty list of providers.llm entries (leave it out for the company's providers.llm)",
+    )
     slack: Any = None
     mattermost: Any = None
     budget: Any = None
