@@ -27,7 +27,7 @@ from crewlet.company.shape import ENV_NAME, NON_EMPTY, EnvName, FileModel, read_
 _MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}")
 _NAME_RULE = "a server name must be 1-32 letters, digits, '-' or '_' (never '__'), starting with a letter or digit"
 _URL = re.compile(r"^https?://")
-CADENCE_RULE = "must have exactly one of command: [program, args...] (stdio) or url: http(s)://... (streamable HTTP)"
+TRANSPORT_RULE = "must have exactly one of command: [program, args...] (stdio) or url: http(s)://... (streamable HTTP)"
 
 
 def _number_as_text(value: Any) -> Any:
@@ -69,7 +69,7 @@ class McpServerFile(FileModel):
             return data  # pydantic's own refusal names the unknown key
         has_command, has_url = data.get("command") is not None, data.get("url") is not None
         if has_command == has_url:
-            raise refuse(CADENCE_RULE, shown="both command and url" if has_command else "neither command nor url")
+            raise refuse(TRANSPORT_RULE, shown="both command and url" if has_command else "neither command nor url")
         return data
 
     @field_validator("env")

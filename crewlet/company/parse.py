@@ -5,8 +5,10 @@ allowed, exactly like a bad engine setting, in one bounded line: the file is
 read by the settings' guarded YAML loader (:func:`crewlet.company.yamlfile.load_yaml`:
 size, encoding, depth, alias expansion and duplicate keys), every number is
 finite and inside its range, and every interval has a floor. Each top-level
-section of the file is read by a step of its own; the field validators the
-steps share are :mod:`crewlet.company.fields`.
+section of the file is read by a step of its own: the section's pydantic
+model checks its shape (:mod:`crewlet.company.shape`, :mod:`crewlet.company.sections`),
+and the step builds the :mod:`crewlet.company.org` dataclasses from it and
+checks what involves another section or another entry.
 """
 from __future__ import annotations
 
