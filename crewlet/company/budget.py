@@ -17,7 +17,10 @@ from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any, Optional, Sequence, TypeVar
 from zoneinfo import ZoneInfo
 
-from crewlet.company.fields import CompanyError, _known, _mapping
+from pydantic import ValidationInfo, model_validator
+
+from crewlet.company.fields import CompanyError
+from crewlet.company.shape import FileModel, read_section, where, words
 
 #: The company-file key, at the top level and under ``seats[]``.
 BUDGET_KEY = "budget"
@@ -83,22 +86,31 @@ def window_of(period: str, at: datetime, zone: str) -> Window:
     return Window(period, label, start.astimezone(dt_timezone.utc), following.astimezone(dt_timezone.utc))
 
 
+#: What a ceiling takes, said for a value of any wrong type or past the range alike.
+TOKENS_RULE = f"must be a whole number of tokens from 0 (no ceiling) to {MAX_TOKENS:_}"
+
+
+class BudgetFile(FileModel):
+    """A ``budget`` section's shape: two ceilings, the day's no larger than the month's when both are set."""
+
+    tokens_per_day: int = words(0, TOKENS_RULE, ge=0, le=MAX_TOKENS)
+    tokens_per_month: int = words(0, TOKENS_RULE, ge=0, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _day_within_month(self, info: ValidationInfo) -> BudgetFile:
+        day, month = self.tokens_per_day, self.tokens_per_month
+        if day and month and day > month:
+            name, source = where(info)
+            raise CompanyError(f"{name}.{TOKENS_PER_DAY}", day, f"must not exceed {name}.{TOKENS_PER_MONTH} ({month})", source)
+        return self
+
+
 def parse_budget(value: Any, name: str, source: Optional[str]) -> Budget:
     """``{tokens_per_day, tokens_per_month}``: whole numbers from 0 (no ceiling) to :data:`MAX_TOKENS`."""
     if value is None:
         return NO_BUDGET
-    body = _mapping(value, name, source)
-    _known(body, f"{name}.", BUDGET_KEYS, source)
-    day, month = (_tokens(body.get(key, 0), f"{name}.{key}", source) for key in BUDGET_KEYS)
-    if day and month and day > month:
-        raise CompanyError(f"{name}.{TOKENS_PER_DAY}", day, f"must not exceed {name}.{TOKENS_PER_MONTH} ({month})", source)
-    return Budget(tokens_per_day=day, tokens_per_month=month)
-
-
-def _tokens(value: Any, name: str, source: Optional[str]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
-        raise CompanyError(name, value, f"must be a whole number of tokens from 0 (no ceiling) to {MAX_TOKENS:_}", source)
-    return value
+    body = read_section(BudgetFile, value, name, source)
+    return Budget(tokens_per_day=body.tokens_per_day, tokens_per_month=body.tokens_per_month)
 
 
 S = TypeVar("S")

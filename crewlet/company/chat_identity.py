@@ -21,10 +21,13 @@ socket token lets ``surfaces.<kind>`` leave the company-level one out.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, Optional
+from typing import Annotated, Any, Iterable, Mapping, Optional
+
+from pydantic import model_validator
 
 from crewlet.base.redact import is_secret_name
-from crewlet.company.fields import _ENV, CompanyError, _looks_secret, _mapping, _refuse_inline_secret, _string
+from crewlet.company.fields import _ENV, CompanyError
+from crewlet.company.shape import FileModel, read_section, refuse_secret, required, secretless, text
 from crewlet.company.org import (
     SEAT_MATTERMOST_KEYS,
     SEAT_SLACK_KEYS,
@@ -42,29 +45,40 @@ _SIGNING_SECRET_SHAPE = re.compile(r"[0-9a-f]{32}")
 _ENV_RULE = "must be an environment variable name"
 
 
-def _variable(body: Mapping[str, Any], key: str, where: str, source: Optional[str], required: bool = True) -> str:
-    """The variable ``body[key]`` names: required unless said, never the secret itself."""
-    name = f"{where}.{key}"
-    value = body.get(key)
-    if value is None and not required:
-        return ""
-    if value is None:
-        raise CompanyError(name, None, f"is required: the environment variable holding it ({_ENV_RULE})", source)
-    if isinstance(value, str) and (_looks_secret(value) or _SIGNING_SECRET_SHAPE.fullmatch(value.strip())):
-        _refuse_inline_secret(name, "must name the environment variable holding the value, never the value", source)
-    return _string(value, name, source, _ENV, _ENV_RULE)
+_VARIABLE_REQUIRED = f"is required: the environment variable holding it ({_ENV_RULE})"
+#: A variable a seat's identity names: never the secret itself (a token, a signing secret's 32 hex digits).
+_Variable = Annotated[
+    str,
+    secretless("must name the environment variable holding the value, never the value", _SIGNING_SECRET_SHAPE),
+    text(_ENV, _ENV_RULE),
+]
 
 
-def _known_keys(body: Mapping[str, Any], where: str, allowed: tuple[str, ...], source: Optional[str]) -> None:
-    """Refuse an unknown key; one named like a credential is refused as an inline secret, unechoed."""
-    for key in body:
-        if key in allowed:
-            continue
-        if is_secret_name(str(key)):
-            _refuse_inline_secret(
-                f"{where}.{key}", f"is not allowed: name the variable holding it with one of {', '.join(allowed)}", source
-            )
-        raise CompanyError(f"{where}.{key}", body[key], f"unknown key; allowed: {', '.join(allowed)}", source)
+class _IdentityFile(FileModel):
+    """A seat's own chat identity: a key named like a credential is refused unechoed, before any other key is read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_secret(cls, data: Any) -> Any:
+        for key in data if isinstance(data, Mapping) else ():
+            if key not in cls.model_fields and is_secret_name(str(key)):
+                raise refuse_secret(f"is not allowed: name the variable holding it with one of {', '.join(cls.model_fields)}", str(key))
+        return data
+
+
+class SlackAppFile(_IdentityFile):
+    """``seats[].slack``: the seat's own Slack app (:data:`~crewlet.company.org.SEAT_SLACK_KEYS`)."""
+
+    app_id: Annotated[str, text(SLACK_APP_ID, SLACK_APP_ID_RULE)] = required("is required: the app's ID (Basic Information → App ID)")
+    signing_secret_env: _Variable = required(_VARIABLE_REQUIRED)
+    bot_token_env: _Variable = required(_VARIABLE_REQUIRED)
+    app_token_env: Optional[_Variable] = None
+
+
+class MattermostBotFile(_IdentityFile):
+    """``seats[].mattermost``: the seat's own Mattermost bot account (:data:`~crewlet.company.org.SEAT_MATTERMOST_KEYS`)."""
+
+    bot_token_env: _Variable = required(_VARIABLE_REQUIRED)
 
 
 def _agent_only(body: Mapping[str, Any], where: str, kind: str, source: Optional[str]) -> None:
@@ -77,30 +91,31 @@ def seat_slack(value: Any, where: str, kind: str, source: Optional[str]) -> Opti
     """``seats[].slack``: the seat's own Slack app, or None when it names none."""
     if value is None:
         return None
-    body = _mapping(value, where, source)
-    _known_keys(body, where, SEAT_SLACK_KEYS, source)
-    app_id = body.get("app_id")
-    if app_id is None:
-        raise CompanyError(f"{where}.app_id", None, "is required: the app's ID (Basic Information → App ID)", source)
-    app = SlackApp(
-        app_id=_string(app_id, f"{where}.app_id", source, SLACK_APP_ID, SLACK_APP_ID_RULE),
-        signing_secret_env=_variable(body, "signing_secret_env", where, source),
-        bot_token_env=_variable(body, "bot_token_env", where, source),
-        app_token_env=_variable(body, "app_token_env", where, source, required=False),
+    body = read_section(SlackAppFile, value, where, source)
+    _agent_only(value, where, kind, source)
+    return SlackApp(
+        app_id=body.app_id, signing_secret_env=body.signing_secret_env, bot_token_env=body.bot_token_env,
+        app_token_env=body.app_token_env or "",
     )
-    _agent_only(body, where, kind, source)
-    return app
 
 
 def seat_mattermost(value: Any, where: str, kind: str, source: Optional[str]) -> Optional[MattermostBot]:
     """``seats[].mattermost``: the seat's own Mattermost bot account, or None when it names none."""
     if value is None:
         return None
-    body = _mapping(value, where, source)
-    _known_keys(body, where, SEAT_MATTERMOST_KEYS, source)
-    bot = MattermostBot(bot_token_env=_variable(body, "bot_token_env", where, source))
-    _agent_only(body, where, kind, source)
-    return bot
+    body = read_section(MattermostBotFile, value, where, source)
+    _agent_only(value, where, kind, source)
+    return MattermostBot(bot_token_env=body.bot_token_env)
+
+
+def _same_keys(model: type[FileModel], keys: tuple[str, ...]) -> None:
+    """The model's keys are the ones :mod:`crewlet.company.org` names (its identities' fields), in the same order."""
+    if tuple(model.model_fields) != keys:
+        raise RuntimeError(f"{model.__name__} reads {', '.join(model.model_fields)}, org.py names {', '.join(keys)}")
+
+
+_same_keys(SlackAppFile, SEAT_SLACK_KEYS)
+_same_keys(MattermostBotFile, SEAT_MATTERMOST_KEYS)
 
 
 def check_seat_identities(seats: Iterable[Seat], source: Optional[str]) -> None:

@@ -14,7 +14,6 @@ what is allowed: pydantic's ValidationError is translated into it in one place
 """
 from __future__ import annotations
 
-import itertools
 import re
 import socket
 import typing
@@ -22,12 +21,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Mapping, Optional, Sequence
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonDict
-from pydantic_core import PydanticCustomError, core_schema
 
-from crewlet.company.refusal import FieldValueError, quote_value
+from crewlet.company.refusal import Check, FieldValueError, locate, one_of, quote_value
 from crewlet.queue import topics
 from crewlet.queue.contract import Timings
 
@@ -102,32 +100,6 @@ def setting(
     return Field(default, ge=low, le=high, description=doc, json_schema_extra=extra)
 
 
-@dataclass(frozen=True)
-class Check:
-    """A rule past a value's type and range (``Annotated[str, Check(...)]``).
-
-    ``problem`` says, in the refusal's words, what is wrong with a value, or
-    None; ``choices`` lists a choice's values for :func:`known_settings`.
-    """
-
-    problem: typing.Callable[[Any], Optional[str]]
-    choices: Optional[tuple[Any, ...]] = None
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self._check, handler(source))
-
-    def _check(self, value: Any) -> Any:
-        if problem := self.problem(value):
-            raise PydanticCustomError("check", "{allowed}", {"allowed": problem})
-        return value
-
-
-def one_of(*choices: Any) -> Check:
-    """A choice, checked after the type: a ``Literal`` takes ``True`` for ``1`` and refuses ``'3'`` as no choice."""
-    words = "must be one of " + ", ".join(map(str, choices))
-    return Check(lambda value: None if value in choices else words, choices)
-
-
 def _items(valid: typing.Callable[[str], bool], what: str, noun: str) -> Check:
     """A list setting's rule: each value ``valid`` (else "'x' is not <what>"), and none twice."""
     def problem(values: Strings) -> Optional[str]:
@@ -167,25 +139,21 @@ def _section_type(info: FieldInfo) -> Optional[type[_Section]]:
 def _refusal(cls: type[_Section], data: Mapping[str, Any], exc: ValidationError) -> SettingsError:
     """pydantic's first error as the one-line refusal: the dotted field, the value as given (a list item's: the
     list), what is allowed. A validator that knows its words raises the refusal itself, carried back by pydantic."""
-    error = exc.errors(include_url=False)[0]
-    cause = error.get("ctx", {}).get("error")
-    if isinstance(cause, SettingsError):
-        return cause
-    path = [str(part) for part in itertools.takewhile(lambda part: isinstance(part, str), error["loc"])]
-    dotted, value, owner, info = ".".join(filter(None, [cls.SECTION, *path])), typing.cast(Any, data), cls, None
-    for name in path:
-        value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
-        if (info := owner.model_fields.get(name)) is None:
-            known = (".".join(filter(None, [owner.SECTION, n])) for n in owner.model_fields)
-            return SettingsError(dotted, value, "unknown setting; known: " + ", ".join(known))
-        owner = _section_type(info) or owner
-    if info is None or error["type"] == "model_type":
+    found = locate(cls, data, exc, into_items=False)
+    if isinstance(found.cause, SettingsError):
+        return found.cause
+    owner = typing.cast(type[_Section], found.owner)
+    dotted, value, info = ".".join(filter(None, [cls.SECTION, *map(str, found.path)])), found.value, found.field
+    if info is None and found.path:
+        known = (".".join(filter(None, [owner.SECTION, n])) for n in owner.model_fields)
+        return SettingsError(dotted, value, "unknown setting; known: " + ", ".join(known))
+    if info is None or found.kind == "model_type":
         return SettingsError(dotted, value, "must be a mapping")
     span = _span(typing.cast(dict[str, Any], info.json_schema_extra)["bounds"])
-    if error["type"] in ("greater_than_equal", "less_than_equal"):
+    if found.kind in ("greater_than_equal", "less_than_equal"):
         return SettingsError(dotted, value, f"must be{span}")
-    if error["type"] == "check":
-        return SettingsError(dotted, value, error["ctx"]["allowed"])
+    if found.kind == "check":
+        return SettingsError(dotted, value, found.context["allowed"])
     words = _TYPE_WORDS.get(info.annotation, "must be valid")
     return SettingsError(dotted, value, words + span if info.annotation in (int, float) else words)
 

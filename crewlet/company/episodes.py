@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from crewlet.company.fields import _known, _mapping, _number
+from pydantic import Field
+
+from crewlet.company.shape import FileModel, read_section
 
 #: The company-file key.
 EPISODES_KEY = "episodes"
@@ -41,15 +43,19 @@ class EpisodeSettings:
 DEFAULT_EPISODES = EpisodeSettings()
 
 
+class EpisodesFile(FileModel):
+    """The ``episodes`` section's shape."""
+
+    recent: int = Field(default=DEFAULT_RECENT, ge=RECENT_RANGE[0], le=RECENT_RANGE[1])
+    max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=MAX_BYTES_RANGE[0], le=MAX_BYTES_RANGE[1])
+
+
 def parse_episodes(value: Any, source: Optional[str]) -> EpisodeSettings:
     """``episodes: {recent: 0-20, max_bytes: 256-16384}``; absent is the defaults."""
     if value is None:
         return DEFAULT_EPISODES
-    body = _mapping(value, EPISODES_KEY, source)
-    _known(body, f"{EPISODES_KEY}.", EPISODES_KEYS, source)
-    recent = _number(body.get(RECENT, DEFAULT_RECENT), f"{EPISODES_KEY}.{RECENT}", *RECENT_RANGE, True, source)
-    max_bytes = _number(body.get(MAX_BYTES, DEFAULT_MAX_BYTES), f"{EPISODES_KEY}.{MAX_BYTES}", *MAX_BYTES_RANGE, True, source)
-    return EpisodeSettings(recent=recent, max_bytes=max_bytes)
+    body = read_section(EpisodesFile, value, EPISODES_KEY, source)
+    return EpisodeSettings(recent=body.recent, max_bytes=body.max_bytes)
 
 
 __all__ = [

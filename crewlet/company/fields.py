@@ -1,10 +1,13 @@
-"""The company file's field validators, and the error every refusal of the file is.
+"""The error every refusal of the company file is, what a credential looks like, and the few checks the steps share.
 
-Each validator takes the value as the YAML loader built it, the dotted name
-of its field and the file it came from, and returns the value checked (a
-number made a float or an int, a string proven non-empty) or raises
-:class:`CompanyError` naming the field, the value and what is allowed. A
-credential written into the file is refused without echoing it.
+The shape of each section (types, ranges, choices, patterns, unknown keys)
+is its pydantic model's (:mod:`crewlet.company.shape`, :mod:`crewlet.company.sections`);
+what is here is what the steps between sections still use: a mapping of
+entries read before each entry's model (``_mapping``), the name of an entry
+that is a mapping's key (``_string``), a credential refused unechoed
+(``_refuse_inline_secret``, ``_looks_secret``, which the models' own
+:func:`~crewlet.company.shape.secretless` stands on), and free-form tool
+arguments walked for NaN (``_refuse_non_finite``).
 """
 from __future__ import annotations
 
@@ -14,21 +17,15 @@ from typing import Any, Mapping, NoReturn, Optional
 
 from crewlet.base.jsontext import dotted
 from crewlet.base.logfmt import REDACTED, redact_text
-from crewlet.company.refusal import FieldValueError, is_finite_number
+from crewlet.company.refusal import FieldValueError
 
 #: ``notification_rate_limit``, wakes per seat per second, when it is not 0 (off). A rate below one per
 #: second widens the valve's window to 1/rate seconds, so the floor bounds that window (10,000 s); above
 #: the ceiling the valve would never shut.
 RATE_LIMIT_RANGE = (0.0001, 1000.0)
-#: A schedule's ``every``, in seconds: each firing is a whole turn of a seat and a row in the
-#: coordination store, so a minute is the shortest cadence (cron's own); a year the longest.
-SCHEDULE_EVERY_RANGE_S = (60.0, 365 * 86400.0)
-
 #: Values that are credentials by their shape, whatever they are called: chat, forge and model vendors' token prefixes.
 _SECRET_VALUE = re.compile(r"^(?:xox[a-z]-|xapp-|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|sk-|sk_live_|AKIA[0-9A-Z]{12})")
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class CompanyError(FieldValueError):
@@ -37,75 +34,12 @@ class CompanyError(FieldValueError):
     where = "in"
 
 
-def parse_duration_s(
-    text: Any, field_name: str, source: Optional[str] = None, bounds_s: tuple[float, float] = SCHEDULE_EVERY_RANGE_S
-) -> float:
-    """``90s``, ``15m``, ``24h``, ``7d`` (or a number of seconds) as float seconds within ``bounds_s``.
-
-    Finite only: ``.inf`` or a number of digits no float holds would be a
-    schedule that never fires, and a wait the scheduler cannot compute.
-    """
-    lo, hi = bounds_s
-    allowed = f"must be a duration like 90s, 15m, 24h or 7d, between {_duration_text(lo)} and {_duration_text(hi)}"
-    if is_finite_number(text):
-        seconds = float(text) if abs(text) <= hi else math.inf  # an int too large for a float is past the range anyway
-    else:
-        m = _DURATION.match(text.strip()) if isinstance(text, str) else None
-        if not m:
-            raise CompanyError(field_name, text, allowed, source)
-        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
-    if not math.isfinite(seconds) or not lo <= seconds <= hi:
-        raise CompanyError(field_name, text, allowed, source)
-    return seconds
-
-
-def _duration_text(seconds: float) -> str:
-    """A number of seconds in the largest unit that divides it (``60.0`` -> ``1m``), as the file writes one."""
-    for unit, size in sorted(_UNIT_S.items(), key=lambda item: -item[1]):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
 def _mapping(value: Any, name: str, source: Optional[str]) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise CompanyError(name, value, "must be a mapping", source)
     return value
-
-
-def _known(body: Mapping[str, Any], prefix: str, allowed: tuple[str, ...], source: Optional[str]) -> None:
-    for key in body:
-        if key not in allowed:
-            raise CompanyError(f"{prefix}{key}", body[key], f"unknown key; allowed: {', '.join(allowed)}", source)
-
-
-def _number(value: Any, name: str, lo: float, hi: Optional[float], integer: bool, source: Optional[str]) -> Any:
-    """A whole number or a finite number within [lo, hi] (no upper bound when ``hi`` is None).
-
-    NaN compares false with every bound, so it is refused as not a number
-    rather than let through a range check; infinity is refused the same way.
-    """
-    ok = isinstance(value, int) if integer else is_finite_number(value)
-    bound = f"between {lo:g} and {hi:g}" if hi is not None else f">= {lo:g}"
-    if isinstance(value, bool) or not ok:
-        what = "a whole number" if integer else "a number"
-        raise CompanyError(name, value, f"must be {what} {bound}", source)
-    if value < lo or (hi is not None and value > hi):
-        raise CompanyError(name, value, f"must be {bound}", source)
-    return int(value) if integer else float(value)
-
-
-def _rate(value: Any, name: str, source: Optional[str]) -> float:
-    """``notification_rate_limit``: 0 (off), or a finite rate within :data:`RATE_LIMIT_RANGE`."""
-    lo, hi = RATE_LIMIT_RANGE
-    allowed = f"must be 0 (off) or a number of wakes per second between {lo:g} and {hi:g}"
-    if not is_finite_number(value):
-        raise CompanyError(name, value, allowed, source)
-    if value != 0 and not lo <= value <= hi:
-        raise CompanyError(name, value, allowed, source)
-    return float(value)
 
 
 def _string(value: Any, name: str, source: Optional[str], pattern: Optional[re.Pattern[str]] = None, what: str = "") -> str:
@@ -124,19 +58,6 @@ def _refuse_inline_secret(name: str, allowed: str, source: Optional[str]) -> NoR
 def _looks_secret(value: str) -> bool:
     """A credential by its shape: a vendor token prefix, or text the log redactor would blank (a bearer, a URL password)."""
     return bool(_SECRET_VALUE.match(value.strip())) or redact_text(value) != value
-
-
-def _env_names(value: Any, name: str, source: Optional[str]) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise CompanyError(name, value, "must be a list of environment variable names", source)
-    names = []
-    for i, v in enumerate(value):
-        if isinstance(v, str) and _looks_secret(v):
-            _refuse_inline_secret(f"{name}[{i}]", "must be an environment variable name, not the secret itself", source)
-        names.append(_string(v, f"{name}[{i}]", source, _ENV, "must be an environment variable name"))
-    return tuple(names)
 
 
 def _refuse_non_finite(value: Any, name: str, source: Optional[str]) -> None:

@@ -14,14 +14,34 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from pydantic import model_validator
+
 from crewlet.base.logfmt import REDACTED, is_secret_name
-from crewlet.company.fields import _ENV, CompanyError, _looks_secret, _mapping, _refuse_inline_secret
+from crewlet.company.fields import _ENV, CompanyError, _looks_secret, _refuse_inline_secret
 from crewlet.company.org import BUILTIN_TOOLS, McpServer, ToolGrant
+from crewlet.company.shape import FileModel, read_section, refuse_secret
 
 #: The keys of a grant written as a mapping.
 GRANT_KEYS = ("server", "env", "headers")
 #: A grant's mappings, each with the server key that declares what it may map.
 _DECLARED_BY = (("env", "env_from"), ("headers", "headers_from"))
+
+
+class GrantFile(FileModel):
+    """A grant written as a mapping: its keys (what they may name is the server's, checked by the step)."""
+
+    server: Any = None
+    env: Optional[dict[Any, Any]] = None
+    headers: Optional[dict[Any, Any]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_secret(cls, data: Any) -> Any:
+        """An unknown key named like a credential, or holding one, is refused without quoting the value."""
+        for key, value in data.items() if isinstance(data, Mapping) else ():
+            if key not in cls.model_fields and (is_secret_name(str(key)) or _looks_secret(str(value))):
+                raise refuse_secret(f"unknown key; allowed: {', '.join(GRANT_KEYS)}", str(key))
+        return data
 
 
 def _seat_tools(
@@ -49,11 +69,8 @@ def _seat_tools(
 
 def _tool_grant(body: Mapping[str, Any], name: str, servers: Mapping[str, McpServer], source: Optional[str]) -> ToolGrant:
     """``{server, env?, headers?}`` checked against what the server declares; header names match case-insensitively."""
-    for key in body:
-        if key not in GRANT_KEYS:
-            shown = REDACTED if is_secret_name(str(key)) or _looks_secret(str(body[key])) else body[key]
-            raise CompanyError(f"{name}.{key}", shown, f"unknown key; allowed: {', '.join(GRANT_KEYS)}", source)
-    server_name = body.get("server")
+    grant = read_section(GrantFile, body, name, source)
+    server_name = grant.server
     if server_name in BUILTIN_TOOLS:
         raise CompanyError(
             f"{name}.server", server_name, "is a built-in tool: grant it by its name alone; it takes no env or headers",
@@ -66,7 +83,7 @@ def _tool_grant(body: Mapping[str, Any], name: str, servers: Mapping[str, McpSer
     declared = {"env": {v: v for v in server.env_from}, "headers": {h.lower(): h for h in server.headers_from}}
     mapped: dict[str, dict[str, str]] = {"env": {}, "headers": {}}
     for key, declared_in in _DECLARED_BY:
-        for what, var in _mapping(body.get(key), f"{name}.{key}", source).items():
+        for what, var in (getattr(grant, key) or {}).items():
             own = declared[key].get(str(what) if key == "env" else str(what).lower())
             if own is None:
                 shown = REDACTED if _looks_secret(str(what)) else what

@@ -15,11 +15,14 @@ larger than :data:`INSTRUCTIONS_MAX_BYTES`.
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping, Optional, Protocol
+from typing import Annotated, Any, Mapping, Optional, Protocol
 
 import yaml
+from pydantic import PlainValidator
+from pydantic_core import PydanticCustomError
 
 from crewlet.company.fields import CompanyError
+from crewlet.company.shape import refuse
 from crewlet.company.yamlfile import load_yaml
 
 #: The most bytes (UTF-8) a seat's instructions may hold, inline or from its file: 32 KiB. They are
@@ -105,27 +108,38 @@ class StoredFiles:
         return self.files[path]
 
 
-def _relative_path(value: Any, field: str, source: Optional[str]) -> str:
+def _relative_path(value: Any) -> str:
     """``instructions_file``, normalised (``./a/b.md`` is ``a/b.md``): relative, inside the company's directory."""
     if not isinstance(value, str) or not value.strip():
-        raise CompanyError(field, value, "must be a path to a text file, relative to the company file", source)
+        raise refuse("must be a path to a text file, relative to the company file")
     if len(value) > INSTRUCTIONS_PATH_MAX or "\x00" in value:
-        raise CompanyError(field, value, f"must be at most {INSTRUCTIONS_PATH_MAX} characters, without NUL", source)
+        raise refuse(f"must be at most {INSTRUCTIONS_PATH_MAX} characters, without NUL")
     path = PurePosixPath(value)
     if path.is_absolute() or ".." in path.parts or value.startswith("~"):
-        raise CompanyError(field, value, _PATH_RULE, source)
+        raise refuse(_PATH_RULE)
     return str(path)
 
 
-def seat_instructions(
-    entry: Mapping[str, Any], name: str, included: IncludedFiles, source: Optional[str]
-) -> tuple[str, str]:
-    """A seat's ``(instructions, instructions_file)`` from its entry ``name`` (``seats[0]``): ``("", "")`` when it gives none.
+def _inline(value: Any) -> str:
+    """``instructions``: non-empty text within :data:`INSTRUCTIONS_MAX_BYTES`."""
+    if not isinstance(value, str) or not value.strip():
+        raise refuse("must be non-empty text (leave the key out for none)")
+    if len(value.encode("utf-8", "surrogatepass")) > INSTRUCTIONS_MAX_BYTES:
+        raise refuse(_TOO_LARGE)
+    return value
 
-    Exactly one of the two keys; the text non-empty and at most
-    :data:`INSTRUCTIONS_MAX_BYTES` however it was given.
+
+#: The types of a seat's two instruction keys (:class:`~crewlet.company.sections.SeatFile`).
+InlineInstructions = Annotated[str, PlainValidator(_inline)]
+InstructionsPath = Annotated[str, PlainValidator(_relative_path)]
+
+
+def seat_instructions(
+    inline: Optional[str], from_file: Optional[str], name: str, included: IncludedFiles, source: Optional[str]
+) -> tuple[str, str]:
+    """A seat's ``(instructions, instructions_file)`` from its entry ``name`` (``seats[0]``), both keys' values checked
+    already: ``("", "")`` when it gives none. Exactly one of the two keys; a file's text read and bounded like inline text.
     """
-    inline, from_file = entry.get(INSTRUCTIONS_KEY), entry.get(INSTRUCTIONS_FILE_KEY)
     if inline is not None and from_file is not None:
         raise CompanyError(
             f"{name}.{INSTRUCTIONS_FILE_KEY}", from_file,
@@ -133,17 +147,8 @@ def seat_instructions(
             source,
         )
     if from_file is not None:
-        field = f"{name}.{INSTRUCTIONS_FILE_KEY}"
-        path = _relative_path(from_file, field, source)
-        return included.read(field, path, source), path
-    if inline is None:
-        return "", ""
-    field = f"{name}.{INSTRUCTIONS_KEY}"
-    if not isinstance(inline, str) or not inline.strip():
-        raise CompanyError(field, inline, "must be non-empty text (leave the key out for none)", source)
-    if len(inline.encode("utf-8", "surrogatepass")) > INSTRUCTIONS_MAX_BYTES:
-        raise CompanyError(field, inline, _TOO_LARGE, source)
-    return inline, ""
+        return included.read(f"{name}.{INSTRUCTIONS_FILE_KEY}", from_file, source), from_file
+    return inline or "", ""
 
 
 # -- a revision's included files as the admin edits them ------------------------------------
@@ -179,7 +184,10 @@ def files_from_yaml(text: str) -> dict[str, str]:
     for path, content in data.items():
         if not isinstance(path, str) or not isinstance(content, str):
             raise CompanyError(f"{INCLUDED_FILES}.{path}", content, "must be path: text (the file's content)", None)
-        files[_relative_path(path, f"{INCLUDED_FILES}.{path}", None)] = content
+        try:
+            files[_relative_path(path)] = content
+        except PydanticCustomError as exc:  # the same rule as instructions_file's, refused under the form's field
+            raise CompanyError(f"{INCLUDED_FILES}.{path}", path, str((exc.context or {})["allowed"]), None) from None
     return files
 
 

@@ -5,43 +5,23 @@ allowed, exactly like a bad engine setting, in one bounded line: the file is
 read by the settings' guarded YAML loader (:func:`crewlet.company.yamlfile.load_yaml`:
 size, encoding, depth, alias expansion and duplicate keys), every number is
 finite and inside its range, and every interval has a floor. Each top-level
-section of the file is read by a step of its own; the field validators the
-steps share are :mod:`crewlet.company.fields`.
+section of the file is read by a step of its own: the section's pydantic
+model checks its shape (:mod:`crewlet.company.shape`, :mod:`crewlet.company.sections`),
+and the step builds the :mod:`crewlet.company.org` dataclasses from it and
+checks what involves another section or another entry.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from crewlet.base.logfmt import is_secret_name
 from crewlet.company.chat_identity import check_seat_identities, seat_mattermost, seat_slack, seat_socket_kinds
-from crewlet.company.builtin_servers import BUILTIN_KEY, BuiltinServerError, builtin_mcp_server
-from crewlet.company.conf import NODE_ID_PATTERN
-from crewlet.company.fields import (
-    _ENV,
-    CompanyError,
-    _env_names,
-    _known,
-    _looks_secret,
-    _mapping,
-    _number,
-    _rate,
-    _refuse_inline_secret,
-    _refuse_non_finite,
-    _string,
-)
+from crewlet.company.fields import CompanyError
 from crewlet.company.org import (
-    BUILTIN_TOOLS,
-    REFLECTION_OFF,
-    DEFAULT_MAX_ROUNDS,
-    HANDLE_PATTERN,
+    DEFAULT_TIMEZONE,
     MODE_SOCKET,
     MODE_WEBHOOK,
-    PROVIDER_KINDS,
-    SEAT_KINDS,
-    SURFACE_MODES,
     SURFACE_SECRET_KEYS,
     SURFACE_SERVER_KEYS,
     SURFACE_SERVER_REQUIRED,
@@ -50,7 +30,6 @@ from crewlet.company.org import (
     McpServer,
     Organization,
     Placement,
-    Provider,
     Seat,
     Surface,
     agent_id_for,
@@ -66,354 +45,63 @@ from crewlet.company.instructions import (
 )
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
 from crewlet.company.episodes import EPISODES_KEY, parse_episodes
-from crewlet.company.reflection import REFLECTION_KEY, parse_reflection
-from crewlet.company.schedules import parse_schedules, parse_timezone
+from crewlet.company.schedules import parse_schedules
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
-from crewlet.company.provider_retry import RETRY_KEY, parse_retry
+from crewlet.company.mcp_servers import parse_mcp_servers
+from crewlet.company.providers import parse_providers, provider_entries
+from crewlet.company.sections import CompanyFile, PlacementFile, SeatFile, SurfacesFile
+from crewlet.company.shape import NON_EMPTY, read_section
 from crewlet.company.yamlfile import load_yaml, read_yaml_text
-from crewlet.queue.contract import MAX_LINGER_SECONDS
 
-#: The range a seat's ``max_rounds`` may name.
-MAX_ROUNDS_RANGE = (1, 100)
-#: An echo script step: one tool call, several at once, or the answer that ends the turn.
-ECHO_STEP_KEYS = ("tool", "arguments", "calls", "answer")
-COALESCE_WINDOW_RANGE = (0.0, float(MAX_LINGER_SECONDS))
-COALESCE_MAX_BATCH_RANGE = (1, 100)
-#: A model provider's ``timeout_s`` and the echo model's ``delay_s``, in seconds.
-PROVIDER_TIMEOUT_RANGE_S = (0.1, 3600.0)
-ECHO_DELAY_RANGE_S = (0.0, 3600.0)
-MAX_CONCURRENT_RANGE = (1, 64)
 EXAMPLE_COMPANY = Path(__file__).resolve().parent.parent / "companies" / "example.yaml"
 
-#: An MCP server's name is the prefix of every tool the model sees from it (``<server>__<tool>``), so it
-#: stays short and within the vendors' tool-name alphabet, and never holds the ``__`` separator itself.
-_MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}")
-_HANDLE = re.compile(HANDLE_PATTERN)
-#: What a pinned node id or a node label may be (the node id's own rule).
-NODE_ID_RULE = "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
-_ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
-def _mcp_server(sname: str, body: Mapping[str, Any], source: Optional[str]) -> McpServer:
-    prefix = f"mcp_servers.{sname}"
-    allowed_keys = ("command", "env", "env_from", "url", "headers_from")
-    for key in body:
-        if key not in allowed_keys:
-            if key == "headers" or is_secret_name(str(key)):
-                _refuse_inline_secret(
-                    f"{prefix}.{key}", "is not allowed: give a header through headers_from: {Header: ENV_VAR}, "
-                    "a secret variable through env_from: [ENV_VAR]", source,
-                )
-            raise CompanyError(f"{prefix}.{key}", body[key], f"unknown key; allowed: {', '.join(allowed_keys)}", source)
-    has_command, has_url = body.get("command") is not None, body.get("url") is not None
-    if has_command == has_url:
-        raise CompanyError(
-            prefix, "both command and url" if has_command else "neither command nor url",
-            "must have exactly one of command: [program, args...] (stdio) or url: http(s)://... (streamable HTTP)", source,
-        )
-    command: tuple[str, ...] = ()
-    url = ""
-    if has_command:
-        raw = body["command"]
-        if not isinstance(raw, list) or not raw:
-            raise CompanyError(f"{prefix}.command", raw, "must be a non-empty list: [program, args...]", source)
-        parts = []
-        for i, part in enumerate(raw):
-            part = str(part) if isinstance(part, (int, float)) and not isinstance(part, bool) else part
-            part = _string(part, f"{prefix}.command[{i}]", source)
-            if _looks_secret(part):
-                _refuse_inline_secret(
-                    f"{prefix}.command[{i}]", "looks like a credential: pass it through env_from: [ENV_VAR]", source
-                )
-            parts.append(part)
-        command = tuple(parts)
-    else:
-        url = _string(body["url"], f"{prefix}.url", source)
-        if _looks_secret(url):
-            _refuse_inline_secret(
-                f"{prefix}.url", "carries a credential: give it through headers_from: {Header: ENV_VAR}", source
-            )
-        if not re.match(r"^https?://", url):
-            raise CompanyError(f"{prefix}.url", url, "must be an http:// or https:// URL", source)
-    env: dict[str, str] = {}
-    for key, value in _mapping(body.get("env"), f"{prefix}.env", source).items():
-        key = _string(key, f"{prefix}.env", source, _ENV, "must be an environment variable name")
-        text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-        if is_secret_name(key) or (isinstance(text, str) and _looks_secret(text)):
-            _refuse_inline_secret(
-                f"{prefix}.env.{key}",
-                f"a secret is never inline: name the variable in env_from: [{key}] and set it in the node's environment",
-                source,
-            )
-        if not isinstance(text, str):
-            raise CompanyError(f"{prefix}.env.{key}", value, "must be a string", source)
-        env[key] = text
-    env_from = _env_names(body.get("env_from"), f"{prefix}.env_from", source)
-    headers_from: dict[str, str] = {}
-    for header, var in _mapping(body.get("headers_from"), f"{prefix}.headers_from", source).items():
-        what = f"{prefix}.headers_from.{header}"
-        if isinstance(var, str) and (_looks_secret(var) or (not _ENV.fullmatch(var) and is_secret_name(str(header)))):
-            _refuse_inline_secret(what, "must name the environment variable holding the value, not the value", source)
-        if not isinstance(var, str) or not _ENV.fullmatch(var):
-            raise CompanyError(what, var, "must be an environment variable name", source)
-        headers_from[str(header)] = var
-    if has_command and headers_from:
-        raise CompanyError(f"{prefix}.headers_from", dict(headers_from), "applies only to a url server", source)
-    if has_url and (env or env_from):
-        raise CompanyError(f"{prefix}.env", "env/env_from", "applies only to a command server", source)
-    return McpServer(name=sname, command=command, env=env, env_from=env_from, url=url, headers_from=headers_from)
-
-
-def _echo_options(options: dict[str, Any], name: str, source: Optional[str]) -> None:
-    """The demo model's keys: ``delay_s``, ``fail``, and a ``script`` of rounds (``repeat`` loops it, ``match`` confines it)."""
-    _known(options, f"{name}.", ("delay_s", "fail", "script", "repeat", "match"), source)
-    if "match" in options:
-        _string(options["match"], f"{name}.match", source)
-    if "delay_s" in options:
-        options["delay_s"] = _number(options["delay_s"], f"{name}.delay_s", *ECHO_DELAY_RANGE_S, False, source)
-    for flag in ("fail", "repeat"):
-        if flag in options and not isinstance(options[flag], bool):
-            raise CompanyError(f"{name}.{flag}", options[flag], "must be true or false", source)
-    script = options.get("script", [])
-    if not isinstance(script, list):
-        raise CompanyError(f"{name}.script", script, "must be a list of steps ({tool, arguments}, {calls}, {answer})", source)
-    steps: list[dict[str, Any]] = []
-    for j, step in enumerate(script):
-        where = f"{name}.script[{j}]"
-        body = _mapping(step, where, source)
-        _known(body, f"{where}.", ECHO_STEP_KEYS, source)
-        if "answer" in body:
-            if len(body) != 1 or not isinstance(body["answer"], str):
-                raise CompanyError(where, dict(body), "an answer step is {answer: <text>} alone", source)
-            steps.append({"answer": body["answer"]})
-            continue
-        calls = body.get("calls", [body] if "tool" in body else None)
-        if not isinstance(calls, list) or not calls:
-            raise CompanyError(where, dict(body), "must name a tool, a list of calls, or an answer", source)
-        checked: list[dict[str, Any]] = []
-        for k, call in enumerate(calls):
-            cwhere = where if "tool" in body else f"{where}.calls[{k}]"
-            call = _mapping(call, cwhere, source)
-            _known(call, f"{cwhere}.", ("tool", "arguments"), source)
-            tool = _string(call.get("tool"), f"{cwhere}.tool", source)
-            arguments = _mapping(call.get("arguments"), f"{cwhere}.arguments", source)
-            _refuse_non_finite(arguments, f"{cwhere}.arguments", source)
-            checked.append({"tool": tool, "arguments": dict(arguments)})
-        steps.append({"calls": checked})
-    if script:
-        options["script"] = steps
-
-
-def _model_options(kind: str, options: dict[str, Any], name: str, source: Optional[str]) -> None:
-    """A vendor SDK's keys: the model, where it is served, the variable holding its key, and limits."""
-    _known(options, f"{name}.", ("base_url", "model", "api_key_env", "timeout_s", "max_tokens", RETRY_KEY), source)
-    if kind == "openai" or "base_url" in options:
-        base_url = _string(options.get("base_url"), f"{name}.base_url", source)
-        if _looks_secret(base_url):
-            _refuse_inline_secret(f"{name}.base_url", "carries a credential: name its variable in api_key_env", source)
-        if not re.match(r"^https?://", base_url):
-            raise CompanyError(f"{name}.base_url", base_url, "must be an http:// or https:// URL", source)
-    _string(options.get("model"), f"{name}.model", source)
-    if "api_key_env" in options:
-        env = options["api_key_env"]
-        if isinstance(env, str) and _looks_secret(env):
-            _refuse_inline_secret(f"{name}.api_key_env", "must name the environment variable holding the key, not the key", source)
-        _string(env, f"{name}.api_key_env", source, _ENV, "must be an environment variable name")
-    if "timeout_s" in options:
-        options["timeout_s"] = _number(options["timeout_s"], f"{name}.timeout_s", *PROVIDER_TIMEOUT_RANGE_S, False, source)
-    if "max_tokens" in options:
-        options["max_tokens"] = _number(options["max_tokens"], f"{name}.max_tokens", 1, 1_000_000, True, source)
-    if RETRY_KEY in options:
-        options[RETRY_KEY] = parse_retry(options[RETRY_KEY], f"{name}.{RETRY_KEY}", source)
-
-
-def _builtin_server(sname: str, body: Mapping[str, Any], surfaces: Mapping[str, Surface], source: Optional[str]) -> McpServer:
-    """``{builtin: slack}``: a shipped chat server, alone (the engine makes its command and environment)."""
-    for key in body:
-        if key != BUILTIN_KEY:
-            raise CompanyError(
-                f"mcp_servers.{sname}.{key}", body[key], "a builtin server takes no other key (its token and URL are the engine's)", source
-            )
-    try:
-        return builtin_mcp_server(sname, body[BUILTIN_KEY], surfaces)
-    except BuiltinServerError as exc:
-        raise CompanyError(exc.field, exc.value, exc.allowed, source) from None
-
-
-def _mcp_servers(value: Any, surfaces: Mapping[str, Surface], source: Optional[str]) -> dict[str, McpServer]:
-    servers: dict[str, McpServer] = {}
-    for sname, body in _mapping(value, "mcp_servers", source).items():
-        sname = _string(
-            sname, "mcp_servers", source, _MCP_SERVER_NAME,
-            "a server name must be 1-32 letters, digits, '-' or '_' (never '__'), starting with a letter or digit",
-        )
-        if sname in BUILTIN_TOOLS:
-            raise CompanyError(f"mcp_servers.{sname}", sname, "is the name of a built-in tool; choose another", source)
-        body = _mapping(body, f"mcp_servers.{sname}", source)
-        if BUILTIN_KEY in body:
-            servers[sname] = _builtin_server(sname, body, surfaces, source)
-            continue
-        servers[sname] = _mcp_server(sname, body, source)
-    return servers
-
-
-def _placement(value: Any, name: str, kind: str, source: Optional[str]) -> Placement:
-    """``seats[].placement``: ``{node: n1}`` pins, ``{labels: [gpu]}`` needs every label; only an agent has one."""
-    if value is None:
+def _placement(value: Any, body: Optional[PlacementFile], name: str, kind: str, source: Optional[str]) -> Placement:
+    """``seats[].placement`` (its shape checked by :class:`PlacementFile`); only an agent has one, labels kept once each."""
+    if body is None:
         return Placement()
-    body = _mapping(value, name, source)
-    _known(body, f"{name}.", ("node", "labels"), source)
-    if body and kind != "agent":
-        raise CompanyError(name, dict(body), "applies only to an agent seat (a person runs on no node)", source)
-    node = ""
-    if body.get("node") is not None:
-        node = _string(body["node"], f"{name}.node", source, NODE_ID_PATTERN, NODE_ID_RULE)
-    raw = body.get("labels")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise CompanyError(f"{name}.labels", raw, "must be a list of node labels", source)
-    labels: list[str] = []
-    for i, label in enumerate(raw):
-        label = _string(label, f"{name}.labels[{i}]", source, NODE_ID_PATTERN, NODE_ID_RULE)
-        if label not in labels:
-            labels.append(label)
-    return Placement(node=node, labels=tuple(labels))
+    if value and kind != "agent":
+        raise CompanyError(name, dict(value), "applies only to an agent seat (a person runs on no node)", source)
+    return Placement(node=body.node or "", labels=tuple(dict.fromkeys(body.labels or ())))
 
 
-_TOP_KEYS = (
-    "org",
-    "providers",
-    "node",
-    "notification_coalesce_window_seconds",
-    "notification_coalesce_max_batch",
-    "notification_rate_limit",
-    "surfaces",
-    "seats",
-    "schedules",
-    "mcp_servers",
-    "timezone",
-    BUDGET_KEY,
-    THREAD_BLOCK_KEY,
-    EPISODES_KEY,
-)
-
-
-def _surface_socket(name: str, body: Mapping[str, Any], source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, str]:
-    """A surface's mode and server (read in either mode), and in ``socket`` mode the token variable.
+def _surface_socket(name: str, shape: Any, seat_sockets: frozenset[str], source: Optional[str]) -> dict[str, str]:
+    """A surface's mode and server (read in either mode), and in ``socket`` mode the token variable (its keys' shape checked).
 
     The server is read in either mode: a socket dials it, the shipped chat
     tools call it. ``seat_sockets``: the kinds a seat names its own socket
     token for; those sockets dial the surface's server too, and the
     company-level token may then be left out.
     """
-    mode = body.get("mode", MODE_WEBHOOK)
-    if mode not in SURFACE_MODES:
-        raise CompanyError(f"surfaces.{name}.mode", mode, f"must be one of {', '.join(SURFACE_MODES)}", source)
+    given = shape.model_fields_set if shape is not None else set()
+    mode = shape.mode if shape is not None and "mode" in given else MODE_WEBHOOK
     token_key, server_key = SURFACE_SOCKET_TOKEN_KEYS.get(name), SURFACE_SERVER_KEYS.get(name)
-    server = body.get(server_key, "") if server_key else ""
-    if server_key and (server or (mode == MODE_SOCKET and name in SURFACE_SERVER_REQUIRED)):
-        server = _string(server or None, f"surfaces.{name}.{server_key}", source)
-        if not re.match(r"^https?://[^/\s]+", server):
-            raise CompanyError(f"surfaces.{name}.{server_key}", server, "must be an http:// or https:// URL", source)
+    server = (getattr(shape, server_key) or "") if shape is not None and server_key else ""
+    if server_key and not server and mode == MODE_SOCKET and name in SURFACE_SERVER_REQUIRED:
+        raise CompanyError(f"surfaces.{name}.{server_key}", None, NON_EMPTY, source)
     if mode != MODE_SOCKET:
-        if token_key and token_key in body:
-            raise CompanyError(f"surfaces.{name}.{token_key}", body[token_key], "is read only with mode: socket", source)
+        if token_key and token_key in given:
+            raise CompanyError(f"surfaces.{name}.{token_key}", getattr(shape, token_key), "is read only with mode: socket", source)
         return {"mode": mode, "server": server.rstrip("/")}
     assert token_key is not None  # the socket modes' surfaces are SURFACE_SOCKET_TOKEN_KEYS'
-    token_env = ""
-    if token_key in body or name not in seat_sockets:
-        if token_key not in body:
-            raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
-        token_env = _string(body[token_key], f"surfaces.{name}.{token_key}", source, _ENV, "must be an environment variable name")
+    if token_key not in given and name not in seat_sockets:
+        raise CompanyError(f"surfaces.{name}.{token_key}", None, "is required with mode: socket (the variable holding its token)", source)
+    token_env = getattr(shape, token_key) if token_key in given else ""
     return {"mode": mode, "token_env": token_env, "server": server.rstrip("/")}
-
-
-def _providers(value: Any, source: Optional[str]) -> list[Provider]:
-    """``providers.llm``: the model providers in fallback order, each kind's keys checked and no secret written inline."""
-    providers_body = _mapping(value, "providers", source)
-    _known(providers_body, "providers.", ("llm", REFLECTION_KEY), source)
-    llm = providers_body.get("llm", [])
-    if llm is None:
-        llm = []
-    if not isinstance(llm, list):
-        raise CompanyError("providers.llm", llm, "must be a list (empty = a company with no model provider)", source)
-    return _provider_entries(llm, "providers.llm", source)
-
-
-def _provider_entries(llm: list[Any], prefix: str, source: Optional[str]) -> list[Provider]:
-    """A model chain's entries (``providers.llm``, a seat's ``providers``), each kind's keys checked and no secret inline."""
-    providers = []
-    for i, entry in enumerate(llm):
-        name = f"{prefix}[{i}]"
-        entry = _mapping(entry, name, source)
-        kind = entry.get("kind")
-        if kind not in PROVIDER_KINDS:
-            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(PROVIDER_KINDS)}", source)
-        options = {k: v for k, v in entry.items() if k != "kind"}
-        for key in options:
-            if is_secret_name(str(key)):
-                _refuse_inline_secret(
-                    f"{name}.{key}",
-                    "a secret is never written in the company file: name the environment variable "
-                    "that holds it in api_key_env",
-                    source,
-                )
-        if kind == "echo":
-            _echo_options(options, name, source)
-        else:
-            _model_options(kind, options, name, source)
-        providers.append(Provider(kind=kind, options=options))
-    return providers
-
-
-def _node(value: Any, source: Optional[str]) -> int:
-    """``node.max_concurrent``: how many turns one node runs at once."""
-    node_body = _mapping(value, "node", source)
-    _known(node_body, "node.", ("max_concurrent",), source)
-    return _number(node_body.get("max_concurrent", 4), "node.max_concurrent", *MAX_CONCURRENT_RANGE, True, source)
-
-
-def _notification_pacing(data: Mapping[str, Any], source: Optional[str]) -> tuple[float, int, float]:
-    """The three ``notification_*`` keys: the coalescing window, the most wakes one digest holds, the rate valve."""
-    window = _number(
-        data.get("notification_coalesce_window_seconds", 0),
-        "notification_coalesce_window_seconds",
-        *COALESCE_WINDOW_RANGE,
-        False,
-        source,
-    )
-    max_batch = _number(
-        data.get("notification_coalesce_max_batch", 20),
-        "notification_coalesce_max_batch",
-        *COALESCE_MAX_BATCH_RANGE,
-        True,
-        source,
-    )
-    rate = _rate(data.get("notification_rate_limit", 0), "notification_rate_limit", source)
-    return window, max_batch, rate
 
 
 def _surfaces(value: Any, source: Optional[str], seat_sockets: frozenset[str] = frozenset()) -> dict[str, Surface]:
     """``surfaces``: every surface kind, configured or not, with its secret variable, verification and mode."""
-    surfaces_body = _mapping(value, "surfaces", source)
-    _known(surfaces_body, "surfaces.", SURFACES, source)
+    checked = read_section(SurfacesFile, value, "surfaces", source)
+    surfaces_body = value or {}
     surfaces: dict[str, Surface] = {}
     for name in SURFACES:
-        body = _mapping(surfaces_body.get(name), f"surfaces.{name}", source)
-        key = SURFACE_SECRET_KEYS[name]
-        socket_keys = ("mode", SURFACE_SOCKET_TOKEN_KEYS[name]) if name in SURFACE_SOCKET_TOKEN_KEYS else ()
-        server_keys = (SURFACE_SERVER_KEYS[name],) if name in SURFACE_SERVER_KEYS else ()
-        _known(body, f"surfaces.{name}.", (key, "verify", *socket_keys, *server_keys), source)
-        env = body.get(key, "")
-        if env:
-            _string(env, f"surfaces.{name}.{key}", source, _ENV, "must be an environment variable name")
-        verify = body.get("verify", True)
-        if not isinstance(verify, bool):
-            raise CompanyError(f"surfaces.{name}.verify", verify, "must be true or false", source)
+        shape = getattr(checked, name)
         surfaces[name] = Surface(
-            name=name, secret_env=env or "", verify=verify, configured=name in surfaces_body,
-            **_surface_socket(name, body, source, seat_sockets),
+            name=name, secret_env=getattr(shape, SURFACE_SECRET_KEYS[name], "") or "" if shape else "",
+            verify=shape.verify if shape else True, configured=name in surfaces_body,
+            **_surface_socket(name, shape, seat_sockets, source),
         )
     return surfaces
 
@@ -426,34 +114,14 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
     seen: dict[str, str] = {}
     for i, entry in enumerate(seats_raw):
         name = f"seats[{i}]"
-        entry = _mapping(entry, name, source)
-        _known(
-            entry,
-            f"{name}.",
-            ("handle", "kind", "role", "display_name", "identities", "tools", "max_rounds", "turn_token_budget", "placement",
-             REFLECTION_KEY, *SEAT_OWN_KEYS, "slack", "mattermost", BUDGET_KEY),
-            source,
-        )
-        handle = _string(
-            entry.get("handle"), f"{name}.handle", source, _HANDLE, "must be 1-63 lowercase letters, digits, '_' or '-'"
-        )
+        shape = read_section(SeatFile, entry, name, source)
+        entry = entry or {}
+        handle, kind = shape.handle, shape.kind
         if handle in seen:
             raise CompanyError(f"{name}.handle", handle, "must be unique; already used by another seat", source)
         seen[handle] = name
-        kind = entry.get("kind", "agent")
-        if kind not in SEAT_KINDS:
-            raise CompanyError(f"{name}.kind", kind, f"must be one of {', '.join(SEAT_KINDS)}", source)
-        role = entry.get("role", "") or ""
-        if not isinstance(role, str):
-            raise CompanyError(f"{name}.role", role, "must be a string", source)
-        display = entry.get("display_name", "") or handle.capitalize()
-        if not isinstance(display, str):
-            raise CompanyError(f"{name}.display_name", display, "must be a string", source)
-        idents = _mapping(entry.get("identities"), f"{name}.identities", source)
-        _known(idents, f"{name}.identities.", SURFACES, source)
-        identities = {}
-        for surface, ident in idents.items():
-            identities[surface] = _string(str(ident) if isinstance(ident, int) else ident, f"{name}.identities.{surface}", source)
+        role, display = shape.role or "", shape.display_name or handle.capitalize()
+        identities = {surface: getattr(shape.identities, surface) for surface in entry.get("identities") or {}}
         tools, grants = _seat_tools(entry.get("tools"), f"{name}.tools", mcp_servers, source)
         seats.append(
             Seat(
@@ -465,14 +133,10 @@ def _seats(seats_raw: Any, org: str, mcp_servers: Mapping[str, McpServer], sourc
                 agent_id=agent_id_for(org, handle),
                 tools=tools,
                 grants=grants,
-                max_rounds=_number(
-                    entry.get("max_rounds", DEFAULT_MAX_ROUNDS), f"{name}.max_rounds", *MAX_ROUNDS_RANGE, True, source
-                ),
-                turn_token_budget=_number(
-                    entry.get("turn_token_budget", 0), f"{name}.turn_token_budget", 0, None, True, source
-                ),
-                reflection=parse_reflection(entry.get(REFLECTION_KEY, REFLECTION_OFF), f"{name}.{REFLECTION_KEY}", source),
-                placement=_placement(entry.get("placement"), f"{name}.placement", kind, source),
+                max_rounds=shape.max_rounds,
+                turn_token_budget=shape.turn_token_budget,
+                reflection=shape.reflection,
+                placement=_placement(entry.get("placement"), shape.placement, f"{name}.placement", kind, source),
                 slack=seat_slack(entry.get("slack"), f"{name}.slack", kind, source),
                 mattermost=seat_mattermost(entry.get("mattermost"), f"{name}.mattermost", kind, source),
             )
@@ -504,14 +168,9 @@ def _seats_own(seats_raw: Any, seats: list[Seat], included: IncludedFiles, sourc
         for key in SEAT_OWN_KEYS:
             if entry.get(key) is not None and not seat.is_agent:
                 raise CompanyError(f"{name}.{key}", entry[key], "applies only to an agent seat (a person runs no turns)", source)
-        instructions, instructions_file = seat_instructions(entry, name, included, source)
-        chain = entry.get("providers")
-        if chain is not None and (not isinstance(chain, list) or not chain):
-            raise CompanyError(
-                f"{name}.providers", chain,
-                "must be a non-empty list of providers.llm entries (leave it out for the company's providers.llm)", source,
-            )
-        providers = tuple(_provider_entries(chain, f"{name}.providers", source)) if chain else ()
+        shape = read_section(SeatFile, entry, name, source)  # read by _seats already: this only hands back its values
+        instructions, instructions_file = seat_instructions(shape.instructions, shape.instructions_file, name, included, source)
+        providers = tuple(provider_entries(shape.providers, f"{name}.providers", source)) if shape.providers else ()
         own.append(replace(seat, instructions=instructions, instructions_file=instructions_file, providers=providers))
     return own
 
@@ -530,31 +189,26 @@ def parse_company(
     """
     included = included if included is not None else StoredFiles()
     if not isinstance(data, Mapping):
-        raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(_TOP_KEYS), source)
-    _known(data, "", _TOP_KEYS, source)
-    org = _string(data.get("org"), "org", source, _ORG, "must be 1-63 letters, digits, '.', '_' or '-'")
-    providers = _providers(data.get("providers"), source)
-    reflecting = (data.get("providers") or {}).get(REFLECTION_KEY) or []
-    if not isinstance(reflecting, list):
-        raise CompanyError(f"providers.{REFLECTION_KEY}", reflecting, "must be a list (empty = each seat's own chain)", source)
-    max_concurrent = _node(data.get("node"), source)
-    window, max_batch, rate = _notification_pacing(data, source)
+        raise CompanyError("company", data, "must be a mapping with keys " + ", ".join(CompanyFile.model_fields), source)
+    top = read_section(CompanyFile, data, "", source)
+    org = top.org
+    providers, reflection_providers = parse_providers(top.providers, source)
     surfaces = _surfaces(data.get("surfaces"), source, seat_socket_kinds(data.get("seats")))
-    mcp_servers = _mcp_servers(data.get("mcp_servers"), surfaces, source)
+    mcp_servers = parse_mcp_servers(top.mcp_servers, surfaces, source)
     seats = _seats(data.get("seats", []), org, mcp_servers, source)
     seats = _seats_own(data.get("seats", []), seats, included, source)
     seats = seat_budgets(data.get("seats", []), seats, source)
-    timezone = parse_timezone(data.get("timezone"), "timezone", source)
+    timezone = top.timezone or DEFAULT_TIMEZONE
     schedules = parse_schedules(data.get("schedules", []), seats, timezone, source)
 
     return Organization(
         org=org,
         providers=tuple(providers),
-        reflection_providers=tuple(_provider_entries(reflecting, f"providers.{REFLECTION_KEY}", source)),
-        max_concurrent=max_concurrent,
-        coalesce_window_s=window,
-        coalesce_max_batch=max_batch,
-        rate_limit_per_s=rate,
+        reflection_providers=tuple(reflection_providers),
+        max_concurrent=top.max_concurrent,
+        coalesce_window_s=top.notification_coalesce_window_seconds,
+        coalesce_max_batch=top.notification_coalesce_max_batch,
+        rate_limit_per_s=top.notification_rate_limit,
         surfaces=surfaces,
         seats=tuple(seats),
         schedules=tuple(schedules),

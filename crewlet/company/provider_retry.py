@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from crewlet.company.fields import _known, _mapping, _number
+from pydantic import Field
+
+from crewlet.company.shape import FileModel, read_section
 
 #: The entry's key, and the keys it takes.
 RETRY_KEY = "retry"
@@ -35,16 +37,16 @@ class RetryPolicy:
     max_wait_s: float = DEFAULT_RETRY_MAX_WAIT_S
 
 
+class RetryFile(FileModel):
+    """A provider entry's ``retry`` section's shape."""
+
+    attempts: int = Field(default=DEFAULT_RETRY_ATTEMPTS, ge=RETRY_ATTEMPTS_RANGE[0], le=RETRY_ATTEMPTS_RANGE[1])
+    max_wait_s: float = Field(default=DEFAULT_RETRY_MAX_WAIT_S, ge=RETRY_MAX_WAIT_RANGE_S[0], le=RETRY_MAX_WAIT_RANGE_S[1])
+
+
 def parse_retry(value: Any, name: str, source: Optional[str]) -> dict[str, Any]:
     """``<entry>.retry`` checked: a mapping of ``attempts`` (whole, 0-10) and ``max_wait_s`` (0.1-300), defaults filled in."""
-    body = _mapping(value, name, source)
-    _known(body, f"{name}.", RETRY_KEYS, source)
-    attempts = body.get("attempts", DEFAULT_RETRY_ATTEMPTS)
-    max_wait_s = body.get("max_wait_s", DEFAULT_RETRY_MAX_WAIT_S)
-    return {
-        "attempts": _number(attempts, f"{name}.attempts", *RETRY_ATTEMPTS_RANGE, True, source),
-        "max_wait_s": _number(max_wait_s, f"{name}.max_wait_s", *RETRY_MAX_WAIT_RANGE_S, False, source),
-    }
+    return read_section(RetryFile, value, name, source).model_dump()
 
 
 def retry_policy(options: Mapping[str, Any]) -> RetryPolicy:

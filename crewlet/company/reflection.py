@@ -5,21 +5,25 @@ Beside the other per-key readers of the company file (:mod:`crewlet.company.epis
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Annotated, Any
 
-from crewlet.company.fields import CompanyError
+from pydantic import BeforeValidator
+
 from crewlet.company.org import REFLECTION_MODES, REFLECTION_OFF, REFLECTION_ON
+from crewlet.company.refusal import one_of
 
 #: A seat's post-turn reflection mode, and the ``providers`` entry naming the chain reflections call.
 REFLECTION_KEY = "reflection"
+REFLECTION_RULE = f"must be one of {', '.join(REFLECTION_MODES)}"
 
 
-def parse_reflection(value: Any, name: str, source: Optional[str]) -> str:
-    """A mode; YAML reads an unquoted ``on``/``off`` as a boolean, which means the mode of that name."""
-    value = {True: REFLECTION_ON, False: REFLECTION_OFF}.get(value, value) if isinstance(value, bool) else value
-    if value not in REFLECTION_MODES:
-        raise CompanyError(name, value, f"must be one of {', '.join(REFLECTION_MODES)}", source)
-    return str(value)
+def _mode_of_boolean(value: Any) -> Any:
+    """YAML reads an unquoted ``on``/``off`` as a boolean, which means the mode of that name."""
+    return {True: REFLECTION_ON, False: REFLECTION_OFF}[value] if isinstance(value, bool) else value
 
 
-__all__ = ["REFLECTION_KEY", "parse_reflection"]
+#: ``seats[].reflection``'s type: one of :data:`~crewlet.company.org.REFLECTION_MODES`, ``on``/``off`` read as YAML booleans too.
+ReflectionMode = Annotated[str, BeforeValidator(_mode_of_boolean), one_of(*REFLECTION_MODES)]
+
+
+__all__ = ["REFLECTION_KEY", "REFLECTION_RULE", "ReflectionMode"]

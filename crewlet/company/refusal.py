@@ -13,7 +13,14 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from typing import Any, Optional
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from pydantic import BaseModel, GetCoreSchemaHandler, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError, core_schema
 
 from crewlet.base.jsontext import QUOTE_LIMIT, storable_text
 
@@ -111,3 +118,110 @@ def is_finite_number(value: Any) -> bool:
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+@dataclass(frozen=True)
+class Located:
+    """pydantic's first error, found in the data that was validated: what a refusal names.
+
+    ``path`` runs from the validated data to the refused value: field names,
+    and (when the walk goes into lists and mappings) list indexes and mapping
+    keys. ``owner`` is the model whose field ``field`` is; ``field`` is None for
+    a key ``owner`` does not know. ``cause`` is a refusal a validator raised
+    itself, carried back by pydantic, to be raised as it is.
+    """
+
+    path: tuple[str | int, ...]
+    value: Any
+    owner: type[BaseModel]
+    field: Optional[FieldInfo]
+    kind: str
+    context: Mapping[str, Any]
+    cause: Optional[FieldValueError]
+
+
+def _model(kind: Any) -> Optional[type[BaseModel]]:
+    """The model a field's type is (``Optional`` seen through), or None."""
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return kind
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return next((m for m in map(_model, typing.get_args(kind)) if m is not None), None)
+    return None
+
+
+def _items_model(kind: Any) -> Optional[type[BaseModel]]:
+    """The model of the items a list or mapping field holds (``Optional`` seen through), or None."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return next((m for m in map(_items_model, args) if m is not None), None)
+    return _model(args[-1]) if args and typing.get_origin(kind) in (list, tuple, dict) else None
+
+
+def _child(value: Any, part: str | int) -> Any:
+    """``value[part]`` for a mapping or a list, an attribute of anything else (a model), None when there is none."""
+    if isinstance(value, Mapping):
+        return value.get(part)
+    if isinstance(value, (list, tuple)) and isinstance(part, int):
+        return value[part] if -len(value) <= part < len(value) else None
+    return getattr(value, str(part), None)
+
+
+def locate(model: type[BaseModel], data: Any, exc: ValidationError, *, into_items: bool) -> Located:
+    """Where ``exc``'s first error is in ``data`` (an unknown key's first, so a misspelt key is named before its neighbours).
+
+    ``into_items``: follow a list index or a mapping key into the value (the
+    company file names ``seats[2].handle``); otherwise stop at the field that
+    holds the list (a settings list is refused whole).
+    """
+    errors = exc.errors(include_url=False)
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    context = error.get("ctx", {})
+    cause = context.get("error")
+    path: list[str | int] = []
+    value: Any = data
+    owner, info, items, at_model = model, None, None, True
+    for part in error["loc"]:
+        if at_model:
+            if not isinstance(part, str):
+                break
+            value, info = _child(value, part), owner.model_fields.get(part)
+            path.append(part)
+            if info is None:
+                break
+            inner = _model(info.annotation)
+            owner, at_model, items = (inner, True, None) if inner else (owner, False, _items_model(info.annotation))
+        elif not into_items or part == "[key]":
+            break
+        else:
+            value = _child(value, part)
+            path.append(part)
+            owner, at_model = (items, True) if items else (owner, False)
+    return Located(
+        tuple(path), value, owner, info, error["type"], context, cause if isinstance(cause, FieldValueError) else None,
+    )
+
+
+@dataclass(frozen=True)
+class Check:
+    """A rule past a value's type and range (``Annotated[str, Check(...)]``).
+
+    ``problem`` says, in the refusal's words, what is wrong with a value, or
+    None; ``choices`` lists a choice's values for :func:`known_settings`.
+    """
+
+    problem: typing.Callable[[Any], Optional[str]]
+    choices: Optional[tuple[Any, ...]] = None
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def _check(self, value: Any) -> Any:
+        if problem := self.problem(value):
+            raise PydanticCustomError("check", "{allowed}", {"allowed": problem})
+        return value
+
+
+def one_of(*choices: Any) -> Check:
+    """A choice, checked after the type: a ``Literal`` takes ``True`` for ``1`` and refuses ``'3'`` as no choice."""
+    words = "must be one of " + ", ".join(map(str, choices))
+    return Check(lambda value: None if value in choices else words, choices)

@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from crewlet.company.fields import _known, _mapping, _number
+from pydantic import Field
+
+from crewlet.company.shape import FileModel, read_section
 
 #: The company-file key.
 THREAD_BLOCK_KEY = "thread_block"
@@ -40,18 +42,20 @@ class ThreadBounds:
 DEFAULT_THREAD_BOUNDS = ThreadBounds()
 
 
+class ThreadBlockFile(FileModel):
+    """The ``thread_block`` section's shape; absent keys keep :data:`DEFAULT_THREAD_BOUNDS`'."""
+
+    max_messages: int = Field(default=DEFAULT_THREAD_BOUNDS.max_messages, ge=MAX_MESSAGES_RANGE[0], le=MAX_MESSAGES_RANGE[1])
+    max_bytes: int = Field(default=DEFAULT_THREAD_BOUNDS.max_bytes, ge=MAX_BYTES_RANGE[0], le=MAX_BYTES_RANGE[1])
+    timeout_s: float = Field(default=DEFAULT_THREAD_BOUNDS.timeout_s, ge=TIMEOUT_RANGE_S[0], le=TIMEOUT_RANGE_S[1])
+
+
 def parse_thread_bounds(value: Any, source: Optional[str]) -> ThreadBounds:
     """``thread_block: {max_messages?, max_bytes?, timeout_s?}``, each in its range; absent keys keep their defaults."""
     if value is None:
         return DEFAULT_THREAD_BOUNDS
-    body = _mapping(value, THREAD_BLOCK_KEY, source)
-    _known(body, f"{THREAD_BLOCK_KEY}.", THREAD_BLOCK_KEYS, source)
-    d = DEFAULT_THREAD_BOUNDS
-    return ThreadBounds(
-        max_messages=_number(body.get(MAX_MESSAGES, d.max_messages), f"{THREAD_BLOCK_KEY}.{MAX_MESSAGES}", *MAX_MESSAGES_RANGE, True, source),
-        max_bytes=_number(body.get(MAX_BYTES, d.max_bytes), f"{THREAD_BLOCK_KEY}.{MAX_BYTES}", *MAX_BYTES_RANGE, True, source),
-        timeout_s=float(_number(body.get(TIMEOUT_S, d.timeout_s), f"{THREAD_BLOCK_KEY}.{TIMEOUT_S}", *TIMEOUT_RANGE_S, False, source)),
-    )
+    body = read_section(ThreadBlockFile, value, THREAD_BLOCK_KEY, source)
+    return ThreadBounds(max_messages=body.max_messages, max_bytes=body.max_bytes, timeout_s=body.timeout_s)
 
 
 __all__ = [
