@@ -34,6 +34,9 @@ LABEL_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 PEER_PATTERN = re.compile(r"(?P<host>[^\s:/@]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 STREAM_TYPES = ("embedded", "nats")
 URL_SCHEMES = ("nats", "tls")
+#: What a member's leafnode URL in ``stream.leaf.urls`` may start with (nats-server's leafnode schemes for TCP).
+LEAF_URL_SCHEMES = ("nats-leaf", "tls")
+LEAF_URL_WORDS = "a member's leafnode URL: nats-leaf://host:port or tls://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"
 NAME_WORDS = "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
 LABEL_WORDS = "a label: 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
 LISTEN_WORDS = "must be an address to listen on (0.0.0.0, 127.0.0.1, a host name)"
@@ -107,6 +110,19 @@ def _items(valid: typing.Callable[[str], bool], what: str, noun: str) -> Check:
         twice = len(set(values)) < len(values)
         return f"{quote_value(bad[0])} is not {what}" if bad else f"must not name a {noun} twice" if twice else None
     return Check(problem)
+
+
+def _leaf_url(value: str) -> bool:
+    """Whether ``value`` is a member's leafnode URL with a host, a valid port and no credentials."""
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    return (
+        parts.scheme in LEAF_URL_SCHEMES and bool(parts.hostname) and port is not None
+        and "@" not in parts.netloc and parts.path in ("", "/") and not parts.query
+    )
 
 
 def _peer(value: str) -> Optional[tuple[str, int]]:
@@ -184,6 +200,10 @@ class ClusterSettings(_Section):
         60.0, env="CREWLET_STREAM_CLUSTER_FORM_TIMEOUT_S", bounds=(1, 3600),
         doc="how long start-up waits for the cluster to elect its JetStream meta leader",
     )
+    leaf_port: int = setting(
+        0, env="CREWLET_STREAM_CLUSTER_LEAF_PORT", bounds=(0, 65535),
+        doc="this member's leafnode listener on stream.cluster.host, which leaf nodes dial; 0 leaves it off",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -210,7 +230,45 @@ class ClusterSettings(_Section):
                 "needs stream.cluster.peers: a JetStream cluster has at least one other member to route to "
                 "(leave stream.cluster.name empty for a lone broker)",
             )
+        if self.leaf_port and not self.name:
+            raise SettingsError("stream.cluster.leaf_port", self.leaf_port, "needs stream.cluster.name: only a cluster member accepts leaf nodes")
+        if self.leaf_port and self.leaf_port == self.port:
+            raise SettingsError("stream.cluster.leaf_port", self.leaf_port, "must differ from stream.cluster.port (the route port)")
         return self
+
+
+class LeafSettings(_Section):
+    """This node's embedded broker as a leaf node of the members' cluster: no JetStream of its own (empty ``urls``: not a leaf)."""
+
+    SECTION: ClassVar[str] = "stream.leaf"
+
+    urls: _StringList = setting(
+        (), env="CREWLET_STREAM_LEAF_URLS",
+        doc="every member's leafnode URL (nats-leaf://host:stream.cluster.leaf_port); the leaf moves to another when one dies",
+    )
+    attach_timeout_s: float = setting(
+        60.0, env="CREWLET_STREAM_LEAF_ATTACH_TIMEOUT_S", bounds=(1, 3600),
+        doc="how long start-up waits for the members' JetStream to answer across the leaf connection",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.urls)
+
+    @field_validator("urls")
+    @classmethod
+    def _members(cls, urls: Strings) -> Strings:
+        shown = [redact_url(u) for u in urls]  # a refusal ends up in logs: never a password someone put in a URL
+        bad = [s for u, s in zip(urls, shown) if not _leaf_url(u)]
+        if bad:
+            raise SettingsError("stream.leaf.urls", shown, f"{quote_value(bad[0])} is not {LEAF_URL_WORDS}")
+        if len(set(urls)) < len(urls):
+            raise SettingsError("stream.leaf.urls", shown, "must not name a URL twice")
+        return urls
+
+    def member_addresses(self) -> list[tuple[str, int]]:
+        """Each member's leafnode listener as (host, port); the URLs were checked when the settings were made."""
+        return [(typing.cast(str, urlsplit(u).hostname), typing.cast(int, urlsplit(u).port)) for u in self.urls]
 
 
 class StreamSettings(_Section):
@@ -251,6 +309,7 @@ class StreamSettings(_Section):
         doc="durable consumers each engine stream may hold; every agent seat needs room for two on CREWLET_AGENT",
     )
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+    leaf: LeafSettings = Field(default_factory=LeafSettings)
 
     def urls(self) -> list[str]:
         """The servers ``stream.url`` names (comma-separated), in order."""
@@ -274,7 +333,9 @@ class StreamSettings(_Section):
     def _placed(self) -> StreamSettings:
         if self.type == "nats" and not self.url:
             raise SettingsError("stream.url", self.url, "required when stream.type is nats (nats://host:port or tls://host:port)")
-        if self.cluster.enabled:
+        if self.leaf.enabled:
+            self._leaf_alone()
+        elif self.cluster.enabled:
             if self.type != "embedded":
                 raise SettingsError(
                     "stream.cluster.name", self.cluster.name,
@@ -285,7 +346,7 @@ class StreamSettings(_Section):
                     "stream.store_dir", self.store_dir,
                     "required when stream.cluster is set: a member's replicated streams and raft log must survive its restart",
                 )
-        if self.type == "embedded" and self.replicas > self.cluster.members:
+        if self.type == "embedded" and not self.leaf.enabled and self.replicas > self.cluster.members:
             members = self.cluster.members
             allowed = ", ".join(str(c) for c in REPLICA_CHOICES if c <= members)
             reason = (
@@ -295,6 +356,32 @@ class StreamSettings(_Section):
             )
             raise SettingsError("stream.replicas", self.replicas, reason)
         return self
+
+
+    def _leaf_alone(self) -> None:
+        """A leaf keeps nothing of the broker's: no cluster membership, no store, no more copies than the members it names."""
+        shown = list(self.leaf.urls)
+        if self.type != "embedded":
+            raise SettingsError(
+                "stream.leaf.urls", shown, "applies to the embedded broker only (stream.type embedded): a leaf is this node's own nats-server dialling the members",
+            )
+        if self.cluster.enabled:
+            raise SettingsError(
+                "stream.cluster.name", self.cluster.name,
+                "must be empty on a leaf (stream.leaf.urls is set): a leaf dials the members and is not one of them",
+            )
+        if self.store_dir:
+            raise SettingsError(
+                "stream.store_dir", self.store_dir,
+                "must be empty on a leaf (stream.leaf.urls is set): a leaf runs no JetStream and keeps no streams, the members do",
+            )
+        members = len(self.leaf.urls)
+        if self.replicas > members:
+            allowed = ", ".join(str(c) for c in REPLICA_CHOICES if c <= members)
+            raise SettingsError(
+                "stream.replicas", self.replicas,
+                f"more than the {members} members stream.leaf.urls names; set the members' stream.replicas (allowed: {allowed})",
+            )
 
 
 class NodeSettings(_Section):

@@ -183,4 +183,9 @@ def load_settings(
             CLUSTER_SECRET_ENV, "(unset)",
             "required when stream.cluster.peers is set: the same secret on every member authenticates their routes",
         )
+    if settings.stream.leaf.urls and not env.get(CLUSTER_SECRET_ENV, ""):
+        raise SettingsError(
+            CLUSTER_SECRET_ENV, "(unset)",
+            "required when stream.leaf.urls is set: the members' secret authenticates a leaf's connection to them",
+        )
     return settings

@@ -38,7 +38,7 @@ import logging
 import signal
 from typing import Any, Awaitable, Callable, Optional, Protocol, TypeVar
 
-from crewlet.company.conf import ClusterSettings, EngineSettings, redact_url
+from crewlet.company.conf import ClusterSettings, EngineSettings, LeafSettings, redact_url
 from crewlet.company.loading import cluster_secret
 from crewlet.engine import runtime
 from crewlet.engine.interfaces import Lifecycle, ServiceKey
@@ -93,6 +93,7 @@ class Connect(Protocol):
         cluster: Optional[ClusterSettings],
         cluster_secret: str,
         monitor_port: int,
+        leaf: Optional[LeafSettings] = None,
     ) -> Awaitable[tuple[EventQueue, Optional[Broker]]]: ...
 
 
@@ -356,8 +357,10 @@ class Engine:
                     replicas=stream.replicas,
                     max_consumers=stream.max_consumers,
                     cluster=stream.cluster if stream.cluster.enabled else None,
-                    cluster_secret=cluster_secret() if stream.cluster.enabled else "",
+                    cluster_secret=cluster_secret() if stream.cluster.enabled or stream.leaf.enabled else "",
                     monitor_port=stream.monitor_port,
+                    # A lone node or a member is connected as before; only a leaf names the members it dials.
+                    **({"leaf": stream.leaf} if stream.leaf.enabled else {}),
                 )
             except Exception as exc:
                 # connect_queue stops a broker it started before failing; nothing to tear down here.

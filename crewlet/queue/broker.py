@@ -24,7 +24,9 @@ cluster. Its server name is the node id; it listens for routes on
 by the fleet's shared ``CREWLET_CLUSTER_SECRET``. Clients still dial this
 member's loopback port with this boot's own credential. The member is ready
 only once the cluster has elected its JetStream meta leader: before that no
-stream can be created or read.
+stream can be created or read. A leaf (``leaf``) runs no JetStream, keeps no
+store and dials the members' leafnode listeners (:mod:`crewlet.queue.cluster`);
+it is ready once the members' JetStream answers through it.
 
 ``nats`` (dialling a server of one's own) and the choice between the two are
 :func:`crewlet.queue.connect.connect_queue`'s.
@@ -47,7 +49,8 @@ from urllib.parse import quote
 
 import bcrypt
 
-from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, route_config, unreachable_peers
+from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, LeafConfig, jetstream_config, leaf_listen_config
+from crewlet.queue.cluster import leaf_remote_config, route_config, unreachable_peers, wait_attached
 from crewlet.queue.errors import InvalidArgument
 from crewlet.queue.jetstream import MAX_MESSAGE_BYTES
 from crewlet.queue.natsserver import (
@@ -76,8 +79,6 @@ STOP_PER_CONSUMER_S = 0.05
 _CLUSTER_ASK_TIMEOUT_S = 1.0
 #: The stand-in for the cluster secret in anything shown (a log tail, an error).
 _REDACTED = "[redacted]"
-
-
 #: bcrypt's cost for the broker's client password: the password is 192 random bits, so the hash's job is
 #: only that the config file does not hold it; the server checks it on every connect, so the least cost.
 _BCRYPT_ROUNDS = 4
@@ -115,6 +116,7 @@ class EmbeddedBroker:
         cluster: Optional[ClusterConfig] = None,
         cluster_secret: str = "",
         monitor_port: int = 0,
+        leaf: Optional[LeafConfig] = None,
     ) -> None:
         if not isinstance(port, int) or port < 0 or port > 65535:
             raise InvalidArgument(f"port={port!r}: must be 0 (ephemeral) or a TCP port")
@@ -133,7 +135,11 @@ class EmbeddedBroker:
         self.server_name: Final[str] = server_name
         if cluster is not None and cluster.peer_addresses() and not cluster_secret:
             raise InvalidArgument("cluster_secret: required when the cluster has peers (CREWLET_CLUSTER_SECRET)")
+        if leaf is not None and (cluster is not None or store_dir or not cluster_secret):
+            raise InvalidArgument("leaf: a leaf has no cluster and no store_dir, and needs the members' cluster_secret")
         self._cluster = cluster
+        #: The members this broker dials as a leaf node (None: it runs JetStream itself).
+        self.leaf: Final[Optional[LeafConfig]] = leaf
         self._cluster_secret = cluster_secret
         if not 0 <= int(monitor_port) <= 65535:
             raise InvalidArgument(f"monitor_port={monitor_port!r}: must be 0 (none) or a TCP port")
@@ -155,8 +161,8 @@ class EmbeddedBroker:
 
     @property
     def memory_storage(self) -> bool:
-        """True when streams must be memory-backed (no ``store_dir``)."""
-        return self.store_dir is None
+        """True when streams must be memory-backed (no ``store_dir``; a leaf's are the members' file-backed ones)."""
+        return self.store_dir is None and self.leaf is None
 
     @property
     def port(self) -> int:
@@ -229,7 +235,7 @@ class EmbeddedBroker:
                     self._supervise_loop(), name="embedded-broker-supervisor"
                 )
 
-    def _write_config(self, runtime: Path, store: Path) -> Path:
+    def _write_config(self, runtime: Path, store: Optional[Path]) -> Path:
         port = self._port if self._port else -1
         conf = "\n".join(
             [
@@ -244,10 +250,10 @@ class EmbeddedBroker:
                 f"  user: {quote_conf(self.user)}",
                 f"  password: {quote_conf(_password_hash(self.password))}",
                 "}",
-                "jetstream {",
-                f"  store_dir: {quote_conf(store)}",
-                "}",
+                *jetstream_config(store, self._cluster, self.leaf),
                 *route_config(self._cluster, self._cluster_secret),
+                *leaf_listen_config(self._cluster, self._cluster_secret),
+                *leaf_remote_config(self.leaf, self._cluster_secret),
                 "",
             ]
         )
@@ -267,12 +273,11 @@ class EmbeddedBroker:
         runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX))
         os.chmod(runtime, 0o700)
         (runtime / "owner.pid").write_text(str(os.getpid()))
-        if self.store_dir is None:
-            store = runtime / "store"
-        else:
-            store = self.store_dir
+        # A leaf keeps no store at all; a lone in-memory broker's lives in the runtime directory.
+        store = None if self.leaf is not None else self.store_dir or runtime / "store"
         try:
-            store.mkdir(parents=True, exist_ok=True)
+            if store is not None:
+                store.mkdir(parents=True, exist_ok=True)
             conf = self._write_config(runtime, store)
         except OSError as e:
             shutil.rmtree(runtime, ignore_errors=True)
@@ -309,6 +314,7 @@ class EmbeddedBroker:
                 "memory_storage": self.memory_storage,
                 "server_name": self.server_name,
                 "cluster": self._cluster.name if self._cluster is not None else None,
+                "leaf": self.leaf is not None,
             },
         )
 
@@ -336,13 +342,16 @@ class EmbeddedBroker:
             if self._port:
                 try:
                     # A member answers JetStream only once its cluster has a meta leader: that wait is _wait_formed's.
-                    await self._probe(jetstream=self._cluster is None)
+                    await self._probe(jetstream=self._cluster is None and self.leaf is None)
                     break
                 except Exception as e:  # not listening yet, or JetStream still starting
                     last_error = e
             await asyncio.sleep(0.05)
         if self._cluster is not None:
             await self._wait_formed(self._cluster)
+        if self.leaf is not None:
+            waited_s = await wait_attached(self.url, self.leaf, proc.poll, self.log_tail)
+            logger.info("embedded_broker_leaf_attached", extra={"server_name": self.server_name, "waited_s": round(waited_s, 3)})
 
     async def _wait_formed(self, cluster: ClusterConfig) -> None:
         """Wait until the cluster has elected its JetStream meta leader; say so every few seconds.

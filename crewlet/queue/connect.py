@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from crewlet.queue.broker import DEFAULT_SERVER_NAME, EmbeddedBroker
-from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, unreachable_peers
+from crewlet.queue.cluster import ClusterConfig, ClusterFormTimeout, LeafConfig, unreachable_peers
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue, Timings
 from crewlet.queue.errors import InvalidArgument, ReplicasUnplaceable
@@ -30,13 +30,17 @@ async def connect_queue(
     cluster: Optional[ClusterConfig] = None,
     cluster_secret: str = "",
     monitor_port: int = 0,
+    leaf: Optional[LeafConfig] = None,
 ) -> tuple[EventQueue, Optional[EmbeddedBroker]]:
     """The engine's queue per ``stream.type``: ``embedded`` starts a broker; ``nats`` dials ``url``.
 
     ``cluster`` (embedded only) makes the broker one member of that JetStream
     cluster, named ``node``; every stream and durable is kept at ``replicas``
     copies (never fewer than an existing stream already has); ``monitor_port``
-    (embedded only, 0 for none) opens its monitoring endpoint on loopback. Returns the
+    (embedded only, 0 for none) opens its monitoring endpoint on loopback. ``leaf``
+    (embedded only, no ``cluster``, no ``store_dir``) makes the broker a leaf node
+    of the members it names: the streams it provisions are theirs, provisioned
+    idempotently through it (an existing stream is left as it is). Returns the
     queue and the embedded broker (None for ``nats``); the caller closes the
     queue first, then stops the broker.
     """
@@ -45,10 +49,11 @@ async def connect_queue(
     if kind == "embedded":
         broker = EmbeddedBroker(
             store_dir or None,
-            server_name=node if cluster is not None else DEFAULT_SERVER_NAME,
+            server_name=node if cluster is not None or leaf is not None else DEFAULT_SERVER_NAME,
             cluster=cluster,
             cluster_secret=cluster_secret,
             monitor_port=monitor_port,
+            leaf=leaf,
         )
         await broker.start()
         url, memory_storage = broker.url, broker.memory_storage
@@ -69,7 +74,7 @@ async def connect_queue(
             max_consumers=max_consumers,
             # A majority elects the meta leader; copies need their members, the rest may still be starting,
             # and the meta layer answers slowly while every node provisions at once.
-            provision_wait_s=cluster.form_timeout_s if broker is not None and cluster is not None else 0.0,
+            provision_wait_s=_provision_wait_s(broker, cluster, leaf),
         )
     except BaseException as e:
         if broker is not None:  # a broker this call started is not left running
@@ -82,6 +87,15 @@ async def connect_queue(
                 ) from e
         raise
     return queue, broker
+
+
+def _provision_wait_s(broker: Optional[EmbeddedBroker], cluster: Optional[ClusterConfig], leaf: Optional[LeafConfig]) -> float:
+    """How long provisioning asks again a cluster still starting: a member's form timeout, a leaf's attach timeout."""
+    if broker is None:
+        return 0.0
+    if cluster is not None:
+        return float(cluster.form_timeout_s)
+    return float(leaf.attach_timeout_s) if leaf is not None else 0.0
 
 
 __all__ = ["connect_queue"]
