@@ -48,6 +48,7 @@ def test_every_default() -> None:
     assert s.node.labels == ()
     assert (s.stream.replicas, s.stream.ack_wait_s) == (1, 30.0)
     assert s.stream.cluster == ClusterSettings() and not s.stream.cluster.enabled
+    assert (s.stream.cluster.leaf_port, s.stream.leaf.urls, s.stream.leaf.attach_timeout_s) == (0, (), 60.0)
 
 
 def test_known_settings_lists_every_key_with_its_env_var() -> None:
@@ -66,6 +67,9 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "stream.cluster.port": "CREWLET_STREAM_CLUSTER_PORT",
         "stream.cluster.peers": "CREWLET_STREAM_CLUSTER_PEERS",
         "stream.cluster.form_timeout_s": "CREWLET_STREAM_CLUSTER_FORM_TIMEOUT_S",
+        "stream.cluster.leaf_port": "CREWLET_STREAM_CLUSTER_LEAF_PORT",
+        "stream.leaf.urls": "CREWLET_STREAM_LEAF_URLS",
+        "stream.leaf.attach_timeout_s": "CREWLET_STREAM_LEAF_ATTACH_TIMEOUT_S",
         "node.id": "CREWLET_NODE_ID",
         "node.max_concurrent": "CREWLET_NODE_MAX_CONCURRENT",
         "node.stop_grace_s": "CREWLET_NODE_STOP_GRACE_S",
@@ -139,7 +143,7 @@ def test_direct_construction_is_validated_too() -> None:
     [
         (lambda: EngineSettings(stream={"cluster": {"port": 0}}), "stream.cluster.port=0: must be between 1 and 65535"),
         (lambda: StreamSettings(cluster={"nme": "a"}), "stream.cluster.nme='a': unknown setting; known: stream.cluster.name, stream.cluster.host, "
-         "stream.cluster.port, stream.cluster.peers, stream.cluster.form_timeout_s"),
+         "stream.cluster.port, stream.cluster.peers, stream.cluster.form_timeout_s, stream.cluster.leaf_port"),
         (lambda: EngineSettings(node=None), "node=None: must be a mapping"),
         (lambda: StreamSettings(replicas=True), "stream.replicas=True: must be an integer"),
         (lambda: NodeSettings(labels=("gpu", 7)), "node.labels=('gpu', 7): must be a list of strings"),
@@ -290,7 +294,7 @@ def test_unknown_nested_key() -> None:
     e = error({"stream": {"replica": 3}})
     assert str(e) == (
         "stream.replica=3: unknown setting; known: "
-        "stream.type, stream.url, stream.store_dir, stream.event_retention_hours, stream.replicas, stream.ack_wait_s, stream.monitor_port, stream.max_consumers, stream.cluster"
+        "stream.type, stream.url, stream.store_dir, stream.event_retention_hours, stream.replicas, stream.ack_wait_s, stream.monitor_port, stream.max_consumers, stream.cluster, stream.leaf"
     )
     assert error({"node": {"name": "x"}}).field == "node.name"
     assert str(error({"stream": {"cluster": {"nme": "a"}}})).startswith("stream.cluster.nme='a': unknown setting; known: stream.cluster.name, ")
@@ -479,3 +483,61 @@ def test_fleet_settings_come_from_the_environment_lists_comma_separated() -> Non
     assert (s.stream.replicas, s.stream.cluster.port, s.stream.cluster.form_timeout_s) == (3, 6301, 90.0)
     assert s.stream.cluster.peers == ("10.0.0.2:6301", "10.0.0.3:6301") and s.node.labels == ("gpu", "eu")
     assert str(error(env={"CREWLET_STREAM_REPLICAS": "3"})).endswith("(from CREWLET_STREAM_REPLICAS)")
+
+
+# -- leaf nodes ----------------------------------------------------------------
+
+def member_accepting_leaves(leaf_port: int) -> dict[str, Any]:
+    """n1 of a cluster routing on 6301, listening for leaf nodes on ``leaf_port``."""
+    return {"stream": {"store_dir": "/s", "cluster": {"name": "acme", "port": 6301, "peers": ["h:6302"], "leaf_port": leaf_port}}}
+
+
+LEAF_URLS = ["nats-leaf://10.0.0.1:7422", "nats-leaf://10.0.0.2:7422", "tls://10.0.0.3:7422"]
+
+
+def test_a_leaf_and_a_member_accepting_leaves_load_from_the_file_and_the_environment() -> None:
+    leaf = load({"stream": {"replicas": 3, "leaf": {"urls": LEAF_URLS, "attach_timeout_s": 5}}}, SECRET)
+    assert leaf.stream.leaf.enabled and leaf.stream.leaf.urls == tuple(LEAF_URLS) and leaf.stream.leaf.attach_timeout_s == 5
+    assert leaf.stream.leaf.member_addresses() == [("10.0.0.1", 7422), ("10.0.0.2", 7422), ("10.0.0.3", 7422)]
+    env = load(env={**SECRET, "CREWLET_STREAM_LEAF_URLS": "nats-leaf://a:7422, nats-leaf://b:7422"})
+    assert env.stream.leaf.urls == ("nats-leaf://a:7422", "nats-leaf://b:7422")
+    member = load(member_accepting_leaves(7422), SECRET)
+    assert member.stream.cluster.leaf_port == 7422 and not member.stream.leaf.enabled
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"stream": {"leaf": {"urls": LEAF_URLS}, "store_dir": "/s"}},
+         "stream.store_dir='/s': must be empty on a leaf (stream.leaf.urls is set): a leaf runs no JetStream and keeps no streams, the members do"),
+        ({"stream": {"leaf": {"urls": LEAF_URLS}, "cluster": {"name": "acme", "peers": ["h:6222"]}}},
+         "stream.cluster.name='acme': must be empty on a leaf (stream.leaf.urls is set): a leaf dials the members and is not one of them"),
+        ({"stream": {"leaf": {"urls": LEAF_URLS[:1]}, "replicas": 3}},
+         "stream.replicas=3: more than the 1 members stream.leaf.urls names; set the members' stream.replicas (allowed: 1)"),
+        ({"stream": {"leaf": {"urls": LEAF_URLS}, "replicas": 5}},
+         "stream.replicas=5: more than the 3 members stream.leaf.urls names; set the members' stream.replicas (allowed: 1, 3)"),
+        ({"stream": {"type": "nats", "url": "nats://h:4222", "leaf": {"urls": LEAF_URLS}}},
+         "stream.leaf.urls=['nats-leaf://10.0.0.1:7422', 'nats-leaf://10.0.0.2:7422', 'tls://10.0.0.3:7422']: applies to the embedded broker only (stream.type embedded): a leaf is this node's own nats-server dialling the members"),
+        ({"stream": {"leaf": {"urls": ["http://h:7422"]}}},
+         "stream.leaf.urls=['http://h:7422']: 'http://h:7422' is not a member's leafnode URL: nats-leaf://host:port or tls://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"),
+        ({"stream": {"leaf": {"urls": ["nats-leaf://h"]}}},
+         "stream.leaf.urls=['nats-leaf://h']: 'nats-leaf://h' is not a member's leafnode URL: nats-leaf://host:port or tls://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"),
+        ({"stream": {"leaf": {"urls": ["nats-leaf://h:7422", "nats-leaf://h:7422"]}}},
+         "stream.leaf.urls=['nats-leaf://h:7422', 'nats-leaf://h:7422']: must not name a URL twice"),
+        ({"stream": {"leaf": {"urls": "nats-leaf://h:7422"}}}, "stream.leaf.urls='nats-leaf://h:7422': must be a list of strings"),
+        ({"stream": {"leaf": {"attach_timeout_s": 0}}}, "stream.leaf.attach_timeout_s=0: must be between 1 and 3600"),
+        ({"stream": {"cluster": {"leaf_port": 70000}}}, "stream.cluster.leaf_port=70000: must be between 0 and 65535"),
+        ({"stream": {"cluster": {"leaf_port": 7422}}}, "stream.cluster.leaf_port=7422: needs stream.cluster.name: only a cluster member accepts leaf nodes"),
+        (member_accepting_leaves(6301), "stream.cluster.leaf_port=6301: must differ from stream.cluster.port (the route port)"),
+    ],
+)
+def test_bad_leaf_settings_are_refused_naming_field_value_and_what_is_allowed(settings: dict[str, Any], message: str) -> None:
+    assert str(error(settings, SECRET)) == message
+
+
+def test_a_leaf_without_the_cluster_secret_is_refused_and_a_password_in_a_url_is_never_shown() -> None:
+    assert str(error({"stream": {"leaf": {"urls": LEAF_URLS}}})) == (
+        "CREWLET_CLUSTER_SECRET='(unset)': required when stream.leaf.urls is set: the members' secret authenticates a leaf's connection to them"
+    )
+    e = error({"stream": {"leaf": {"urls": ["nats-leaf://crewlet-leaf:hunter2@h:7422"]}}}, SECRET)
+    assert "hunter2" not in str(e) and "nats-leaf://crewlet-leaf:***@h:7422" in str(e)
