@@ -69,7 +69,8 @@ class Command(RunConsumersCommand):
         if options.get("store_dir") is None:
             try:
                 configured = load_settings(overrides=overrides)
-                wanted = configured.stream.type == "embedded" and not configured.stream.store_dir
+                # A leaf keeps no streams (the members do): it is given no store.
+                wanted = configured.stream.type == "embedded" and not configured.stream.store_dir and not configured.stream.leaf.enabled
             except SettingsError as exc:
                 if exc.field != "stream.store_dir":
                     raise CommandError(str(exc)) from None
