@@ -34,9 +34,9 @@ LABEL_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 PEER_PATTERN = re.compile(r"(?P<host>[^\s:/@]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 STREAM_TYPES = ("embedded", "nats")
 URL_SCHEMES = ("nats", "tls")
-#: What a member's leafnode URL in ``stream.leaf.urls`` may start with (nats-server's leafnode schemes for TCP).
-LEAF_URL_SCHEMES = ("nats-leaf", "tls")
-LEAF_URL_WORDS = "a member's leafnode URL: nats-leaf://host:port or tls://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"
+#: What a member's leafnode URL in ``stream.leaf.urls`` may start with: a member's leafnode listener is plain TCP, as its routes are.
+LEAF_URL_SCHEMES = ("nats-leaf",)
+LEAF_URL_WORDS = "a member's leafnode URL: nats-leaf://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"
 NAME_WORDS = "must be 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
 LABEL_WORDS = "a label: 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
 LISTEN_WORDS = "must be an address to listen on (0.0.0.0, 127.0.0.1, a host name)"

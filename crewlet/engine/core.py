@@ -375,7 +375,7 @@ class Engine:
                     "node": node,
                     "stream_type": stream.type,
                     "broker_url": self._broker_url(),
-                    "store_dir": stream.store_dir or "(memory)",
+                    "store_dir": stream.store_dir or ("(the members')" if stream.leaf.enabled else "(memory)"),
                     "backend": self.queue.name,
                     "services": len(plan),
                 },

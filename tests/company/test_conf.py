@@ -492,7 +492,7 @@ def member_accepting_leaves(leaf_port: int) -> dict[str, Any]:
     return {"stream": {"store_dir": "/s", "cluster": {"name": "acme", "port": 6301, "peers": ["h:6302"], "leaf_port": leaf_port}}}
 
 
-LEAF_URLS = ["nats-leaf://10.0.0.1:7422", "nats-leaf://10.0.0.2:7422", "tls://10.0.0.3:7422"]
+LEAF_URLS = ["nats-leaf://10.0.0.1:7422", "nats-leaf://10.0.0.2:7422", "nats-leaf://10.0.0.3:7422"]
 
 
 def test_a_leaf_and_a_member_accepting_leaves_load_from_the_file_and_the_environment() -> None:
@@ -517,11 +517,13 @@ def test_a_leaf_and_a_member_accepting_leaves_load_from_the_file_and_the_environ
         ({"stream": {"leaf": {"urls": LEAF_URLS}, "replicas": 5}},
          "stream.replicas=5: more than the 3 members stream.leaf.urls names; set the members' stream.replicas (allowed: 1, 3)"),
         ({"stream": {"type": "nats", "url": "nats://h:4222", "leaf": {"urls": LEAF_URLS}}},
-         "stream.leaf.urls=['nats-leaf://10.0.0.1:7422', 'nats-leaf://10.0.0.2:7422', 'tls://10.0.0.3:7422']: applies to the embedded broker only (stream.type embedded): a leaf is this node's own nats-server dialling the members"),
+         "stream.leaf.urls=['nats-leaf://10.0.0.1:7422', 'nats-leaf://10.0.0.2:7422', 'nats-leaf://10.0.0.3:7422']: applies to the embedded broker only (stream.type embedded): a leaf is this node's own nats-server dialling the members"),
+        ({"stream": {"leaf": {"urls": ["tls://h:7422"]}}},
+         "stream.leaf.urls=['tls://h:7422']: 'tls://h:7422' is not a member's leafnode URL: nats-leaf://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"),
         ({"stream": {"leaf": {"urls": ["http://h:7422"]}}},
-         "stream.leaf.urls=['http://h:7422']: 'http://h:7422' is not a member's leafnode URL: nats-leaf://host:port or tls://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"),
+         "stream.leaf.urls=['http://h:7422']: 'http://h:7422' is not a member's leafnode URL: nats-leaf://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"),
         ({"stream": {"leaf": {"urls": ["nats-leaf://h"]}}},
-         "stream.leaf.urls=['nats-leaf://h']: 'nats-leaf://h' is not a member's leafnode URL: nats-leaf://host:port or tls://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"),
+         "stream.leaf.urls=['nats-leaf://h']: 'nats-leaf://h' is not a member's leafnode URL: nats-leaf://host:port, with no credentials (CREWLET_CLUSTER_SECRET is the credential)"),
         ({"stream": {"leaf": {"urls": ["nats-leaf://h:7422", "nats-leaf://h:7422"]}}},
          "stream.leaf.urls=['nats-leaf://h:7422', 'nats-leaf://h:7422']: must not name a URL twice"),
         ({"stream": {"leaf": {"urls": "nats-leaf://h:7422"}}}, "stream.leaf.urls='nats-leaf://h:7422': must be a list of strings"),

@@ -121,6 +121,7 @@ async def test_a_leaf_keeps_no_streams_and_carries_on_through_another_member_whe
         varz = await asyncio.to_thread(monitor, monitor_port, "varz")
         assert not (varz.get("jetstream") or {}).get("config"), varz.get("jetstream")  # the leaf runs no JetStream
         assert broker.store_dir is None and not broker.memory_storage
+        await _request_crosses(broker.url, cluster.url(0))  # what fleet reads ride: plain request and reply
         t = await JetStreamTransport.connect(broker.url, node="leaf1", replicas=3, reconnect_wait_s=0.05, api_timeout_s=1.0)
         try:
             topic, group = topics.agent_inbox("leafy"), "agent-leafy"
@@ -154,6 +155,34 @@ async def _moved(cluster: LeafedCluster, monitor_port: int, victim: int) -> bool
         return await attached_to(cluster, monitor_port) != victim
     except (AssertionError, OSError):
         return False
+
+
+async def _request_crosses(leaf_url: str, member_url: str) -> None:
+    """A request from a client of the leaf is answered by a client of a member, and the other way round."""
+    import nats
+
+    here = await nats.connect(leaf_url, allow_reconnect=False, max_reconnect_attempts=1)
+    there = await nats.connect(member_url, allow_reconnect=False, max_reconnect_attempts=1)
+    try:
+        for asker, answerer, name in ((here, there, "member"), (there, here, "leaf")):
+
+            async def answer(msg: Any, name: str = name) -> None:
+                await msg.respond(name.encode())
+
+            sub = await answerer.subscribe(f"test.leaf.ask.{name}", cb=answer)
+            await answerer.flush()
+
+            async def answered(asker: Any = asker, name: str = name) -> bool:
+                try:
+                    return bool((await asker.request(f"test.leaf.ask.{name}", b"?", timeout=1)).data == name.encode())
+                except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                    return False  # the interest has not crossed the leaf connection yet
+
+            await eventually(answered, timeout_s=10, what=f"a request answered by the {name}'s client")
+            await sub.unsubscribe()
+    finally:
+        await here.close()
+        await there.close()
 
 
 async def _api(url: str, suffix: str) -> bytes:
