@@ -27,6 +27,7 @@ from crewlet.queue.errors import Unavailable
 from crewlet.queue.jetstream import JetStreamTransport
 from crewlet.queue.jetstream.message import JetStreamMessage
 from tests.cluster_support import LoopbackCluster, cluster_settings, free_ports, node_name
+from tests.queue.test_broker_cluster import publish_eventually
 from waiting_support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -72,17 +73,6 @@ async def attached_to(cluster: LeafedCluster, monitor_port: int) -> int:
     leafs = (await asyncio.to_thread(monitor, monitor_port, "leafz")).get("leafs") or []
     assert len(leafs) == 1, leafs
     return cluster.leaf_ports.index(leafs[0]["port"])
-
-
-async def publish_eventually(t: JetStreamTransport, topic: str, data: bytes) -> None:
-    async def taken() -> bool:
-        try:
-            await t.publish(topic, data)
-        except Unavailable:
-            return False
-        return True
-
-    await eventually(taken, timeout_s=30, what=f"the members to take a publish to {topic} through the leaf")
 
 
 async def drain(t: JetStreamTransport, topic: str, group: str, want: int) -> list[bytes]:
@@ -148,6 +138,15 @@ async def test_a_leaf_keeps_no_streams_and_carries_on_through_another_member_whe
     for member in cluster.members:  # the engine's streams are the members' three-copy file streams, made through the leaf
         info = json.loads((await _api(member.url, "STREAM.INFO.CREWLET_AGENT")))
         assert info["config"]["num_replicas"] == 3 and info["config"]["storage"] == "file"
+    # A second leaf set to one copy finds the members' streams and leaves them as they are.
+    queue, broker = await connect_queue(
+        stream_type="embedded", url=None, store_dir=None, node="leaf2", replicas=1, cluster_secret=cluster.secret, leaf=cluster.leaf_settings()
+    )
+    await queue.close()
+    assert broker is not None
+    await broker.stop()
+    info = json.loads(await _api(cluster.url(0), "STREAM.INFO.CREWLET_AGENT"))
+    assert info["config"]["num_replicas"] == 3 and info["state"]["last_seq"] >= 6  # the same stream, not made again
 
 
 async def _moved(cluster: LeafedCluster, monitor_port: int, victim: int) -> bool:

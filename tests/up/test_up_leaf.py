@@ -1,8 +1,8 @@
 """``manage.py up`` as a leaf node (``stream.leaf.urls``) of a real 3-member JetStream cluster.
 
 The members are three clustered :class:`~crewlet.queue.broker.EmbeddedBroker` s
-listening for leaf nodes (``stream.cluster.leaf_port``), configured from
-``ClusterSettings`` as a member's ``up`` configures its own, started on the
+listening for leaf nodes (``stream.cluster.leaf_port``; ``LeafedCluster``, configured
+from ``ClusterSettings`` as a member's ``up`` configures its own), started on the
 test's loop thread; the leaf is a real ``up`` (SQLite, its own event store)
 whose embedded nats-server runs no JetStream and dials them. Its seat works
 through the members' streams, and ``kill -9`` of the member it is attached
@@ -18,15 +18,14 @@ from typing import Any, Iterator
 
 import pytest
 
-from crewlet.company.conf import ClusterSettings
 from tests.browser_support import LoopThread, slack_message
-from tests.cluster_support import LoopbackCluster, cluster_settings, free_ports, node_name
+from tests.cluster_support import free_ports
+from tests.queue.test_broker_leaf import LeafedCluster as Members
 from tests.up_support import UpProcess, http_call, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SECRET = secrets.token_hex(16)
 TOKEN = "leaf-test-operator-token-0123456789abcdef"
 #: One agent seat and the person who writes to it; each turn takes a second, so one is in flight at the kill.
 COMPANY = """\
@@ -37,26 +36,6 @@ seats:
   - {handle: ada, kind: agent, identities: {slack: U0ADA}}
   - {handle: grace, kind: human, identities: {slack: U0GRACE}}
 """
-
-
-class Members(LoopbackCluster):
-    """The loopback cluster, each member also listening for leaf nodes on a port of its own."""
-
-    def __init__(self, base_dir: Path) -> None:
-        super().__init__(base_dir, secret=SECRET)
-        from crewlet.queue.broker import EmbeddedBroker
-
-        self.leaf_ports = free_ports(3)
-        self.members = [
-            EmbeddedBroker(
-                self.store_dir(i),
-                server_name=node_name(i),
-                cluster=ClusterSettings(**cluster_settings(i, self.route_ports, store_dir=self.store_dir(i))["cluster"], leaf_port=self.leaf_ports[i]),
-                cluster_secret=SECRET,
-                supervise=False,
-            )
-            for i in range(3)
-        ]
 
 
 @pytest.fixture
@@ -107,7 +86,7 @@ def test_a_leaf_up_runs_its_seat_through_the_members_keeps_no_streams_and_surviv
         CREWLET_STREAM_REPLICAS="3",
         CREWLET_STREAM_MONITOR_PORT=str(monitor_port),
         CREWLET_STREAM_ACK_WAIT_S="5",
-        CREWLET_CLUSTER_SECRET=SECRET,
+        CREWLET_CLUSTER_SECRET=cluster.secret,
         CREWLET_OPERATOR_TOKEN=TOKEN,
         SLACK_SIGNING_SECRET="unused",
     )
@@ -130,4 +109,4 @@ def test_a_leaf_up_runs_its_seat_through_the_members_keeps_no_streams_and_surviv
         # Nothing of the broker's under the leaf's data directory: no JetStream store, no stream file.
         data = tmp_path / "leaf"
         assert not [p for p in data.rglob("*") if "jetstream" in p.name.lower() or p.suffix in (".blk", ".idx")]
-        assert SECRET not in leaf.output_so_far()
+        assert cluster.secret not in leaf.output_so_far()
