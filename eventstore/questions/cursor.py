@@ -5,6 +5,7 @@ by another rather than misread.
 """
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime
 
@@ -62,11 +63,7 @@ def decode_cursor(tag: str, text: str) -> tuple[datetime, str]:
     return from_us(int(us)), key
 
 
+@functools.lru_cache(maxsize=32)
 def _pattern(tag: str) -> re.Pattern[str]:
-    compiled = _COMPILED.get(tag)
-    if compiled is None:
-        compiled = _COMPILED[tag] = re.compile(rf"{re.escape(tag)}({_US_PATTERN})\.([^\x00]+)", re.DOTALL)
-    return compiled
-
-
-_COMPILED: dict[str, re.Pattern[str]] = {}
+    """``tag``'s cursor as a compiled pattern: a pure function of the tag, and the reads use a handful of tags."""
+    return re.compile(rf"{re.escape(tag)}({_US_PATTERN})\.([^\x00]+)", re.DOTALL)
