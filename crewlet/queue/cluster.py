@@ -128,7 +128,8 @@ def jetstream_config(store: Optional[Path], cluster: Optional[ClusterConfig], le
     """The ``jetstream`` block (a clustered member's in :data:`JETSTREAM_DOMAIN`), or for a leaf, the mapping of its clients' API onto the members'."""
     if leaf is not None:
         return ["mappings {", f"  {quote_conf('$JS.API.>')}: {quote_conf(f'$JS.{JETSTREAM_DOMAIN}.API.>')}", "}"]
-    assert store is not None
+    if store is None:
+        raise BrokerStartError("a broker that is no leaf keeps its streams in a store directory, and none was given")
     domain = [f"  domain: {quote_conf(JETSTREAM_DOMAIN)}"] if cluster is not None else []
     return ["jetstream {", f"  store_dir: {quote_conf(store)}", *domain, "}"]
 
