@@ -468,17 +468,18 @@ class EmbeddedBroker:
 
     async def _consumers(self) -> int:
         """How many consumers the server holds (``$JS.API.INFO``), 0 when it cannot say within a second."""
-        import nats  # as in _probe
+        import nats.errors  # as in _probe (it binds nats too)
 
+        unanswered = (nats.errors.Error, OSError, asyncio.TimeoutError, ValueError)
         try:
             nc = await nats.connect(self.url, allow_reconnect=False, connect_timeout=1, max_reconnect_attempts=1, error_cb=_quiet)
-        except Exception:
+        except unanswered:
             return 0
         try:
             msg = await nc.request("$JS.API.INFO", b"", timeout=1.0)
             count = json.loads(msg.data).get("consumers", 0)
             return count if isinstance(count, int) and count > 0 else 0
-        except Exception:
+        except unanswered:
             return 0
         finally:
             await nc.close()
