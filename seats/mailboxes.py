@@ -65,10 +65,8 @@ def mailbox_refs(handle: str) -> tuple[SubscriptionRef, SubscriptionRef]:
 
 def handle_of(ref: SubscriptionRef) -> Optional[str]:
     """The handle a listed seat mailbox belongs to, or None for a topic that is not one."""
-    parts = topics.split(ref.topic)
-    if len(parts) == 4 and parts[0] == topics.PREFIX and parts[1] == "agent" and parts[3] in ("inbox", "control"):
-        return parts[2]
-    return None
+    handle, lane = topics.agent_of(ref.topic)
+    return handle if lane in ("inbox", "control") else None
 
 
 # -- the record ---------------------------------------------------------------

@@ -27,7 +27,7 @@ from crewlet.queue.contract import (
     Timings,
     remaining_after,
 )
-from crewlet.queue.errors import InvalidArgument, QueueError
+from crewlet.queue.errors import QueueError
 from crewlet.queue.transport import RawMessage, Transport, dead_letter_headers
 
 if TYPE_CHECKING:
@@ -40,17 +40,6 @@ logger = logging.getLogger("crewlet.queue.client")
 _QUEUE_SOURCE = "queue"
 #: The types of the queue's own records: never recorded again when one of them fails.
 _QUEUE_RECORDS = frozenset({MessageDeadLettered.event_type, MessageRetryScheduled.event_type})
-
-
-def _seat_of(topic: str) -> str:
-    """The seat whose inbox ``topic`` is, or "" when it is no seat's inbox."""
-    parts = topic.split(".")
-    if len(parts) != 4:
-        return ""
-    try:
-        return parts[2] if topics.agent_inbox(parts[2]) == topic else ""
-    except InvalidArgument:
-        return ""
 
 
 class Settler:
@@ -109,7 +98,7 @@ class Settler:
         """
         delay_s = self._timings.backoff_s(msg.delivered)
         if await self.redeliver_or_bury(pair, msg, lambda: msg.nak(delay_s), "queue_nak_failed", SETTLED_NAK):
-            seat = _seat_of(pair.topic)
+            seat = topics.inbox_seat(pair.topic)
             if seat:
                 retry_at = format_timestamp(datetime.now(timezone.utc) + timedelta(seconds=delay_s))
                 await self._record(
@@ -197,7 +186,7 @@ class Settler:
             lambda original: MessageDeadLettered(
                 topic=pair.topic,
                 group=pair.group,
-                seat=_seat_of(pair.topic),
+                seat=topics.inbox_seat(pair.topic),
                 ref=ref,
                 deliveries=msg.delivered,
                 reason=reason,

@@ -59,6 +59,20 @@ def agent_inbox(handle: str) -> str:
     return _agent_subject(handle, "inbox")
 
 
+def agent_of(subject: str) -> tuple[str, str]:
+    """(handle, lane) of one seat's subject (``crewlet.agent.{handle}.{lane}``), or ("", "") for any other subject."""
+    parts = subject.split(".") if isinstance(subject, str) else []
+    if len(parts) != 4 or parts[:2] != [PREFIX, "agent"] or _TOKEN_BAD.search(parts[2]) or not parts[2] or not parts[3]:
+        return "", ""
+    return parts[2], parts[3]
+
+
+def inbox_seat(subject: str) -> str:
+    """The seat whose inbox ``subject`` is, or "" when it is no seat's inbox."""
+    handle, lane = agent_of(subject)
+    return handle if lane == "inbox" else ""
+
+
 def agent_inbox_group(handle: str) -> str:
     return _agent_group(handle)
 

@@ -31,7 +31,6 @@ from crewlet.events import Event
 from crewlet.events.types import DEAD_LETTER_MAX_DELIVERIES, DEAD_LETTER_REASONS, DEAD_LETTER_UNDECODABLE
 from crewlet.queue import topics
 from crewlet.queue.contract import DeadLetter, EventQueue
-from crewlet.queue.errors import InvalidArgument
 from eventstore import actions as ops
 from eventstore.console.operator_views import dead_letter_row
 from eventstore.questions.timefmt import parse_duration
@@ -163,13 +162,7 @@ class Facts:
     @property
     def inbox_seat(self) -> str:
         """The seat whose inbox the letter came from ("" for another topic): whose ledger screens its replay."""
-        parts = self.letter.topic.split(".")
-        if len(parts) != 4:
-            return ""
-        try:
-            return parts[2] if topics.agent_inbox(parts[2]) == self.letter.topic else ""
-        except InvalidArgument:
-            return ""
+        return topics.inbox_seat(self.letter.topic)
 
     def answer(self, *, preview: bool) -> dict[str, Any]:
         row = {**self.row, K_REASON: self.reason, K_SOURCE: self.source, K_AGE_S: None if self.age_s is None else round(self.age_s, 3)}

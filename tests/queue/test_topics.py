@@ -104,3 +104,13 @@ def test_a_broadcast_pattern_spanning_every_namespace_is_refused(pattern):
 def test_a_broadcast_pattern_resolves_to_the_streams_it_touches():
     assert [s.name for s in topics.streams_for_pattern("crewlet.events.>")] == ["CREWLET_EVENTS"]
     assert [s.name for s in topics.streams_for_pattern("crewlet.agent.*.inbox")] == ["CREWLET_AGENT"]
+
+
+def test_a_seats_subject_names_its_handle_and_lane_and_only_an_inbox_names_an_inbox_seat() -> None:
+    assert topics.agent_of(topics.agent_inbox("ada")) == ("ada", "inbox")
+    assert topics.agent_of(topics.agent_control("ada")) == ("ada", "control")
+    assert topics.inbox_seat(topics.agent_inbox("ada")) == "ada"
+    for other in (topics.agent_control("ada"), topics.event("agent_turn_started"), "crewlet.agent..inbox", "crewlet.agent.a*.inbox",
+                  "crewlet.agent.ada.inbox.extra", "dlq.crewlet.agent.ada.inbox", ""):
+        assert topics.inbox_seat(other) == "", other
+    assert topics.agent_of("crewlet.notifications.inbound") == ("", "")
