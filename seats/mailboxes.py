@@ -66,7 +66,7 @@ def mailbox_refs(handle: str) -> tuple[SubscriptionRef, SubscriptionRef]:
 def handle_of(ref: SubscriptionRef) -> Optional[str]:
     """The handle a listed seat mailbox belongs to, or None for a topic that is not one."""
     handle, lane = topics.agent_of(ref.topic)
-    return handle if lane in ("inbox", "control") else None
+    return handle if lane in (topics.LANE_INBOX, topics.LANE_CONTROL) else None
 
 
 # -- the record ---------------------------------------------------------------

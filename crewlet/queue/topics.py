@@ -26,6 +26,11 @@ HISTORY_READS = "crewlet.history.read"
 #: A person's note to a seat's running turn: every engine serves it, the node running the seat answers (core, no stream).
 TURN_STEER = "crewlet.steer.turn"
 
+#: The lanes of a seat's subjects (``crewlet.agent.{handle}.{lane}``): its mail, its runs' control, its reflection.
+LANE_INBOX = "inbox"
+LANE_CONTROL = "control"
+LANE_REFLECT = "reflect"
+
 _TOKEN_BAD = re.compile(r"[\s.*>]")
 
 
@@ -56,7 +61,7 @@ def _agent_group(handle: str, lane: str = "") -> str:
 
 
 def agent_inbox(handle: str) -> str:
-    return _agent_subject(handle, "inbox")
+    return _agent_subject(handle, LANE_INBOX)
 
 
 def agent_of(subject: str) -> tuple[str, str]:
@@ -70,7 +75,7 @@ def agent_of(subject: str) -> tuple[str, str]:
 def inbox_seat(subject: str) -> str:
     """The seat whose inbox ``subject`` is, or "" when it is no seat's inbox."""
     handle, lane = agent_of(subject)
-    return handle if lane == "inbox" else ""
+    return handle if lane == LANE_INBOX else ""
 
 
 def agent_inbox_group(handle: str) -> str:
@@ -78,19 +83,19 @@ def agent_inbox_group(handle: str) -> str:
 
 
 def agent_control(handle: str) -> str:
-    return _agent_subject(handle, "control")
+    return _agent_subject(handle, LANE_CONTROL)
 
 
 def agent_control_group(handle: str) -> str:
-    return _agent_group(handle, "control")
+    return _agent_group(handle, LANE_CONTROL)
 
 
 def agent_reflect(handle: str) -> str:
-    return _agent_subject(handle, "reflect")
+    return _agent_subject(handle, LANE_REFLECT)
 
 
 def agent_reflect_group(handle: str) -> str:
-    return _agent_group(handle, "reflect")
+    return _agent_group(handle, LANE_REFLECT)
 
 
 def agent_pattern(handle: str = "*") -> str:
