@@ -93,7 +93,7 @@ class Connect(Protocol):
         cluster: Optional[ClusterSettings],
         cluster_secret: str,
         monitor_port: int,
-        leaf: Optional[LeafSettings] = None,
+        leaf: Optional[LeafSettings],
     ) -> Awaitable[tuple[EventQueue, Optional[Broker]]]: ...
 
 
@@ -359,8 +359,7 @@ class Engine:
                     cluster=stream.cluster if stream.cluster.enabled else None,
                     cluster_secret=cluster_secret() if stream.cluster.enabled or stream.leaf.enabled else "",
                     monitor_port=stream.monitor_port,
-                    # A lone node or a member is connected as before; only a leaf names the members it dials.
-                    **({"leaf": stream.leaf} if stream.leaf.enabled else {}),
+                    leaf=stream.leaf if stream.leaf.enabled else None,
                 )
             except Exception as exc:
                 # connect_queue stops a broker it started before failing; nothing to tear down here.

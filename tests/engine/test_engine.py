@@ -62,7 +62,7 @@ async def test_engine_connects_with_the_settings_runs_services_and_stops(caplog:
     assert seen == {
         "stream_type": "embedded", "url": "", "store_dir": "/tmp/js", "node": "n1",
         "timings": Timings(backoff_base_s=0.01), "event_retention_hours": 48.0,
-        "replicas": 1, "cluster": None, "cluster_secret": "", "monitor_port": 0, "max_consumers": 50000,
+        "replicas": 1, "cluster": None, "cluster_secret": "", "monitor_port": 0, "max_consumers": 50000, "leaf": None,
     }
     engine.stop()
     assert await asyncio.wait_for(run, 5) == 0
