@@ -142,3 +142,12 @@ ensure_chromium() {
   APT_RECOMMENDS=--install-recommends apt_install chromium fonts-liberation
   [ -x "$CREWLET_CHROMIUM" ] || die "chromium was installed but $CREWLET_CHROMIUM is missing"
 }
+
+# Debian's bubblewrap: the sandbox a coding run's job runs in (seats/sandbox/jail.py). Quick when it is
+# there already. bin/test needs it; bin/up runs it in a subshell and starts without it when it cannot be
+# installed (no root, no apt), a node that then refuses coding runs with the reason.
+ensure_bwrap() {
+  command -v bwrap >/dev/null 2>&1 && return 0
+  apt_install bubblewrap
+  command -v bwrap >/dev/null 2>&1 || die "bubblewrap was installed but bwrap is not on PATH"
+}

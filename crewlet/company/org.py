@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, TypedDict
 from crewlet.company.budget import NO_BUDGET, Budget
 from crewlet.company.thread_bounds import DEFAULT_THREAD_BOUNDS, ThreadBounds
 from crewlet.company.episodes import DEFAULT_EPISODES, EpisodeSettings
+from crewlet.company.sandbox import SANDBOX_TOOL, SandboxConfig
 
 #: The namespace every node derives agent ids in. Never change it: ids are wire facts.
 AGENT_ID_NAMESPACE = uuid.UUID("6f1d7c0e-3b0a-5c55-9d55-6372657765c1")
@@ -72,7 +73,8 @@ DEFAULT_TIMEZONE = "UTC"
 A2A_ASK_TOOL = "a2a_ask"
 #: The seat's memory: remember, recall, search and forget rows (one grant, four tools).
 MEMORY_TOOL = "memory"
-BUILTIN_TOOLS: tuple[str, ...] = (A2A_ASK_TOOL, MEMORY_TOOL)
+#: :data:`~crewlet.company.sandbox.SANDBOX_TOOL` starts a coding run; only a company with a ``sandbox`` section grants it.
+BUILTIN_TOOLS: tuple[str, ...] = (A2A_ASK_TOOL, MEMORY_TOOL, SANDBOX_TOOL)
 #: ``seats[].reflection``: no post-turn reflection; reflection on every completed turn; or only on a turn
 #: that talked with a person, writing only what it learned about them (the ``counterparty`` table).
 REFLECTION_OFF = "off"
@@ -371,6 +373,8 @@ class Organization:
     thread_block: ThreadBounds = DEFAULT_THREAD_BOUNDS
     #: How many recent episodes a conversation's next turn is given, and the most one weighs (``episodes``).
     episodes: EpisodeSettings = DEFAULT_EPISODES
+    #: The job a seat's ``sandbox_run`` starts and its jail (``sandbox``); None: no seat may be granted the tool.
+    sandbox: Optional[SandboxConfig] = None
 
     def agent_id_for(self, handle: str) -> str:
         return agent_id_for(self.org, handle)

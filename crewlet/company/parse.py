@@ -45,6 +45,7 @@ from crewlet.company.instructions import (
 )
 from crewlet.company.budget import BUDGET_KEY, parse_budget, seat_budgets
 from crewlet.company.episodes import EPISODES_KEY, parse_episodes
+from crewlet.company.sandbox import SANDBOX_KEY, SANDBOX_TOOL, SandboxConfig, parse_sandbox
 from crewlet.company.schedules import parse_schedules
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY, parse_thread_bounds
 from crewlet.company.mcp_servers import parse_mcp_servers
@@ -200,6 +201,8 @@ def parse_company(
     seats = seat_budgets(data.get("seats", []), seats, source)
     timezone = top.timezone or DEFAULT_TIMEZONE
     schedules = parse_schedules(data.get("schedules", []), seats, timezone, source)
+    sandbox = parse_sandbox(data.get(SANDBOX_KEY), source)
+    _check_sandbox_grants(seats, sandbox, source)
 
     return Organization(
         org=org,
@@ -219,7 +222,20 @@ def parse_company(
         budget=parse_budget(data.get(BUDGET_KEY), BUDGET_KEY, source),
         thread_block=parse_thread_bounds(data.get(THREAD_BLOCK_KEY), source),
         episodes=parse_episodes(data.get(EPISODES_KEY), source),
+        sandbox=sandbox,
     )
+
+
+def _check_sandbox_grants(seats: list[Seat], sandbox: Optional[SandboxConfig], source: Optional[str]) -> None:
+    """A seat granted ``sandbox_run`` needs the company's ``sandbox`` section: without it the tool has no job to start."""
+    if sandbox is not None:
+        return
+    for seat in seats:
+        if SANDBOX_TOOL in seat.tools:
+            raise CompanyError(
+                f"seats.{seat.handle}.tools", SANDBOX_TOOL,
+                f"needs the company's {SANDBOX_KEY} section (the job it starts: {SANDBOX_KEY}: {{command: [...]}})", source,
+            )
 
 
 def parse_company_text(

@@ -32,6 +32,7 @@ from crewlet.company.org import (
 )
 from crewlet.company.refusal import Check, one_of
 from crewlet.company.reflection import REFLECTION_KEY, REFLECTION_RULE, ReflectionMode
+from crewlet.company.sandbox import SANDBOX_KEY
 from crewlet.company.schedules import Zone
 from crewlet.company.shape import ENV_NAME, NON_EMPTY, FileModel, absent, text, words
 from crewlet.company.thread_bounds import THREAD_BLOCK_KEY
@@ -86,6 +87,7 @@ class CompanyFile(FileModel):
     budget: Any = None
     thread_block: Any = None
     episodes: Any = None
+    sandbox: Any = None
 
     @property
     def max_concurrent(self) -> int:
@@ -150,7 +152,7 @@ def _named(model: type[FileModel], *keys: str) -> None:
         raise RuntimeError(f"{model.__name__} has no field for the company-file keys {', '.join(missing)}")
 
 
-_named(CompanyFile, BUDGET_KEY, THREAD_BLOCK_KEY, EPISODES_KEY)
+_named(CompanyFile, BUDGET_KEY, THREAD_BLOCK_KEY, EPISODES_KEY, SANDBOX_KEY)
 _named(SeatFile, REFLECTION_KEY, INSTRUCTIONS_KEY, INSTRUCTIONS_FILE_KEY, BUDGET_KEY)
 
 

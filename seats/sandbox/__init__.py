@@ -1,0 +1,1 @@
+"""Coding runs: detached jobs a seat starts with ``sandbox_run``, each in a bubblewrap sandbox (:mod:`seats.sandbox.jail`)."""
