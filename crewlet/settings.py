@@ -327,6 +327,7 @@ INSTALLED_APPS = [
     "crewlet",
     "seats",
     "seats.memory",
+    "seats.sandbox",
     "notifications",
     "eventstore",
     "a2a",

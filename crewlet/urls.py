@@ -23,6 +23,7 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/seats/", include("seats.urls")),
+    path("api/sandbox/", include("seats.sandbox.urls")),
     path("api/a2a/", include("a2a.urls")),
     path("api/", include("eventstore.urls")),
     path(WEBHOOKS_PREFIX, include("notifications.urls")),

@@ -62,6 +62,10 @@ class BuiltinToolError(Exception):
     """A built-in tool refused its call; the message is what the model reads as the tool's error."""
 
 
+def _no_services() -> Mapping[str, object]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class BuiltinCall:
     """One call of a built-in, with the turn it was made in."""
@@ -71,6 +75,8 @@ class BuiltinCall:
     seat: Seat
     trigger: Trigger
     call: ToolCall
+    #: What the node's seat runtime hands its built-ins by name (the sandbox coordinator): none outside a runtime.
+    services: Mapping[str, object] = field(default_factory=_no_services)
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import OrderedDict
 from typing import Awaitable, Callable, Optional, Sequence
 
 from crewlet.company.conf import STOP_GRACE_S
@@ -87,6 +86,7 @@ from seats import coalescer
 from seats.coalescer import Degrade, Merge, partition_key_of
 from seats.gate import ConcurrencyGate, GateClosed
 from seats.hooks import run_after_turn
+from seats.inbox_state import HOLD_BUDGET, HOLD_NO_PROVIDER, HOLD_PAUSED, HOLD_SANDBOX, LoopStats, SandboxGate
 from seats.abandon import abandon, abandoned_reason
 from seats.budget import BudgetKeeper
 from seats.ledger import FAULT_VALUE, arecord, ascreen, storable_event, store_fault, turn_pairs
@@ -100,33 +100,12 @@ from seats.wake import Wake
 
 log = logging.getLogger("crewlet.seats.inbox")
 
-#: Hold keys this module takes on a seat's inbox.
-HOLD_PAUSED = "paused"
-HOLD_NO_PROVIDER = "no_provider"
-#: A spent calendar token budget (:mod:`seats.budget`): lifted by a reset or a raised ceiling.
-HOLD_BUDGET = "budget"
 #: Why a delivery waiting at the gate of a stopping node is handed back.
 NODE_STOPPING = "node_stopping"
 #: How long after a coordination-store failure a deferred inbox tries again.
 STORE_RETRY_S = 1.0
-#: How many recent deliveries a loop's stats remember.
-STATS_KEEP = 256
 #: How many isolated event ids a loop remembers (see ``InboxLoop`` on poison).
 ISOLATED_KEEP = 4096
-
-
-@dataclass
-class LoopStats:
-    """What one loop saw, for health, the dashboard and the tests."""
-
-    #: (event id, deliveries remaining) of the latest deliveries handed to the handler.
-    deliveries: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=STATS_KEEP))
-    turns: int = 0
-    skipped: int = 0
-    duplicates: int = 0
-    deferred: int = 0
-    parked: int = 0
-    failed: int = 0
 
 
 class InboxLoop:
@@ -150,9 +129,13 @@ class InboxLoop:
         merge: Optional[Merge] = None,
         stop_grace_s: float = STOP_GRACE_S,
         budget: Optional[BudgetKeeper] = None,
+        sandbox: Optional[SandboxGate] = None,
     ) -> None:
         self.queue = queue
         self.budget = budget
+        self.sandbox = sandbox
+        #: One turn of the seat at a time: its inbox's and those its coding runs wake (:meth:`run_wake`).
+        self._turn_lock = asyncio.Lock()
         self.merge = merge
         self.holder = holder
         self.handle = handle
@@ -302,6 +285,9 @@ class InboxLoop:
         if self._budget_held():
             await self.queue.hold(self.topic, self.group, HOLD_BUDGET)
             return HOLD_BUDGET
+        if self.sandbox is not None and self.sandbox.holding(self.handle):  # a delivery that raced the run's hold
+            await self.queue.hold(self.topic, self.group, HOLD_SANDBOX)
+            return HOLD_SANDBOX
         return None
 
     async def _hand_back(self, why: str, partition: Partition) -> Outcome:
@@ -390,6 +376,15 @@ class InboxLoop:
         refusal = await self._refusal()
         if refusal is not None:
             return self._defer(refusal, partition)
+        if self.sandbox is not None:
+            consumed, why = await self.sandbox.offer(seat, partition)
+            if why:
+                self._retry_later()
+                return self._defer(why, partition)
+            if consumed:
+                fresh_events = [ev for ev in fresh_events if ev.id not in consumed]
+                if not fresh_events:
+                    return Outcome.ACK
 
         try:
             done, pause_row = await ascreen(self.handle, identities.values())
@@ -500,7 +495,8 @@ class InboxLoop:
             covered = chosen.covers
             trigger = self._trigger(chosen.trigger, key, first_delivery)
             trigger.before_write = self._recorder(seat, trigger.turn_id, covered, identities)
-            result = await self.turn.run(seat, trigger)
+            async with self._turn_lock:
+                result = await self.turn.run(seat, trigger)
 
         turn_id = trigger.turn_id
         handed_back = self.turn.take_hand_back()
@@ -548,6 +544,25 @@ class InboxLoop:
             await abandon(self._emit, seat, covered, result, abandoned)
         return Outcome.ACK
 
+    async def run_wake(self, event: Event, partition_key: str) -> Optional[bool]:
+        """One turn for ``event`` outside the inbox (a coding run's question or ending), after the seat's running turn.
+
+        True when it completed; None when the node's gate closed (it is stopping).
+        """
+        seat = self.holder.current().seat_by_handle(self.handle)
+        if seat is None or not seat.is_agent:
+            return False
+        trigger = self._trigger([storable_event(event)], partition_key)
+        try:
+            async with self.gate.slot():
+                async with self._turn_lock:
+                    result = await self.turn.run(seat, trigger)
+        except GateClosed:
+            return None
+        if result.ok:
+            await run_after_turn(self.queue, seat, trigger.events, result, hooks=self.runner.hooks)
+        return result.ok or result.outcome == OUTCOME_STOPPED
+
     @staticmethod
     def _recorder(
         seat: Seat, turn_id: str, covered: Sequence[Event], identities: dict[str, str]
@@ -576,10 +591,4 @@ class InboxLoop:
         await self.runner.emitter.emit(body, trace_of(), log_event="seat_event_publish_failed", seat=self.handle)
 
 
-__all__ = [
-    "HOLD_BUDGET",
-    "HOLD_NO_PROVIDER",
-    "HOLD_PAUSED",
-    "InboxLoop",
-    "LoopStats",
-]
+__all__ = ["HOLD_BUDGET", "HOLD_NO_PROVIDER", "HOLD_PAUSED", "HOLD_SANDBOX", "InboxLoop", "LoopStats", "SandboxGate"]

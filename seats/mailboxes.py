@@ -212,6 +212,7 @@ async def retire_absent(
     now: Optional[datetime] = None,
     claim: Optional[Callable[[str], Awaitable[bool]]] = None,
     release: Optional[Callable[[str], Awaitable[None]]] = None,
+    before_delete: Optional[Callable[[str], Awaitable[object]]] = None,
 ) -> SweepReport:
     """The maintenance duty's mailbox pass: delete what has been absent for ``absent_after_s``.
 
@@ -219,7 +220,8 @@ async def retire_absent(
     deletion, so no node still serving an older revision attaches to the
     mailbox while it is deleted; a seat whose lease another node holds is left
     for a later sweep. The retirement's mark is written before the first
-    deletion; the seat's episodes are deleted after its mailboxes.
+    deletion, then ``before_delete`` runs (the seat's coding runs are ended);
+    the seat's episodes are deleted after its mailboxes.
 
     ``org`` is the active company (read it from the holder per sweep). The
     broker's own listing is consulted too, so a mailbox created by a node that
@@ -252,6 +254,8 @@ async def retire_absent(
             # The mark first: a deletion that fails half-way leaves a mailbox the broker still
             # lists, which makes the seat due again on the next sweep, mark or no mark.
             await amark_retired(handle, at)
+            if before_delete is not None:
+                await before_delete(handle)
             refs = set(mailbox_refs(handle)) | set(listed.get(handle, []))
             for ref in sorted(refs):
                 if await queue.delete_subscription(ref.topic, ref.group):

@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from crewlet.base.aio import bounded_each
@@ -54,6 +56,9 @@ from seats.provider_keys import warn_unset_provider_keys
 from seats.scheduler import TICK_S, Scheduler, aprune_firings
 from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.retry import Retrier
+from seats.sandbox.coordinator import SandboxCoordinator
+from seats.sandbox.runs import prune as prune_runs
+from seats.sandbox.tool import SANDBOX_SERVICE
 from seats.turns import TurnRunner
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,6 +146,8 @@ class SeatRuntime:
         turn_stall_s: float = TURN_STALL_S,
         budget_meters_every_s: float = METERS_EVERY_S,
         max_consumers: Optional[int] = None,
+        sandbox_dir: Optional[Path] = None,
+        bwrap: str = "bwrap",
     ) -> None:
         self.queue = queue
         self.holder = holder
@@ -177,6 +184,13 @@ class SeatRuntime:
         self.loops: dict[str, InboxLoop] = {}
         #: The memory of the seats this node holds, replayed before each seat's inbox is attached.
         self.memory = MemoryKeeper(queue, Reflector(queue, holder, self.runner))
+        #: The coding runs of the seats this node holds (their jobs' working trees under ``sandbox_dir``).
+        self.sandbox = SandboxCoordinator(
+            queue, holder, node_id=self.node_id, emitter=self.runner.emitter,
+            root=sandbox_dir or Path(tempfile.gettempdir()) / "crewlet-sandbox" / (self.node_id or "node"),
+            run_wake=self._run_wake, reopen=self._reopen, bwrap=bwrap, store_retry_s=store_retry_s,
+        )
+        self.runner.services[SANDBOX_SERVICE] = self.sandbox
         self._lock: Optional[asyncio.Lock] = None
         self._duties: list[Periodic] = []
         self._nudges: list[Closable] = []
@@ -249,6 +263,7 @@ class SeatRuntime:
                 await bounded_each(list(self.loops), detach, SEAT_CONCURRENCY)
             finally:
                 await self.ownership.release_many(idle)
+        await self.sandbox.stop()
         await self.memory.stop()
         if self._owns_emitter:
             await self.runner.emitter.close()
@@ -397,6 +412,7 @@ class SeatRuntime:
         pauses = await actions.apause_states(claimed) if claimed else {}
         if len(claimed) > SEAT_CONCURRENCY:  # more than one round of attaches: one memory read for all, not one each
             await self.memory.acquire_many(claimed)
+            await self.sandbox.acquire_many(claimed)
         await bounded_each(claimed, lambda h: self._attach(h, org, pauses.get(h)), SEAT_CONCURRENCY)
 
     async def _attach(self, handle: str, org: Organization, row: Optional["SeatPause"]) -> None:
@@ -416,13 +432,16 @@ class SeatRuntime:
             merge=self.merge,
             stop_grace_s=self.stop_grace_s,
             budget=self.budget,
+            sandbox=self.sandbox,
         )
+        await self.sandbox.acquire(handle)  # a coding run's hold, like a pause's, before the mailbox is attached
         if row is not None and row.paused:
             await loop.pause(version=row.version)  # the hold is taken before the mailbox is attached
         elif row is not None:
             await loop.resume(version=row.version)
         await loop.start()
         self.loops[handle] = loop
+        await self.sandbox.attached(handle)
         seat = org.seat_by_handle(handle)
         await self._emit(
             AgentSpawned(seat=handle, role=seat.role if seat else "", agent_id=seat.agent_id if seat else "", reason="claimed")
@@ -445,6 +464,7 @@ class SeatRuntime:
             if wait_turn:
                 await loop.turn_finished()
             busy = loop.handling
+        await self.sandbox.release(handle)
         if isinstance(self.runner.toolbox, SeatSessions):
             await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
         await self.memory.release(handle)
@@ -514,13 +534,14 @@ class SeatRuntime:
         async with self._guard():
             report = await retire_absent(
                 self.queue, self.holder.current(), absent_after_s=self.absent_after_s, now=self.now(),
-                claim=self.ownership.claim, release=self.ownership.release,
+                claim=self.ownership.claim, release=self.ownership.release, before_delete=self.sandbox.retire,
             )
             await self.memory.purge_retired(report.retired)
         pruned = await aprune(older_than_s=self.ledger_keep_s, now=self.now())
         pruned += await aprune_firings(self.now() - timedelta(seconds=self.ledger_keep_s))
         pruned += await in_store(prune_leases)(older_than_s=self.ledger_keep_s, now=self.now())
         pruned += await self.budget.prune()
+        pruned += await in_store(prune_runs)(self.now() - timedelta(seconds=self.ledger_keep_s))
         if report.retired or report.found_unrecorded or pruned:
             log.info(
                 "seat_sweep_done",
@@ -543,6 +564,16 @@ class SeatRuntime:
         """Every node, every ``budget_meters_every_s``: held seats looked at again, then ``budget_meters``."""
         await self.release_budget_holds()
         await self.budget.publish()
+
+    async def _run_wake(self, handle: str, event: Event, partition_key: str) -> Optional[bool]:
+        """A coding run's turn for the seat (:meth:`InboxLoop.run_wake`); None when no loop of the seat runs here."""
+        loop = self.loops.get(handle)
+        return await loop.run_wake(event, partition_key) if loop is not None else None
+
+    async def _reopen(self, handle: str) -> None:
+        loop = self.loops.get(handle)
+        if loop is not None:
+            await loop.reopen()
 
     async def _emit(self, body: Any) -> None:
         await self.runner.emitter.emit(body, trace_of(), log_event="seat_runtime_publish_failed")

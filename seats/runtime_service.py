@@ -6,7 +6,10 @@ services (the fleet member's leases, the toolbox, the event store's writer).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
+
+from django.conf import settings as django_settings
 
 from crewlet.engine.interfaces import EVENT_STORE, FLEET, SEAT_RUNTIME
 from crewlet.engine.services import Service
@@ -50,6 +53,7 @@ def services(engine: "Engine", **options: Any) -> list[Service]:
         options.setdefault("max_consumers", engine.settings.stream.max_consumers)
         options.setdefault("toolbox", engine.find(TOOLBOX))
         options.setdefault("scheduler_clock", rehearsal_clock())
+        options.setdefault("sandbox_dir", Path(django_settings.VAR_DIR) / "sandbox")
         member = engine.find(FLEET)
         if member is not None and "ownership" not in options:
             # Seat leases are the fleet member's own (crewlet.fleet.member), which leased ownership works through.

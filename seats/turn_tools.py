@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Mapping
+from typing import Mapping, Optional
 
 from crewlet.base.logfmt import short_reason
 from crewlet.company.org import Seat
@@ -80,6 +80,7 @@ async def act(
     loop: TurnState,
     call: ToolCall,
     answer: Completion,
+    services: Optional[Mapping[str, object]] = None,
 ) -> ToolResult:
     """Run one call: a built-in here, an MCP tool through the toolbox; every failure is a result."""
     offered = {t.name for t in loop.tools}
@@ -98,7 +99,9 @@ async def act(
             log.warning("seat_tool_call_raised", extra={"seat": loop.seat.handle, "tool": call.name, "error": short_reason(exc)})
             return refused(call, storable(short_reason(exc, 1000)))
     try:
-        content = await builtin.run(BuiltinCall(queue=queue, org=loop.org, seat=loop.seat, trigger=loop.trigger, call=call))
+        content = await builtin.run(BuiltinCall(
+            queue=queue, org=loop.org, seat=loop.seat, trigger=loop.trigger, call=call, services=services or {}
+        ))
     except BuiltinToolError as exc:
         return ToolResult(
             ok=False, content="", bytes=0, server="", tool=call.name, duration_s=time.monotonic() - started,

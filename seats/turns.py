@@ -196,6 +196,8 @@ class TurnRunner:
         self.retrier = retrier or Retrier()
         #: The company's and the seats' token budgets (:mod:`seats.budget`), checked before each round's call.
         self.budget = budget
+        #: What built-ins are handed by name (``BuiltinCall.services``): the seat runtime adds its sandbox coordinator.
+        self.services: dict[str, object] = {}
 
     async def _emit(self, body: Any, extras: Optional[dict[str, Any]] = None) -> None:
         """Telemetry never fails a turn: a publish that fails is logged (and retried while the broker is away)."""
@@ -310,7 +312,7 @@ class TurnRunner:
                     break
                 if not loop.wrote and writes(loop, call, answer) and not await self._before_write(loop, result):
                     break
-                done = await act(self.queue, self.toolbox, self.hooks.builtin_tools, loop, call, answer)
+                done = await act(self.queue, self.toolbox, self.hooks.builtin_tools, loop, call, answer, self.services)
                 loop.moved()
                 results.append((call.id, done))
             record_calls(result, round_record, number, answer.calls, results)

@@ -1,1 +1,1 @@
-"""Coding runs: detached jobs a seat starts with ``sandbox_run``, each in a bubblewrap sandbox (:mod:`seats.sandbox.jail`)."""
+"""Coding runs: detached jobs a seat launches into a bubblewrap sandbox, the hold they take on its inbox, their questions."""
