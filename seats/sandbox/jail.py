@@ -60,6 +60,8 @@ RUN_ID_VAR = "CREWLET_RUN_ID"
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
 _BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 DEFAULT_OUTPUT_MAX_CHARS = 4000
+#: The longest task in bytes: one environment string may hold 128 KiB (Linux's MAX_ARG_STRLEN), its name included.
+MAX_TASK_BYTES = 128 * 1024 - len(TASK_VAR + "=") - 1
 #: A line longer than this (a job printing without newlines) is kept as output in pieces, never as a question.
 _LINE_MAX_BYTES = 65536
 #: After the sandbox ends, how long its pipes may take to report end-of-file (every writer inside is dead by then).
@@ -209,6 +211,7 @@ class Job:
         self._used_s = 0.0
         self._since: Optional[float] = self._loop.time()  # start of the current running stretch; None while parked
         self._asking = False
+        self._calling = False
         self._timed_out = False
         self._killed = False
         self._tail = ""
@@ -227,6 +230,13 @@ class Job:
             await asyncio.to_thread(check_available, bwrap)
             path = shutil.which(bwrap)
         assert path is not None  # check_available found it
+        if not _RUN_ID.fullmatch(run_id):
+            raise SandboxError(f"run id {run_id[:80]!r} is not a directory name (letters, digits, '.', '_', '-')")
+        # The options travel NUL-separated: a NUL in the task would end its value and start an option of its own.
+        task = task.replace("\0", "")
+        size = len(task.encode("utf-8", "surrogateescape"))
+        if size > MAX_TASK_BYTES:
+            raise SandboxError(f"the task is {size} bytes; at most {MAX_TASK_BYTES} fit in {TASK_VAR}")
         if not workdir.is_dir():
             raise SandboxUnavailable(f"the run's workdir {str(workdir)[:200]!r} is not a directory")
         for needed in (config.command[0], *config.read_only_paths):
@@ -317,6 +327,7 @@ class Job:
             self._used_s, self._since, self._asking = self._running_s(), None, True
             self._changed.set()
             log.info("sandbox_job_asked", extra={"run_id": self._run_id, "chars": len(question)})
+            self._calling = True
             try:
                 await self._on_question(question)
             except Exception as exc:
@@ -324,6 +335,8 @@ class Job:
                 log.error("sandbox_question_failed", extra={"run_id": self._run_id, "error": type(exc).__name__})
                 self._killed = True
                 self._signal_kill()
+            finally:
+                self._calling = False
             return
         self._keep(text + "\n")
 
@@ -367,7 +380,11 @@ class Job:
             self._since = None
             _, late = await asyncio.wait(readers, timeout=_DRAIN_S)
             for reader in late:
-                reader.cancel()
+                if not self._calling:  # a reader inside on_question is the caller's code: it is let finish
+                    reader.cancel()
+            for failed in await asyncio.gather(*readers, return_exceptions=True):
+                if isinstance(failed, Exception):
+                    log.error("sandbox_output_unread", extra={"run_id": self._run_id, "error": type(failed).__name__})
         except asyncio.CancelledError:
             self._signal_kill()
             for reader in readers:
