@@ -5,9 +5,11 @@ directories (/usr, /bin, /lib, /lib64 where present, /etc), of its program's
 own directory and of ``sandbox.read_only_paths``; the run's workdir
 read-write at /work (its cwd and HOME); a fresh tmpfs /tmp, its own /proc and
 /dev. Nothing else of the host exists inside (not /root, not the node's data
-directory, not the project's checkout). ``--unshare-all`` gives it its own
-user, pid, ipc, uts, cgroup and network namespaces; ``network: true`` keeps
-only the node's network (``--share-net``). ``--clearenv`` drops the node's
+directory, not the project's checkout; /etc's secrets — shadow, sudoers,
+ssh host keys, private TLS keys — are masked). ``--unshare-all`` gives it its
+own user, pid, ipc, uts, cgroup and network namespaces, ``--cap-drop ALL`` no
+capability in them; ``network: true`` keeps only the node's network
+(``--share-net``). ``--clearenv`` drops the node's
 environment: the job gets PATH, HOME=/work, CREWLET_TASK, CREWLET_RUN_ID and
 the variables ``sandbox.env`` names that are set, nothing more.
 
@@ -58,6 +60,9 @@ TASK_VAR = "CREWLET_TASK"
 RUN_ID_VAR = "CREWLET_RUN_ID"
 #: The system directories every job sees read-only (each only where it exists on the node).
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
+#: The node's secrets under /etc, masked where present: a node run as root maps the job's uid to root, the owner of them.
+MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
+MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 _BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 DEFAULT_OUTPUT_MAX_CHARS = 4000
 #: The longest task in bytes: one environment string may hold 128 KiB (Linux's MAX_ARG_STRLEN), its name included.
@@ -118,11 +123,18 @@ def bwrap_argv(config: SandboxConfig, workdir: Path, env: Mapping[str, str], *, 
     argv = [bwrap, "--unshare-all"]
     if config.network:
         argv.append("--share-net")
-    argv += ["--die-with-parent", "--new-session"]
+    # No capability inside, even where the node runs as root (bwrap then keeps them unless told).
+    argv += ["--cap-drop", "ALL", "--die-with-parent", "--new-session"]
     # /tmp, /proc and /dev first: a read-only path under /tmp is then bound over the fresh tmpfs, not hidden by it.
     argv += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
     for path in _binds(config):
         argv += ["--ro-bind", path, path]
+    for path in MASKED_FILES:
+        if os.path.isfile(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    for path in MASKED_DIRS:
+        if os.path.isdir(path):
+            argv += ["--tmpfs", path, "--remount-ro", path]
     argv += ["--bind", str(workdir), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
     argv += ["--clearenv", "--setenv", "PATH", _sandbox_path(config), "--setenv", "HOME", SANDBOX_WORKDIR]
     for name in config.env:

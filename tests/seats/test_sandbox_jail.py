@@ -63,6 +63,8 @@ async def test_the_job_sees_workdir_from_at_work_and_nothing_else_of_the_host(tm
     script = (
         f"cat /work/readme.txt; pwd; echo made > /work/result.txt; "
         f"for p in {secret} {tmp_path} /root /work/main {Path.cwd()}; do test -e \"$p\" && echo \"SEEN $p\"; done; "
+        "cat /etc/shadow >/dev/null 2>&1 && echo 'READ /etc/shadow'; "
+        "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status || echo 'HAS CAPABILITIES'; "
         "echo checked"
     )
     config = shell(script, workdir_from=str(seed))
