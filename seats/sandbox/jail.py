@@ -5,9 +5,11 @@ directories (/usr, /bin, /lib, /lib64 where present, /etc), of its program's
 own directory and of ``sandbox.read_only_paths``; the run's workdir
 read-write at /work (its cwd and HOME); a fresh tmpfs /tmp, its own /proc and
 /dev. Nothing else of the host exists inside (not /root, not the node's data
-directory, not the project's checkout). ``--unshare-all`` gives it its own
-user, pid, ipc, uts, cgroup and network namespaces; ``network: true`` keeps
-only the node's network (``--share-net``). ``--clearenv`` drops the node's
+directory, not the project's checkout; /etc's secrets — shadow, sudoers,
+ssh host keys, private TLS keys — are masked). ``--unshare-all`` gives it its
+own user, pid, ipc, uts, cgroup and network namespaces, ``--cap-drop ALL`` no
+capability in them; ``network: true`` keeps only the node's network
+(``--share-net``). ``--clearenv`` drops the node's
 environment: the job gets PATH, HOME=/work, CREWLET_TASK, CREWLET_RUN_ID and
 the variables ``sandbox.env`` names that are set, nothing more.
 
@@ -58,8 +60,13 @@ TASK_VAR = "CREWLET_TASK"
 RUN_ID_VAR = "CREWLET_RUN_ID"
 #: The system directories every job sees read-only (each only where it exists on the node).
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/etc")
+#: The node's secrets under /etc, masked where present: a node run as root maps the job's uid to root, the owner of them.
+MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
+MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 _BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 DEFAULT_OUTPUT_MAX_CHARS = 4000
+#: The longest task in bytes: one environment string may hold 128 KiB (Linux's MAX_ARG_STRLEN), its name included.
+MAX_TASK_BYTES = 128 * 1024 - len(TASK_VAR + "=") - 1
 #: A line longer than this (a job printing without newlines) is kept as output in pieces, never as a question.
 _LINE_MAX_BYTES = 65536
 #: After the sandbox ends, how long its pipes may take to report end-of-file (every writer inside is dead by then).
@@ -116,11 +123,18 @@ def bwrap_argv(config: SandboxConfig, workdir: Path, env: Mapping[str, str], *, 
     argv = [bwrap, "--unshare-all"]
     if config.network:
         argv.append("--share-net")
-    argv += ["--die-with-parent", "--new-session"]
+    # No capability inside, even where the node runs as root (bwrap then keeps them unless told).
+    argv += ["--cap-drop", "ALL", "--die-with-parent", "--new-session"]
     # /tmp, /proc and /dev first: a read-only path under /tmp is then bound over the fresh tmpfs, not hidden by it.
     argv += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
     for path in _binds(config):
         argv += ["--ro-bind", path, path]
+    for path in MASKED_FILES:
+        if os.path.isfile(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    for path in MASKED_DIRS:
+        if os.path.isdir(path):
+            argv += ["--tmpfs", path, "--remount-ro", path]
     argv += ["--bind", str(workdir), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
     argv += ["--clearenv", "--setenv", "PATH", _sandbox_path(config), "--setenv", "HOME", SANDBOX_WORKDIR]
     for name in config.env:
@@ -209,6 +223,7 @@ class Job:
         self._used_s = 0.0
         self._since: Optional[float] = self._loop.time()  # start of the current running stretch; None while parked
         self._asking = False
+        self._calling = False
         self._timed_out = False
         self._killed = False
         self._tail = ""
@@ -227,6 +242,13 @@ class Job:
             await asyncio.to_thread(check_available, bwrap)
             path = shutil.which(bwrap)
         assert path is not None  # check_available found it
+        if not _RUN_ID.fullmatch(run_id):
+            raise SandboxError(f"run id {run_id[:80]!r} is not a directory name (letters, digits, '.', '_', '-')")
+        # The options travel NUL-separated: a NUL in the task would end its value and start an option of its own.
+        task = task.replace("\0", "")
+        size = len(task.encode("utf-8", "surrogateescape"))
+        if size > MAX_TASK_BYTES:
+            raise SandboxError(f"the task is {size} bytes; at most {MAX_TASK_BYTES} fit in {TASK_VAR}")
         if not workdir.is_dir():
             raise SandboxUnavailable(f"the run's workdir {str(workdir)[:200]!r} is not a directory")
         for needed in (config.command[0], *config.read_only_paths):
@@ -317,6 +339,7 @@ class Job:
             self._used_s, self._since, self._asking = self._running_s(), None, True
             self._changed.set()
             log.info("sandbox_job_asked", extra={"run_id": self._run_id, "chars": len(question)})
+            self._calling = True
             try:
                 await self._on_question(question)
             except Exception as exc:
@@ -324,6 +347,8 @@ class Job:
                 log.error("sandbox_question_failed", extra={"run_id": self._run_id, "error": type(exc).__name__})
                 self._killed = True
                 self._signal_kill()
+            finally:
+                self._calling = False
             return
         self._keep(text + "\n")
 
@@ -367,7 +392,11 @@ class Job:
             self._since = None
             _, late = await asyncio.wait(readers, timeout=_DRAIN_S)
             for reader in late:
-                reader.cancel()
+                if not self._calling:  # a reader inside on_question is the caller's code: it is let finish
+                    reader.cancel()
+            for failed in await asyncio.gather(*readers, return_exceptions=True):
+                if isinstance(failed, Exception):
+                    log.error("sandbox_output_unread", extra={"run_id": self._run_id, "error": type(failed).__name__})
         except asyncio.CancelledError:
             self._signal_kill()
             for reader in readers:

@@ -320,6 +320,17 @@ def test_up_refuses_a_nan_rate_limit_and_a_sub_minute_schedule_in_one_line_namin
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
+def test_up_refuses_a_seat_granted_sandbox_run_in_a_company_with_no_sandbox_section(tmp_path: Path) -> None:
+    path = _company(tmp_path, "grant.yaml", b"org: acme\nseats: [{handle: ada, kind: agent, tools: [sandbox_run]}]\n")
+    status, lines = up_refusal(tmp_path, "--company", path)
+    assert status != 0 and lines == [
+        "CommandError: seats.ada.tools='sandbox_run': needs the company's sandbox section "
+        f"(the job it starts: sandbox: {{command: [...]}}) (in {path})"
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
 def test_up_refuses_an_alias_bomb_in_a_wrongly_typed_field_in_one_short_line(tmp_path: Path) -> None:
     path = _company(tmp_path, "bomb.yaml", (f"org: [{bomb(7)}]\n" + SEAT).encode())
     status, lines = up_refusal(tmp_path, "--company", path)

@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import pytest
 
 from crewlet.company.sandbox import SandboxConfig
-from seats.sandbox.errors import SandboxUnavailable
+from seats.sandbox.errors import SandboxError, SandboxUnavailable
 from seats.sandbox.jail import QUESTION_PREFIX, Job, JobEnd, bwrap_argv, check_available, prepare_workdir
 from tests.waiting_support import eventually
 
@@ -63,6 +63,8 @@ async def test_the_job_sees_workdir_from_at_work_and_nothing_else_of_the_host(tm
     script = (
         f"cat /work/readme.txt; pwd; echo made > /work/result.txt; "
         f"for p in {secret} {tmp_path} /root /work/main {Path.cwd()}; do test -e \"$p\" && echo \"SEEN $p\"; done; "
+        "cat /etc/shadow >/dev/null 2>&1 && echo 'READ /etc/shadow'; "
+        "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status || echo 'HAS CAPABILITIES'; "
         "echo checked"
     )
     config = shell(script, workdir_from=str(seed))
@@ -75,11 +77,12 @@ async def test_the_job_sees_workdir_from_at_work_and_nothing_else_of_the_host(tm
 async def test_only_the_listed_variables_that_are_set_get_in_beside_the_sandboxs_own(tmp_path: Path) -> None:
     config = shell("env | sort", env=("AGENT_API_KEY", "NOT_SET_ON_NODE"))
     environ = {"AGENT_API_KEY": "k-123 with spaces", "NODE_ONLY": "kept out", "PATH": "/node/path"}
-    end = await run(config, tmp_path, task="fix the\nbuild", environ=environ)
+    end = await run(config, tmp_path, task="fix the build\0--bind\0/\0/host", environ=environ)
     names = {line.split("=", 1)[0] for line in end.output.splitlines() if "=" in line}
     assert names == {"AGENT_API_KEY", "CREWLET_RUN_ID", "CREWLET_TASK", "HOME", "PATH", "PWD"}
     assert "AGENT_API_KEY=k-123 with spaces" in end.output and "CREWLET_RUN_ID=run-1" in end.output
     assert "HOME=/work" in end.output and "/node/path" not in end.output
+    assert "CREWLET_TASK=fix the build--bind//host\n" in end.output  # a NUL in the task cannot smuggle in an option
     argv = bwrap_argv(config, tmp_path, environ)
     assert "kept out" not in argv and "--share-net" not in argv and argv[-3:] == list(config.command)
 
@@ -114,18 +117,18 @@ async def test_a_question_round_trip_parks_the_clock_until_the_answer(tmp_path: 
     async def on_question(text: str) -> None:
         asked.append(text)
 
-    config = shell(f'echo working; echo "{QUESTION_PREFIX}which branch?"; read answer; echo "using $answer"', time_limit_s=0.5)
+    config = shell(f'echo working; echo "{QUESTION_PREFIX}which branch?"; read answer; echo "using $answer"', time_limit_s=1.5)
     workdir = prepare_workdir(config, tmp_path, "run-1")
     job = await Job.start(config, run_id="run-1", task="t", workdir=workdir, on_question=on_question, environ={})
     assert await job.answer("too early") is False
     await eventually(lambda: job.asking, 30.0, "the job to ask")
     assert asked == ["which branch?"]
     # Parked for longer than the whole time limit: the passing of time is what is tested, so this waits it out.
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(2.0)
     assert job.asking
     assert await job.answer("main\nplease")
     end = await job.wait()
-    assert not end.timed_out and end.exit_code == 0 and end.duration_s < 0.5
+    assert not end.timed_out and end.exit_code == 0 and end.duration_s < 1.5
     assert end.output == "working\nusing main please\n"
     assert await job.answer("late") is False
 
@@ -151,6 +154,16 @@ async def test_kill_ends_the_whole_sandbox_and_wait_says_killed(tmp_path: Path) 
 async def test_an_exit_code_and_a_signal_inside_are_reported_as_the_process_had_them(tmp_path: Path) -> None:
     assert (await run(shell("echo out; echo err >&2; exit 7"), tmp_path, run_id="a")).exit_code == 7
     assert (await run(shell("kill -TERM $$"), tmp_path, run_id="b")).exit_code == -15
+
+
+async def test_a_question_that_cannot_be_handed_on_ends_the_job_and_a_task_too_long_is_refused(tmp_path: Path) -> None:
+    async def failing(text: str) -> None:
+        raise RuntimeError("the store is away")
+
+    end = await run(shell(f'echo "{QUESTION_PREFIX}anyone?"; read a; echo "answered $a"'), tmp_path, on_question=failing)
+    assert end.killed and "answered" not in end.output
+    with pytest.raises(SandboxError, match=r"^the task is 131072 bytes; at most \d+ fit in CREWLET_TASK$"):
+        await Job.start(shell("true"), run_id="r", task="x" * 131072, workdir=tmp_path, on_question=no_question)
 
 
 def test_a_fresh_workdir_replaces_what_a_previous_attempt_left(tmp_path: Path) -> None:
