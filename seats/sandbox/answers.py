@@ -156,11 +156,13 @@ async def resume(coordinator: "SandboxCoordinator", handle: str, run: Run) -> No
         return
     if not job.asking:
         return  # it asks again in a moment (a job started again): the reply is given then
+    # The copy first: a job that takes the reply may ask its next question at once, and that question parks the run.
+    run.status, run.answer = runs.RUNNING, None
     if not await job.answer(str(answer.get(K_TEXT, ""))):
+        run.status, run.answer = runs.ANSWERED, answer
         await _told(coordinator, run, ANSWER_DECLINED, answer)
         return  # the job is gone: its ending hands the reply back through the outbox
     await coordinator.store(runs.resumed, run.run_id)
-    run.status, run.answer = runs.RUNNING, None
     log.info("sandbox_run_resumed", extra={"seat": handle, "run_id": run.run_id, "route": answer.get(K_ROUTE, "")})
     await _told(coordinator, run, ANSWER_RESUMED, answer)
 

@@ -54,7 +54,7 @@ from seats.inbox_state import HOLD_SANDBOX
 from seats.mailboxes import ensure_control_mailbox
 from seats.sandbox import answers, runs, wakes
 from seats.sandbox.errors import SandboxError
-from seats.sandbox.jail import Job, JobEnd, prepare_workdir
+from seats.sandbox.jail import Job, JobEnd, check_available, prepare_workdir
 from seats.sandbox.runs import Run
 from seats.turn_types import Trigger
 
@@ -115,6 +115,8 @@ class SandboxCoordinator:
         self._held: set[str] = set()
         self._primed: dict[str, list[Run]] = {}
         self._primed_taken: dict[str, set[str]] = {}
+        #: ``bwrap`` ran a trial sandbox on this node (:func:`~seats.sandbox.jail.check_available`), once.
+        self._bwrap_checked = False
 
     # -- what the inbox asks --------------------------------------------------------------
 
@@ -352,10 +354,13 @@ class SandboxCoordinator:
             await self._end(handle, run.run_id, runs.OUTCOME_FAILED, {"error": NO_SANDBOX})
             return
         try:
+            if not self._bwrap_checked:
+                await asyncio.to_thread(check_available, self.bwrap)
+                self._bwrap_checked = True
             workdir = await asyncio.to_thread(prepare_workdir, config, self.root, run.run_id)
             job = await Job.start(
                 config, run_id=run.run_id, task=run.task, workdir=workdir, environ=self.environ, bwrap=self.bwrap,
-                on_question=lambda question: self._asked(handle, run.run_id, question),
+                on_question=lambda question: self._asked(handle, run.run_id, question), checked=True,
             )
         except (SandboxError, OSError) as exc:
             log.warning("sandbox_job_start_failed", extra={"seat": handle, "run_id": run.run_id, "error": short_reason(exc)})

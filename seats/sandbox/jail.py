@@ -76,7 +76,6 @@ _PROBE_S = 15.0
 #: bwrap reports a job killed by signal N as exit code 128+N.
 _SIGNAL_BASE = 128
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_available: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -165,8 +164,8 @@ def prepare_workdir(config: SandboxConfig, root: Path, run_id: str) -> Path:
     return work
 
 
-def check_available(bwrap: str = "bwrap") -> None:
-    """Raise :class:`SandboxUnavailable` (a one-line reason) unless ``bwrap`` runs a trial sandbox on this node."""
+def check_available(bwrap: str = "bwrap") -> str:
+    """``bwrap``'s path once it ran a trial sandbox on this node; :class:`SandboxUnavailable` (a one-line reason) if not."""
     path = shutil.which(bwrap)
     if path is None:
         raise SandboxUnavailable(f"bwrap is not installed: {bwrap[:200]!r} was not found (Debian: apt-get install bubblewrap)")
@@ -182,7 +181,7 @@ def check_available(bwrap: str = "bwrap") -> None:
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
         raise SandboxUnavailable(f"bwrap cannot create its namespaces here: {reason[:200]}")
-    _available.add(path)
+    return path
 
 
 def _memory_limit(limit_bytes: int) -> Callable[[], None]:
@@ -234,14 +233,16 @@ class Job:
     async def start(
         cls, config: SandboxConfig, *, run_id: str, task: str, workdir: Path,
         on_question: Callable[[str], Awaitable[None]], environ: Mapping[str, str] = os.environ,
-        bwrap: str = "bwrap", output_max_chars: int = DEFAULT_OUTPUT_MAX_CHARS,
+        bwrap: str = "bwrap", output_max_chars: int = DEFAULT_OUTPUT_MAX_CHARS, checked: bool = False,
     ) -> "Job":
-        """Start the job in its sandbox; :class:`SandboxUnavailable` if this node cannot (bwrap, a path, the spawn)."""
-        path = shutil.which(bwrap)
-        if path not in _available:
-            await asyncio.to_thread(check_available, bwrap)
-            path = shutil.which(bwrap)
-        assert path is not None  # check_available found it
+        """Start the job in its sandbox; :class:`SandboxUnavailable` if this node cannot (bwrap, a path, the spawn).
+
+        ``checked``: the caller already ran :func:`check_available` for ``bwrap``
+        (a coordinator does once per node), so the trial sandbox is not run again.
+        """
+        path = shutil.which(bwrap) if checked else await asyncio.to_thread(check_available, bwrap)
+        if path is None:
+            raise SandboxUnavailable(f"bwrap is not installed: {bwrap[:200]!r} was not found")
         if not _RUN_ID.fullmatch(run_id):
             raise SandboxError(f"run id {run_id[:80]!r} is not a directory name (letters, digits, '.', '_', '-')")
         # The options travel NUL-separated: a NUL in the task would end its value and start an option of its own.

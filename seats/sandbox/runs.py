@@ -144,9 +144,13 @@ def restarted(run_id: str, node: str, attempt: int) -> bool:
 
 
 def parked(run_id: str, question: str, asked_at: datetime) -> bool:
-    """The run asked ``question`` and waits: it holds nothing from now (False: it ended meanwhile)."""
+    """The run asked ``question`` and waits: it holds nothing from now (False: it ended meanwhile).
+
+    A run whose reply is recorded but not yet marked taken parks too: a job
+    asks again only once it has read the reply it was given.
+    """
     return bool(
-        SandboxRun.objects.filter(run_id=run_id, status=RUNNING).update(
+        SandboxRun.objects.filter(run_id=run_id, status__in=[RUNNING, ANSWERED]).update(
             status=PARKED, question=question, asked_at=asked_at, answer=None, answered_at=None
         )
     )
