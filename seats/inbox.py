@@ -547,8 +547,11 @@ class InboxLoop:
     async def run_wake(self, event: Event, partition_key: str) -> Optional[bool]:
         """One turn for ``event`` outside the inbox (a coding run's question or ending), after the seat's running turn.
 
-        True when it completed; None when the node's gate closed (it is stopping).
+        True when it completed; None when it cannot run now: the seat is paused (its runs' wakes wait
+        with their mail until the pause lifts) or the node's gate closed (it is stopping).
         """
+        if self._paused:
+            return None
         seat = self.holder.current().seat_by_handle(self.handle)
         if seat is None or not seat.is_agent:
             return False

@@ -99,13 +99,18 @@ async def _always(_name: str) -> bool:
 
 
 async def _apply_pause(
-    loop: InboxLoop, paused: bool, version: int, *, stop_running: bool, by: str, by_seat: str, reason: str
+    loop: InboxLoop, paused: bool, version: int, *, stop_running: bool, by: str, by_seat: str, reason: str,
+    sandbox: SandboxCoordinator,
 ) -> None:
-    """Bring one loop's hold to a pause state, whether it came as a won change or as the store's row."""
+    """Bring one loop's hold to a pause state, whether it came as a won change or as the store's row.
+
+    A resume also lets the seat's coding runs tell it what waited for the pause (their control subject).
+    """
     if paused:
         await loop.pause(stop_running=stop_running, by=by, by_seat=by_seat, reason=reason, version=version)
     else:
         await loop.resume(version=version)
+        await sandbox.reopen_control(loop.handle)
 
 
 class SeatRuntime:
@@ -489,6 +494,7 @@ class SeatRuntime:
         await _apply_pause(
             loop, change.paused, change.version,
             stop_running=change.stop_running, by=change.by, by_seat=change.by_seat, reason=change.reason,
+            sandbox=self.sandbox,
         )
 
     async def reconcile_pauses(self, handles: Optional[list[str]] = None) -> None:
@@ -510,6 +516,7 @@ class SeatRuntime:
             await _apply_pause(
                 loop, row.paused, row.version,
                 stop_running=row.stop_running, by=row.paused_by, by_seat=row.paused_by_seat, reason=row.reason,
+                sandbox=self.sandbox,
             )
 
     async def _subscribe_nudges(self) -> None:

@@ -244,13 +244,15 @@ class SandboxCoordinator:
         await self.sync_hold(seat.handle)
         try:
             await self._attach_control(seat.handle)
-            await self.queue.publish(topics.agent_control(seat.handle), wakes.started(run))
+            started = wakes.started(run)
+            await self.queue.publish(topics.agent_control(seat.handle), started)
         except QueueError as exc:
             await self._end(seat.handle, run.run_id, runs.OUTCOME_FAILED, {"error": NOT_STARTED.format(reason=short_reason(exc))}, tell=False)
             await in_store(runs.woken)(run.run_id)
             self._settled(seat.handle, run.run_id)
             await self.sync_hold(seat.handle)
             raise
+        await self.emitter.publish(topics.event(started.type), started, log_event="sandbox_event_publish_failed", seat=seat.handle)
         log.info("sandbox_run_launched", extra={"seat": seat.handle, "run_id": run.run_id, "turn_id": trigger.turn_id})
         return run
 
@@ -283,15 +285,20 @@ class SandboxCoordinator:
 
         self._subs[handle] = await self.queue.subscribe(topics.agent_control(handle), topics.agent_control_group(handle), handler)
 
+    async def reopen_control(self, handle: str) -> None:
+        """Fetch the seat's control subject again after a wake was handed back (the seat was paused)."""
+        sub = self._subs.get(handle)
+        if sub is not None and await sub.unquiesce():
+            log.info("sandbox_control_reopened", extra={"seat": handle})
+
     async def _publish_control(self, handle: str, event: Event) -> None:
-        """Put ``event`` on the seat's control subject, trying until the broker has it (a run's transitions are never dropped)."""
-        while True:
-            try:
-                await self.queue.publish(topics.agent_control(handle), event)
-                return
-            except QueueError as exc:
-                log.warning("sandbox_control_publish_failed", extra={"seat": handle, "type": event.type, "error": short_reason(exc)})
-                await asyncio.sleep(self.store_retry_s)
+        """Put ``event`` on the seat's control subject until the broker has it (a run's transitions are never dropped).
+
+        The same event then goes to its event topic too, for the live feed and
+        every broadcast reader: the store keeps one row, keyed on its id.
+        """
+        await self._publish_to(topics.agent_control(handle), event, handle)
+        await self.emitter.publish(topics.event(event.type), event, log_event="sandbox_event_publish_failed", seat=handle)
 
     async def _control(self, handle: str, delivery: Delivery) -> Outcome:
         event = delivery.event
@@ -327,8 +334,9 @@ class SandboxCoordinator:
     async def _wake(self, handle: str, run: Run, event: Event, delivery: Delivery, *, settle: bool) -> Outcome:
         """Tell the seat in a turn of its own; an ending settles the run (and lifts the hold) once that turn ran."""
         ok = await self.run_wake(handle, event, str(run.launch.get(wakes.PARTITION_KEY) or f"sandbox:{run.run_id}"))
-        if ok is None:
-            return Outcome.DEFER  # the seat left this node: its next holder tells it
+        if ok is None:  # paused (the resume reopens this subject), or the seat left this node
+            log.info("sandbox_wake_deferred", extra={"seat": handle, "run_id": run.run_id, "type": event.type})
+            return Outcome.DEFER
         if not ok and delivery.remaining > WAKE_GIVE_UP_REMAINING:
             return Outcome.NAK
         if settle:
@@ -386,15 +394,21 @@ class SandboxCoordinator:
         await self._end(handle, run_id, outcome, result)
 
     async def _end(self, handle: str, run_id: str, outcome: str, result: dict[str, Any], *, tell: bool = True) -> None:
-        """Decide the run's ending on its row (once, whoever asks first) and publish it on the seat's control subject."""
+        """Decide the run's ending on its row (once, whoever asks first) and publish it on the seat's control subject.
+
+        ``tell=False``: the ending is recorded but wakes no turn.
+        """
         run = await self.store(runs.ended, run_id, outcome, result, datetime.now(timezone.utc))
         assert isinstance(run, Run)
         self.runs.setdefault(handle, {})[run_id] = run
         log.info("sandbox_run_ended", extra={"seat": handle, "run_id": run_id, "outcome": run.outcome})
         if run.outbox:
             await self._send_outbox(handle, run)
+        event = wakes.ending(run)
         if tell:
-            await self._publish_control(handle, wakes.ending(run))
+            await self._publish_control(handle, event)
+        else:  # recorded, with no seat to tell (retired, or its launching turn is told by the tool's error)
+            await self.emitter.publish(topics.event(event.type), event, log_event="sandbox_event_publish_failed", seat=handle)
 
     async def _send_outbox(self, handle: str, run: Run) -> None:
         """Hand a reply no job took back to the seat's inbox as the ordinary message it is, then clear the outbox."""

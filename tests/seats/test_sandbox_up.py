@@ -207,3 +207,32 @@ def test_a_run_asks_a_reply_that_cannot_be_recorded_waits_then_resumes_it_an_ope
     # "use main" went to the run, never a turn; "and thanks for asking" waited behind the run and was then worked as mail.
     assert not any(p.endswith("use main") for p in turns)
     assert sum("and thanks for asking" in p for p in turns) == 1
+
+
+def test_a_paused_seat_is_told_of_its_runs_ending_once_resumed_and_a_run_that_cannot_start_fails_and_is_told(
+    tmp_path: Path,
+) -> None:
+    company(tmp_path, WAITS_FOR_THE_GATE)
+    up = start(tmp_path, "t1")
+    try:
+        say(up, "please build the parser")
+        wait_until(lambda: up.events("sandbox_run_started", "ada"), 60, "the run started")
+        assert up.call("/api/seats/ada/pause", "POST", {"reason": "lunch"})[0] == 200
+        (tmp_path / "gate" / "open").touch()
+        up.wait_for("event=sandbox_wake_deferred seat=ada", 60)
+        assert len(prompts(up)) == 1 and up.events("sandbox_run_completed", "ada")  # ended, and nobody told while paused
+        assert up.call("/api/seats/ada/resume", "POST", {})[0] == 200
+        wait_until(lambda: any("finished: build the parser" in p for p in prompts(up)), 60, "told once resumed")
+
+        (tmp_path / "gate" / "open").unlink()
+        (tmp_path / "gate").rmdir()  # a path the sandbox binds is gone: the next run cannot start on this node
+        say(up, "please build it again")
+        [failed] = wait_until(lambda: up.events("sandbox_run_failed", "ada"), 60, "the run failed to start")
+        wait_until(lambda: any("failed: the sandbox could not start" in p for p in prompts(up)), 60, "ada was told")
+        runs = up.api("/api/sandbox/runs?seat=ada")["runs"]
+        assert up.terminate() == 0, up.output()
+    finally:
+        up.kill()
+
+    assert failed["run_id"] == runs[0]["run_id"] and "does not exist on this node" in failed["error"] and failed["ended_at"]
+    assert [(r["status"], r["outcome"], r["holds"]) for r in runs] == [("ended", "failed", False), ("ended", "succeeded", False)]
