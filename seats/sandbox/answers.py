@@ -99,10 +99,10 @@ async def offer(coordinator: "SandboxCoordinator", seat: Seat, partition: Partit
     """Offer each delivery of ``partition`` to the seat's parked runs before it becomes a turn (see the module docstring)."""
     handle = seat.handle
     parked = coordinator.parked(handle)
-    taken = coordinator.taken.get(handle, set())
     operator = any(isinstance(d.event.data, SandboxAnswerGiven) for d in partition.deliveries)
-    if not (parked or taken or operator):
+    if not (parked or coordinator.taken.get(handle) or operator):
         return Offer()
+    taken = coordinator.taken.setdefault(handle, set())
     consumed: set[str] = set()
     took = False
     for delivery in partition.deliveries:
@@ -133,7 +133,6 @@ async def offer(coordinator: "SandboxCoordinator", seat: Seat, partition: Partit
         run.status, run.answer = runs.ANSWERED, answer
         run.taken.append(event.id)
         taken.add(event.id)
-        coordinator.taken.setdefault(handle, taken)
         parked.remove(run)
         consumed.add(event.id)
         took = True

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Optional
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from crewlet.company.org import HANDLE_PATTERN
 from crewlet.engine import runtime
 from crewlet.events import new
 from crewlet.events.tracing import trace_of
@@ -39,6 +41,13 @@ LIMIT_RANGE = (1, 500)
 ANSWER_MAX_CHARS = 20000
 #: The answer's publish waits this long for the engine's loop.
 PUBLISH_TIMEOUT_S = 10.0
+
+
+class RunsQuerySerializer(serializers.Serializer):
+    seat = serializers.RegexField(f"^{HANDLE_PATTERN}$", required=False, help_text="only this seat's runs")
+    limit = serializers.IntegerField(
+        required=False, default=50, min_value=LIMIT_RANGE[0], max_value=LIMIT_RANGE[1], help_text="at most this many"
+    )
 
 
 class RunSerializer(serializers.Serializer):
@@ -79,30 +88,30 @@ class RunsView(APIView):
     @extend_schema(
         operation_id="sandbox_runs",
         summary="The company's coding runs, newest first",
-        parameters=[
-            OpenApiParameter(P_SEAT, str, description="only this seat's runs"),
-            OpenApiParameter(P_LIMIT, int, description=f"at most this many ({LIMIT_RANGE[0]}-{LIMIT_RANGE[1]}, default 50)"),
-        ],
+        parameters=[RunsQuerySerializer],
         responses={200: RunListSerializer, **error_responses(400, 401)},
     )
     def get(self, request: Request) -> Response:
-        raw = request.query_params.get(P_LIMIT, "50")
-        if not raw.isdigit() or not LIMIT_RANGE[0] <= int(raw) <= LIMIT_RANGE[1]:
-            return error_response(
-                status.HTTP_400_BAD_REQUEST, f"limit={raw[:40]!r}: must be a whole number from {LIMIT_RANGE[0]} to {LIMIT_RANGE[1]}",
-                param=P_LIMIT,
-            )
-        found = runs.listing(request.query_params.get(P_SEAT, ""), int(raw))
+        query = RunsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        found = runs.listing(query.validated_data.get(P_SEAT, ""), query.validated_data[P_LIMIT])
         return Response({"runs": [run.as_dict() for run in found]})
+
+
+def _run(run_id: str) -> Optional[runs.Run]:
+    """The run ``run_id`` names; None for none (a malformed id names none: no store read)."""
+    return runs.get(run_id) if runs.RUN_ID.fullmatch(run_id) else None
+
+
+def _no_run(run_id: str) -> Response:
+    return error_response(status.HTTP_404_NOT_FOUND, f"no coding run {run_id[:80]!r}", param=P_RUN)
 
 
 class RunView(APIView):
     @extend_schema(operation_id="sandbox_run", summary="One coding run", responses={200: RunSerializer, **error_responses(401, 404)})
     def get(self, request: Request, run_id: str) -> Response:
-        run = runs.get(run_id)
-        if run is None:
-            return error_response(status.HTTP_404_NOT_FOUND, f"no coding run {run_id[:80]!r}", param=P_RUN)
-        return Response(run.as_dict())
+        run = _run(run_id)
+        return Response(run.as_dict()) if run is not None else _no_run(run_id)
 
 
 class RunAnswerView(APIView):
@@ -115,9 +124,9 @@ class RunAnswerView(APIView):
     def post(self, request: Request, run_id: str) -> Response:
         body = AnswerRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = runs.get(run_id)
+        run = _run(run_id)
         if run is None:
-            return error_response(status.HTTP_404_NOT_FOUND, f"no coding run {run_id[:80]!r}", param=P_RUN)
+            return _no_run(run_id)
         request_id = str(uuid.uuid4())
         event = new(
             SandboxAnswerGiven(

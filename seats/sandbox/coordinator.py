@@ -438,7 +438,8 @@ class SandboxCoordinator:
             return
         at = datetime.now(timezone.utc)
         if not await self.store(runs.parked, run_id, question, at):
-            return
+            # The run ended meanwhile: its job would wait for an answer nobody is asked for (the jail ends it).
+            raise SandboxError(f"run {run_id} ended before its question could be put")
         run.status, run.question, run.asked_at, run.answer = runs.PARKED, question, at, None
         log.info("sandbox_run_parked", extra={"seat": handle, "run_id": run_id})
         await self.sync_hold(handle)

@@ -9,6 +9,7 @@ cannot both win.
 """
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -95,6 +96,10 @@ _FIELDS = [f.name for f in SandboxRun._meta.fields]
 
 def _run(row: SandboxRun) -> Run:
     return Run(**{name: getattr(row, name) for name in _FIELDS})
+
+
+#: What a run's id looks like (:func:`new_run_id`): a path naming anything else names no run.
+RUN_ID = re.compile(r"run-[0-9a-f]{16}")
 
 
 def new_run_id() -> str:
@@ -218,6 +223,6 @@ def prune(older_than: datetime) -> int:
 
 __all__ = [
     "ANSWERED", "ENDED", "OUTCOME_EXITED", "OUTCOME_FAILED", "OUTCOME_SUCCEEDED", "OUTCOME_TIMED_OUT", "PARKED",
-    "RUNNING", "Run", "answered", "ended", "get", "holds", "listing", "new_run_id", "open_run", "open_runs",
+    "RUNNING", "RUN_ID", "Run", "answered", "ended", "get", "holds", "listing", "new_run_id", "open_run", "open_runs",
     "outbox_sent", "parked", "prune", "restarted", "resumed", "taken_ids", "woken",
 ]
