@@ -177,7 +177,7 @@ class DeliveryTriggerSkipSerializer(serializers.Serializer):
 
 
 class DeliveryHoldSerializer(serializers.Serializer):
-    kind = serializers.CharField(help_text="pause, budget, no_provider or running_turn")
+    kind = serializers.CharField(help_text="pause, budget, no_provider, sandbox (a coding run holds the seat) or running_turn")
     reason = serializers.CharField(allow_blank=True)
     by = serializers.CharField(allow_blank=True, help_text="who paused it, or the running turn's id")
 

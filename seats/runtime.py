@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone as dt_timezone
 from pathlib import Path
@@ -57,7 +56,7 @@ from seats.scheduler import TICK_S, Scheduler, aprune_firings
 from seats.tools.base import SEAT_TOOLS, SeatSessions, Toolbox
 from seats.retry import Retrier
 from seats.sandbox.coordinator import SandboxCoordinator
-from seats.sandbox.runs import prune as prune_runs
+from seats.sandbox.runs import holding_runs, prune as prune_runs
 from seats.sandbox.tool import SANDBOX_SERVICE
 from seats.turns import TurnRunner
 
@@ -192,7 +191,7 @@ class SeatRuntime:
         #: The coding runs of the seats this node holds (their jobs' working trees under ``sandbox_dir``).
         self.sandbox = SandboxCoordinator(
             queue, holder, node_id=self.node_id, emitter=self.runner.emitter,
-            root=sandbox_dir or Path(tempfile.gettempdir()) / "crewlet-sandbox" / (self.node_id or "node"),
+            root=sandbox_dir,
             run_wake=self._run_wake, reopen=self._reopen, bwrap=bwrap, store_retry_s=store_retry_s,
         )
         self.runner.services[SANDBOX_SERVICE] = self.sandbox
@@ -292,6 +291,10 @@ class SeatRuntime:
             handle: PauseRow(paused=row.paused, reason=row.reason, paused_by=row.paused_by or row.paused_by_seat)
             for handle, row in actions.pause_states(handles).items()
         }
+
+    def run_holds(self, handles: list[str]) -> dict[str, tuple[str, ...]]:
+        """The coding runs holding each of ``handles`` that one holds (blocking: the projection's seed calls it in its worker thread)."""
+        return holding_runs(handles)
 
     def turn_limit(self, org: Organization) -> int:
         """Turns this node runs at once: the company's ``node.max_concurrent``, capped by this node's own setting.
@@ -578,8 +581,7 @@ class SeatRuntime:
         return await loop.run_wake(event, partition_key) if loop is not None else None
 
     async def _reopen(self, handle: str) -> None:
-        loop = self.loops.get(handle)
-        if loop is not None:
+        if (loop := self.loops.get(handle)) is not None:
             await loop.reopen()
 
     async def _emit(self, body: Any) -> None:

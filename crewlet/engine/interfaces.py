@@ -74,6 +74,9 @@ class SeatLoops(Protocol):
     def pause_rows(self, handles: list[str]) -> dict[str, PauseRow]:
         """The stored pauses of ``handles`` (blocking: call it in a worker thread)."""
 
+    def run_holds(self, handles: list[str]) -> dict[str, tuple[str, ...]]:
+        """The coding runs holding each of ``handles`` that one holds, by run id (blocking: call it in a worker thread)."""
+
     async def on_pause_change(self, change: Any) -> None:
         """Apply a pause or resume this process just made (a ``seats.actions.PauseChange``) to the seat's inbox."""
 

@@ -36,8 +36,11 @@ The seat states, by precedence (the first that holds wins):
   turn it started: a record whose trigger a turn already took is not queued.
 * ``running`` — a turn started (``agent_turn_started``) and has not ended
   (``agent_turn_completed`` / ``agent_turn_stopped``); ``turn_id`` is it.
-* ``held`` — the inbox holds: the company names no model provider
-  (``reason`` ``no_provider``, the hold's own key).
+* ``held`` — the inbox holds: a coding run works for the seat
+  (``sandbox_run_started``, or ``sandbox_run_answered`` ``resumed``, until
+  the run asks a question or ends: ``reason`` ``sandbox``; its mail is
+  ``queued``, seeded from the coordination store's runs), or the company names
+  no model provider (``reason`` ``no_provider``, the hold's own key).
 * ``stopped`` — the provider chain was exhausted (``llm_unavailable``:
   ``reason`` ``provider``) or the token budget refused (``budget_exhausted``:
   ``reason`` ``budget``), until a turn of it completes without failing — for

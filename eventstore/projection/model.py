@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Deque, Optional
 
 from crewlet.events import Event, format_timestamp, is_fed, is_stored
+from crewlet.events.types import ANSWER_RESUMED
 from crewlet.engine.interfaces import SeatLoops
 from crewlet.company.org import Organization, Seat
 from eventstore import questions as qs
@@ -32,6 +33,7 @@ from eventstore.projection.states import (
     GUARD_BREACH,
     HELD,
     HELD_NO_PROVIDER,
+    HELD_SANDBOX,
     IDLE,
     K_COUNTERS,
     K_COUNTERS_SINCE,
@@ -42,6 +44,9 @@ from eventstore.projection.states import (
     LLM_UNAVAILABLE,
     PAUSED,
     QUEUED,
+    RUN_ANSWERED,
+    RUN_HOLDS,
+    RUN_LETS_GO,
     RUNNING,
     SEAT_PAUSED,
     SEAT_RESUMED,
@@ -119,6 +124,8 @@ class SeatLive:
     paused: bool = False
     pause_reason: str = ""
     paused_by: str = ""
+    #: The coding runs holding its inbox (started or resumed, not parked or ended): its mail waits on the broker.
+    runs: dict[str, None] = field(default_factory=dict)
     turn_id: str = ""
     #: The round the running turn has begun (its latest ``agent_turn_progress``); 0 before the first.
     round: int = 0
@@ -145,7 +152,7 @@ class SeatLive:
         """A wake's record (``wake_id`` "" when it names none): it waits unless a turn took it or nothing holds it back."""
         if wake_id and self.taken.pop(wake_id, False) is None:
             return
-        if not (self.turn_id or self.paused):
+        if not (self.turn_id or self.paused or self.runs):
             return
         if wake_id:
             self.waiting[wake_id] = None
@@ -291,6 +298,8 @@ class LiveProjection:
             return PAUSED, live.pause_reason, live.paused_by
         if live.turn_id:
             return (QUEUED if live.queued > 0 else RUNNING), "", ""
+        if live.runs:
+            return HELD, HELD_SANDBOX, ""
         if not org.has_provider:
             return HELD, HELD_NO_PROVIDER, ""
         if live.stopped:
@@ -394,6 +403,10 @@ class LiveProjection:
             live.paused_by = _text(event.field("paused_by")) or _text(event.field("paused_by_seat"))
         elif etype == SEAT_RESUMED:
             live.paused, live.pause_reason, live.paused_by = False, "", ""
+        elif etype in RUN_HOLDS or (etype == RUN_ANSWERED and event.field("outcome") == ANSWER_RESUMED):
+            live.runs[_text(event.field("run_id")) or event.id] = None
+        elif etype in RUN_LETS_GO:
+            live.runs.pop(_text(event.field("run_id")), None)
         elif etype == TURN_STARTED:
             live.present, live.absent_reason = True, ""
             live.node = event.node or live.node
@@ -526,6 +539,10 @@ class LiveProjection:
                 live.take(turn.trigger)  # its wake's record may trail it: it is not waiting behind its own turn
             live.stopped = turn.stopped
             live.counters = dict(turn.counters)
+        for handle, held_by in data.runs.items():
+            live = self._live(handle)
+            if not live.touched:
+                live.runs = dict.fromkeys(held_by)
         for handle, row in data.pauses.items():
             live = self._live(handle)
             if live.touched:

@@ -10,7 +10,7 @@ state, so the readers can be asked without a projection at all.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Optional
 
@@ -60,6 +60,8 @@ class SeedData:
     turns: dict[str, SeedTurn]
     pauses: dict[str, dict[str, Any]]
     counters: dict[str, int]
+    #: The coding runs holding each seat that has one (from the coordination store, through ``seats``).
+    runs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def seat_holders() -> dict[str, str]:
@@ -86,7 +88,8 @@ def read_seed(org: Organization, scope: Optional[qs.NodeScope], at: datetime, se
         counters, per_seat = count_rows(scope, at - COUNTER_WINDOW, at)
         for handle, turn in turns.items():
             turn.counters = per_seat.get(handle, turn.counters)
-        return SeedData(feed=feed["events"], turns=turns, pauses=pauses, counters=counters)
+        runs = seats.run_holds(handles) if seats is not None else {}
+        return SeedData(feed=feed["events"], turns=turns, pauses=pauses, counters=counters, runs=runs)
     finally:
         connections[scope.using].close()
 
@@ -146,7 +149,8 @@ async def fleet_seed(fleet: FleetReads, org: Organization, at: datetime, seats: 
         turn.counters = {**turn.counters, **answer["per_seat"].get(handle, {})}
     counters = {name: int(answer["counters"].get(name, 0)) for name in COUNTER_KEYS}
     pauses = await sync_to_async(_pauses, thread_sensitive=True)(handles, seats)
-    return SeedData(feed=answer["feed"], turns=turns, pauses=pauses, counters=counters)
+    runs = await sync_to_async(seats.run_holds, thread_sensitive=True)(handles) if seats is not None else {}
+    return SeedData(feed=answer["feed"], turns=turns, pauses=pauses, counters=counters, runs=runs)
 
 
 __all__ = ["SeedData", "SeedTurn", "fleet_seed", "read_seed", "seat_holders"]

@@ -33,6 +33,8 @@ STATES: tuple[str, ...] = (IDLE, RUNNING, QUEUED, HELD, PAUSED, STOPPED, ABSENT)
 
 #: ``reason`` of a held seat (the inbox hold's own key, seats.inbox.HOLD_NO_PROVIDER).
 HELD_NO_PROVIDER = "no_provider"
+#: ``reason`` of a seat a coding run holds (seats.inbox_state.HOLD_SANDBOX).
+HELD_SANDBOX = "sandbox"
 #: ``reason`` of a stopped seat.
 STOPPED_PROVIDER = "provider"
 STOPPED_BUDGET = "budget"
@@ -49,6 +51,12 @@ SPAWNED = types.AgentSpawned.event_type
 TERMINATED = types.AgentTerminated.event_type
 SEAT_PAUSED = types.SeatPaused.event_type
 SEAT_RESUMED = types.SeatResumed.event_type
+#: A coding run begins or resumes holding its seat, and stops (parked on a question, or ended).
+RUN_HOLDS = (types.SandboxRunStarted.event_type,)
+RUN_ANSWERED = types.SandboxRunAnswered.event_type
+RUN_LETS_GO = (
+    types.SandboxClarificationRequested.event_type, types.SandboxRunCompleted.event_type, types.SandboxRunFailed.event_type,
+)
 LLM_UNAVAILABLE = types.LLMUnavailable.event_type
 BUDGET_EXHAUSTED = types.BudgetExhausted.event_type
 #: Moves no seat: the projection keeps the latest report (:mod:`eventstore.projection.meters`).
@@ -96,5 +104,8 @@ SEAT_TYPES: frozenset[str] = frozenset(
         COALESCED,
         TRIGGER_SKIPPED,
         GUARD_BREACH,
+        *RUN_HOLDS,
+        RUN_ANSWERED,
+        *RUN_LETS_GO,
     }
 )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Optional
@@ -89,7 +90,7 @@ class SandboxCoordinator:
         *,
         node_id: str,
         emitter: Emitter,
-        root: Path,
+        root: Optional[Path],
         run_wake: RunWake,
         reopen: Reopen,
         environ: Mapping[str, str] = os.environ,
@@ -100,7 +101,8 @@ class SandboxCoordinator:
         self.holder = holder
         self.node_id = node_id
         self.emitter = emitter
-        self.root = root
+        #: Where each run's workdir is made (``<var dir>/sandbox`` on a node; a temporary directory otherwise).
+        self.root = root or Path(tempfile.gettempdir()) / "crewlet-sandbox" / (node_id or "node")
         self.run_wake = run_wake
         self.reopen = reopen
         self.environ = environ

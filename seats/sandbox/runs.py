@@ -132,6 +132,16 @@ def open_runs(seats: Iterable[str]) -> dict[str, list[Run]]:
     return found
 
 
+def holding_runs(seats: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The runs working for each of ``seats`` (started or resumed: not parked, not ended), for the dashboard's seed."""
+    found: dict[str, tuple[str, ...]] = {}
+    for seat, runs in open_runs(seats).items():
+        working = tuple(run.run_id for run in runs if run.status in (RUNNING, ANSWERED))
+        if working:
+            found[seat] = working
+    return found
+
+
 def listing(seat: str = "", limit: int = 50) -> list[Run]:
     rows = SandboxRun.objects.all()
     if seat:
@@ -223,6 +233,6 @@ def prune(older_than: datetime) -> int:
 
 __all__ = [
     "ANSWERED", "ENDED", "OUTCOME_EXITED", "OUTCOME_FAILED", "OUTCOME_SUCCEEDED", "OUTCOME_TIMED_OUT", "PARKED",
-    "RUNNING", "RUN_ID", "Run", "answered", "ended", "get", "holds", "listing", "new_run_id", "open_run", "open_runs",
+    "RUNNING", "RUN_ID", "Run", "answered", "ended", "get", "holding_runs", "holds", "listing", "new_run_id", "open_run", "open_runs",
     "outbox_sent", "parked", "prune", "restarted", "resumed", "taken_ids", "woken",
 ]

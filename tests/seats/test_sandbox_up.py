@@ -11,6 +11,7 @@ the test needs it to. Read back the way an operator reads it: ``/api/events``,
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 import uuid
 from pathlib import Path
@@ -80,6 +81,15 @@ def depth(up: UpProcess) -> Optional[int]:
     return next(s["depth"] for s in up.api("/api/seats")["seats"] if s["handle"] == "ada")
 
 
+def ada_live(up: UpProcess) -> dict[str, Any]:
+    """ada's row on the live projection, as the first frame of ``/ws/stream`` shows it to the dashboard."""
+    from websockets.sync.client import connect
+
+    url = up.url.replace("http://", "ws://") + "/ws/stream"
+    with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, open_timeout=30) as ws:
+        return next(row for row in json.loads(ws.recv(timeout=30))["seats"] if row["handle"] == "ada")
+
+
 def start(tmp: Path, node: str) -> UpProcess:
     env = up_env(CREWLET_VAR_DIR=str(tmp / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
     return UpProcess(tmp, "--company", str(tmp / "company.yaml"), node=node, env=env).start()
@@ -112,6 +122,8 @@ def test_a_run_holds_the_seat_its_mail_waits_survives_a_kill_9_and_runs_after_th
     try:
         wait_until(lambda: len(up.events("sandbox_run_started", "ada")) == 2, 60, "the new holder started the run again")
         assert depth(up) == 2  # the hold was taken before the inbox was attached: nothing ran
+        live = ada_live(up)  # seeded from the coordination store's runs: the dashboard says why nothing runs
+        assert (live["state"], live["reason"]) == ("held", "sandbox")
         [run] = up.api("/api/sandbox/runs")["runs"]
         assert (run["status"], run["holds"], run["attempt"], run["node"]) == ("running", True, 2, "t1")
         assert len(prompts(up)) == 1
