@@ -6,8 +6,9 @@ after the question, from the conversation the run was launched from and not
 the seat's own, is the answer: recorded on the run's row (the run holds the
 seat again from that moment), acked, and handed to the job
 (:func:`resume`). The rest of that delivery then waits behind the run: it is
-handed back at the head, and the reply's original, should it come round
-again, is dropped (its id is on the row, ``taken``). A reply the store could
+handed back at the head. The reply goes to the completion ledger as the
+run's in the same transaction as the row (and its id on the row, ``taken``),
+so its original, should it come round again on any node, is dropped. A reply the store could
 not record is handed back at the head too, keeping its place ahead of the
 person's next message — but only while it has more than
 :data:`~seats.park.PARK_HEADROOM` deliveries left; from there on it is not
@@ -48,6 +49,7 @@ from crewlet.events.types import (
     SandboxAnswerGiven,
 )
 from crewlet.queue.contract import Partition
+from seats.ledger import IDENTITY_KEYS, trigger_identity
 from seats.park import PARK_HEADROOM
 from seats.sandbox import runs, wakes
 from seats.sandbox.runs import Run
@@ -66,6 +68,8 @@ K_ANSWERED_BY_SEAT = "answered_by_seat"
 K_ROUTE = "route"
 #: The payload key a reply handed back to the inbox carries: the run it left.
 K_HANDED_BACK_FROM = "handed_back_from"
+#: The namespace of a handed-back reply's id (:func:`handed_back`).
+HANDED_BACK_NAMESPACE = uuid.UUID("0b3c5a52-7f0e-4d55-9a51-3b1d2d8e6c11")
 #: Why a delivery was handed back (the inbox's ``seat_delivery_deferred`` line).
 WHY_STORE = "sandbox_answer_unrecorded"
 WHY_HELD = "sandbox_resumed"
@@ -125,7 +129,7 @@ async def offer(coordinator: "SandboxCoordinator", seat: Seat, partition: Partit
                 continue
             wake = Wake(event)
             answer = _answer(wake.body, ROUTE_CHAT, wake.sender or wake.sender_id, event=event)
-            if not await in_store(runs.answered)(run.run_id, answer, event.id):
+            if not await in_store(runs.answered)(run.run_id, answer, event.id, trigger_identity(event)):
                 continue
         except DatabaseError as exc:
             log.warning("sandbox_answer_store_failed", extra={"seat": handle, "event_id": event.id, "error": type(exc).__name__})
@@ -196,9 +200,19 @@ async def _told(coordinator: "SandboxCoordinator", run: Run, outcome: str, answe
 
 
 def handed_back(wire: dict[str, Any], run_id: str) -> Event:
-    """A reply no job took, as a new inbox message: the original's values under a new id, naming the run it left."""
+    """A reply no job took, as a new inbox message: the original's values, naming the run it left.
+
+    Its id is derived from the run and the original, so a hand-back repeated
+    (a node stopped before clearing the outbox) is the same message; it
+    carries none of the original's identity keys, which the completion ledger
+    holds as worked by the run, so the copy is worked as a message of its own.
+    """
     event = Event.from_dict(wire)
-    event.id = str(uuid.uuid4())
+    event.id = str(uuid.uuid5(HANDED_BACK_NAMESPACE, f"{run_id}:{event.id}"))
+    for key in IDENTITY_KEYS:
+        event.payload.pop(key, None)
+        if hasattr(event.data, key):
+            setattr(event.data, key, "")
     event.payload[K_HANDED_BACK_FROM] = run_id
     return event
 

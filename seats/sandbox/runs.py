@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from seats.ledger import record as record_worked
 from seats.sandbox.models import SandboxRun
 
 RUNNING = SandboxRun.STATUS_RUNNING
@@ -171,8 +172,14 @@ def parked(run_id: str, question: str, asked_at: datetime) -> bool:
     )
 
 
-def answered(run_id: str, answer: dict[str, Any], event_id: str) -> bool:
-    """Record a reply on a parked run (it holds the seat again from now); False when it is not parked any more."""
+def answered(run_id: str, answer: dict[str, Any], event_id: str = "", identity: str = "") -> bool:
+    """Record a reply on a parked run (it holds the seat again from now); False when it is not parked any more.
+
+    A chat reply (``identity``: its trigger identity) goes to the completion
+    ledger in the same transaction, worked by the run: from then on the reply
+    reaches the seat through the run alone, so its original, should it come
+    round again on any node, is dropped as worked.
+    """
     with transaction.atomic():
         row = SandboxRun.objects.select_for_update().filter(run_id=run_id, status=PARKED).first()
         if row is None:
@@ -180,7 +187,14 @@ def answered(run_id: str, answer: dict[str, Any], event_id: str) -> bool:
         row.status, row.answer, row.answered_at = ANSWERED, answer, timezone.now()
         row.taken = [*row.taken, event_id] if event_id else row.taken
         row.save(update_fields=["status", "answer", "answered_at", "taken"])
+        if identity:
+            record_worked(row.seat, ledger_turn(run_id), [(identity, event_id)])
         return True
+
+
+def ledger_turn(run_id: str) -> str:
+    """What the completion ledger names as the worker of a reply a run took (``turn_trigger_skipped.turn_id``)."""
+    return f"sandbox:{run_id}"
 
 
 def resumed(run_id: str) -> bool:
@@ -233,6 +247,6 @@ def prune(older_than: datetime) -> int:
 
 __all__ = [
     "ANSWERED", "ENDED", "OUTCOME_EXITED", "OUTCOME_FAILED", "OUTCOME_SUCCEEDED", "OUTCOME_TIMED_OUT", "PARKED",
-    "RUNNING", "RUN_ID", "Run", "answered", "ended", "get", "holding_runs", "holds", "listing", "new_run_id", "open_run", "open_runs",
+    "RUNNING", "RUN_ID", "Run", "answered", "ended", "get", "holding_runs", "holds", "ledger_turn", "listing", "new_run_id", "open_run", "open_runs",
     "outbox_sent", "parked", "prune", "restarted", "resumed", "taken_ids", "woken",
 ]
