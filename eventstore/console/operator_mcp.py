@@ -69,8 +69,9 @@ TOOL_SEAT_RESUME = "seat_resume"
 TOOL_DEAD_LETTER_REPLAY = ops.TOOL_DEAD_LETTER_REPLAY
 TOOL_REVISION_ACTIVATE = "revision_activate"
 TOOL_SEAT_STEER = "seat_steer"
+TOOL_SANDBOX_ANSWER = "sandbox_answer"
 ACTING_TOOLS = frozenset(
-    {TOOL_SEAT_PAUSE, TOOL_SEAT_RESUME, TOOL_SEAT_STEER, TOOL_DEAD_LETTER_REPLAY, TOOL_REVISION_ACTIVATE}
+    {TOOL_SEAT_PAUSE, TOOL_SEAT_RESUME, TOOL_SEAT_STEER, TOOL_DEAD_LETTER_REPLAY, TOOL_REVISION_ACTIVATE, TOOL_SANDBOX_ANSWER}
 )
 
 #: Outcomes of the acting tools besides ``/operator/act``'s: the call changed something; it was already so.
@@ -274,6 +275,11 @@ def build_server(django_app: Any) -> MCPServer:
         """A seat's memory files (GET /api/seats/{handle}/memory)."""
         return await _read(api, f"/api/seats/{_segment(handle, 'handle')}/memory", ctx)
 
+    @server.tool(annotations=READS)
+    async def sandbox_runs(ctx: Context, seat: str = "", limit: int = 50) -> str:
+        """Coding runs, newest first: status, whether each holds its seat, its question and outcome (GET /api/sandbox/runs)."""
+        return await _read(api, _query("/api/sandbox/runs", seat=seat, limit=limit), ctx)
+
     @server.tool(name=TOOL_SEAT_PAUSE, annotations=SETS)
     async def seat_pause(ctx: Context, handle: str, reason: str = "", stop_running: bool = False) -> str:
         """Pause a seat: its inbox is held; ``stop_running`` also stops the turn it is running. Audited."""
@@ -290,6 +296,12 @@ def build_server(django_app: Any) -> MCPServer:
         """Send ``note`` to the seat's running turn, read at its next round (agent_turn_steered: delivered or expired). Audited, never the note."""
         path = f"/api/seats/{_segment(handle, 'handle')}/steer"
         return await _act_through_route(api, ctx, TOOL_SEAT_STEER, path, {"note": note}, done=OUTCOME_ACCEPTED)
+
+    @server.tool(name=TOOL_SANDBOX_ANSWER, annotations=EACH_CALL_ACTS)
+    async def sandbox_answer(ctx: Context, run_id: str, answer: str) -> str:
+        """Answer a coding run's question (sandbox_run_answered says what it became: resumed, not_awaiting, gone). Audited, never the answer."""
+        path = f"/api/sandbox/runs/{_segment(run_id, 'run_id')}/answer"
+        return await _act_through_route(api, ctx, TOOL_SANDBOX_ANSWER, path, {"answer": answer}, done=OUTCOME_ACCEPTED)
 
     @server.tool(name=TOOL_DEAD_LETTER_REPLAY, annotations=EACH_CALL_ACTS)
     async def dead_letter_replay(ctx: Context, ref: str) -> str:

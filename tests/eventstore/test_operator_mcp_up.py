@@ -37,6 +37,7 @@ SEAT = "ada"
 
 READ_TOOLS = {
     "seats_list", "events_list", "event_get", "trace_get", "turns_list", "turn_get", "dead_letters_list", "seat_memory",
+    "sandbox_runs",
 }
 
 
@@ -57,6 +58,7 @@ async def _operate(url: str) -> dict[str, Any]:
                 got["events"] = await session.call_tool("events_list", {"limit": 5})
                 got["no_event"] = await session.call_tool("event_get", {"event_id": "no-such-event"})
                 got["letters"] = await session.call_tool("dead_letters_list", {})
+                got["runs"] = await session.call_tool("sandbox_runs", {"seat": SEAT})
                 ref = json.loads(_text(got["letters"]))["dead_letters"][0]["ref"]
                 for name, tool, args in (
                     ("paused", om.TOOL_SEAT_PAUSE, {"handle": SEAT, "reason": "secret-reason-never-audited"}),
@@ -69,6 +71,7 @@ async def _operate(url: str) -> dict[str, Any]:
                     ("no_revision", om.TOOL_REVISION_ACTIVATE, {"revision": 424242}),
                     ("zero", om.TOOL_REVISION_ACTIVATE, {"revision": 0}),
                     ("active", om.TOOL_REVISION_ACTIVATE, {"revision": 1}),  # the file up imported: already active
+                    ("no_run", om.TOOL_SANDBOX_ANSWER, {"run_id": "run-0123456789abcdef", "answer": "secret-answer"}),
                 ):
                     got[name] = await session.call_tool(tool, args)
     return got
@@ -126,12 +129,14 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
             assert got["no_revision"].is_error and om.REFUSAL_NO_REVISION in _text(got["no_revision"])
             assert got["zero"].is_error and "revision=0 is out of range" in _text(got["zero"])
             assert json.loads(_text(got["active"])) == {"changed": False, "revision": 1}
+            assert json.loads(_text(got["runs"])) == {"runs": []}
+            assert got["no_run"].is_error and "404 not_found: no coding run 'run-0123456789abcdef'" in _text(got["no_run"])
 
             def audited() -> Optional[list[dict[str, Any]]]:
                 rows = up.events("operator_acted")
-                return rows if len(rows) >= 10 else None
+                return rows if len(rows) >= 11 else None
 
-            rows = wait_until(audited, 30.0, "ten operator_acted rows", 0.1)
+            rows = wait_until(audited, 30.0, "eleven operator_acted rows", 0.1)
             # One per acting call, none for a read; the wire form carries the body's fields at its top.
             assert [(r["tool"], r["outcome"], r["refusal"]) for r in rows] == [
                 (om.TOOL_SEAT_PAUSE, om.OUTCOME_CHANGED, ""),
@@ -144,13 +149,14 @@ def test_the_official_client_operates_the_company_and_every_acting_call_is_one_o
                 (om.TOOL_REVISION_ACTIVATE, ops.OUTCOME_REFUSED, om.REFUSAL_NO_REVISION),
                 (om.TOOL_REVISION_ACTIVATE, ops.OUTCOME_REFUSED, ops.REFUSAL_BAD_ARGS),
                 (om.TOOL_REVISION_ACTIVATE, om.OUTCOME_UNCHANGED, ""),
+                (om.TOOL_SANDBOX_ANSWER, ops.OUTCOME_REFUSED, "not_found"),
             ]
             assert {(r["transport"], r["token"], r["source"]) for r in rows} == {
                 (ops.TRANSPORT_MCP, SEEDED_TOKEN_NAME, "operator")
             }
-            assert len({r["request_id"] for r in rows}) == 10 and rows[5]["position"] == inbox
+            assert len({r["request_id"] for r in rows}) == 11 and rows[5]["position"] == inbox
             assert "secret-reason-never-audited" not in json.dumps(rows)  # never the arguments
-            assert "secret-note-never-audited" not in json.dumps(rows)
+            assert "secret-note-never-audited" not in json.dumps(rows) and "secret-answer" not in json.dumps(rows)
 
             assert up.terminate() == 0
             assert "Traceback" not in up.output() and "was destroyed but it is pending" not in up.output()
