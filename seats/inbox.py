@@ -9,8 +9,10 @@ handler here decides, per partition, in this order (design: Inbox Batching,
 2. duplicates dropped before anything else (``coalescer.dedupe``: an
    at-least-once edge and the requeue machinery both produce them);
 3. the local holds — a paused seat, no model provider, a spent token budget
-   (:mod:`seats.budget`) — take the hold FIRST, then hand the delivery back:
-   the mail waits on the broker in order, nothing fetched till the hold lifts;
+   (:mod:`seats.budget`), a coding run working for it (:mod:`seats.sandbox`) —
+   take the hold FIRST, then hand the delivery back: the mail waits on the
+   broker in order, nothing fetched till the hold lifts; a run parked on a
+   question is then offered each delivery first (:mod:`seats.sandbox.answers`);
 4. one trip to the coordination store: the completion ledger and the seat's
    pause row (authoritative; the hold is only this node's gate). A trigger
    already worked is acked without a turn and ``turn_trigger_skipped`` says
