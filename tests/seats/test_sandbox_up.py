@@ -90,6 +90,15 @@ def ada_live(up: UpProcess) -> dict[str, Any]:
         return next(row for row in json.loads(ws.recv(timeout=30))["seats"] if row["handle"] == "ada")
 
 
+def launched(tmp: Path) -> UpProcess:
+    """A node running the gated job's company, with ada's run launched and working."""
+    company(tmp, WAITS_FOR_THE_GATE)
+    up = start(tmp, "t1")
+    say(up, "please build the parser")
+    wait_until(lambda: up.events("sandbox_run_started", "ada"), 60, "the run started")
+    return up
+
+
 def start(tmp: Path, node: str) -> UpProcess:
     env = up_env(CREWLET_VAR_DIR=str(tmp / "data"), CREWLET_OPERATOR_TOKEN=TOKEN)
     return UpProcess(tmp, "--company", str(tmp / "company.yaml"), node=node, env=env).start()
@@ -105,11 +114,8 @@ echo "finished: $CREWLET_TASK"
 def test_a_run_holds_the_seat_its_mail_waits_survives_a_kill_9_and_runs_after_the_completions_turn_in_order(
     tmp_path: Path,
 ) -> None:
-    company(tmp_path, WAITS_FOR_THE_GATE)
-    up = start(tmp_path, "t1")
+    up = launched(tmp_path)
     try:
-        say(up, "please build the parser")
-        wait_until(lambda: up.events("sandbox_run_started", "ada"), 60, "the run started")
         say(up, "first while you are busy")
         say(up, "second while you are busy")
         wait_until(lambda: depth(up) == 2, 60, "both messages wait in ada's inbox")
@@ -224,11 +230,8 @@ def test_a_run_asks_a_reply_that_cannot_be_recorded_waits_then_resumes_it_an_ope
 def test_a_paused_seat_is_told_of_its_runs_ending_once_resumed_and_a_run_that_cannot_start_fails_and_is_told(
     tmp_path: Path,
 ) -> None:
-    company(tmp_path, WAITS_FOR_THE_GATE)
-    up = start(tmp_path, "t1")
+    up = launched(tmp_path)
     try:
-        say(up, "please build the parser")
-        wait_until(lambda: up.events("sandbox_run_started", "ada"), 60, "the run started")
         assert up.call("/api/seats/ada/pause", "POST", {"reason": "lunch"})[0] == 200
         (tmp_path / "gate" / "open").touch()
         up.wait_for("event=sandbox_wake_deferred seat=ada", 60)
