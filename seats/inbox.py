@@ -91,7 +91,7 @@ from seats.hooks import run_after_turn
 from seats.inbox_state import HOLD_BUDGET, HOLD_NO_PROVIDER, HOLD_PAUSED, HOLD_SANDBOX, LoopStats, SandboxGate
 from seats.abandon import abandon, abandoned_reason
 from seats.budget import BudgetKeeper
-from seats.ledger import FAULT_VALUE, arecord, ascreen, storable_event, store_fault, turn_pairs
+from seats.ledger import FAULT_VALUE, arecord, ascreen, event_identity, storable_event, store_fault, turn_pairs
 from seats.ownership import Ownership
 from seats.park import park, parks
 from seats.skips import skip_worked
@@ -547,17 +547,18 @@ class InboxLoop:
         return Outcome.ACK
 
     async def run_wake(self, event: Event, partition_key: str) -> Optional[bool]:
-        """One turn for ``event`` outside the inbox (a coding run's question or ending), after the seat's running turn.
-
-        True when it completed; None when it cannot run now: the seat is paused (its runs' wakes wait
-        with their mail until the pause lifts) or the node's gate closed (it is stopping).
-        """
+        """One turn for ``event`` outside the inbox (a coding run's question or ending), after the seat's running turn:
+        True when it completed (or a turn of it wrote before), None when the seat is paused or the node is stopping."""
         if self._paused:
             return None
         seat = self.holder.current().seat_by_handle(self.handle)
         if seat is None or not seat.is_agent:
             return False
+        identity = {event.id: event_identity(event)}  # its own, not the launch's message id it copies
+        if (await ascreen(self.handle, identity.values()))[0]:
+            return True  # a turn of it wrote (in the ledger) before its node stopped: never run twice
         trigger = self._trigger([storable_event(event)], partition_key)
+        trigger.before_write = self._recorder(seat, trigger.turn_id, trigger.events, identity)
         try:
             async with self.gate.slot():
                 async with self._turn_lock:

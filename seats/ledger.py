@@ -98,6 +98,11 @@ def trigger_identity(event: Event) -> str:
                 return storable(message_identity(event.source, str(value).strip()))[:255]
             scope = f"{event.source}:" if event.source else ""
             return storable(f"{kind}:{scope}{str(value).strip()}")[:255]
+    return event_identity(event)
+
+
+def event_identity(event: Event) -> str:
+    """``event:<uuid>``: the event itself, whatever provider values it copies (a coding run's wake copies its launch's)."""
     return storable(f"event:{event.id}")[:255]
 
 
@@ -189,6 +194,7 @@ arecord = in_store(record)
 aprune = in_store(prune)
 
 __all__ = [
+    "event_identity",
     "FAULT_DOWN",
     "FAULT_OTHER",
     "FAULT_VALUE",

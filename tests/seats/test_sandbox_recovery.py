@@ -11,6 +11,7 @@ row's outbox, worked as the ordinary message it is.
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -19,6 +20,7 @@ import pytest
 from crewlet.base.db import in_store
 from crewlet.company.org import CompanyHolder
 from crewlet.company.parse import parse_company
+from seats.ledger import record
 from seats.runtime import SeatRuntime
 from seats.sandbox import runs
 from seats.sandbox.answers import K_HANDED_BACK_FROM
@@ -108,3 +110,21 @@ def once(rec: Recorder, etype: str) -> list[Any]:
 
 def prompts(rec: Recorder) -> list[str]:
     return [p.data.user_prompt for p in rec.of("agent_phase_completed")]
+
+
+async def test_an_ending_whose_turn_wrote_before_its_node_stopped_is_settled_by_the_next_holder_without_a_second_turn(
+    tmp_path: Path,
+) -> None:
+    await answered_run(attempt=1)
+    ended = await in_store(runs.ended)("run-00000000000000a1", runs.OUTCOME_SUCCEEDED, {"exit_code": 0}, datetime.now(timezone.utc))
+    await in_store(record)("ada", "turn-on-the-dead-node", [(f"event:{ended.ending_id}", ended.ending_id)])
+    async with running(org(tmp_path, max_attempts=2), tmp_path) as (runtime, rec):
+        await eventually(lambda: runtime.sandbox.runs.get("ada") == {}, 30, "the run settled")
+        await eventually(lambda: rec.of("agent_turn_completed"), 30, "the handed-back reply's turn")
+        row = await in_store(runs.get)("run-00000000000000a1")
+
+    assert row is not None and row.woken_at is not None and row.outbox is None
+    # Its turn had written: it is not run again; the one turn is the reply's, handed back as mail.
+    assert [t.data.trigger_type for t in rec.of("agent_turn_started")] == ["external_notification"]
+    inbox = [e for topic, e in rec.seen if topic == "crewlet.agent.ada.inbox"]
+    assert [e.payload.get(K_HANDED_BACK_FROM) for e in inbox] == ["run-00000000000000a1"]  # the untaken reply, as mail
