@@ -7,8 +7,8 @@ the seat's own, is the answer: recorded on the run's row (the run holds the
 seat again from that moment), acked, and handed to the job
 (:func:`resume`). The rest of that delivery then waits behind the run: it is
 handed back at the head. The reply goes to the completion ledger as the
-run's in the same transaction as the row (and its id on the row, ``taken``),
-so its original, should it come round again on any node, is dropped. A reply the store could
+run's in the same transaction as the row, so its original, should it come
+round again on any node, is dropped by the ledger (and offered to no run). A reply the store could
 not record is handed back at the head too, keeping its place ahead of the
 person's next message — but only while it has more than
 :data:`~seats.park.PARK_HEADROOM` deliveries left; from there on it is not
@@ -104,21 +104,15 @@ async def offer(coordinator: "SandboxCoordinator", seat: Seat, partition: Partit
     handle = seat.handle
     parked = coordinator.parked(handle)
     operator = any(isinstance(d.event.data, SandboxAnswerGiven) for d in partition.deliveries)
-    if not (parked or coordinator.taken.get(handle) or operator):
+    if not (parked or operator):
         return Offer()
-    taken = coordinator.taken.setdefault(handle, set())
     consumed: set[str] = set()
     took = False
     for delivery in partition.deliveries:
         event = delivery.event
-        if event.id in taken:
-            consumed.add(event.id)
-            log.info("sandbox_reply_dropped", extra={"seat": handle, "event_id": event.id, "why": "taken"})
-            continue
         try:
             if isinstance(event.data, SandboxAnswerGiven):
                 consumed.add(event.id)
-                taken.add(event.id)
                 await operator_answer(coordinator, handle, event)
                 continue
             run = next((r for r in parked if matches(r, event, seat)), None)
@@ -130,13 +124,11 @@ async def offer(coordinator: "SandboxCoordinator", seat: Seat, partition: Partit
             wake = Wake(event)
             answer = _answer(wake.body, ROUTE_CHAT, wake.sender or wake.sender_id, event=event)
             if not await in_store(runs.answered)(run.run_id, answer, event.id, trigger_identity(event)):
-                continue
+                continue  # the run is not parked any more, or this reply is one a run took already
         except DatabaseError as exc:
             log.warning("sandbox_answer_store_failed", extra={"seat": handle, "event_id": event.id, "error": type(exc).__name__})
             return Offer(consumed=frozenset(consumed), defer=True, why=WHY_STORE)
         run.status, run.answer = runs.ANSWERED, answer
-        run.taken.append(event.id)
-        taken.add(event.id)
         parked.remove(run)
         consumed.add(event.id)
         took = True

@@ -108,15 +108,13 @@ class SandboxCoordinator:
         self.environ = environ
         self.bwrap = bwrap
         self.store_retry_s = store_retry_s
-        #: The runs of each seat held here that still matter (a copy of their rows), and the replies they took.
+        #: The runs of each seat held here that still matter (a copy of their rows).
         self.runs: dict[str, dict[str, Run]] = {}
-        self.taken: dict[str, set[str]] = {}
         self.jobs: dict[str, Job] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._subs: dict[str, Subscription] = {}
         self._held: set[str] = set()
         self._primed: dict[str, list[Run]] = {}
-        self._primed_taken: dict[str, set[str]] = {}
         #: ``bwrap`` ran a trial sandbox on this node (:func:`~seats.sandbox.jail.check_available`), once.
         self._bwrap_checked = False
 
@@ -142,22 +140,15 @@ class SandboxCoordinator:
     async def acquire_many(self, handles: list[str]) -> None:
         """Read the runs of many seats in one query (a node's share of a company at boot), for their :meth:`acquire`."""
         found = await in_store(runs.open_runs)(handles)
-        taken = await in_store(runs.taken_ids)(list(found))
         for handle in handles:
             self._primed[handle] = found.get(handle, [])
-            self._primed_taken[handle] = taken.get(handle, set())
 
     async def acquire(self, handle: str) -> None:
         """Take the seat's runs over before its inbox is attached: the hold first (:meth:`attached` does the rest)."""
-        if handle in self._primed:
-            found, taken = self._primed.pop(handle), self._primed_taken.pop(handle, set())
-        else:
-            found = (await in_store(runs.open_runs)([handle])).get(handle, [])
-            taken = (await in_store(runs.taken_ids)([handle])).get(handle, set()) if found else set()
+        found = self._primed.pop(handle) if handle in self._primed else (await in_store(runs.open_runs)([handle])).get(handle, [])
         if not found:
             return
         self.runs[handle] = {run.run_id: run for run in found}
-        self.taken[handle] = taken
         await self.sync_hold(handle, reopen=False)
 
     async def attached(self, handle: str) -> None:
@@ -203,7 +194,6 @@ class SandboxCoordinator:
             if job is not None:
                 await job.kill()
                 log.info("sandbox_job_left", extra={"seat": handle, "run_id": run.run_id, "attempt": run.attempt})
-        self.taken.pop(handle, None)
         self._held.discard(handle)
         sub = self._subs.pop(handle, None)
         if sub is not None:
@@ -242,7 +232,6 @@ class SandboxCoordinator:
             launch=launch, turn_id=trigger.turn_id, node=self.node_id,
         )
         self.runs.setdefault(seat.handle, {})[run.run_id] = run
-        self.taken.setdefault(seat.handle, set())
         await self.sync_hold(seat.handle)
         try:
             await self._attach_control(seat.handle)

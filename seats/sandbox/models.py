@@ -42,8 +42,6 @@ class SandboxRun(models.Model):
     #: The reply recorded for its question: the wake (wire JSON), who answered and by which route.
     answer = models.JSONField(null=True, blank=True)
     answered_at = models.DateTimeField(null=True, blank=True)
-    #: Event ids of every reply the run took, so a redelivered original is dropped wherever it comes round.
-    taken = models.JSONField(default=list)
     #: A reply no job took, on its way back to the seat's inbox as an ordinary message (wire JSON).
     outbox = models.JSONField(null=True, blank=True)
     outcome = models.CharField(max_length=16, default="", blank=True)

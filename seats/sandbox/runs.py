@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from seats.delivery_models import LedgerEntry
 from seats.ledger import record as record_worked
 from seats.sandbox.models import SandboxRun
 
@@ -50,7 +51,6 @@ class Run:
     asked_at: Optional[datetime] = None
     answer: Optional[dict[str, Any]] = None
     answered_at: Optional[datetime] = None
-    taken: list[str] = field(default_factory=list)
     outbox: Optional[dict[str, Any]] = None
     outcome: str = ""
     ending_id: str = ""
@@ -178,15 +178,15 @@ def answered(run_id: str, answer: dict[str, Any], event_id: str = "", identity: 
     A chat reply (``identity``: its trigger identity) goes to the completion
     ledger in the same transaction, worked by the run: from then on the reply
     reaches the seat through the run alone, so its original, should it come
-    round again on any node, is dropped as worked.
+    round again on any node, is dropped as worked — and one the ledger holds
+    already (a run took it) is refused here, so no second run takes it.
     """
     with transaction.atomic():
         row = SandboxRun.objects.select_for_update().filter(run_id=run_id, status=PARKED).first()
-        if row is None:
+        if row is None or (identity and LedgerEntry.objects.filter(seat=row.seat, trigger=identity).exists()):
             return False
         row.status, row.answer, row.answered_at = ANSWERED, answer, timezone.now()
-        row.taken = [*row.taken, event_id] if event_id else row.taken
-        row.save(update_fields=["status", "answer", "answered_at", "taken"])
+        row.save(update_fields=["status", "answer", "answered_at"])
         if identity:
             record_worked(row.seat, ledger_turn(run_id), [(identity, event_id)])
         return True
@@ -229,16 +229,6 @@ def outbox_sent(run_id: str) -> None:
     SandboxRun.objects.filter(run_id=run_id).update(outbox=None)
 
 
-def taken_ids(seats: Iterable[str]) -> dict[str, set[str]]:
-    """Every reply id the seats' runs took, per seat: a redelivered original of one is dropped."""
-    found: dict[str, set[str]] = {}
-    for seat, taken in SandboxRun.objects.filter(seat__in=list(seats)).values_list("seat", "taken"):
-        ids = {t for t in taken or () if isinstance(t, str)}
-        if ids:
-            found.setdefault(seat, set()).update(ids)
-    return found
-
-
 def prune(older_than: datetime) -> int:
     """Forget runs settled before ``older_than`` (the maintenance sweep's pass, as for the ledger)."""
     deleted, _ = SandboxRun.objects.filter(status=ENDED, woken_at__lt=older_than, outbox__isnull=True).delete()
@@ -248,5 +238,5 @@ def prune(older_than: datetime) -> int:
 __all__ = [
     "ANSWERED", "ENDED", "OUTCOME_EXITED", "OUTCOME_FAILED", "OUTCOME_SUCCEEDED", "OUTCOME_TIMED_OUT", "PARKED",
     "RUNNING", "RUN_ID", "Run", "answered", "ended", "get", "holding_runs", "holds", "ledger_turn", "listing", "new_run_id", "open_run", "open_runs",
-    "outbox_sent", "parked", "prune", "restarted", "resumed", "taken_ids", "woken",
+    "outbox_sent", "parked", "prune", "restarted", "resumed", "woken",
 ]

@@ -55,7 +55,7 @@ async def answered_run(attempt: int) -> dict[str, Any]:
         run_id="run-00000000000000a1", seat="ada", task="build", work_key=CONVERSATION, launch={}, turn_id="t-1", node="gone",
     )
     await in_store(lambda: runs.SandboxRun.objects.filter(run_id="run-00000000000000a1").update(
-        status=runs.ANSWERED, answer=answer, attempt=attempt, taken=[reply.id],
+        status=runs.ANSWERED, answer=answer, attempt=attempt,
     ))()
     return answer
 

@@ -32,7 +32,21 @@ def test_a_reply_is_recorded_only_on_a_parked_run_and_its_original_is_in_the_led
     [entry] = LedgerEntry.objects.filter(seat="ada")
     assert (entry.trigger, entry.turn_id, entry.event_id) == (identity, runs.ledger_turn(run.run_id), reply.id)
     row = runs.get(run.run_id)
-    assert row is not None and (row.status, row.holds, row.taken) == ("answered", True, [reply.id])
+    assert row is not None and (row.status, row.holds, row.answer["event"]["id"]) == ("answered", True, reply.id)
+
+
+def test_a_reply_a_run_took_already_is_taken_by_no_other_run() -> None:
+    first, second = opened(), runs.open_run(
+        run_id="run-00000000000000b4", seat="ada", task="lint", work_key="c1", launch={}, turn_id="t2", node="n1",
+    )
+    reply = wake("ada", "use main", conversation="c1", delivery_id="D-80")
+    for run in (first, second):
+        assert runs.parked(run.run_id, "which branch?", AT)
+    assert runs.answered(first.run_id, {"text": "use main"}, reply.id, trigger_identity(reply))
+    assert not runs.answered(second.run_id, {"text": "use main"}, reply.id, trigger_identity(reply))  # its redelivery
+    assert [(r.run_id, r.status) for r in sorted(filter(None, map(runs.get, (first.run_id, second.run_id))), key=lambda r: r.run_id)] == [
+        (first.run_id, "answered"), (second.run_id, "parked"),
+    ]
 
 
 def test_an_ending_is_decided_once_and_a_reply_no_job_took_goes_to_the_outbox_with_it() -> None:
