@@ -1,15 +1,12 @@
 """The seat runtime: mailboxes, claims, inbox loops, the scheduler and the maintenance duty of one node.
 
-``start()`` does it in the order the design requires: record every seat and
-create every agent seat's mailbox FIRST (so a wake aimed at a seat nobody runs
-yet waits instead of vanishing), then claim seats through the ownership
-component, then attach one inbox loop per claimed seat (holds taken before
-attaching), then start the scheduler, the retirement sweep, the pause
-reconcile and the budget meters' tick (:mod:`seats.budget`). ``apply(org)`` is an applied company change: swap the holder, walk
-the mailboxes again (a new seat's mailbox before its loop), hot-reload the
-coalesce knobs and the concurrency gate, stop loops of seats that are gone,
-start loops for new ones, and lift or take the no-provider holds and lift
-the budget holds a raised ceiling ends.
+``start()`` does it in the order the design requires: record every seat and create every agent seat's mailbox
+FIRST (so a wake aimed at a seat nobody runs yet waits instead of vanishing), then claim seats through the
+ownership component, then attach one inbox loop per claimed seat (holds taken before attaching), then start the
+scheduler, the retirement sweep, the pause reconcile and the budget meters' tick (:mod:`seats.budget`).
+``apply(org)`` is an applied company change: swap the holder, walk the mailboxes again (a new seat's mailbox
+before its loop), hot-reload the coalesce knobs and the concurrency gate, stop loops of seats that are gone,
+start loops for new ones, and lift or take the no-provider holds and lift the budget holds a raised ceiling ends.
 
 On an engine it is the :data:`~crewlet.engine.interfaces.SEAT_RUNTIME` service
 (:func:`seats.runtime_service.services`), which ``/healthz``, the pause API and the live projection
@@ -256,16 +253,18 @@ class SeatRuntime:
         async with self._guard():
             # The drain is over: a delivery still being handled is cut by the queue's close, which hands its
             # mail back; its seat's lease stays until then (the fleet membership gives it back after the close).
-            # The idle seats' leases go back in one statement after their loops stopped, not a commit per seat.
-            idle: list[str] = []
+            # The idle seats' leases go back in one statement after their loops stopped, and every seat's memory
+            # copy in one transaction, not a commit per seat.
+            handles, idle = list(self.loops), list[str]()
 
             async def detach(handle: str) -> None:
-                if await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True, release=False):
+                if await self._detach(handle, DETACH_STOPPING, wait_turn=False, keep_lease_if_busy=True, batched=True):
                     idle.append(handle)
 
             try:
-                await bounded_each(list(self.loops), detach, SEAT_CONCURRENCY)
+                await bounded_each(handles, detach, SEAT_CONCURRENCY)
             finally:
+                await self.memory.release_many(handles)
                 await self.ownership.release_many(idle)
         await self.sandbox.stop()
         await self.memory.stop()
@@ -456,14 +455,13 @@ class SeatRuntime:
         )
 
     async def _detach(
-        self, handle: str, reason: str, *, wait_turn: bool = True, keep_lease_if_busy: bool = False, release: bool = True
+        self, handle: str, reason: str, *, wait_turn: bool = True, keep_lease_if_busy: bool = False, batched: bool = False
     ) -> bool:
         """Stop fetching, let a running turn finish under the lease (unless it is lost), then give the lease back.
 
-        ``keep_lease_if_busy`` (a node stopping): a delivery still being
-        handled keeps the lease; whoever cuts that handler gives it back.
-        ``release=False``: the lease is left to the caller, who gives back
-        the ones this returns True for (those not kept).
+        ``keep_lease_if_busy`` (a node stopping): a delivery still being handled keeps the lease; whoever cuts
+        that handler gives it back. ``batched``: the lease and the memory copy are left to the caller, who lets
+        go of many at once (the leases of those this returns True for: the ones not kept).
         """
         loop = self.loops.pop(handle, None)
         busy = False
@@ -475,11 +473,12 @@ class SeatRuntime:
         await self.sandbox.release(handle)
         if isinstance(self.runner.toolbox, SeatSessions):
             await self.runner.toolbox.release(handle)  # the seat's tool servers go with it
-        await self.memory.release(handle)
+        if not batched:
+            await self.memory.release(handle)
         kept = busy and keep_lease_if_busy
         if kept:
             log.info("seat_lease_kept_until_cut", extra={"seat": handle, "node": self.node_id})
-        elif release:
+        elif not batched:
             await self.ownership.release(handle)
         seat = self.holder.current().seat_by_handle(handle)
         await self._emit(

@@ -193,20 +193,27 @@ class MemoryKeeper:
 
     async def release(self, handle: str) -> None:
         """The seat is no longer this node's: its copy here goes (the stream keeps the memory)."""
-        self.held.discard(handle)
-        self._ahead.pop(handle, None)
-        if self.reflector is not None:
-            await self.reflector.detach(handle)
+        await self.release_many([handle])
+
+    async def release_many(self, handles: list[str]) -> None:
+        """:meth:`release` of each of ``handles``, their copies dropped in one transaction."""
+        for handle in handles:
+            self.held.discard(handle)
+            self._ahead.pop(handle, None)
+            if self.reflector is not None:
+                await self.reflector.detach(handle)
+        if not handles:
+            return
         try:
-            await in_store(store.clear, alias=EVENTS_ALIAS)(handle)
+            await in_store(store.clear, alias=EVENTS_ALIAS)(handles)
         except Exception:
-            log.warning("seat_memory_clear_failed", extra={"seat": handle}, exc_info=True)
+            log.warning("seat_memory_clear_failed", extra={"seats": len(handles), "seat": handles[0]}, exc_info=True)
 
 
 async def purge(queue: EventQueue, handle: str) -> int:
     """A retired seat's memory goes with it: its subjects on CREWLET_MEMORY and this node's copy."""
     purged = await queue.purge(topics.memory_pattern(handle))
-    await in_store(store.clear, alias=EVENTS_ALIAS)(handle)
+    await in_store(store.clear, alias=EVENTS_ALIAS)([handle])
     log.info("seat_memory_purged", extra={"seat": handle, "messages": purged})
     return purged
 

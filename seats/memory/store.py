@@ -139,10 +139,22 @@ def replace_many(writes_by_seat: Mapping[str, Sequence[RowWrite]]) -> dict[str, 
     return counts
 
 
-def clear(seat: str) -> int:
-    """Drop this store's copy of the seat's memory (the seat is no longer this node's)."""
-    deleted, _ = _rows().filter(seat=seat).delete()
-    return int(deleted)
+#: Seats named in one DELETE: well under SQLite's bound on a statement's parameters.
+CLEAR_CHUNK = 500
+
+
+def clear(seats: Sequence[str]) -> int:
+    """Drop this store's copy of the seats' memory (they are no longer this node's), in one transaction.
+
+    A node stopping lets go of its whole share at once: a transaction per
+    seat was a commit each, most of a thousand-seat node's stop.
+    """
+    deleted = 0
+    with transaction.atomic(using=EVENTS_ALIAS):
+        for at in range(0, len(seats), CLEAR_CHUNK):
+            count, _ = _rows().filter(seat__in=list(seats[at : at + CLEAR_CHUNK])).delete()
+            deleted += int(count)
+    return deleted
 
 
 def get(seat: str, table: str, key: str) -> Optional[Row]:

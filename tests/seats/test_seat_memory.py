@@ -141,12 +141,22 @@ async def test_a_node_taking_many_seats_at_once_replays_all_their_memory_in_one_
                 return [r.key for r in await listed("s2")] == ["later"]
 
             await eventually(followed, what="a write after the replay applied on n1")
+        count = sync_to_async(store.count)
+        assert [await count(h) for h in ("s1", "s2", handles[-1])] == [0, 0, 0]  # the stopped node let every copy go
         together = [r for r in caplog.records if r.getMessage() == "seat_memory_replayed_together"]
         per_seat = {r.__dict__["seat"]: r.__dict__ for r in caplog.records if r.getMessage() == "seat_memory_replayed"}
     # one read of four messages (one per row: the forget replaced the write it forgot)
     assert [(r.__dict__["seats"], r.__dict__["messages"]) for r in together] == [(len(handles), 4)]
     assert sorted(per_seat) == sorted(handles) and all(p["together"] for p in per_seat.values())
     assert (per_seat["s1"]["rows"], per_seat["s1"]["tombstones"], per_seat["s2"]["rows"]) == (1, 1, 0)
+
+
+@DB
+def test_clearing_more_seats_than_one_statement_names_drops_each_of_their_copies_and_only_theirs() -> None:
+    kept, gone = ["ada", "zed"], [f"s{i}" for i in range(2 * store.CLEAR_CHUNK + 1)]
+    store.apply([row("k", "v", seat=h) for h in [*kept, gone[0], gone[store.CLEAR_CHUNK], gone[-1]]])
+    assert store.clear(gone) == 3
+    assert [store.count(h) for h in [*kept, gone[0], gone[-1]]] == [1, 1, 0, 0]
 
 
 @DB
