@@ -104,7 +104,9 @@ class StreamsPart(TransportBase):
         elected, the meta layer busy with every node at once), and members
         announce themselves only on the system account, so there is no event
         to wait on. Past the window the failure stands; with
-        ``answered_refusals_stand`` so does a refusal the broker did answer.
+        ``answered_refusals_stand`` so does a refusal the broker did answer,
+        except its answer that JetStream is temporarily unavailable (a
+        starting cluster's meta layer busy with thousands of mailboxes).
         Every ``PROVISION_PROGRESS_EVERY_S`` logs ``waiting`` with ``about``.
         """
         loop = asyncio.get_running_loop()
@@ -114,7 +116,8 @@ class StreamsPart(TransportBase):
                 return await ask()
             except Unavailable as e:
                 now = loop.time()
-                if now >= self._settle_until or self._closed or (answered_refusals_stand and isinstance(e, _ApiError)):
+                refused = answered_refusals_stand and isinstance(e, _ApiError) and not e.busy
+                if now >= self._settle_until or self._closed or refused:
                     raise
                 if now >= next_progress:
                     next_progress = now + PROVISION_PROGRESS_EVERY_S

@@ -37,6 +37,8 @@ ERR_SEQUENCE_NOT_FOUND = 10043
 ERR_MESSAGE_DELETE_FAILED = 10057
 #: A stream's replicas cannot be placed: too few cluster members up (or none: a lone server).
 ERR_NO_SUITABLE_PEERS = 10005
+#: "JetStream system temporarily unavailable" (code 503): a clustered JetStream busy or between meta leaders.
+ERR_JETSTREAM_UNAVAILABLE = 10008
 ERR_REPLICAS_NOT_SUPPORTED = 10074
 
 
@@ -148,6 +150,11 @@ class _ApiError(Unavailable):
         self.code = code
         self.err_code = err_code
         self.description = description
+
+    @property
+    def busy(self) -> bool:
+        """The broker answered that JetStream cannot answer yet: an ask, not a refusal of what was asked."""
+        return self.err_code == ERR_JETSTREAM_UNAVAILABLE
 
     @property
     def no_consumer(self) -> bool:
