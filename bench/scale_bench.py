@@ -165,48 +165,52 @@ def fleet_measure(tmp: Path, seats: int, nodes: int, replicas: int, window_s: fl
             **{k: v for k, v in os.environ.items() if k in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD")},
         }
         ups.append(up)
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(nodes) as pool:  # each start waits for a majority of the brokers
-        list(pool.map(lambda u: u.start(timeout_s=1800), ups))
-    ready = time.monotonic() - t0
-    with psycopg.connect(**conninfo(base)) as db:
-        def held() -> int:
-            row = db.execute("SELECT count(*) FROM crewlet_seat_lease WHERE holder <> '' AND expires_at > now()").fetchone()
-            return int(row[0]) if row else 0
+    try:  # a node that fails to start leaves the others running: every node is stopped either way
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(nodes) as pool:  # each start waits for a majority of the brokers
+            list(pool.map(lambda u: u.start(timeout_s=1800), ups))
+        ready = time.monotonic() - t0
+        with psycopg.connect(**conninfo(base)) as db:
+            def held() -> int:
+                row = db.execute("SELECT count(*) FROM crewlet_seat_lease WHERE holder <> '' AND expires_at > now()").fetchone()
+                return int(row[0]) if row else 0
 
-        while held() < seats:
-            gone = [up for up in ups if up.proc is None or up.proc.poll() is not None]
-            if gone:
-                raise SystemExit(f"node {gone[0].dir.name} exited before every seat was held:\n" + "\n".join(gone[0].lines[-40:]))
-            time.sleep(0.5)
-    spread = time.monotonic() - t0
-    time.sleep(SETTLE_S)
-    pids = [p for up in ups if up.proc for p in (up.proc.pid, up.broker_pid()) if p]
-    before = sum(cpu_s(p) for p in pids)
-    w0 = time.monotonic()
-    time.sleep(window_s)
-    idle = (sum(cpu_s(p) for p in pids) - before) / (time.monotonic() - w0)
-    rss_up = sum(rss_mib(up.proc.pid) for up in ups if up.proc)
-    rss_broker = sum(rss_mib(b) for b in (up.broker_pid() for up in ups) if b)
-    last = f"s{seats}"
-    marks = [len(up.lines) for up in ups]
-    sent = time.monotonic()
-    _, status, _ = post_slack(ups[0], message(last, 1))
-    delivery = float("nan")
-    while status == 202 and time.monotonic() - sent < 120:
-        if any(TURN_FINISHED_LOG in line and f"seat={last}" in line for up, m in zip(ups, marks) for line in up.lines[m:]):
-            delivery = time.monotonic() - sent
-            break
-        time.sleep(0.02)
-    t1 = time.monotonic()
-    for up in ups:
-        assert up.proc is not None
-        up.proc.send_signal(signal.SIGTERM)
-    for up in ups:
-        assert up.proc is not None
-        up.proc.wait(timeout=900)
-    return {"ready_s": ready, "spread_s": spread, "rss_up_mib": rss_up, "rss_broker_mib": rss_broker,
-            "idle_cores": idle, "delivery_s": delivery, "stop_s": time.monotonic() - t1}
+            while held() < seats:
+                gone = [up for up in ups if up.proc is None or up.proc.poll() is not None]
+                if gone:
+                    raise SystemExit(f"node {gone[0].dir.name} exited before every seat was held:\n" + "\n".join(gone[0].lines[-40:]))
+                time.sleep(0.5)
+        spread = time.monotonic() - t0
+        time.sleep(SETTLE_S)
+        pids = [p for up in ups if up.proc for p in (up.proc.pid, up.broker_pid()) if p]
+        before = sum(cpu_s(p) for p in pids)
+        w0 = time.monotonic()
+        time.sleep(window_s)
+        idle = (sum(cpu_s(p) for p in pids) - before) / (time.monotonic() - w0)
+        rss_up = sum(rss_mib(up.proc.pid) for up in ups if up.proc)
+        rss_broker = sum(rss_mib(b) for b in (up.broker_pid() for up in ups) if b)
+        last = f"s{seats}"
+        marks = [len(up.lines) for up in ups]
+        sent = time.monotonic()
+        _, status, _ = post_slack(ups[0], message(last, 1))
+        delivery = float("nan")
+        while status == 202 and time.monotonic() - sent < 120:
+            if any(TURN_FINISHED_LOG in line and f"seat={last}" in line for up, m in zip(ups, marks) for line in up.lines[m:]):
+                delivery = time.monotonic() - sent
+                break
+            time.sleep(0.02)
+        t1 = time.monotonic()
+        for up in ups:
+            assert up.proc is not None
+            up.proc.send_signal(signal.SIGTERM)
+        for up in ups:
+            assert up.proc is not None
+            up.proc.wait(timeout=900)
+        return {"ready_s": ready, "spread_s": spread, "rss_up_mib": rss_up, "rss_broker_mib": rss_broker,
+                "idle_cores": idle, "delivery_s": delivery, "stop_s": time.monotonic() - t1}
+    finally:
+        for up in ups:
+            up.stop()
 
 
 def report(rows: dict[int, dict[str, float]]) -> None:
