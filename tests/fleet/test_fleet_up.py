@@ -56,12 +56,12 @@ def _pg(dbname: str = "postgres") -> psycopg.Connection:
 class Fleet:
     """The databases of one fleet (made empty for the test) and the nodes started on them."""
 
-    def __init__(self, tmp: Path, broker_url: str) -> None:
+    def __init__(self, tmp: Path, broker_url: str, nodes: tuple[str, ...] = ("n1", "n2", "n3")) -> None:
         base = os.environ.get("CREWLET_PG_DBNAME", "crewlet") + "_fleet"
         self.tmp = tmp
         self.broker_url = broker_url
         self.coordination = base
-        self.events = {n: f"{base}_events_{n}" for n in ("n1", "n2", "n3")}
+        self.events = {n: f"{base}_events_{n}" for n in nodes}
         with _pg() as admin:
             for name in (self.coordination, *self.events.values()):
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
