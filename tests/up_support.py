@@ -64,6 +64,15 @@ def up_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: How the test reaches PostgreSQL (``bin/test`` sets them), which an ``up`` on PostgreSQL needs too.
+PG_CLIENT_KEYS = ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD")
+
+
+def pg_client_env() -> dict[str, str]:
+    """The test's own PostgreSQL connection settings (those set), for an ``up`` (``up_env`` leaves out every ``CREWLET_``)."""
+    return {key: os.environ[key] for key in PG_CLIENT_KEYS if os.environ.get(key)}
+
+
 class UpProcess:
     """``manage.py up --addr 127.0.0.1:0 <argv> --node <node>`` in ``tmp``, with ``env`` (default :func:`up_env`)."""
 

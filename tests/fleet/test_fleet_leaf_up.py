@@ -12,19 +12,17 @@ delivery run once.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.browser_support import slack_message
 from tests.cluster_support import cluster_settings, free_ports, node_name, start_together, stop_together, up_node_env
 from tests.fleet.test_fleet_up import Fleet, _pg
-from tests.up_support import UpProcess, http_call, up_env
+from tests.up.test_up_leaf import attached_to
+from tests.up_support import UpProcess, http_call, pg_client_env, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -69,21 +67,13 @@ def completions(fleet: Fleet) -> dict[str, int]:
     return counts
 
 
-def attached_to(leaf_ports: list[int], monitor_port: int) -> int:
-    """The member the leaf's broker is attached to now (its leafnode port in the leaf's /leafz); -1: none."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/leafz", timeout=5) as answer:
-        leafs: list[dict[str, Any]] = json.loads(answer.read()).get("leafs") or []
-    return leaf_ports.index(leafs[0]["port"]) if len(leafs) == 1 else -1
-
-
 def test_a_leaf_up_in_a_fleet_of_member_ups_runs_its_seat_answers_fleet_reads_and_survives_its_member_killed(tmp_path: Path) -> None:
     names = [node_name(i) for i in range(3)]
     fleet = Fleet(tmp_path, broker_url="", nodes=(*names, LEAF))
     (tmp_path / "company.yaml").write_text(COMPANY)
     route_ports, leaf_ports, (monitor_port,) = free_ports(3), free_ports(3), free_ports(1)
-    pg = {k: v for k, v in os.environ.items() if k in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD")}
     common = dict(CREWLET_DATABASE="postgres", CREWLET_PG_DBNAME=fleet.coordination, CREWLET_FLEET_LEASE_TTL_S="5",
-                  CREWLET_STREAM_ACK_WAIT_S="5", CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused", **pg)
+                  CREWLET_STREAM_ACK_WAIT_S="5", CREWLET_OPERATOR_TOKEN=TOKEN, SLACK_SIGNING_SECRET="unused", **pg_client_env())
     members = [
         UpProcess(
             tmp_path / name, "--company", str(tmp_path / "company.yaml"), node=name,

@@ -20,7 +20,7 @@ import pytest
 from crewlet.fleet.placement import REASON_PINNED_NODE_NOT_LIVE
 from tests.browser_support import LoopThread
 from tests.up.test_up_inflight import Up, Watcher, broker, loop  # noqa: F401  (fixtures)
-from tests.up_support import UpProcess, http_json, up_env
+from tests.up_support import UpProcess, http_json, pg_client_env, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.timeout(400)]
@@ -112,10 +112,8 @@ class Node(Up):
             CREWLET_FLEET_LEASE_TTL_S=str(TTL_S),
             CREWLET_STREAM_ACK_WAIT_S=str(ACK_WAIT_S),
             CREWLET_OPERATOR_TOKEN=TOKEN,
+            **pg_client_env(),
         )
-        for key in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD"):
-            if os.environ.get(key):
-                env[key] = os.environ[key]
         UpProcess.__init__(self, fleet.tmp, "--company", str(fleet.tmp / "company.yaml"), node=name, env=env)
 
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.process_support import REPO_ROOT
-from tests.up_support import up_env
+from tests.up_support import pg_client_env, up_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.slow]
 
@@ -59,11 +59,8 @@ def test_three_nodes_migrating_one_empty_postgres_store_at_once_all_succeed_and_
     for i, events_db in enumerate(events):
         env = up_env(
             CREWLET_DATABASE="postgres", CREWLET_PG_DBNAME=shared, CREWLET_PG_EVENTS_DBNAME=events_db,
-            CREWLET_VAR_DIR=str(tmp_path / f"n{i + 1}"),
+            CREWLET_VAR_DIR=str(tmp_path / f"n{i + 1}"), **pg_client_env(),
         )
-        for key in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD"):
-            if os.environ.get(key):
-                env[key] = os.environ[key]
         procs.append(subprocess.Popen(
             [sys.executable, str(REPO_ROOT / "manage.py"), "migrate", "--no-input", "-v", "0"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from tests.browser_support import slack_message
 from seats_support import json_vendor
-from tests.up_support import ADA_ASKS_LINUS_ON_SLACK, UpProcess, http_call, http_json, openai_company, up_env
+from tests.up_support import ADA_ASKS_LINUS_ON_SLACK, UpProcess, http_call, http_json, openai_company, pg_client_env, up_env
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -88,11 +88,7 @@ def _pg_env(name: str) -> dict[str, str]:
         for db in (base, base + "_events"):
             admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
             admin.execute(f'CREATE DATABASE "{db}"')
-    env = {"CREWLET_DATABASE": "postgres", "CREWLET_PG_DBNAME": base, "CREWLET_PG_EVENTS_DBNAME": base + "_events"}
-    for key in ("CREWLET_PG_HOST", "CREWLET_PG_PORT", "CREWLET_PG_USER", "CREWLET_PG_PASSWORD"):
-        if os.environ.get(key):
-            env[key] = os.environ[key]
-    return env
+    return {"CREWLET_DATABASE": "postgres", "CREWLET_PG_DBNAME": base, "CREWLET_PG_EVENTS_DBNAME": base + "_events", **pg_client_env()}
 
 
 def _api(up: UpProcess, path: str) -> Any:

@@ -72,11 +72,11 @@ def completed(up: UpProcess, n: int) -> int:
     return turns(up, "agent_turn_completed", n)
 
 
-def attached_to(members: Members, monitor_port: int) -> int:
-    """The member the leaf's broker is attached to now (its leafnode port, as the leaf's /leafz shows it); -1: none."""
+def attached_to(leaf_ports: list[int], monitor_port: int) -> int:
+    """Which of the members' ``leaf_ports`` the leaf's broker is attached to now (as the leaf's /leafz shows it); -1: none."""
     with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/leafz", timeout=5) as answer:
         leafs: list[dict[str, Any]] = json.loads(answer.read()).get("leafs") or []
-    return members.leaf_ports.index(leafs[0]["port"]) if len(leafs) == 1 else -1
+    return leaf_ports.index(leafs[0]["port"]) if len(leafs) == 1 else -1
 
 
 def test_a_leaf_up_runs_its_seat_through_the_members_keeps_no_streams_and_survives_its_member_killed(
@@ -101,11 +101,11 @@ def test_a_leaf_up_runs_its_seat_through_the_members_keeps_no_streams_and_surviv
         wait_until(lambda: completed(leaf, 1) == 1, 60, "the leaf's seat completed its first turn")
 
         # A delivery accepted just before the kill of the leaf's member, and one after: each runs exactly once.
-        victim = attached_to(cluster, monitor_port)
+        victim = attached_to(cluster.leaf_ports, monitor_port)
         assert victim >= 0
         assert post(leaf, 2) == 202
         loop.run(cluster.kill(victim))
-        wait_until(lambda: attached_to(cluster, monitor_port) not in (-1, victim) or None, 30, "the leaf attached to another member")
+        wait_until(lambda: attached_to(cluster.leaf_ports, monitor_port) not in (-1, victim) or None, 30, "the leaf attached to another member")
         # A refusal while the leaf moves may come after the broker stored the message: Slack's retry resends the same
         # event, which the broker's duplicate window absorbs, never a new one.
         third, answers = delivery(3), list[int]()
