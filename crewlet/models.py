@@ -141,3 +141,26 @@ class StoreIdentity(models.Model):
 
     def __str__(self) -> str:
         return self.identity
+
+
+class CustodyClaim(models.Model):
+    """Which data node keeps one custody batch of a stateless node's events (eventstore.custody).
+
+    Written by the stateless node before the batch is sent, moved to a second
+    keeper (a compare-and-set on ``keeper`` while ``closed`` is false) when the
+    first does not answer, and closed either by the stateless node once a
+    keeper has answered or by the keeper's settle pass. A data node holding
+    the batch's rows settles them when the claim names it, and drops them when
+    it names another: the row is then the other keeper's.
+    """
+
+    batch = models.CharField(max_length=64, primary_key=True)
+    origin = models.CharField(max_length=128)
+    keeper = models.CharField(max_length=128)
+    closed = models.BooleanField(default=False)
+    rows = models.IntegerField(default=0)
+    claimed_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        db_table = "crewlet_custody_claim"
+        verbose_name = "custody claim"

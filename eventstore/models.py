@@ -61,6 +61,9 @@ class EventRow(models.Model):
     actor = models.TextField(default="")
     summary = models.TextField(default="")
     body = models.TextField()  # the event's JSON exactly as it was published
+    # The custody batch a stateless node handed this row in, until this store settles it (eventstore.custody):
+    # empty for every row this store keeps for good. Not in rows.COLUMNS: a plain insert leaves it at its default.
+    custody_batch = models.TextField(default="", db_default="")
 
     class Meta:
         db_table = "eventstore_event"
@@ -83,6 +86,7 @@ class EventRow(models.Model):
                 name="eventstore_partition_ts",
                 condition=_sparse("partition_key"),
             ),
+            models.Index(fields=["custody_batch"], name="eventstore_custody", condition=_sparse("custody_batch")),
         ]
 
     def __str__(self) -> str:
