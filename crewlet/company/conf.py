@@ -413,6 +413,10 @@ class NodeSettings(_Section):
         (), env="CREWLET_NODE_LABELS",
         doc="what this node offers placement (gpu, eu); a seat's placement may require labels",
     )
+    data: bool = setting(
+        True, env="CREWLET_NODE_DATA",
+        doc="keeps an event store of its own; false makes a stateless node, whose events a data node keeps in custody batches",
+    )
 
 
 class DeliverySettings(_Section):
@@ -479,13 +483,27 @@ class ToolSettings(_Section):
 
 
 class HistorySettings(_Section):
-    """How long a history read waits for the fleet's other nodes before naming the ones that did not answer."""
+    """How long a history read waits for the fleet's other nodes, and how a stateless node's events reach a data node.
+
+    A stateless node (``node.data: false``) hands its rows to a live data node
+    in custody batches (:mod:`eventstore.custody`); the data node keeps them
+    marked unsettled until its settle pass reads the batch's claim, and fleet
+    reads hold such a row once meanwhile (the ``kept`` question).
+    """
 
     SECTION: ClassVar[str] = "history"
 
     fleet_read_budget_s: float = setting(
         2.0, env="CREWLET_FLEET_READ_BUDGET_S", bounds=(0.05, 60),
         doc="how long a history read waits for every live node's answer",
+    )
+    custody_timeout_s: float = setting(
+        5.0, env="CREWLET_HISTORY_CUSTODY_TIMEOUT_S", bounds=(0.05, 120),
+        doc="how long a stateless node waits for a data node to keep a custody batch before it claims a second keeper",
+    )
+    custody_settle_s: float = setting(
+        60.0, env="CREWLET_HISTORY_CUSTODY_SETTLE_S", bounds=(0.05, 3600),
+        doc="how often a data node settles the custody batches it has written: kept for good when the claim names it, dropped when it names another",
     )
 
 

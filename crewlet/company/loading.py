@@ -53,6 +53,10 @@ def _parse_env(name: str, kind: type, raw: str, bounds: Optional[Sequence[float]
     except UnicodeEncodeError:
         # os.environ holds undecodable bytes as lone surrogates, which no store, path or log line can carry.
         raise SettingsError(name, raw, "is not UTF-8 text") from None
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise SettingsError(name, raw, "must be true or false")
+        return text.lower() == "true"
     if kind is int:
         if not re.fullmatch(r"[+-]?\d+", text):
             raise SettingsError(name, raw, f"must be an integer{span}")

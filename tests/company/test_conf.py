@@ -76,6 +76,7 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "node.turn_stall_s": "CREWLET_NODE_TURN_STALL_S",
         "node.budget_meters_every_s": "CREWLET_NODE_BUDGET_METERS_EVERY_S",
         "node.labels": "CREWLET_NODE_LABELS",
+        "node.data": "CREWLET_NODE_DATA",
         "delivery.backoff_base_s": "CREWLET_DELIVERY_BACKOFF_BASE_S",
         "delivery.backoff_cap_s": "CREWLET_DELIVERY_BACKOFF_CAP_S",
         "delivery.provider_retry_scale": "CREWLET_DELIVERY_PROVIDER_RETRY_SCALE",
@@ -85,6 +86,8 @@ def test_known_settings_lists_every_key_with_its_env_var() -> None:
         "tools.indicator_timeout_s": "CREWLET_TOOLS_INDICATOR_TIMEOUT_S",
         "tools.typing_every_s": "CREWLET_TOOLS_TYPING_EVERY_S",
         "history.fleet_read_budget_s": "CREWLET_FLEET_READ_BUDGET_S",
+        "history.custody_timeout_s": "CREWLET_HISTORY_CUSTODY_TIMEOUT_S",
+        "history.custody_settle_s": "CREWLET_HISTORY_CUSTODY_SETTLE_S",
         "fleet.lease_ttl_s": "CREWLET_FLEET_LEASE_TTL_S",
     }
 
@@ -94,6 +97,14 @@ def test_the_fleet_read_budget_is_two_seconds_and_a_value_outside_its_range_is_r
     assert load(env={"CREWLET_FLEET_READ_BUDGET_S": "0.3"}).history.fleet_read_budget_s == 0.3
     with pytest.raises(SettingsError, match=r"^history\.fleet_read_budget_s=0: must be between 0\.05 and 60 \(from CREWLET_FLEET_READ_BUDGET_S\)$"):
         load(env={"CREWLET_FLEET_READ_BUDGET_S": "0"})
+
+
+def test_a_node_keeps_an_event_store_unless_node_data_is_false_and_another_word_is_refused_naming_it() -> None:
+    assert load().node.data is True
+    assert load(env={"CREWLET_NODE_DATA": "false"}).node.data is False
+    assert load(env={"CREWLET_NODE_DATA": "TRUE"}).node.data is True
+    with pytest.raises(SettingsError, match=r"^node\.data='no': must be true or false \(from CREWLET_NODE_DATA\)$"):
+        load(env={"CREWLET_NODE_DATA": "no"})
 
 
 def test_the_lease_ttl_defaults_to_15_seconds_and_is_refused_outside_5_to_300() -> None:
