@@ -66,11 +66,11 @@ APPLICATION_NAME = "crewlet-eventstore-writer"
 _TS = COLUMNS.index("ts")
 
 
-def insert_sql(table: str = TABLE) -> str:
-    """The one statement the writer runs (the benchmark's raw baseline runs it too)."""
-    cols = ", ".join(COLUMNS)
-    marks = ", ".join(["%s"] * len(COLUMNS))
-    return f"INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING"
+def insert_sql(table: str = TABLE, *, extra: tuple[str, ...] = ()) -> str:
+    """The one statement the writer runs (the benchmark's raw baseline runs it too); ``extra`` columns follow COLUMNS."""
+    names = (*COLUMNS, *extra)
+    marks = ", ".join(["%s"] * len(names))
+    return f"INSERT INTO {table} ({', '.join(names)}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING"
 
 
 class StoreUnavailable(RuntimeError):

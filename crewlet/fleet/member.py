@@ -71,6 +71,7 @@ class FleetMember:
         ttl_s: float = 15.0,
         protocol: int = PROTOCOL_VERSION,
         clock: Callable[[], float] = time.monotonic,
+        data: bool = True,
     ) -> None:
         if not node_id:
             raise ValueError("a fleet member needs a node id")
@@ -79,6 +80,8 @@ class FleetMember:
         self.ttl_s = ttl_s
         self.protocol = protocol
         self.clock = clock
+        #: Whether this node keeps an event store; a stateless node's presence names none, so no read asks it.
+        self.data = data
         self.store = ""
         self._seats: dict[str, float] = {}  # handle -> own deadline
         self._duties: dict[str, float] = {}  # duty name -> own deadline
@@ -185,12 +188,17 @@ class FleetMember:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Identify the store, claim it, write the presence, start renewing. Refuses with :class:`StoreClaimed`."""
-        self.store = await in_store(store_identity, alias="events")()
+        """Identify the store, claim it, write the presence, start renewing. Refuses with :class:`StoreClaimed`.
+
+        A stateless node has no store to identify or claim: its presence names none.
+        """
+        if self.data:
+            self.store = await in_store(store_identity, alias="events")()
         sent = self.clock()
         await in_store(self._join)()
         self._presence_until = sent + self.ttl_s
-        self._duties[self.store_lease] = sent + self.ttl_s
+        if self.data:
+            self._duties[self.store_lease] = sent + self.ttl_s
         await self._renewer.start()
         await self._watcher.start()
         self._started = True
@@ -200,6 +208,9 @@ class FleetMember:
         )
 
     def _join(self) -> None:
+        if not self.data:
+            self._write_presence()
+            return
         if not leases.acquire(DUTY, self.store_lease, self.node_id, self.ttl_s):
             other = leases.holder_of(DUTY, self.store_lease) or "another node"
             raise StoreClaimed(
@@ -328,6 +339,7 @@ def services(engine: "Engine") -> list[Service]:
             settings.node.id,
             labels=settings.node.labels,
             ttl_s=settings.fleet.lease_ttl_s,
+            data=settings.node.data,
         )
 
     return [Service(FLEET, make, stop_last=True)]

@@ -23,6 +23,8 @@ DLQ_PREFIX = "dlq"
 DLQ_ALL = "dlq.>"
 #: The fleet's history reads: every engine serves it from its own store (core request/reply, no stream).
 HISTORY_READS = "crewlet.history.read"
+#: A stateless node's custody batches: each data node serves ``<this>.<its node id>`` (core request/reply, no stream).
+HISTORY_CUSTODY = "crewlet.history.custody"
 #: A person's note to a seat's running turn: every engine serves it, the node running the seat answers (core, no stream).
 TURN_STEER = "crewlet.steer.turn"
 
@@ -96,6 +98,11 @@ def agent_reflect(handle: str) -> str:
 
 def agent_reflect_group(handle: str) -> str:
     return _agent_group(handle, LANE_REFLECT)
+
+
+def custody(node: str) -> str:
+    """The subject data node ``node`` keeps custody batches on."""
+    return f"{HISTORY_CUSTODY}.{_token(node, 'node id')}"
 
 
 def agent_pattern(handle: str = "*") -> str:
