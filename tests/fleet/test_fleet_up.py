@@ -69,8 +69,8 @@ class Fleet:
         (tmp / "company.yaml").write_text(COMPANY)
         self.nodes: dict[str, Node] = {}
 
-    def start(self, name: str) -> "Node":
-        node = Node(self, name)
+    def start(self, name: str, **env: str) -> "Node":
+        node = Node(self, name, **env)
         self.nodes[name] = node
         return node.start()
 
@@ -99,9 +99,9 @@ class Fleet:
 
 
 class Node(Up):
-    """One `up` of the fleet: node ``name`` on the shared coordination store and its own events database."""
+    """One `up` of the fleet: node ``name`` on the shared coordination store and its own events database (``extra``: more settings)."""
 
-    def __init__(self, fleet: Fleet, name: str) -> None:
+    def __init__(self, fleet: Fleet, name: str, **extra: str) -> None:
         env = up_env(
             CREWLET_DATABASE="postgres",
             CREWLET_PG_DBNAME=fleet.coordination,
@@ -113,6 +113,7 @@ class Node(Up):
             CREWLET_STREAM_ACK_WAIT_S=str(ACK_WAIT_S),
             CREWLET_OPERATOR_TOKEN=TOKEN,
             **pg_client_env(),
+            **extra,
         )
         UpProcess.__init__(self, fleet.tmp, "--company", str(fleet.tmp / "company.yaml"), node=name, env=env)
 
