@@ -252,7 +252,7 @@ async def test_a_node_on_another_protocol_version_is_named_and_its_rows_are_not_
 
 async def test_a_reply_that_is_not_an_answer_is_named_unreadable_and_a_question_without_an_instant_is_refused() -> None:
     async def garbled(raw: bytes) -> bytes:
-        return b'{"version": 1, "node": "c", "answer": {"events": "not rows"}}'
+        return b'{"version": %d, "node": "c", "answer": {"events": "not rows"}}' % qs.PROTOCOL_VERSION
 
     async with jetstream_queues(*NODES) as queues, readers(queues[:2], roster=lambda: list(NODES)) as nodes:
         server = await queues[2].serve(topics.HISTORY_READS, garbled)
