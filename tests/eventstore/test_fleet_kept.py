@@ -11,9 +11,10 @@ The ``kept`` question is asked only by the reads that reached an unsettled row.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from datetime import timedelta
-from typing import Any, Iterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -26,7 +27,7 @@ from eventstore import questions as qs
 from eventstore.fanout import FleetReads, seed_plan, wire
 from eventstore.questions import Filters, NodeScope, Question
 from eventstore_support import AT, US, make_event, store, trace
-from fleet_support import ALIASES, alias_of, empty, node_databases, readers
+from fleet_support import ALIASES, alias_of, empty_stores, readers, stores  # noqa: F401  (fixtures)
 from seats_support import jetstream_queues
 
 pytestmark = [
@@ -58,22 +59,6 @@ SETTLED_ONLY: tuple[Place, ...] = (ORDINARY_A, ORDINARY_B)
 DELIVERY = "Ev-kept-1"
 #: A trace none of whose rows is in flight: reading it never asks ``kept``.
 QUIET_TRACE = trace(99)
-
-
-@pytest.fixture(scope="module")
-def stores(django_db_setup: Any, django_db_blocker: Any) -> Iterator[dict[str, str]]:
-    from tests.conftest import on_postgres
-
-    if not on_postgres():
-        pytest.skip("two stores and the whole are three PostgreSQL databases")
-    with django_db_blocker.unblock():
-        with node_databases() as names:
-            yield names
-
-
-@pytest.fixture(autouse=True)
-def empty_stores(stores: dict[str, str]) -> None:
-    empty()
 
 
 def _ev(etype: str, ts: Any, event_id: str, **fields: Any) -> Event:
@@ -214,16 +199,23 @@ async def _same_everywhere(asker: FleetReads, whole: FleetReads, placed: list[tu
     return asked
 
 
-async def test_rows_unsettled_on_two_stores_settled_on_one_or_unsettled_on_one_are_each_read_once_in_every_question() -> None:
-    placed = _place(EVERY_STATE)
+@contextlib.asynccontextmanager
+async def _fleet(states: tuple[Place, ...]) -> AsyncIterator[tuple[list[tuple[Event, Place]], FleetReads, list[Any], list[FleetReads]]]:
+    """The history placed in ``states`` over a and b (each serving on a real broker), and the whole store read alone."""
+    placed = _place(states)
     await sync_to_async(_write)(placed)
     whole = _whole()
     try:
-        async with jetstream_queues(A, B) as queues, readers(queues) as (a, b):
-            asked = await _same_everywhere(a, whole, placed)
-            asked_from_b = await _same_everywhere(b, whole, placed)
+        async with jetstream_queues(A, B) as queues, readers(queues) as nodes:
+            yield placed, whole, queues, nodes
     finally:
         await whole.stop()
+
+
+async def test_rows_unsettled_on_two_stores_settled_on_one_or_unsettled_on_one_are_each_read_once_in_every_question() -> None:
+    async with _fleet(EVERY_STATE) as (placed, whole, _, (a, b)):
+        asked = await _same_everywhere(a, whole, placed)
+        asked_from_b = await _same_everywhere(b, whole, placed)
     for label, rounds in (asked | {f"b {k}": v for k, v in asked_from_b.items()}).items():
         place = dict((f"event {e.id}", p) for e, p in placed).get(label.removeprefix("b "))
         if label.endswith("quiet trace") or (place is not None and place not in IN_FLIGHT):
@@ -234,15 +226,9 @@ async def test_rows_unsettled_on_two_stores_settled_on_one_or_unsettled_on_one_a
 
 
 async def test_a_fleet_with_no_unsettled_row_never_asks_kept_and_answers_as_one_store() -> None:
-    placed = _place(SETTLED_ONLY)
-    await sync_to_async(_write)(placed)
-    whole = _whole()
-    try:
-        async with jetstream_queues(A, B) as queues, readers(queues) as (a, b):
-            asked = await _same_everywhere(b, whole, placed)
-            raw = await queues[0].ask(topics.HISTORY_READS, wire.encode_request(Question(kind=qs.EVENTS, at=AT), "x", [B]), 1, 2.0)
-    finally:
-        await whole.stop()
+    async with _fleet(SETTLED_ONLY) as (placed, whole, queues, (a, b)):
+        asked = await _same_everywhere(b, whole, placed)
+        raw = await queues[0].ask(topics.HISTORY_READS, wire.encode_request(Question(kind=qs.EVENTS, at=AT), "x", [B]), 1, 2.0)
     assert set(asked.values()) == {0} and a.kept_asked == b.kept_asked == 0
     [reply] = [wire.decode_reply(r) for r in raw]
     assert reply is not None and reply.answer is not None and qs.K_UNSETTLED not in reply.answer  # nothing new on the wire
@@ -305,3 +291,21 @@ def test_the_read_roster_lists_only_live_nodes_whose_presence_names_a_store(db: 
     for name, store_id in (("n1", "n1-store"), ("n2", ""), ("n3", "n3-store")):
         assert leases.acquire(NODE, name, name, 60.0, labels=[], protocol=PROTOCOL_VERSION, store=store_id)
     assert live_roster() == ["n1", "n3"]
+
+
+async def test_an_engine_whose_node_keeps_no_store_reads_the_fleet_without_a_part_of_its_own() -> None:
+    from crewlet.company.loading import load_settings
+    from crewlet.company.org import CompanyHolder
+    from crewlet.company.parse import load_company
+    from crewlet.engine.core import Engine
+    from eventstore.fanout import for_engine
+
+    made = []
+    for data in (True, False):
+        settings = load_settings({}, env={}, overrides={"node.id": STATELESS, "node.data": data})
+        made.append(for_engine(Engine(settings, company=CompanyHolder(load_company()))))
+    try:
+        assert [reads.keeps_store for reads in made] == [True, False]
+    finally:
+        for reads in made:
+            await reads.stop()
