@@ -216,6 +216,11 @@ async def test_rows_unsettled_on_two_stores_settled_on_one_or_unsettled_on_one_a
     async with _fleet(EVERY_STATE) as (placed, whole, _, (a, b)):
         asked = await _same_everywhere(a, whole, placed)
         asked_from_b = await _same_everywhere(b, whole, placed)
+        # A request thread (an API view) asks the same way.
+        for question in (Question(kind=qs.EVENTS, at=AT, limit=500), Question(kind=qs.TURNS, at=AT, limit=50),
+                         Question(kind=qs.EVENT_SERIES, at=AT, window_us=qs.parse_duration("3h"), bucket_us=qs.parse_duration("1h"))):
+            fleet = await sync_to_async(a.ask, thread_sensitive=False)(question)
+            assert _body(fleet) == _body(await whole.aask(question)) and _complete(fleet, A, B)
     for label, rounds in (asked | {f"b {k}": v for k, v in asked_from_b.items()}).items():
         place = dict((f"event {e.id}", p) for e, p in placed).get(label.removeprefix("b "))
         if label.endswith("quiet trace") or (place is not None and place not in IN_FLIGHT):
@@ -232,6 +237,21 @@ async def test_a_fleet_with_no_unsettled_row_never_asks_kept_and_answers_as_one_
     assert set(asked.values()) == {0} and a.kept_asked == b.kept_asked == 0
     [reply] = [wire.decode_reply(r) for r in raw]
     assert reply is not None and reply.answer is not None and qs.K_UNSETTLED not in reply.answer  # nothing new on the wire
+
+
+async def test_a_node_alone_reads_the_unsettled_rows_of_its_own_store_once_through_the_same_round(caplog: pytest.LogCaptureFixture) -> None:
+    placed = _place(EVERY_STATE)
+    await sync_to_async(_write)(placed)
+    alone = FleetReads(NodeScope(A, using=alias_of(A)), roster=lambda: [A])
+    try:
+        page = await sync_to_async(alone.ask, thread_sensitive=False)(Question(kind=qs.EVENTS, at=AT, limit=500))
+        quiet = await sync_to_async(alone.ask, thread_sensitive=False)(Question(kind=qs.TRACE, at=AT, key=QUIET_TRACE.trace_id))
+    finally:
+        await alone.stop()
+    assert sorted(r["id"] for r in page["events"]) == sorted(e.id for e, place in placed if place[0] is not None)
+    assert _complete(page, A) and quiet["total"] == 2 and alone.kept_asked == 1
+    [logged] = [r for r in caplog.records if r.getMessage() == "fleet_read_kept_asked"]
+    assert (vars(logged)["node"], vars(logged)["named"]) == (A, len([e for e, place in placed if place[0]]))
 
 
 async def test_a_node_that_cannot_answer_kept_is_named_and_its_part_is_left_out_whole() -> None:
