@@ -15,8 +15,9 @@ So every round of every plan (:mod:`.merge`) is asked through
    question could reach. A fleet with no unsettled row names nothing, and the
    round ends here.
 2. Otherwise every node that answered is asked ``kept``: which of the named
-   ids it keeps settled. Those it counted already; they are skipped.
-3. Each remaining id is given to one node that named it (the lowest id), and
+   ids it keeps settled. Those a node keeps and did not name it counted
+   already; they are skipped.
+3. Each remaining id is given to one node that named it (:func:`keepers`), and
    that node is asked the round's own question restricted to its ids
    (``only``): the part it sends is added to the round's parts, so every merge
    (pages by (timestamp, id), bars, counts, turns, spend) holds the row once.
@@ -49,14 +50,22 @@ def named_of(answer: dict[str, Any]) -> list[str]:
     return [str(i) for i in named] if isinstance(named, list) else []
 
 
-def keepers(wanted: Sequence[str], named: dict[str, set[str]], settled: set[str]) -> dict[str, tuple[str, ...]]:
-    """Each named id no node keeps settled, given to the lowest node id that named it: {node: its ids}."""
+def keepers(wanted: Sequence[str], named: dict[str, set[str]], kept: dict[str, set[str]]) -> dict[str, tuple[str, ...]]:
+    """Each named id no part counted, given to one node that named it: {node: its ids}.
+
+    A node that keeps an id settled and did not name it counted it in its
+    part: the id is skipped. One that named it and keeps it settled now has
+    settled it since (it was its own batch): it did not count it, and it is
+    the node to ask, as it will not drop the row. Otherwise the lowest node
+    id that named it is asked.
+    """
     given: dict[str, list[str]] = {}
     for row_id in wanted:
-        if row_id in settled:
+        if any(row_id in ids and row_id not in named.get(node, ()) for node, ids in kept.items()):
             continue
-        holder = min((node for node, ids in named.items() if row_id in ids), default=None)
-        if holder is not None:
+        namers = sorted(node for node, ids in named.items() if row_id in ids)
+        if namers:
+            holder = next((node for node in namers if row_id in kept.get(node, ())), namers[0])
             given.setdefault(holder, []).append(row_id)
     return {node: tuple(ids) for node, ids in sorted(given.items())}
 
@@ -87,14 +96,14 @@ def kept_round(
     answering = tuple(node for node in nodes if node in parts)
     kept = Question(kind=qs.KEPT, at=question.at, version=question.version, keys=tuple(wanted))
     [replies] = yield [(kept, answering)]
-    settled: set[str] = set()
+    kept_by: dict[str, set[str]] = {}
     for node in answering:
         answer, error = replies.get(node, (None, "no answer"))
         if answer is None:
             _leave_out(node, error, parts, named, note)
-            continue
-        settled.update(str(i) for i in answer[qs.K_KEPT])
-    given = keepers(wanted, named, settled)
+        else:
+            kept_by[node] = {str(i) for i in answer[qs.K_KEPT]}
+    given = keepers(wanted, named, kept_by)
     added: Parts = []
     if given:
         asks: list[Ask] = [(dataclasses.replace(question, only=ids), (node,)) for node, ids in given.items()]
