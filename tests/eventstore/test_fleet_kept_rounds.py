@@ -4,12 +4,17 @@ The same round over two real stores and a broker is tests/eventstore/test_fleet_
 """
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+import pytest
+from django.db import connections
+
 from eventstore import questions as qs
+from eventstore.fanout import FleetReads
 from eventstore.fanout.kept import Exchange, kept_round, keepers
-from eventstore.questions import Question
-from eventstore_support import AT
+from eventstore.questions import NodeScope, Question
+from eventstore_support import AT, NODE, make_event, store
 
 
 def test_a_row_a_node_keeps_without_naming_it_was_counted_and_is_asked_of_nobody() -> None:
@@ -55,3 +60,23 @@ def test_a_round_in_which_no_node_names_a_row_asks_nothing_more() -> None:
     next(exchange)
     part = {"counters": {}, "per_seat": {}}
     assert _step(exchange, [{"a": (part, "")}]) == [("a", part)] and asked == []
+
+
+@pytest.mark.django_db(databases=["default", "events"])
+def test_a_store_alone_reads_its_unsettled_rows_once_on_either_database() -> None:
+    events = store(*[make_event("org_started", AT - i * timedelta(seconds=1), event_id=f"r-{i}") for i in range(6)])
+    with connections["events"].cursor() as cursor:
+        cursor.execute("UPDATE eventstore_event SET custody_batch = %s WHERE id IN (%s, %s, %s)", ["batch-1", "r-0", "r-3", "r-5"])
+    reads = FleetReads(NodeScope(NODE), roster=lambda: [NODE])
+    walked, cursor = [], ""
+    while True:
+        page = reads.ask(Question(kind=qs.EVENTS, at=AT, limit=4, cursor=cursor))
+        walked += [row["id"] for row in page["events"]]
+        cursor = page["next_cursor"] or ""
+        if not cursor:
+            break
+    assert walked == [e.id for e in events] and reads.kept_asked == 2
+    bars = reads.ask(Question(kind=qs.EVENT_SERIES, at=AT, window_us=qs.parse_duration("1h"), bucket_us=qs.parse_duration("1h")))
+    assert sum(bar["total"] for bar in bars["bars"]) == 6 and reads.kept_asked == 3
+    assert reads.ask(Question(kind=qs.EVENT, at=AT, key="r-3"))["event"]["id"] == "r-3"
+    assert reads.ask(Question(kind=qs.EVENT, at=AT, key="r-4"))["event"]["id"] == "r-4" and reads.kept_asked == 4
