@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence
 
+import pytest
 from django.conf import settings
 from django.db import connections
 
@@ -110,6 +111,24 @@ async def readers(
     finally:
         for reader in started:
             await reader.stop()
+
+
+@pytest.fixture(scope="module")
+def stores(django_db_setup: Any, django_db_blocker: Any) -> Iterator[dict[str, str]]:
+    """Every node's database for the module (a test module imports this fixture and :func:`empty_stores`)."""
+    from tests.conftest import on_postgres
+
+    if not on_postgres():
+        pytest.skip("each node's store is a PostgreSQL database of its own")
+    with django_db_blocker.unblock():
+        with node_databases() as names:
+            yield names
+
+
+@pytest.fixture(autouse=True)
+def empty_stores(stores: dict[str, str]) -> None:
+    """Every test starts with every node's store empty."""
+    empty()
 
 
 Serve = Callable[[bytes], Awaitable[bytes]]

@@ -2,8 +2,9 @@
 
 :mod:`.wire` is the request and reply on the broker and the reasons coverage
 names; :mod:`.merge` the plans that merge every node's part exactly;
-:mod:`.service` the engine service that serves this node's store and asks
-the others. Callers import from the package.
+:mod:`.kept` every round of a plan, asked so that a row a custody batch holds
+on two stores counts once; :mod:`.service` the engine service that serves
+this node's store and asks the others. Callers import from the package.
 """
 from __future__ import annotations
 

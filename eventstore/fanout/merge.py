@@ -12,7 +12,8 @@ The merges are the design's:
 * A page is merged on (timestamp, id) and stops at the newest point any
   node's page stopped at, so walking the cursor visits every row once across
   nodes, rows sharing a microsecond included. A row two nodes hold (a custody
-  batch briefly on two stores) is listed once, by its id.
+  batch briefly on two stores) reaches a plan once (:mod:`.kept`), and a
+  listing holds a row once by its id besides.
 * A series' bars are summed bar by bar (every node cut the same window at the
   asker's instant); the asker drops a partial first bar only after that.
 * A trace's rows from every node hang in one tree.

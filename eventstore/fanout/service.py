@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import functools
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ from crewlet.events.tracing import trace_of
 from eventstore import here
 from eventstore import questions as qs
 from eventstore.fanout import wire
+from eventstore.fanout.kept import Ask, Exchange, NodeReply, kept_round
 from eventstore.fanout.merge import Parts, Plan, plan_for
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,10 +70,14 @@ GATHER_GRACE_S = 1.0
 
 
 def live_roster() -> list[str]:
-    """The fleet's live node leases, by id (read from the coordination store on every call)."""
-    from crewlet.fleet.roster import live_node_ids
+    """The live nodes that keep an event store, by id (read from the coordination store on every call).
 
-    return live_node_ids()
+    A node whose presence names no store (a stateless node: its events are in
+    a data node's store) holds no part of any answer, so it is never asked.
+    """
+    from crewlet.fleet.roster import live_nodes
+
+    return [node.id for node in live_nodes() if node.store]
 
 
 # -- one node's part ------------------------------------------------------------------------------
@@ -93,16 +100,28 @@ NODE_PARTS: dict[str, Callable[[qs.Question, Any, qs.NodeScope], dict[str, Any]]
     qs.COUNTS: qs.answer_counts,
     qs.MODEL_SPEND: qs.answer_model_spend,
     qs.DELIVERY: qs.answer_delivery,
+    qs.KEPT: qs.answer_kept,
 }
 
 
 def node_part(question: qs.Question, scope: qs.NodeScope) -> dict[str, Any]:
-    """This node's part of ``question``; QuestionRefused rather than a guess (no instant, another version)."""
+    """This node's part of ``question``; QuestionRefused rather than a guess (no instant, another version).
+
+    The part counts and lists the rows this store keeps settled and names
+    (:data:`~eventstore.questions.K_UNSETTLED`) the unsettled rows of custody
+    batches the question could reach; a question of ``only`` these ids reads
+    exactly them and names nothing (:mod:`.kept`).
+    """
     at = qs.check(question)
     part = NODE_PARTS.get(question.kind)
     if part is None:
         raise qs.BadQuestion(f"question kind {question.kind!r} is not one the fleet scatters")
-    return part(question, at, scope)
+    reading = dataclasses.replace(scope, custody=qs.Custody(question.only))
+    answer = part(question, at, reading)
+    named = qs.unsettled_ids(reading)
+    if named:
+        answer[qs.K_UNSETTLED] = named
+    return answer
 
 
 # -- the coverage of one read -------------------------------------------------------------------
@@ -150,11 +169,12 @@ _SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
     qs.COUNTS: {"counters": dict, "per_seat": dict},
     qs.MODEL_SPEND: {"models": dict, "rounds": int},
     qs.DELIVERY: {"rows": list},
+    qs.KEPT: {qs.K_KEPT: list},
 }
 
 
 def _readable(kind: str, answer: Optional[dict[str, Any]]) -> bool:
-    if answer is None:
+    if answer is None or not isinstance(answer.get(qs.K_UNSETTLED, []), list):
         return False
     return all(isinstance(answer.get(key), kinds) for key, kinds in _SHAPES.get(kind, {}).items())
 
@@ -167,7 +187,13 @@ class FleetReads:
     this node is read, and any other live node is named as not asked.
     ``roster`` lists the live nodes (the node leases). ``version`` is the
     protocol this node speaks: it answers only questions in it, and merges
-    only replies in it.
+    only replies in it. ``keeps_store`` False is a node without an event
+    store (``node.data`` false): it answers no part, neither its own reads nor
+    another node's, and asks the nodes that keep one.
+
+    Every round of every plan is asked through :func:`.kept.kept_round`, so a
+    row a custody batch holds on two stores counts once; ``kept_asked``
+    counts the rounds that had to ask ``kept`` (only while a batch is in flight).
     """
 
     def __init__(
@@ -182,6 +208,7 @@ class FleetReads:
         max_reply_bytes: int = MAX_PAYLOAD_BYTES,
         report: Optional[Report] = None,
         workers: int = READ_WORKERS,
+        keeps_store: bool = True,
     ) -> None:
         self.scope = scope
         self.node = scope.node_id
@@ -198,6 +225,9 @@ class FleetReads:
         #: History reads asked from here, and how many came back without every node (the history_partial alarm's ratio).
         self.reads = 0
         self.partial = 0
+        self.keeps_store = bool(keeps_store)
+        #: Rounds that asked ``kept`` (some node named a row of an unsettled custody batch).
+        self.kept_asked = 0
 
     # -- serving ---------------------------------------------------------------------------------
 
@@ -205,7 +235,7 @@ class FleetReads:
         """Serve this node's answers (once the queue is connected)."""
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
-        if self.queue is not None:
+        if self.queue is not None and self.keeps_store:
             self._server = await self.queue.serve(topics.HISTORY_READS, self.serve)
 
     async def stop(self) -> None:
@@ -308,32 +338,35 @@ class FleetReads:
                 gathered.replies[reply.node] = reply
         return gathered
 
-    def _collect(self, question: qs.Question, own: tuple[Optional[dict[str, Any]], str], others: list[str], gathered: Gathered, coverage: Coverage) -> Parts:
-        parts: Parts = []
-        answer, error = own
-        coverage.note(self.node, error)
-        if answer is not None:
-            parts.append((self.node, answer))
-        for node in others:
-            reply = gathered.replies.get(node)
-            if reply is None:
-                why = gathered.failure or (
-                    wire.reason(wire.TIMED_OUT, f"no answer within {self.budget_s:g}s")
-                    if self.queue is not None
-                    else wire.reason(wire.NOT_ASKED, "this process has no broker connection")
-                )
-                coverage.note(node, why)
-            elif reply.version != self.version:
-                coverage.note(node, wire.reason(wire.OTHER_VERSION, f"speaks {reply.version!r}; this node speaks {self.version}"))
-            elif reply.error:
-                coverage.note(node, reply.error)
-            elif not _readable(question.kind, reply.answer):
-                coverage.note(node, wire.reason(wire.UNREADABLE, f"not the shape of a {question.kind} answer"))
-            else:
-                assert reply.answer is not None
-                coverage.note(node, "")
-                parts.append((node, reply.answer))
-        return parts
+    def _reply_of(self, question: qs.Question, node: str, gathered: Gathered) -> NodeReply:
+        """``node``'s part of ``question`` as the scatter brought it back, or why there is none."""
+        reply = gathered.replies.get(node)
+        if reply is None:
+            return None, gathered.failure or (
+                wire.reason(wire.TIMED_OUT, f"no answer within {self.budget_s:g}s")
+                if self.queue is not None
+                else wire.reason(wire.NOT_ASKED, "this process has no broker connection")
+            )
+        if reply.version != self.version:
+            return None, wire.reason(wire.OTHER_VERSION, f"speaks {reply.version!r}; this node speaks {self.version}")
+        if reply.error:
+            return None, reply.error
+        if not _readable(question.kind, reply.answer):
+            return None, wire.reason(wire.UNREADABLE, f"not the shape of a {question.kind} answer")
+        return reply.answer, ""
+
+    def _replies(self, asks: list[Ask], own: dict[int, NodeReply], gathered: list[Gathered]) -> list[dict[str, NodeReply]]:
+        return [
+            {node: own[i] if node == self.node else self._reply_of(question, node, gathered[i]) for node in nodes}
+            for i, (question, nodes) in enumerate(asks)
+        ]
+
+    def _own_parts(self, asks: list[Ask]) -> dict[int, NodeReply]:
+        """This node's own part of every ask put to it (on whichever thread calls it)."""
+        return {i: self._own(question) for i, (question, nodes) in enumerate(asks) if self.node in nodes}
+
+    def _targets(self, nodes: Iterable[str]) -> list[str]:
+        return [node for node in nodes if node != self.node]
 
     def _own(self, question: qs.Question) -> tuple[Optional[dict[str, Any]], str]:
         """This node's own part (on whichever thread calls it)."""
@@ -363,45 +396,87 @@ class FleetReads:
     def _scatters(self, others: list[str]) -> bool:
         return bool(others) and self.queue is not None
 
-    def _first_look(self, question: qs.Question) -> tuple[list[str], Optional[tuple[Optional[dict[str, Any]], str]]]:
+    def _first_look(self, question: qs.Question) -> tuple[list[str], Optional[NodeReply]]:
         """The roster; and this node's own part of ``question`` with it when there is nobody to scatter it to.
 
         One trip to a read thread for a fleet of one. With other nodes the own
         read waits until the scatter has started, so both run side by side.
         """
         others = self._others()
-        return others, (None if self._scatters(others) else self._own(question))
+        return others, (None if self._scatters(others) or not self.keeps_store else self._own(question))
 
-    def _round(
-        self, question: qs.Question, others: list[str], coverage: Coverage,
-        own: Optional[tuple[Optional[dict[str, Any]], str]] = None,
-    ) -> Parts:
-        """One scatter from a request thread: the loop gathers while a read thread reads this node's store (``own``: read already)."""
-        future: Optional[concurrent.futures.Future[Gathered]] = None
-        if self._scatters(others):
-            request = wire.encode_request(question, self.node, others)
-            try:
-                future = runtime.start_on_loop(lambda: self._gather(request, others), self.loop)
-            except runtime.EngineAway as exc:
-                return self._collect(question, self._on_read_thread(self._own, question), others, Gathered(failure=wire.reason(wire.NOT_ASKED, str(exc))), coverage)
+    def _nodes(self, others: list[str]) -> list[str]:
+        """The nodes a round is put to, in the order their parts reach a plan: this node's own first."""
+        return ([self.node] if self.keeps_store else []) + others
+
+    def _round(self, question: qs.Question, nodes: list[str], coverage: Coverage) -> Exchange:
+        return kept_round(question, nodes, coverage.note, self._asked_kept)
+
+    def _asked_kept(self, named: int) -> None:
+        self.kept_asked += 1
+        log.info("fleet_read_kept_asked", extra={"node": self.node, "named": named})
+
+    def _exchange(self, asks: list[Ask], own: Optional[dict[int, NodeReply]] = None) -> list[dict[str, NodeReply]]:
+        """Every ask put at once from a request thread: the loop gathers while a read thread reads this node's store."""
+        futures: list[Optional[concurrent.futures.Future[Gathered]]] = []
+        gathered = [Gathered() for _ in asks]
+        for i, (question, nodes) in enumerate(asks):
+            targets = self._targets(nodes)
+            future = None
+            if self._scatters(targets):
+                request = wire.encode_request(question, self.node, targets)
+                try:
+                    future = runtime.start_on_loop(functools.partial(self._gather, request, targets), self.loop)
+                except runtime.EngineAway as exc:
+                    gathered[i] = Gathered(failure=wire.reason(wire.NOT_ASKED, str(exc)))
+            futures.append(future)
         if own is None:
-            own = self._on_read_thread(self._own, question)
-        gathered = Gathered()
-        if future is not None:
-            try:
-                gathered = future.result(timeout=self.budget_s + GATHER_GRACE_S)
-            except concurrent.futures.TimeoutError:
-                future.cancel()
-        return self._collect(question, own, others, gathered, coverage)
+            own = self._on_read_thread(self._own_parts, asks) if any(self.node in nodes for _, nodes in asks) else {}
+        for i, future in enumerate(futures):
+            if future is not None:
+                try:
+                    gathered[i] = future.result(timeout=self.budget_s + GATHER_GRACE_S)
+                except concurrent.futures.TimeoutError:
+                    future.cancel()
+        return self._replies(asks, own, gathered)
 
-    async def _around(self, question: qs.Question, others: list[str], coverage: Coverage) -> Parts:
-        """One scatter from a coroutine: the gather and this node's own read (on a read thread) side by side."""
+    async def _aexchange(self, asks: list[Ask]) -> list[dict[str, NodeReply]]:
+        """Every ask put at once from a coroutine: the gathers and this node's own reads (on a read thread) side by side."""
         loop = asyncio.get_running_loop()
-        own_read = loop.run_in_executor(self._executor, self._own, question)
-        gathered = Gathered()
-        if others and self.queue is not None:
-            gathered = await self._gather(wire.encode_request(question, self.node, others), others)
-        return self._collect(question, await own_read, others, gathered, coverage)
+        own_read = loop.run_in_executor(self._executor, self._own_parts, asks)
+
+        async def scatter(question: qs.Question, nodes: tuple[str, ...]) -> Gathered:
+            targets = self._targets(nodes)
+            if targets and self.queue is not None:
+                return await self._gather(wire.encode_request(question, self.node, targets), targets)
+            return Gathered()
+
+        gathered = await asyncio.gather(*(scatter(question, nodes) for question, nodes in asks))
+        return self._replies(asks, await own_read, list(gathered))
+
+    def _drive(self, exchange: Exchange, own: Optional[NodeReply] = None) -> Parts:
+        """One round's exchanges from a request thread (``own``: this node's part of the first, read already)."""
+        try:
+            asks = next(exchange)
+            mine = {0: own} if own is not None else None
+            while True:
+                asks = exchange.send(self._exchange(asks, mine))
+                mine = None
+        except StopIteration as done:
+            parts: Parts = done.value
+            return parts
+
+    async def _adrive(self, exchange: Exchange) -> Parts:
+        try:
+            asks = next(exchange)
+            while True:
+                asks = exchange.send(await self._aexchange(asks))
+        except StopIteration as done:
+            parts: Parts = done.value
+            return parts
+
+    def _coverage(self) -> Coverage:
+        return Coverage({self.node: ""} if self.keeps_store else {})
 
     def run(self, plan: Plan, at: Any, label: str) -> dict[str, Any]:
         """Drive ``plan`` from a request thread; the merged answer with its coverage and instant.
@@ -409,14 +484,15 @@ class FleetReads:
         The roster and this node's own reads run on the read threads (:meth:`_on_read_thread`):
         for a fleet of one, both in one trip.
         """
-        coverage = Coverage({self.node: ""})
+        coverage = self._coverage()
         others: list[str] = []
         try:
             question = next(plan)
             others, own = self._on_read_thread(self._first_look, question)
-            question = plan.send(self._round(question, others, coverage, own))
+            nodes = self._nodes(others)
             while True:
-                question = plan.send(self._round(question, others, coverage))
+                question = plan.send(self._drive(self._round(question, nodes, coverage), own))
+                own = None
         except StopIteration as done:
             merged: dict[str, Any] = done.value
         return self._finish(merged, at, coverage, others, label)
@@ -425,11 +501,12 @@ class FleetReads:
         """Drive ``plan`` from a coroutine on this node's loop."""
         loop = asyncio.get_running_loop()
         others = await loop.run_in_executor(self._executor, self._others)
-        coverage = Coverage({self.node: ""})
+        nodes = self._nodes(others)
+        coverage = self._coverage()
         try:
             question = next(plan)
             while True:
-                question = plan.send(await self._around(question, others, coverage))
+                question = plan.send(await self._adrive(self._round(question, nodes, coverage)))
         except StopIteration as done:
             merged: dict[str, Any] = done.value
         return self._finish(merged, at, coverage, others, label)
@@ -451,7 +528,7 @@ class FleetReads:
         self.reads += 1
         if not coverage.complete:
             self.partial += 1
-            self._partial(label, len(others) + 1, coverage)
+            self._partial(label, len(self._nodes(others)), coverage)
         return merged
 
     def _partial(self, question: str, asked: int, coverage: Coverage) -> None:
@@ -496,6 +573,7 @@ def for_engine(engine: "Engine", *, roster: Optional[Roster] = None) -> FleetRea
         loop=engine.loop,
         budget_s=settings.history.fleet_read_budget_s,
         report=report,
+        keeps_store=settings.node.data,
     )
 
 

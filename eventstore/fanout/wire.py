@@ -5,7 +5,10 @@ version, its node id, the question's kind, the rest of the question
 (:meth:`~eventstore.questions.Question.to_dict` without kind, instant and
 version) and the asker's instant in microseconds since the epoch — the store's
 own resolution, so every node floors its history at exactly the same point.
-Reply ``{version, node, answer}`` or ``{version, node, error}``.
+Reply ``{version, node, answer}`` or ``{version, node, error}``. An answer
+names, under :data:`~eventstore.questions.K_UNSETTLED` and only when there
+are any, the rows of unsettled custody batches its read could reach; a
+question's ``only`` restricts it to exactly those rows (:mod:`.kept`).
 
 A reply over the transport's limit is cut rather than lost (:func:`fit`): a
 node gives up rows from the least important end and says it holds more —

@@ -36,6 +36,7 @@ from eventstore.questions.answers import (
     answer,
     answer_event,
     answer_events,
+    answer_kept,
     answer_series,
     check,
     coverage,
@@ -74,6 +75,9 @@ from eventstore.questions.model import (
     EVENT,
     EVENT_SERIES,
     EVENTS,
+    K_KEPT,
+    K_UNSETTLED,
+    KEPT,
     KINDS,
     LAST_TURNS,
     MAX_BARS,
@@ -86,6 +90,7 @@ from eventstore.questions.model import (
     TURN_ROWS,
     TURNS,
     BadQuestion,
+    Custody,
     Filters,
     MissingInstant,
     NodeScope,
@@ -94,7 +99,7 @@ from eventstore.questions.model import (
     UnsupportedVersion,
 )
 from eventstore.questions.spend import UNNAMED_MODEL, add_rounds, answer_model_spend, merge_model_spend, round_tokens
-from eventstore.questions.sql import TABLE, us_sql
+from eventstore.questions.sql import TABLE, unsettled_ids, us_sql
 from eventstore.questions.timefmt import (
     DURATION_PATTERN,
     EPOCH,
@@ -135,6 +140,7 @@ __all__ = [
     "C_TOKENS",
     "C_TURNS_COMPLETED",
     "C_TURNS_FAILED",
+    "Custody",
     "DEFAULT_LIMIT",
     "DELIVERY",
     "DURATION_PATTERN",
@@ -145,7 +151,10 @@ __all__ = [
     "EVENT_SERIES",
     "FOLD_TYPES",
     "Filters",
+    "KEPT",
     "KINDS",
+    "K_KEPT",
+    "K_UNSETTLED",
     "LAST_TURNS",
     "LIST_COLUMNS",
     "MAX_BARS",
@@ -183,6 +192,7 @@ __all__ = [
     "answer_delivery",
     "answer_event",
     "answer_events",
+    "answer_kept",
     "answer_last_turns",
     "answer_model_spend",
     "answer_series",
@@ -222,6 +232,7 @@ __all__ = [
     "trace_rows",
     "turn_ids",
     "turn_page",
+    "unsettled_ids",
     "us_sql",
     "wake_ids",
 ]

@@ -20,6 +20,7 @@ from eventstore.questions.model import (
     MAX_DETAIL_ROWS,
     MAX_LIMIT,
     PROTOCOL_VERSION,
+    K_KEPT,
     BadQuestion,
     MissingInstant,
     NodeScope,
@@ -27,7 +28,7 @@ from eventstore.questions.model import (
     QuestionRefused,
     UnsupportedVersion,
 )
-from eventstore.questions.sql import TABLE, Where, fetch, us_sql
+from eventstore.questions.sql import SETTLED, TABLE, Where, fetch, us_sql
 from eventstore.questions.timefmt import from_us, to_us
 from eventstore.questions.turns import answer_last_turns, answer_turn, answer_turn_rows, answer_turns
 
@@ -77,7 +78,7 @@ def refusal(question: Question, scope: NodeScope, exc: QuestionRefused) -> dict[
 
 def answer_events(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
     limit = max(1, min(int(question.limit), MAX_LIMIT))
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.history(at, scope)
     q.filters(question.filters)
     if question.cursor:
@@ -94,7 +95,7 @@ def answer_events(question: Question, at: datetime, scope: NodeScope) -> dict[st
 
 
 def answer_event(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.add("id = %s", question.key)
     q.history(at, scope)
     fetched = fetch(scope, f"SELECT {list_sql(q.connection.vendor)}, body FROM {TABLE} WHERE {q.where}", q.params)
@@ -139,11 +140,10 @@ def answer_series(question: Question, at: datetime, scope: NodeScope) -> dict[st
     if bucket_us > window_us:
         raise BadQuestion("the bucket must not be longer than the window")
     lower_us, origin_us, count = series_grid(at, window_us, bucket_us, scope.retention_hours)
-    connection = connections[scope.using]
-    q = Where(connection)
+    q = Where.of(scope)
     q.history(at, scope, floor=from_us(lower_us))
     q.filters(question.filters)
-    bucket = _bucket_sql(connection.vendor)
+    bucket = _bucket_sql(q.connection.vendor)
     sql = (
         f"SELECT {bucket} AS bar, category, COUNT(*), SUM(CASE WHEN failed THEN 1 ELSE 0 END)"
         f" FROM {TABLE} WHERE {q.where} GROUP BY 1, 2"
@@ -182,7 +182,7 @@ def finish_series(merged: dict[str, Any]) -> dict[str, Any]:
 
 def _detail_rows(scope: NodeScope, column: str, value: str, at: datetime) -> tuple[list[tuple[Any, ...]], bool]:
     """Every listing row whose ``column`` is ``value``, oldest first, cut at MAX_DETAIL_ROWS."""
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.add(f"{column} = %s", value)
     q.history(at, scope)
     sql = f"SELECT {list_sql(q.connection.vendor)} FROM {TABLE} WHERE {q.where} ORDER BY ts, id LIMIT %s"
@@ -260,6 +260,21 @@ def trace_answer(trace_id: str, rows: list[dict[str, Any]], truncated: bool) -> 
 def answer_trace(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
     part = trace_rows(question, at, scope)
     return trace_answer(question.key, part["rows"], part["truncated"])
+
+
+def answer_kept(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
+    """Which of ``keys`` (ids other nodes named as unsettled) this node keeps settled in the history, sorted.
+
+    The asker skips those: this node counted them already, as its own.
+    """
+    keys = list(dict.fromkeys(question.keys))
+    if not keys:
+        return {K_KEPT: []}
+    q = Where(connections[scope.using])
+    q.add(f"id IN ({', '.join(['%s'] * len(keys))})", *keys)
+    q.add(SETTLED)
+    q.history(at, scope)
+    return {K_KEPT: sorted(str(row[0]) for row in fetch(scope, f"SELECT id FROM {TABLE} WHERE {q.where}", q.params))}
 
 
 _ANSWERERS: dict[str, Callable[[Question, datetime, NodeScope], dict[str, Any]]] = {

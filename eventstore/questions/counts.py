@@ -15,11 +15,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections
-
 from crewlet.events import Event, types
 from eventstore.questions.model import NodeScope, Question
-from eventstore.questions.sql import TABLE
+from eventstore.questions.sql import TABLE, Where, fetch
 from eventstore.questions.turns import TURN_COMPLETED
 from eventstore.rows import is_failed
 
@@ -74,19 +72,17 @@ def count_event(counters: dict[str, int], event: Event) -> None:
 
 def count_rows(scope: NodeScope, since: datetime, at: datetime) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """The counters over ``[since, at]`` from the store: every row, completed and failed turns, spend."""
-    connection = connections[scope.using]
-    adapt = connection.ops.adapt_datetimefield_value
-    marks = ", ".join(["%s"] * len(SPEND_TYPES))
+    every, spend = Where.of(scope), Where.of(scope)
+    for q in (every, spend):
+        q.add("ts >= %s", q.ts(since))
+        q.add("ts <= %s", q.ts(at))
+    spend.add(f"type IN ({', '.join(['%s'] * len(SPEND_TYPES))})", *SPEND_TYPES)
     sql = (
         f"SELECT type, seat, COUNT(*), SUM(CASE WHEN failed THEN 1 ELSE 0 END),"
-        f" SUM(input_tokens + output_tokens) FROM {TABLE}"
-        f" WHERE ts >= %s AND ts <= %s AND type IN ({marks}) GROUP BY type, seat"
+        f" SUM(input_tokens + output_tokens) FROM {TABLE} WHERE {spend.where} GROUP BY type, seat"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*) FROM {TABLE} WHERE ts >= %s AND ts <= %s", [adapt(since), adapt(at)])
-        (total,) = cursor.fetchone()
-        cursor.execute(sql, [adapt(since), adapt(at), *SPEND_TYPES])
-        grouped = cursor.fetchall()
+    [(total,)] = fetch(scope, f"SELECT COUNT(*) FROM {TABLE} WHERE {every.where}", every.params)
+    grouped = fetch(scope, sql, spend.params)
     counters = new_counters()
     counters[C_EVENTS] = int(total or 0)
     per_seat: dict[str, dict[str, int]] = {}

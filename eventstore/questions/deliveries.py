@@ -20,7 +20,6 @@ import json
 from datetime import datetime
 from typing import Any, Optional, Sequence
 
-from django.db import connections
 
 from crewlet.events import types
 from crewlet.events.registry import WEBHOOK
@@ -114,7 +113,7 @@ def _kept(raw: Any) -> dict[str, Any]:
 
 def naming_rows(scope: NodeScope, delivery_id: str, at: datetime) -> list[dict[str, Any]]:
     """This node's rows whose body names ``delivery_id`` as its ``delivery_id`` (accepted, routed, skipped)."""
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.history(at, scope)
     kinds = ", ".join(["%s"] * len(NAMING_TYPES))
     q.add(f"(type IN ({kinds}) OR category = %s)", *NAMING_TYPES, ACCEPTED_CATEGORY)
@@ -127,7 +126,7 @@ def following_rows(scope: NodeScope, trigger_ids: Sequence[str], at: datetime) -
     """This node's rows that took one of ``trigger_ids``: a digest that merged it, a turn or a skip that took it."""
     if not trigger_ids:
         return []
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.history(at, scope)
     q.add(f"type IN ({', '.join(['%s'] * len(FOLLOWING_TYPES))})", *FOLLOWING_TYPES)
     q.add("(" + " OR ".join(["body LIKE %s ESCAPE '\\'"] * len(trigger_ids)) + ")", *(f"%{_like(t)}%" for t in trigger_ids))

@@ -14,7 +14,8 @@ from typing import Any, Optional
 from crewlet.base.db_router import EVENTS_ALIAS
 from crewlet.events import format_timestamp, parse_timestamp
 
-PROTOCOL_VERSION = 1
+#: 2: a question's ``only`` and the ``kept`` question (rows a custody batch holds on two stores for a moment).
+PROTOCOL_VERSION = 2
 
 EVENTS = "events"
 EVENT = "event"
@@ -31,7 +32,17 @@ COUNTS = "counts"
 MODEL_SPEND = "model_spend"
 #: Where a delivery is now (``key`` the delivery id; ``keys`` the triggers its wakes became, on the second round).
 DELIVERY = "delivery"
-KINDS: tuple[str, ...] = (EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN, TURN_ROWS, LAST_TURNS, COUNTS, MODEL_SPEND, DELIVERY)
+#: Which of ``keys`` (row ids another node named as unsettled) this node keeps settled (eventstore.fanout.kept).
+KEPT = "kept"
+KINDS: tuple[str, ...] = (
+    EVENTS, EVENT, EVENT_SERIES, TRACE, TURNS, TURN, TURN_ROWS, LAST_TURNS, COUNTS, MODEL_SPEND, DELIVERY, KEPT,
+)
+
+#: The key of a node's part naming, by id, the rows of unsettled custody batches its read could reach (present
+#: only when it names any, so a fleet without a stateless node sends nothing new).
+K_UNSETTLED = "unsettled"
+#: The key of a ``kept`` answer: the ids of those asked about that this node keeps settled.
+K_KEPT = "kept"
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -114,7 +125,9 @@ class Question:
     question is about, and ``detail`` asks ``turn_rows`` for every row rather
     than the fold's. ``window_us``/``bucket_us`` shape a series (``window_us``
     alone the window ``counts`` sums). ``cursor`` is the opaque position a
-    previous page returned.
+    previous page returned. ``only`` restricts the read to exactly these row
+    ids, the rows of unsettled custody batches among them included, and names
+    none (the asker's second ask of a round, :mod:`eventstore.fanout.kept`).
     """
 
     kind: str
@@ -128,6 +141,7 @@ class Question:
     bucket_us: int = 0
     keys: tuple[str, ...] = ()
     detail: bool = False
+    only: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The question on the wire (the fleet scatter sends exactly this)."""
@@ -143,6 +157,7 @@ class Question:
             "bucket_us": self.bucket_us,
             "keys": list(self.keys),
             "detail": self.detail,
+            "only": list(self.only),
         }
 
     @classmethod
@@ -160,13 +175,34 @@ class Question:
             bucket_us=int(raw.get("bucket_us") or 0),
             keys=tuple(str(k) for k in raw.get("keys") or ()),
             detail=bool(raw.get("detail")),
+            only=tuple(str(k) for k in raw.get("only") or ()),
         )
+
+
+class Custody:
+    """How one fleet read of this node's store treats the rows of custody batches it has not settled.
+
+    Without ``only`` the read counts and lists the rows it keeps settled
+    (``custody_batch = ''``) and every WHERE it runs is recorded in
+    ``reaches``, so the node can name the unsettled rows the same read would
+    have reached (:func:`eventstore.questions.sql.unsettled_ids`). With
+    ``only`` it reads exactly those ids, settled or not, and names nothing.
+    """
+
+    def __init__(self, only: tuple[str, ...] = ()) -> None:
+        self.only = tuple(only)
+        self.reaches: list[Any] = []
 
 
 @dataclass(frozen=True)
 class NodeScope:
-    """What a node answers from: its id (named in the coverage), its retention bound, its store."""
+    """What a node answers from: its id (named in the coverage), its retention bound, its store.
+
+    ``custody`` is set for a fleet read's part (:func:`eventstore.fanout.node_part`); None reads every row the store
+    holds, as a store of one node's own history is read.
+    """
 
     node_id: str
     retention_hours: float = 720.0
     using: str = EVENTS_ALIAS
+    custody: Optional[Custody] = field(default=None, compare=False)

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any, Iterable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.db import connections
 
 from crewlet.company.budget import PERIOD_DAY, window_of
 from eventstore.questions.counts import as_count
@@ -64,7 +63,7 @@ def _zone(question: Question) -> str:
 def answer_model_spend(question: Question, at: datetime, scope: NodeScope) -> dict[str, Any]:
     """This node's part: ``{"models": {model: {day: tokens}}, "rounds": n}`` over its phase rows in the window."""
     zone = _zone(question)
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.history(at, scope, question.filters.since)
     q.add("type = %s", PHASE_COMPLETED)
     models: dict[str, dict[str, int]] = {}

@@ -12,9 +12,12 @@ from typing import Any, Optional, Sequence
 from django.db import connections
 
 from crewlet.events import NOT_FED
-from eventstore.questions.model import Filters, NodeScope
+from eventstore.questions.model import Custody, Filters, NodeScope
 
 TABLE = "eventstore_event"
+#: A row this store keeps for good, or one of a custody batch it has settled as its own; and one it has not settled.
+SETTLED = "custody_batch = ''"
+UNSETTLED = "custody_batch > ''"
 
 
 def us_sql(vendor: str, expr: str = "ts") -> str:
@@ -34,13 +37,33 @@ def us_sql(vendor: str, expr: str = "ts") -> str:
     raise NotImplementedError(f"event store reads on {vendor}")
 
 
-class Where:
-    """A WHERE clause being built, with its parameters in order."""
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join(["%s"] * len(values))
 
-    def __init__(self, connection: Any) -> None:
+
+class Where:
+    """A WHERE clause being built, with its parameters in order.
+
+    Given a fleet read's :class:`~eventstore.questions.model.Custody`, it reads
+    the settled rows only and records itself among the read's reaches, or,
+    for a read of ``only`` these ids, exactly those rows.
+    """
+
+    def __init__(self, connection: Any, custody: Optional[Custody] = None) -> None:
         self.connection = connection
         self.clauses: list[str] = []
         self.params: list[Any] = []
+        if custody is not None:
+            if custody.only:
+                self.add(f"id IN ({_marks(custody.only)})", *custody.only)
+            else:
+                self.add(SETTLED)
+                custody.reaches.append(self)
+
+    @classmethod
+    def of(cls, scope: NodeScope) -> "Where":
+        """A WHERE over ``scope``'s store, read as its custody says."""
+        return cls(connections[scope.using], scope.custody)
 
     def ts(self, value: datetime) -> Any:
         return self.connection.ops.adapt_datetimefield_value(value)
@@ -84,6 +107,26 @@ class Where:
     @property
     def where(self) -> str:
         return " AND ".join(self.clauses) if self.clauses else "TRUE"
+
+
+def unsettled_ids(scope: NodeScope) -> list[str]:
+    """The ids of the unsettled rows any WHERE of this read would have reached (its settled rows aside), sorted.
+
+    One statement over every reach, each without its settled clause (which
+    carries no parameter), so a read that reached no unsettled row costs one
+    lookup of the custody index.
+    """
+    custody = scope.custody
+    if custody is None or custody.only or not custody.reaches:
+        return []
+    clauses: list[str] = []
+    params: list[Any] = []
+    for reach in custody.reaches:
+        rest = [clause for clause in reach.clauses if clause != SETTLED]
+        clauses.append(f"({' AND '.join(rest) if rest else 'TRUE'})")
+        params.extend(reach.params)
+    sql = f"SELECT DISTINCT id FROM {TABLE} WHERE {UNSETTLED} AND ({' OR '.join(clauses)}) ORDER BY id"
+    return [str(row[0]) for row in fetch(scope, sql, params)]
 
 
 def fetch(scope: NodeScope, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -10,7 +10,6 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, Optional, Sequence
 
-from django.db import connections
 
 from crewlet.events import format_timestamp, types
 from eventstore.questions.cursor import TURNS_CURSOR, decode_cursor, encode_cursor
@@ -145,7 +144,7 @@ def _fold_rows(scope: NodeScope, turn_ids: Sequence[str], at: datetime) -> dict[
         return {}
     params: list[Any] = []
     body = _body_case(params)
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.add(f"turn_id IN ({', '.join(['%s'] * len(turn_ids))})", *turn_ids)
     q.add("turn_id > ''")
     q.add(f"type IN ({', '.join(['%s'] * len(FOLD_TYPES))})", *FOLD_TYPES)
@@ -159,7 +158,7 @@ def _fold_rows(scope: NodeScope, turn_ids: Sequence[str], at: datetime) -> dict[
 
 def _started_where(scope: NodeScope, f: Filters, at: datetime) -> Where:
     """The starts a turns page lists a turn by: in the history, passing the page's filters."""
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.add("type = %s", TURN_STARTED)
     q.add("turn_id > ''")
     q.history(at, scope)
@@ -230,7 +229,7 @@ def detail_rows(scope: NodeScope, turn_id: str, at: datetime) -> tuple[list[dict
     """
     params: list[Any] = []
     body = _body_case(params)
-    q = Where(connections[scope.using])
+    q = Where.of(scope)
     q.add("turn_id = %s", turn_id)
     q.add("turn_id > ''")
     q.history(at, scope)

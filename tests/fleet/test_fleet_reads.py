@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import itertools
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -29,7 +29,7 @@ from eventstore.questions import Filters, NodeScope, Question
 from eventstore.writer import attach
 from engine_support import engine_here
 from eventstore_support import AT, US, make_event, store, trace
-from fleet_support import ALIASES, NODES, alias_of, empty, node_databases, readers
+from fleet_support import ALIASES, NODES, alias_of, empty_stores, readers, stores  # noqa: F401  (fixtures)
 from seats_support import company, jetstream_queues
 
 pytestmark = [
@@ -41,22 +41,6 @@ pytestmark = [
 
 S = timedelta(seconds=1)
 _ids = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def stores(django_db_setup: Any, django_db_blocker: Any) -> Iterator[dict[str, str]]:
-    from tests.conftest import on_postgres
-
-    if not on_postgres():
-        pytest.skip("three stores are three PostgreSQL databases")
-    with django_db_blocker.unblock():
-        with node_databases() as names:
-            yield names
-
-
-@pytest.fixture(autouse=True)
-def empty_stores(stores: dict[str, str]) -> None:
-    empty()
 
 
 def _put(node: str, *events: Any) -> list[str]:
@@ -252,7 +236,7 @@ async def test_a_node_on_another_protocol_version_is_named_and_its_rows_are_not_
 
 async def test_a_reply_that_is_not_an_answer_is_named_unreadable_and_a_question_without_an_instant_is_refused() -> None:
     async def garbled(raw: bytes) -> bytes:
-        return b'{"version": 1, "node": "c", "answer": {"events": "not rows"}}'
+        return b'{"version": %d, "node": "c", "answer": {"events": "not rows"}}' % qs.PROTOCOL_VERSION
 
     async with jetstream_queues(*NODES) as queues, readers(queues[:2], roster=lambda: list(NODES)) as nodes:
         server = await queues[2].serve(topics.HISTORY_READS, garbled)
