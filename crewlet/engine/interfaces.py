@@ -129,6 +129,10 @@ class FleetHistory(Protocol):
     def partial(self) -> int:
         """Of those, the ones some live node did not answer."""
 
+    @property
+    def kept_asked(self) -> int:
+        """Rounds of those reads that asked the second question (``kept``): a custody batch was in flight."""
+
     def ask(self, question: Any) -> dict[str, Any]:
         """The fleet's answer to one question (an ``eventstore.questions.Question``), from a request thread."""
 

@@ -341,6 +341,12 @@ class _EngineState(Collector):
         asked.add_metric(["complete"], float(reads.reads - reads.partial))
         asked.add_metric(["partial"], float(reads.partial))
         yield asked
+        kept = CounterMetricFamily(
+            "crewlet_history_kept_questions",
+            "Rounds of this node's history reads that asked every node which named rows it keeps (a custody batch in flight).",
+        )
+        kept.add_metric([], float(reads.kept_asked))
+        yield kept
 
     def _leases(self) -> Iterator[Metric]:
         """This node's leases as its fleet membership holds them now: presence, each seat, each duty."""

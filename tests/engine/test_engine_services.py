@@ -22,6 +22,7 @@ from crewlet.engine.interfaces import (
 )
 from crewlet.company.org import CompanyHolder
 from crewlet.company.parse import load_company
+from eventstore.services import CUSTODY
 from seats.runtime_service import STEER_SERVER
 from engine_support import FakeBroker, fast_settings, twin_connect
 from waiting_support import eventually
@@ -172,7 +173,7 @@ def test_every_installed_app_contributes_its_services_and_the_store_starts_befor
     engine = an_engine()
     names = {service.name for service in app_services(engine)}
     keyed = {key.name for key in (FLEET, EVENT_STORE, FLEET_READS, LIVE_PROJECTION, SEAT_RUNTIME, NOTIFY, CONFIG_POLLER)}
-    assert keyed | {"eventstore_retention", "a2a_sweep", "seat_tools", "working_indicator", STEER_SERVER} == names
+    assert keyed | {"eventstore_retention", CUSTODY, "a2a_sweep", "seat_tools", "working_indicator", STEER_SERVER} == names
     order = [s.name for s in ordered(app_services(engine))]
 
     def at(key: ServiceKey[Any]) -> int:

@@ -216,6 +216,7 @@ async def test_a_node_whose_serve_never_answers_is_named_with_the_budget_and_the
         scraped = EngineMetrics(engine).render().decode()
     assert 'crewlet_history_reads_total{coverage="partial"} 1.0' in scraped
     assert 'crewlet_history_reads_total{coverage="complete"} 0.0' in scraped
+    assert "crewlet_history_kept_questions_total 0.0" in scraped  # no custody batch in flight: never asked
 
 
 async def test_a_node_on_another_protocol_version_is_named_and_its_rows_are_not_mixed_in() -> None:

@@ -71,13 +71,14 @@ def test_a_stateless_nodes_events_are_read_fleet_wide_and_counted_once_while_a_k
     assert kept_asked(db) == 0  # a fleet with no stateless node never asks it
 
     sx = fleet.start("sx", CREWLET_NODE_DATA="false", CREWLET_HISTORY_CUSTODY_TIMEOUT_S="1")
+    sx.post_slack("U0S1", "D0S1", "to a stateless node")
     wait_until(lambda: fleet_rows(db)[0], MOVE_S, "sx's rows readable through db")
     with _pg(fleet.events["sx"]) as own:
         assert own.execute("SELECT count(*) FROM eventstore_event").fetchone() == (0,)  # it keeps no rows of its own
 
     os.kill(da.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
     try:
-        for i in range(4):
+        for i in range(3):
             sx.post_slack("U0S1", "D0S1", f"while da is silent {i}")
         wait_until(lambda: "custody_claim_moved" in sx.output_so_far(), MOVE_S, "a batch claimed for da moved to db")
     finally:
