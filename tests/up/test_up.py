@@ -310,6 +310,14 @@ def test_up_refuses_a_bad_addr_in_one_line() -> None:
         cmd.engine(options)
 
 
+def test_up_refuses_a_stateless_node_whose_coordination_store_is_its_own_sqlite_file_in_one_line(tmp_path: Path) -> None:
+    up = UpProcess(tmp_path, node="sx", env=up_env(CREWLET_NODE_DATA="false", CREWLET_VAR_DIR=str(tmp_path / "data")))
+    with pytest.raises(AssertionError):
+        up.start()  # never ready: the process ends first
+    assert up.proc is not None and up.proc.wait(timeout=120) != 0
+    assert "node.data=false: a stateless node needs a coordination store the fleet shares (CREWLET_DATABASE=postgres)" in up.output()
+
+
 @pytest.fixture
 def clean_engine_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
@@ -358,7 +366,7 @@ def test_up_registers_every_loop_and_duty_and_the_web_server_runconsumers_no_web
     names = {service.name: service.stop_first for service in cmd.engine(options).registered}
     assert names == {
         "eventstore_writer": False, "eventstore_retention": False, "eventstore_fleet_reads": False, "eventstore_projection": False,
-        "seat_runtime": False, "seat_steering": False, "seat_tools": False, "working_indicator": False, "notify": False,
+        "eventstore_custody": False, "seat_runtime": False, "seat_steering": False, "seat_tools": False, "working_indicator": False, "notify": False,
         "a2a_sweep": False, "config_poller": False, "fleet": False, "web": True,
     }
     cmd, options = _options("runconsumers", "--stream-type", "nats", "--stream-url", "nats://b:4222")
