@@ -50,28 +50,31 @@ def live_nodes(*, now: Optional[datetime] = None) -> list[NodeInfo]:
 
 
 @functools.lru_cache(maxsize=None)
-def _live_ids_sql(alias: str) -> tuple[str, tuple[Any, ...]]:
-    """The SQL (and its constant parameters) of the live ids on ``alias``, compiled by the ORM once per alias.
+def _live_ids_sql(alias: str, stores_only: bool = False) -> tuple[str, tuple[Any, ...]]:
+    """The SQL (and its constant parameters) of the live ids on ``alias``, compiled by the ORM once per alias
+    (``stores_only``: of the nodes whose presence names an event store).
 
     The statement holds no instant of its own: "now" is the database's clock
     (``Now()``) when the statement runs, so the compiled text is the same for
     every call and only its execution is repeated.
     """
-    sql, params = _live().values_list("name", flat=True).query.get_compiler(alias).as_sql()
+    rows = _live().exclude(store="") if stores_only else _live()
+    sql, params = rows.values_list("name", flat=True).query.get_compiler(alias).as_sql()
     return sql, tuple(params)
 
 
-def live_node_ids() -> list[str]:
+def live_node_ids(*, stores_only: bool = False) -> list[str]:
     """The ids of every node with an unexpired presence, sorted (blocking: one coordination-store read per call).
 
     Every history read asks it (on the fleet reader's thread) before it scatters, so it
     runs the statement :func:`live_nodes` runs (ids only) without building,
     compiling and instantiating a queryset per call: the same rows, read fresh
     from the store each time, so a node that joined or left is seen by the very
-    next read.
+    next read. ``stores_only`` leaves out the nodes whose presence names no
+    event store (stateless nodes): the ones a history read asks.
     """
     alias = router.db_for_read(NodeLease) or "default"
-    sql, params = _live_ids_sql(alias)
+    sql, params = _live_ids_sql(alias, stores_only)
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
         return [str(row[0]) for row in cursor.fetchall()]

@@ -75,9 +75,9 @@ def live_roster() -> list[str]:
     A node whose presence names no store (a stateless node: its events are in
     a data node's store) holds no part of any answer, so it is never asked.
     """
-    from crewlet.fleet.roster import live_nodes
+    from crewlet.fleet.roster import live_node_ids
 
-    return [node.id for node in live_nodes() if node.store]
+    return live_node_ids(stores_only=True)
 
 
 # -- one node's part ------------------------------------------------------------------------------
