@@ -271,7 +271,7 @@ def answer_kept(question: Question, at: datetime, scope: NodeScope) -> dict[str,
     if not keys:
         return {K_KEPT: []}
     q = Where(connections[scope.using])
-    q.add(f"id IN ({', '.join(['%s'] * len(keys))})", *keys)
+    q.among("id", keys)
     q.add(SETTLED)
     q.history(at, scope)
     return {K_KEPT: sorted(str(row[0]) for row in fetch(scope, f"SELECT id FROM {TABLE} WHERE {q.where}", q.params))}

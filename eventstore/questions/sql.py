@@ -55,7 +55,7 @@ class Where:
         self.params: list[Any] = []
         if custody is not None:
             if custody.only:
-                self.add(f"id IN ({_marks(custody.only)})", *custody.only)
+                self.among("id", custody.only)
             else:
                 self.add(SETTLED)
                 custody.reaches.append(self)
@@ -71,6 +71,19 @@ class Where:
     def add(self, clause: str, *params: Any) -> None:
         self.clauses.append(clause)
         self.params.extend(params)
+
+    def among(self, column: str, values: Sequence[Any]) -> None:
+        """``column`` is one of ``values``: one array parameter on PostgreSQL, a list of them elsewhere.
+
+        A long ``IN`` list is a different statement for every length, and a
+        prepared one's generic plan may scan the table testing each row
+        against every value; ``= ANY(array)`` is one statement, planned as an
+        index lookup.
+        """
+        if self.connection.vendor == "postgresql":
+            self.add(f"{column} = ANY(%s)", list(values))
+        else:
+            self.add(f"{column} IN ({_marks(values)})", *values)
 
     def history(self, at: datetime, scope: NodeScope, floor: Optional[datetime] = None) -> None:
         """The asker's history: ``[max(at - retention, floor), at]``."""

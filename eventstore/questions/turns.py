@@ -145,7 +145,7 @@ def _fold_rows(scope: NodeScope, turn_ids: Sequence[str], at: datetime) -> dict[
     params: list[Any] = []
     body = _body_case(params)
     q = Where.of(scope)
-    q.add(f"turn_id IN ({', '.join(['%s'] * len(turn_ids))})", *turn_ids)
+    q.among("turn_id", turn_ids)
     q.add("turn_id > ''")
     q.add(f"type IN ({', '.join(['%s'] * len(FOLD_TYPES))})", *FOLD_TYPES)
     q.history(at, scope)
