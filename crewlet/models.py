@@ -148,8 +148,7 @@ class CustodyClaim(models.Model):
 
     Written by the stateless node before the batch is sent, moved to a second
     keeper (a compare-and-set on ``keeper`` while ``closed`` is false) when the
-    first does not answer, and closed either by the stateless node once a
-    keeper has answered or by the keeper's settle pass. A data node holding
+    first does not answer, and closed by the keeper's settle pass. A data node holding
     the batch's rows settles them when the claim names it, and drops them when
     it names another: the row is then the other keeper's.
     """

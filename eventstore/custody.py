@@ -9,8 +9,7 @@ data node in custody batches:
    for a keeper chosen among the live data nodes, before anything is sent.
 2. The rows go to that keeper on its custody subject (core request/reply); the
    keeper writes them into its store marked with the batch's id
-   (``custody_batch``) and answers how many it kept; the stateless node then
-   closes the claim.
+   (``custody_batch``) and answers how many it kept.
 3. A keeper that does not answer within ``history.custody_timeout_s`` loses the
    claim to a second keeper (a compare-and-set on the claim's keeper, refused
    once the claim is closed), and the batch goes there.
@@ -70,6 +69,9 @@ BATCH_BYTES = 1024 * 1024
 #: A claim a keeper closed and settled is deleted at once; one left behind by a crash between the two is
 #: deleted by its keeper's pass after this long (it names a batch that keeper already holds for good).
 FORGET_CLAIM_S = 86400.0
+
+#: How long the custody writer goes on using one reading of the live data nodes (a roster read per batch otherwise).
+ROSTER_FRESH_S = 1.0
 
 _TS = COLUMNS.index("ts")
 _ID = COLUMNS.index("id")
@@ -201,6 +203,8 @@ class CustodyWriter:
         self._failing = False
         self._closed = False
         self._turn = 0
+        self._roster: list[str] = []
+        self._roster_at: Optional[float] = None
         #: Rows a keeper has taken since start.
         self.handed = 0
 
@@ -284,7 +288,7 @@ class CustodyWriter:
 
     async def _hand(self, batch: _Batch) -> bool:
         """Give ``batch`` to a live data node: True once one keeps it (this call's or an earlier attempt's)."""
-        keepers = await in_store(self._keepers)(self.node)
+        keepers = await self._live_keepers()
         if not keepers:
             log.warning("custody_no_keeper", extra={"batch": batch.id, "rows": len(batch.events)})
             return False
@@ -311,9 +315,18 @@ class CustodyWriter:
                 log.warning("custody_claim_moved", extra={"batch": batch.id, "from": current, "to": target})
                 current = target
             if await self._ask(target, payload, batch):
-                await in_store(close_claim)(batch.id, target)
+                # The claim stays open: only this node moves it, and it will not now; the keeper closes it as it settles.
                 return True
+        self._roster_at = None  # the next attempt asks the roster again
         return False
+
+    async def _live_keepers(self) -> list[str]:
+        """The live data nodes, read again at most every ROSTER_FRESH_S (and after a batch no keeper took)."""
+        now = asyncio.get_running_loop().time()
+        if self._roster_at is None or now - self._roster_at >= ROSTER_FRESH_S or not self._roster:
+            self._roster = await in_store(self._keepers)(self.node)
+            self._roster_at = now
+        return self._roster
 
     async def _ask(self, keeper: str, payload: bytes, batch: _Batch) -> bool:
         try:
