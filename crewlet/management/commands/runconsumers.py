@@ -9,6 +9,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from crewlet.company.capacity import check_fits
 from crewlet.company.conf import STREAM_TYPES, SettingsError
@@ -59,6 +60,12 @@ class Command(BaseCommand):
             settings = load_settings(overrides=self.settings_overrides(options))
         except SettingsError as exc:
             raise CommandError(str(exc)) from None
+        if not settings.node.data and connections["default"].vendor == "sqlite":
+            raise CommandError(
+                "node.data=false: a stateless node needs a coordination store the fleet shares "
+                "(CREWLET_DATABASE=postgres), where the data nodes that keep its events are; "
+                "this node's is a SQLite file of its own"
+            )
         holder = self.company(options)
         self.holder = holder
         self.max_consumers = settings.stream.max_consumers
