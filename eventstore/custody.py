@@ -115,6 +115,15 @@ def close_claim(batch: str, keeper: str) -> bool:
     return CustodyClaim.objects.filter(batch=batch, keeper=keeper).update(closed=True) == 1
 
 
+def claimed_by(keeper: str, batches: set[str]) -> set[str]:
+    """Which of ``batches`` have a claim naming ``keeper`` (blocking; a fleet read's part asks it)."""
+    from crewlet.models import CustodyClaim
+
+    if not batches:
+        return set()
+    return set(CustodyClaim.objects.filter(batch__in=sorted(batches), keeper=keeper).values_list("batch", flat=True))
+
+
 def forget_claim(batch: str, keeper: str) -> None:
     from crewlet.models import CustodyClaim
 

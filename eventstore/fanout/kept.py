@@ -44,28 +44,37 @@ Ask = tuple[Question, tuple[str, ...]]
 Exchange = Generator[list[Ask], list[dict[str, NodeReply]], Parts]
 
 
-def named_of(answer: dict[str, Any]) -> list[str]:
-    """The unsettled row ids a part names (popped from it: the plans never see the key)."""
-    named = answer.pop(qs.K_UNSETTLED, None)
-    return [str(i) for i in named] if isinstance(named, list) else []
+def named_of(answer: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The unsettled row ids a part names, and those of them its node's claims say it keeps (both popped from it:
+    the plans never see the keys)."""
+    named, own = answer.pop(qs.K_UNSETTLED, None), answer.pop(qs.K_UNSETTLED_OWN, None)
+    return ([str(i) for i in named] if isinstance(named, list) else [], [str(i) for i in own] if isinstance(own, list) else [])
 
 
-def keepers(wanted: Sequence[str], named: dict[str, set[str]], kept: dict[str, set[str]]) -> dict[str, tuple[str, ...]]:
+def keepers(
+    wanted: Sequence[str], named: dict[str, set[str]], kept: dict[str, set[str]], own: Optional[dict[str, set[str]]] = None
+) -> dict[str, tuple[str, ...]]:
     """Each named id no part counted, given to one node that named it: {node: its ids}.
 
     A node that keeps an id settled and did not name it counted it in its
     part: the id is skipped. One that named it and keeps it settled now has
     settled it since (it was its own batch): it did not count it, and it is
-    the node to ask, as it will not drop the row. Otherwise the lowest node
-    id that named it is asked.
+    the node to ask, as it will not drop the row. Next, a node whose claim
+    names the row's batch (``own``): it will keep the row, where another
+    holder's settle pass may drop its copy before it is asked. Otherwise the
+    lowest node id that named it is asked.
     """
+    own = own or {}
     given: dict[str, list[str]] = {}
     for row_id in wanted:
         if any(row_id in ids and row_id not in named.get(node, ()) for node, ids in kept.items()):
             continue
         namers = sorted(node for node, ids in named.items() if row_id in ids)
         if namers:
-            holder = next((node for node in namers if row_id in kept.get(node, ())), namers[0])
+            holder = next(
+                (node for node in namers if row_id in kept.get(node, ())),
+                next((node for node in namers if row_id in own.get(node, ())), namers[0]),
+            )
             given.setdefault(holder, []).append(row_id)
     return {node: tuple(ids) for node, ids in sorted(given.items())}
 
@@ -88,7 +97,9 @@ def kept_round(
         note(node, error)
         if answer is not None:
             parts[node] = answer
-    named = {node: set(named_of(answer)) for node, answer in parts.items()}
+    naming = {node: named_of(answer) for node, answer in parts.items()}
+    named = {node: set(ids) for node, (ids, _) in naming.items()}
+    own = {node: set(ids) for node, (_, ids) in naming.items()}
     wanted = sorted(set().union(*named.values())) if named else []
     if not wanted:
         return [(node, parts[node]) for node in nodes if node in parts]
@@ -103,7 +114,7 @@ def kept_round(
             _leave_out(node, error, parts, named, note)
         else:
             kept_by[node] = {str(i) for i in answer[qs.K_KEPT]}
-    given = keepers(wanted, named, kept_by)
+    given = keepers(wanted, named, kept_by, own)
     added: Parts = []
     if given:
         asks: list[Ask] = [(dataclasses.replace(question, only=ids), (node,)) for node, ids in given.items()]

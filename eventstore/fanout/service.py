@@ -110,7 +110,10 @@ def node_part(question: qs.Question, scope: qs.NodeScope) -> dict[str, Any]:
     The part counts and lists the rows this store keeps settled and names
     (:data:`~eventstore.questions.K_UNSETTLED`) the unsettled rows of custody
     batches the question could reach; a question of ``only`` these ids reads
-    exactly them and names nothing (:mod:`.kept`).
+    exactly them and names nothing (:mod:`.kept`). Of those it names, the rows
+    whose batch's claim names this node (:data:`~eventstore.questions.K_UNSETTLED_OWN`)
+    are the ones it keeps for good, so the asker asks it for them rather than
+    a store whose settle pass may drop its copy between the two questions.
     """
     at = qs.check(question)
     part = NODE_PARTS.get(question.kind)
@@ -118,10 +121,24 @@ def node_part(question: qs.Question, scope: qs.NodeScope) -> dict[str, Any]:
         raise qs.BadQuestion(f"question kind {question.kind!r} is not one the fleet scatters")
     reading = dataclasses.replace(scope, custody=qs.Custody(question.only))
     answer = part(question, at, reading)
-    named = qs.unsettled_ids(reading)
+    named = qs.unsettled_rows(reading)
     if named:
-        answer[qs.K_UNSETTLED] = named
+        answer[qs.K_UNSETTLED] = [row_id for row_id, _ in named]
+        own = _claimed_here(scope.node_id, {batch for _, batch in named})
+        if own:
+            answer[qs.K_UNSETTLED_OWN] = [row_id for row_id, batch in named if batch in own]
     return answer
+
+
+def _claimed_here(node: str, batches: set[str]) -> set[str]:
+    """Which of ``batches`` the coordination store says ``node`` keeps; none when it cannot be read (the asker then picks)."""
+    from eventstore.custody import claimed_by
+
+    try:
+        return claimed_by(node, batches)
+    except DatabaseError as exc:
+        log.warning("fleet_read_claims_unread", extra={"node": node, "error": type(exc).__name__})
+        return set()
 
 
 # -- the coverage of one read -------------------------------------------------------------------
@@ -174,7 +191,7 @@ _SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
 
 
 def _readable(kind: str, answer: Optional[dict[str, Any]]) -> bool:
-    if answer is None or not isinstance(answer.get(qs.K_UNSETTLED, []), list):
+    if answer is None or not all(isinstance(answer.get(key, []), list) for key in (qs.K_UNSETTLED, qs.K_UNSETTLED_OWN)):
         return False
     return all(isinstance(answer.get(key), kinds) for key, kinds in _SHAPES.get(kind, {}).items())
 

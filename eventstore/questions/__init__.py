@@ -77,6 +77,7 @@ from eventstore.questions.model import (
     EVENTS,
     K_KEPT,
     K_UNSETTLED,
+    K_UNSETTLED_OWN,
     KEPT,
     KINDS,
     LAST_TURNS,
@@ -99,7 +100,7 @@ from eventstore.questions.model import (
     UnsupportedVersion,
 )
 from eventstore.questions.spend import UNNAMED_MODEL, add_rounds, answer_model_spend, merge_model_spend, round_tokens
-from eventstore.questions.sql import TABLE, unsettled_ids, us_sql
+from eventstore.questions.sql import TABLE, unsettled_rows, us_sql
 from eventstore.questions.timefmt import (
     DURATION_PATTERN,
     EPOCH,
@@ -155,6 +156,7 @@ __all__ = [
     "KINDS",
     "K_KEPT",
     "K_UNSETTLED",
+    "K_UNSETTLED_OWN",
     "LAST_TURNS",
     "LIST_COLUMNS",
     "MAX_BARS",
@@ -232,7 +234,7 @@ __all__ = [
     "trace_rows",
     "turn_ids",
     "turn_page",
-    "unsettled_ids",
+    "unsettled_rows",
     "us_sql",
     "wake_ids",
 ]

@@ -41,6 +41,9 @@ KINDS: tuple[str, ...] = (
 #: The key of a node's part naming, by id, the rows of unsettled custody batches its read could reach (present
 #: only when it names any, so a fleet without a stateless node sends nothing new).
 K_UNSETTLED = "unsettled"
+#: The key of a node's part naming, of those, the rows whose batch's claim names this node: the store that keeps
+#: them for good, so the one the asker asks for them (the other holder may drop its copy meanwhile).
+K_UNSETTLED_OWN = "unsettled_own"
 #: The key of a ``kept`` answer: the ids of those asked about that this node keeps settled.
 K_KEPT = "kept"
 
@@ -185,7 +188,7 @@ class Custody:
     Without ``only`` the read counts and lists the rows it keeps settled
     (``custody_batch = ''``) and every WHERE it runs is recorded in
     ``reaches``, so the node can name the unsettled rows the same read would
-    have reached (:func:`eventstore.questions.sql.unsettled_ids`). With
+    have reached (:func:`eventstore.questions.sql.unsettled_rows`). With
     ``only`` it reads exactly those ids, settled or not, and names nothing.
     """
 

@@ -122,8 +122,8 @@ class Where:
         return " AND ".join(self.clauses) if self.clauses else "TRUE"
 
 
-def unsettled_ids(scope: NodeScope) -> list[str]:
-    """The ids of the unsettled rows any WHERE of this read would have reached (its settled rows aside), sorted.
+def unsettled_rows(scope: NodeScope) -> list[tuple[str, str]]:
+    """(id, custody batch) of the unsettled rows any WHERE of this read would have reached (its settled rows aside), by id.
 
     One statement over every reach, each without its settled clause (which
     carries no parameter), so a read that reached no unsettled row costs one
@@ -138,8 +138,8 @@ def unsettled_ids(scope: NodeScope) -> list[str]:
         rest = [clause for clause in reach.clauses if clause != SETTLED]
         clauses.append(f"({' AND '.join(rest) if rest else 'TRUE'})")
         params.extend(reach.params)
-    sql = f"SELECT DISTINCT id FROM {TABLE} WHERE {UNSETTLED} AND ({' OR '.join(clauses)}) ORDER BY id"
-    return [str(row[0]) for row in fetch(scope, sql, params)]
+    sql = f"SELECT DISTINCT id, custody_batch FROM {TABLE} WHERE {UNSETTLED} AND ({' OR '.join(clauses)}) ORDER BY id"
+    return [(str(row[0]), str(row[1])) for row in fetch(scope, sql, params)]
 
 
 def fetch(scope: NodeScope, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

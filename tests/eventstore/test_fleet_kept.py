@@ -24,7 +24,8 @@ from crewlet.events import Event
 from crewlet.events.types.notification import coalesced_trigger_id
 from crewlet.queue import topics
 from eventstore import questions as qs
-from eventstore.fanout import FleetReads, seed_plan, wire
+from crewlet.models import CustodyClaim
+from eventstore.fanout import FleetReads, node_part, seed_plan, wire
 from eventstore.questions import Filters, NodeScope, Question
 from eventstore_support import AT, US, make_event, store, trace
 from fleet_support import ALIASES, alias_of, empty_stores, readers, stores  # noqa: F401  (fixtures)
@@ -329,3 +330,15 @@ async def test_an_engine_whose_node_keeps_no_store_reads_the_fleet_without_a_par
     finally:
         for reads in made:
             await reads.stop()
+
+
+def test_a_part_names_as_its_own_the_unsettled_rows_of_a_batch_whose_claim_names_its_node() -> None:
+    placed = _place((BOTH_UNSETTLED,))
+    _write(placed)
+    CustodyClaim.objects.create(batch=BATCH, origin=STATELESS, keeper=B)
+    question = Question(kind=qs.EVENTS, at=AT, limit=5)
+    a, b = (node_part(question, NodeScope(node, using=alias_of(node))) for node in (A, B))
+    named = sorted(event.id for event, place in placed if place == BOTH_UNSETTLED)
+    assert a[qs.K_UNSETTLED] == b[qs.K_UNSETTLED] == named  # every row the read could reach, not the page's five
+    assert qs.K_UNSETTLED_OWN not in a  # a's copy is not its own: its settle pass will drop it
+    assert b[qs.K_UNSETTLED_OWN] == named  # b keeps them: the asker asks b for them

@@ -30,6 +30,11 @@ def test_a_row_its_keeper_named_and_settled_since_is_asked_of_its_keeper_which_w
     assert keepers(["x"], {"a": {"x"}, "b": {"x"}}, {"a": set(), "b": {"x"}}) == {"b": ("x",)}
 
 
+def test_a_row_named_on_two_nodes_is_asked_of_the_node_whose_claim_names_its_batch_not_the_lowest_id() -> None:
+    # a's settle pass may drop its copy between the two questions; b, the claim's keeper, will not.
+    assert keepers(["x"], {"a": {"x"}, "b": {"x"}}, {"a": set(), "b": set()}, {"b": {"x"}}) == {"b": ("x",)}
+
+
 def _step(exchange: Exchange, replies: list[dict[str, Any]]) -> Any:
     try:
         return exchange.send(replies)
