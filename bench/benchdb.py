@@ -20,6 +20,14 @@ def conninfo(dbname: str) -> dict[str, Any]:
     return info
 
 
+def admin(sql: str) -> None:
+    """Run ``sql`` on the server's ``postgres`` database, autocommit (CREATE / DROP DATABASE)."""
+    import psycopg
+
+    with psycopg.connect(**conninfo("postgres"), autocommit=True) as conn:
+        conn.execute(sql)
+
+
 def setup_django(default_db: str, events_db: str) -> None:
     """Start Django on PostgreSQL with the benchmark's two databases and migrate both."""
     os.environ["CREWLET_DATABASE"] = "postgres"

@@ -47,11 +47,6 @@ EVENTS_DB = "crewlet_custody_bench"
 DEFAULT_DB = "crewlet_custody_bench_default"
 
 
-def _admin(sql: str) -> None:
-    with psycopg.connect(**benchdb.conninfo("postgres"), autocommit=True) as conn:
-        conn.execute(sql)
-
-
 def _events(prefix: str, n: int, node: str) -> list[Any]:
     from crewlet.events import new
     from crewlet.events.tracing import Trace
@@ -174,8 +169,8 @@ def main() -> int:
     args = parser.parse_args()
     try:
         for name in (EVENTS_DB, DEFAULT_DB):
-            _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            _admin(f'CREATE DATABASE "{name}"')
+            benchdb.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            benchdb.admin(f'CREATE DATABASE "{name}"')
     except psycopg.OperationalError as exc:
         print(f"cannot reach PostgreSQL ({exc}); run bin/test once (it starts the server) or set CREWLET_PG_*")
         return 2
@@ -204,7 +199,7 @@ def main() -> int:
 
         connections.close_all()
         for name in (EVENTS_DB, DEFAULT_DB):
-            _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            benchdb.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

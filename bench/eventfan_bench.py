@@ -48,11 +48,6 @@ NODE_DB = {node: f"crewlet_fanbench_{node}" for node in NODES}
 ALL_DBS = (DEFAULT_DB, SOLO_DB, *NODE_DB.values())
 
 
-def _admin(sql: str) -> None:
-    with psycopg.connect(**benchdb.conninfo("postgres"), autocommit=True) as conn:
-        conn.execute(sql)
-
-
 def _node_stores() -> None:
     """An alias per fleet node (``node_<id>``) with the store's table, beside the lone node's ``events``."""
     from django.conf import settings
@@ -253,8 +248,8 @@ def main() -> int:
         return 0
     try:
         for name in ALL_DBS:
-            _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            _admin(f'CREATE DATABASE "{name}"')
+            benchdb.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            benchdb.admin(f'CREATE DATABASE "{name}"')
     except psycopg.OperationalError as exc:
         print(f"cannot reach PostgreSQL ({exc}); run bin/test once (it starts the server) or set CREWLET_PG_*")
         return 2
@@ -276,7 +271,7 @@ def main() -> int:
 
             connections.close_all()
             for name in ALL_DBS:
-                _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                benchdb.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -54,15 +54,10 @@ DEFAULT_DB = "crewlet_bench_default"
 TARGET = 0.7
 
 
-def _admin(sql: str) -> None:
-    with psycopg.connect(**benchdb.conninfo("postgres"), autocommit=True) as conn:
-        conn.execute(sql)
-
-
 def create_databases() -> None:
     for name in (EVENTS_DB, DEFAULT_DB):
-        _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        _admin(f'CREATE DATABASE "{name}"')
+        benchdb.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        benchdb.admin(f'CREATE DATABASE "{name}"')
 
 
 def drop_databases() -> None:
@@ -70,7 +65,7 @@ def drop_databases() -> None:
 
     connections.close_all()
     for name in (EVENTS_DB, DEFAULT_DB):
-        _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        benchdb.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def setup_django() -> None:

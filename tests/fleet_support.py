@@ -113,6 +113,15 @@ async def readers(
             await reader.stop()
 
 
+#: A module's marks for tests on every node's store: PostgreSQL, processes, each store's connection closed after.
+STORE_MARKS = [
+    pytest.mark.postgres,
+    pytest.mark.integration,
+    pytest.mark.django_db(transaction=True, databases=["default", "events", *ALIASES]),
+    pytest.mark.usefixtures("close_store_connections"),
+]
+
+
 @pytest.fixture(scope="module")
 def stores(django_db_setup: Any, django_db_blocker: Any) -> Iterator[dict[str, str]]:
     """Every node's database for the module (a test module imports this fixture and :func:`empty_stores`)."""

@@ -13,7 +13,6 @@ import threading
 from datetime import timedelta
 from typing import Any, Iterator
 
-import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
@@ -21,16 +20,11 @@ from crewlet.models import CustodyClaim
 from crewlet.queue import topics
 from eventstore.custody import CustodyKeeper, CustodyWriter
 from eventstore_support import AT, make_event
-from fleet_support import ALIASES, alias_of, empty_stores, stores  # noqa: F401  (fixtures)
+from fleet_support import STORE_MARKS, alias_of, empty_stores, stores  # noqa: F401  (fixtures)
 from seats_support import jetstream_queues
 from waiting_support import eventually
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.integration,
-    pytest.mark.django_db(transaction=True, databases=["default", "events", *ALIASES]),
-    pytest.mark.usefixtures("close_store_connections"),
-]
+pytestmark = STORE_MARKS
 
 S = timedelta(seconds=1)
 

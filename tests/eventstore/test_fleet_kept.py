@@ -28,15 +28,10 @@ from crewlet.models import CustodyClaim
 from eventstore.fanout import FleetReads, node_part, seed_plan, wire
 from eventstore.questions import Filters, NodeScope, Question
 from eventstore_support import AT, US, make_event, store, trace
-from fleet_support import ALIASES, alias_of, empty_stores, readers, stores  # noqa: F401  (fixtures)
+from fleet_support import STORE_MARKS, alias_of, empty_stores, readers, stores  # noqa: F401  (fixtures)
 from seats_support import jetstream_queues
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.integration,
-    pytest.mark.django_db(transaction=True, databases=["default", "events", *ALIASES]),
-    pytest.mark.usefixtures("close_store_connections"),
-]
+pytestmark = STORE_MARKS
 
 A, B, WHOLE = "a", "b", "c"
 #: The node that published every row: a stateless node, so each row's ``node`` is the same on every store.

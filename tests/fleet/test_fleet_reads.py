@@ -29,15 +29,10 @@ from eventstore.questions import Filters, NodeScope, Question
 from eventstore.writer import attach
 from engine_support import engine_here
 from eventstore_support import AT, US, make_event, store, trace
-from fleet_support import ALIASES, NODES, alias_of, empty_stores, readers, stores  # noqa: F401  (fixtures)
+from fleet_support import STORE_MARKS, NODES, alias_of, empty_stores, readers, stores  # noqa: F401  (fixtures)
 from seats_support import company, jetstream_queues
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.integration,
-    pytest.mark.django_db(transaction=True, databases=["default", "events", *ALIASES]),
-    pytest.mark.usefixtures("close_store_connections"),
-]
+pytestmark = STORE_MARKS
 
 S = timedelta(seconds=1)
 _ids = itertools.count(1)
