@@ -17,7 +17,7 @@ from typing import Any
 
 from crewlet.events import Event, types
 from eventstore.questions.model import NodeScope, Question
-from eventstore.questions.sql import TABLE, Where, fetch
+from eventstore.questions.sql import TABLE, Where, fetch, marks
 from eventstore.questions.turns import TURN_COMPLETED
 from eventstore.rows import is_failed
 
@@ -76,7 +76,7 @@ def count_rows(scope: NodeScope, since: datetime, at: datetime) -> tuple[dict[st
     for q in (every, spend):
         q.add("ts >= %s", q.ts(since))
         q.add("ts <= %s", q.ts(at))
-    spend.add(f"type IN ({', '.join(['%s'] * len(SPEND_TYPES))})", *SPEND_TYPES)
+    spend.add(f"type IN ({marks(SPEND_TYPES)})", *SPEND_TYPES)
     sql = (
         f"SELECT type, seat, COUNT(*), SUM(CASE WHEN failed THEN 1 ELSE 0 END),"
         f" SUM(input_tokens + output_tokens) FROM {TABLE} WHERE {spend.where} GROUP BY type, seat"

@@ -20,13 +20,12 @@ import json
 from datetime import datetime
 from typing import Any, Optional, Sequence
 
-
 from crewlet.events import types
 from crewlet.events.registry import WEBHOOK
 from crewlet.events.types.notification import coalesced_trigger_id
 from eventstore.questions.listing import LIST_COLUMNS, list_row, list_sql
 from eventstore.questions.model import MAX_DETAIL_ROWS, NodeScope, Question
-from eventstore.questions.sql import TABLE, Where, fetch
+from eventstore.questions.sql import TABLE, Where, fetch, marks
 from eventstore.questions.turns import OUTCOME_FAILED, OUTCOME_RUNNING, TURN_STARTED
 
 WAKE = types.ExternalNotification.event_type
@@ -115,7 +114,7 @@ def naming_rows(scope: NodeScope, delivery_id: str, at: datetime) -> list[dict[s
     """This node's rows whose body names ``delivery_id`` as its ``delivery_id`` (accepted, routed, skipped)."""
     q = Where.of(scope)
     q.history(at, scope)
-    kinds = ", ".join(["%s"] * len(NAMING_TYPES))
+    kinds = marks(NAMING_TYPES)
     q.add(f"(type IN ({kinds}) OR category = %s)", *NAMING_TYPES, ACCEPTED_CATEGORY)
     q.add("body LIKE %s ESCAPE '\\'", f'%"delivery_id":{_like(delivery_id)}%')
     # LIKE is case-blind on SQLite and the pattern could match inside a payload: the field itself decides.
@@ -128,7 +127,7 @@ def following_rows(scope: NodeScope, trigger_ids: Sequence[str], at: datetime) -
         return []
     q = Where.of(scope)
     q.history(at, scope)
-    q.add(f"type IN ({', '.join(['%s'] * len(FOLLOWING_TYPES))})", *FOLLOWING_TYPES)
+    q.add(f"type IN ({marks(FOLLOWING_TYPES)})", *FOLLOWING_TYPES)
     q.add("(" + " OR ".join(["body LIKE %s ESCAPE '\\'"] * len(trigger_ids)) + ")", *(f"%{_like(t)}%" for t in trigger_ids))
     wanted = set(trigger_ids)
     return [r for r in _rows(scope, q) if _takes(r) & wanted]

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any, Iterable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-
 from crewlet.company.budget import PERIOD_DAY, window_of
 from eventstore.questions.counts import as_count
 from eventstore.questions.model import BadQuestion, NodeScope, Question

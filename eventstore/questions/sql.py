@@ -37,7 +37,8 @@ def us_sql(vendor: str, expr: str = "ts") -> str:
     raise NotImplementedError(f"event store reads on {vendor}")
 
 
-def _marks(values: Sequence[Any]) -> str:
+def marks(values: Sequence[Any]) -> str:
+    """One ``%s`` a value, comma-separated: an ``IN`` list's placeholders."""
     return ", ".join(["%s"] * len(values))
 
 
@@ -83,7 +84,7 @@ class Where:
         if self.connection.vendor == "postgresql":
             self.add(f"{column} = ANY(%s)", list(values))
         else:
-            self.add(f"{column} IN ({_marks(values)})", *values)
+            self.add(f"{column} IN ({marks(values)})", *values)
 
     def history(self, at: datetime, scope: NodeScope, floor: Optional[datetime] = None) -> None:
         """The asker's history: ``[max(at - retention, floor), at]``."""
@@ -95,7 +96,7 @@ class Where:
 
     def filters(self, f: Filters) -> None:
         if f.categories:
-            self.add(f"category IN ({', '.join(['%s'] * len(f.categories))})", *f.categories)
+            self.add(f"category IN ({marks(f.categories)})", *f.categories)
         for column in ("type", "node", "trace_id"):
             value = getattr(f, column)
             if value:
@@ -111,7 +112,7 @@ class Where:
             self.add("ts < %s", self.ts(f.until))
         if f.feed_only and NOT_FED:
             kept_out = sorted(NOT_FED)
-            self.add(f"type NOT IN ({', '.join(['%s'] * len(kept_out))})", *kept_out)
+            self.add(f"type NOT IN ({marks(kept_out)})", *kept_out)
 
     def before(self, ts_column: str, key_column: str, ts: datetime, key: str) -> None:
         """Strictly before (ts, key) in (ts, key) order: the cursor's cut."""

@@ -10,12 +10,11 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, Optional, Sequence
 
-
 from crewlet.events import format_timestamp, types
 from eventstore.questions.cursor import TURNS_CURSOR, decode_cursor, encode_cursor
 from eventstore.questions.listing import LIST_COLUMNS, list_row, list_sql
 from eventstore.questions.model import MAX_DETAIL_ROWS, MAX_LIMIT, Filters, NodeScope, Question
-from eventstore.questions.sql import TABLE, Where, fetch, us_sql
+from eventstore.questions.sql import TABLE, Where, fetch, marks, us_sql
 from eventstore.questions.timefmt import format_us, from_us, to_us
 
 # The rows a turn is folded from (each wire name read off its registered class).
@@ -117,7 +116,7 @@ def _fold_columns(vendor: str) -> str:
 
 def _body_case(params: list[Any]) -> str:
     params.extend(_BODY_TYPES)
-    return f"CASE WHEN type IN ({', '.join(['%s'] * len(_BODY_TYPES))}) THEN body END"
+    return f"CASE WHEN type IN ({marks(_BODY_TYPES)}) THEN body END"
 
 
 def _fold_row(values: Sequence[Any]) -> dict[str, Any]:
@@ -147,7 +146,7 @@ def _fold_rows(scope: NodeScope, turn_ids: Sequence[str], at: datetime) -> dict[
     q = Where.of(scope)
     q.among("turn_id", turn_ids)
     q.add("turn_id > ''")
-    q.add(f"type IN ({', '.join(['%s'] * len(FOLD_TYPES))})", *FOLD_TYPES)
+    q.add(f"type IN ({marks(FOLD_TYPES)})", *FOLD_TYPES)
     q.history(at, scope)
     sql = f"SELECT {_fold_columns(q.connection.vendor)}, {body} FROM {TABLE} WHERE {q.where} ORDER BY ts, id"
     grouped: dict[str, list[dict[str, Any]]] = {t: [] for t in turn_ids}
@@ -193,7 +192,7 @@ def listed_starts(scope: NodeScope, turn_ids: Sequence[str], f: Filters, at: dat
     if not turn_ids:
         return {}
     q = _started_where(scope, f, at)
-    q.add(f"turn_id IN ({', '.join(['%s'] * len(turn_ids))})", *turn_ids)
+    q.among("turn_id", turn_ids)
     sql = f"SELECT turn_id, {us_sql(q.connection.vendor, 'MIN(ts)')} FROM {TABLE} WHERE {q.where} GROUP BY turn_id"
     return {turn_id: int(started) for turn_id, started in fetch(scope, sql, q.params)}
 
