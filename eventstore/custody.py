@@ -45,7 +45,10 @@ from django.db import connections, transaction
 
 from crewlet.base.db import in_store
 from crewlet.base.db_router import EVENTS_ALIAS
+from crewlet.engine.services import Periodic
 from crewlet.events import Event
+from crewlet.fleet.roster import live_node_ids
+from crewlet.models import CustodyClaim
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
@@ -82,58 +85,42 @@ _ID = COLUMNS.index("id")
 
 def live_keepers(exclude: str) -> list[str]:
     """The live data nodes (a presence naming an event store), sorted, ``exclude`` left out."""
-    from crewlet.fleet.roster import live_nodes
-
-    return [n.id for n in live_nodes() if n.store and n.id != exclude]
+    return [node for node in live_node_ids(stores_only=True) if node != exclude]
 
 
 def claim(batch: str, origin: str, keeper: str, rows: int) -> None:
-    from crewlet.models import CustodyClaim
-
     CustodyClaim.objects.create(batch=batch, origin=origin, keeper=keeper, rows=rows)
 
 
 def claim_state(batch: str) -> Optional[tuple[str, bool]]:
     """(keeper, closed) of ``batch``'s claim; None once its keeper settled it and deleted it."""
-    from crewlet.models import CustodyClaim
-
     row = CustodyClaim.objects.filter(batch=batch).values_list("keeper", "closed").first()
     return (str(row[0]), bool(row[1])) if row is not None else None
 
 
 def move_claim(batch: str, old: str, new: str) -> bool:
     """Give ``batch`` to ``new`` if ``old`` still has it and nobody closed it (a compare-and-set)."""
-    from crewlet.models import CustodyClaim
-
     return CustodyClaim.objects.filter(batch=batch, keeper=old, closed=False).update(keeper=new) == 1
 
 
 def close_claim(batch: str, keeper: str) -> bool:
     """Close ``batch``'s claim if it names ``keeper``: from now on nobody can move it."""
-    from crewlet.models import CustodyClaim
-
     return CustodyClaim.objects.filter(batch=batch, keeper=keeper).update(closed=True) == 1
 
 
 def claimed_by(keeper: str, batches: set[str]) -> set[str]:
     """Which of ``batches`` have a claim naming ``keeper`` (blocking; a fleet read's part asks it)."""
-    from crewlet.models import CustodyClaim
-
     if not batches:
         return set()
     return set(CustodyClaim.objects.filter(batch__in=sorted(batches), keeper=keeper).values_list("batch", flat=True))
 
 
 def forget_claim(batch: str, keeper: str) -> None:
-    from crewlet.models import CustodyClaim
-
     CustodyClaim.objects.filter(batch=batch, keeper=keeper).delete()
 
 
 def forget_stale_claims(keeper: str, older_than_s: float) -> int:
     """Claims naming ``keeper`` older than ``older_than_s``: settled by it long ago, or never sent anywhere."""
-    from crewlet.models import CustodyClaim
-
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than_s)
     deleted, _ = CustodyClaim.objects.filter(keeper=keeper, claimed_at__lt=cutoff).delete()
     return int(deleted)
@@ -166,7 +153,9 @@ class _Batch:
 
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     events: list[tuple[str, str]] = field(default_factory=list)
-    stamps: list[datetime] = field(default_factory=list)
+    #: The oldest of its events' times (the writer's lag), and the bytes of its events so far.
+    since: Optional[datetime] = None
+    size: int = 0
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     claimed: bool = False
 
@@ -228,9 +217,8 @@ class CustodyWriter:
 
     def lag_s(self, now: datetime) -> float:
         """How old the oldest row no keeper has taken is, by its event's time (0 when none waits)."""
-        if not self._batches or not self._batches[0].stamps:
-            return 0.0
-        return max((now - self._batches[0].stamps[0]).total_seconds(), 0.0)
+        since = self._batches[0].since if self._batches else None
+        return max((now - since).total_seconds(), 0.0) if since is not None else 0.0
 
     async def __call__(self, topic: str, event: Event) -> None:
         row = row_for(topic, event)
@@ -244,14 +232,16 @@ class CustodyWriter:
         # The first batch is in a keeper's hands (or about to be), and a claimed one is sent as claimed:
         # later rows start the next batch, which goes as soon as the one ahead of it is kept.
         if last is None or last is self._batches[0] or last.claimed or len(last.events) >= BATCH_ROWS or (
-            sum(len(e) for _, e in last.events) + len(text) > BATCH_BYTES
+            last.size + len(text) > BATCH_BYTES
         ):
             last = _Batch()
             self._batches.append(last)
             self._trim()
         last.events.append((topic, text))
-        ts = row[_TS]
-        last.stamps.append(ts if isinstance(ts, datetime) and ts.tzinfo else datetime.now(timezone.utc))
+        last.size += len(text)
+        if last.since is None:
+            ts = row[_TS]
+            last.since = ts if isinstance(ts, datetime) and ts.tzinfo else datetime.now(timezone.utc)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._drain(), name="custody-writer")
         if self._failing:
@@ -317,10 +307,8 @@ class CustodyWriter:
         for target in order:
             if target != current:
                 if not await in_store(move_claim)(batch.id, current, target):
-                    state = await in_store(claim_state)(batch.id)
-                    if state is None or state[1]:
-                        return True
-                    continue
+                    # Only this node moves its claims: a refusal means the keeper closed it (or settled and forgot it).
+                    return True
                 log.warning("custody_claim_moved", extra={"batch": batch.id, "from": current, "to": target})
                 current = target
             if await self._ask(target, payload, batch):
@@ -418,8 +406,6 @@ class CustodyKeeper:
     """
 
     def __init__(self, queue: EventQueue, node: str, *, every_s: float, using: str = EVENTS_ALIAS) -> None:
-        from crewlet.engine.services import Periodic
-
         self.queue = queue
         self.node = node
         self.using = using
@@ -480,10 +466,9 @@ class CustodyKeeper:
                 kept += await self._on_store(keep_batch, batch)
                 await in_store(forget_claim)(batch, self.node)
                 log.info("custody_batch_settled", extra={"batch": batch, "rows": kept})
-            else:
-                state = await in_store(claim_state)(batch)
+            else:  # the claim names another keeper, or that keeper settled it and forgot it
                 dropped += await self._on_store(drop_batch, batch)
-                log.info("custody_batch_dropped", extra={"batch": batch, "keeper": state[0] if state else ""})
+                log.info("custody_batch_dropped", extra={"batch": batch})
         await in_store(forget_stale_claims)(self.node, FORGET_CLAIM_S)
         self.settled += kept
         self.dropped += dropped

@@ -49,6 +49,7 @@ from crewlet.queue.errors import QueueError
 from crewlet.events.tracing import trace_of
 from eventstore import here
 from eventstore import questions as qs
+from eventstore.custody import claimed_by
 from eventstore.fanout import wire
 from eventstore.fanout.kept import Ask, Exchange, NodeReply, kept_round
 from eventstore.fanout.merge import Parts, Plan, plan_for
@@ -132,8 +133,6 @@ def node_part(question: qs.Question, scope: qs.NodeScope) -> dict[str, Any]:
 
 def _claimed_here(node: str, batches: set[str]) -> set[str]:
     """Which of ``batches`` the coordination store says ``node`` keeps; none when it cannot be read (the asker then picks)."""
-    from eventstore.custody import claimed_by
-
     try:
         return claimed_by(node, batches)
     except DatabaseError as exc:
