@@ -13,6 +13,7 @@ holds a row it has not settled.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
@@ -20,14 +21,15 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.fleet.test_fleet_up import MOVE_S, Fleet, Node, _pg
+from tests.fleet.test_fleet_up import MOVE_S, TOKEN, Fleet, Node, _pg
 from tests.up.test_up_inflight import broker, loop  # noqa: F401  (fixtures)
+from tests.up_support import http_call
 from waiting_support import wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.timeout(400)]
 
 NODES = ("da", "db", "sx")
-KEPT_ASKED = "fleet_read_kept_asked"
+KEPT_ASKED = re.compile(r"^crewlet_history_kept_questions_total (\S+)$", re.M)
 
 
 @pytest.fixture
@@ -50,7 +52,12 @@ def unsettled(fleet: Fleet) -> int:
 
 
 def kept_asked(node: Node) -> int:
-    return node.output_so_far().count(KEPT_ASKED)
+    """How many rounds of ``node``'s reads asked ``kept``, as its ``/metrics`` says."""
+    status, _, body = http_call("GET", node.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200, body
+    found = KEPT_ASKED.search(body.decode())
+    assert found is not None, "the kept counter is on /metrics"
+    return int(float(found.group(1)))
 
 
 def _listed(node: Node) -> tuple[list[str], bool]:
