@@ -314,21 +314,20 @@ class _EngineState(Collector):
         writer = service.writer if service is not None else None
         if writer is None:
             return
-        backlog = _gauge("crewlet_eventstore_writer_backlog_rows", "Rows published and not yet written to the event store.")
-        backlog.add_metric([], float(writer.backlog))
-        yield backlog
-        refused = CounterMetricFamily(
+        yield GaugeMetricFamily(
+            "crewlet_eventstore_writer_backlog_rows", "Rows published and not yet written to the event store.",
+            value=float(writer.backlog),
+        )
+        yield CounterMetricFamily(
             "crewlet_eventstore_rows_refused",
             "Rows the event store refused for what they held, set aside so the rows behind them were written.",
+            value=float(writer.refused),
         )
-        refused.add_metric([], float(writer.refused))
-        yield refused
-        lag = _gauge(
+        yield GaugeMetricFamily(
             "crewlet_eventstore_writer_lag_seconds",
             "Age of the oldest event whose row is still owed to the event store (0 when none is).",
+            value=float(writer.lag_s(datetime.now(timezone.utc))),
         )
-        lag.add_metric([], float(writer.lag_s(datetime.now(timezone.utc))))
-        yield lag
 
     def _fleet_reads(self) -> Iterator[Metric]:
         """The history_partial alarm's ratio: this node's history reads, by whether every live node answered."""
@@ -341,21 +340,21 @@ class _EngineState(Collector):
         asked.add_metric(["complete"], float(reads.reads - reads.partial))
         asked.add_metric(["partial"], float(reads.partial))
         yield asked
-        kept = CounterMetricFamily(
+        yield CounterMetricFamily(
             "crewlet_history_kept_questions",
             "Rounds of this node's history reads that asked every node which named rows it keeps (a custody batch in flight).",
+            value=float(reads.kept_asked),
         )
-        kept.add_metric([], float(reads.kept_asked))
-        yield kept
 
     def _leases(self) -> Iterator[Metric]:
         """This node's leases as its fleet membership holds them now: presence, each seat, each duty."""
         member = self.engine.find(FLEET) if self.engine is not None else None
         if member is None:
             return
-        present = _gauge("crewlet_fleet_present", "1 while this node's presence lease is good by its own deadline.")
-        present.add_metric([], 1.0 if member.present() else 0.0)
-        yield present
+        yield GaugeMetricFamily(
+            "crewlet_fleet_present", "1 while this node's presence lease is good by its own deadline.",
+            value=1.0 if member.present() else 0.0,
+        )
         held = member.seats()
         seats = _gauge("crewlet_seat_lease_held", "1 for each agent seat whose lease this node holds, 0 for the others.", ["seat"])
         for handle in self.agent_seats():
@@ -370,11 +369,10 @@ class _EngineState(Collector):
         emitter = self.engine.emitter if self.engine is not None else None
         if emitter is None:
             return
-        held = _gauge(
-            "crewlet_telemetry_pending_events", "Telemetry events held for a retry because the broker was away."
+        yield GaugeMetricFamily(
+            "crewlet_telemetry_pending_events", "Telemetry events held for a retry because the broker was away.",
+            value=float(emitter.pending),
         )
-        held.add_metric([], float(emitter.pending))
-        yield held
 
 
 __all__ = ["CONTENT_TYPE", "EngineMetrics", "PREFIX", "TOKEN_KINDS", "stream_of"]
