@@ -289,7 +289,7 @@ class StreamSettings(_Section):
         doc="embedded broker's JetStream directory; empty keeps streams in memory",
     )
     event_retention_hours: float = setting(
-        720.0, env="CREWLET_EVENT_RETENTION_HOURS", bounds=(1, 8760),
+        topics.DEFAULT_EVENT_RETENTION_HOURS, env="CREWLET_EVENT_RETENTION_HOURS", bounds=(1, 8760),
         doc="age bound of CREWLET_EVENTS and CREWLET_DLQ",
     )
     replicas: Annotated[int, one_of(*REPLICA_CHOICES)] = setting(

@@ -24,7 +24,7 @@ async def connect_queue(
     store_dir: Optional[str],
     node: str,
     timings: Timings = Timings(),
-    event_retention_hours: float = 720.0,
+    event_retention_hours: float = topics.DEFAULT_EVENT_RETENTION_HOURS,
     replicas: int = 1,
     max_consumers: int = topics.DEFAULT_MAX_CONSUMERS,
     cluster: Optional[ClusterConfig] = None,

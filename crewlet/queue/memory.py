@@ -93,7 +93,7 @@ class _Consumer:
 class MemoryBroker:
     """The broker half of the twin; ``client(node=...)`` makes its clients."""
 
-    def __init__(self, timings: Timings = Timings(), *, event_retention_hours: float = 720.0) -> None:
+    def __init__(self, timings: Timings = Timings(), *, event_retention_hours: float = topics.DEFAULT_EVENT_RETENTION_HOURS) -> None:
         self.timings = timings
         self.event_retention_hours = event_retention_hours
         self.available = True

@@ -236,6 +236,8 @@ STREAM_PREFIX = "CREWLET_"
 #: company's 500th agent seat. This leaves room for 25,000 agent seats (two mailboxes each) and still
 #: bounds a consumer leak.
 DEFAULT_MAX_CONSUMERS = 50_000
+#: How long the events stream keeps an event unless ``stream.event_retention_hours`` says otherwise (30 days).
+DEFAULT_EVENT_RETENTION_HOURS = 720.0
 CONFIG_MAX_AGE_S = 3600.0
 
 

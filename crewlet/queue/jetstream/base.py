@@ -34,7 +34,7 @@ class TransportBase(Transport):
         nc: NatsClient,
         *,
         timings: Timings = Timings(),
-        event_retention_hours: float = 720.0,
+        event_retention_hours: float = topics.DEFAULT_EVENT_RETENTION_HOURS,
         memory_storage: bool = False,
         replicas: int = 1,
         max_consumers: int = topics.DEFAULT_MAX_CONSUMERS,

@@ -63,7 +63,7 @@ class JetStreamTransport(ConsumersPart, DeadLettersPart, BroadcastPart, AskServe
         *,
         node: str = "",
         timings: Timings = Timings(),
-        event_retention_hours: float = 720.0,
+        event_retention_hours: float = topics.DEFAULT_EVENT_RETENTION_HOURS,
         memory_storage: bool = False,
         replicas: int = 1,
         max_consumers: int = topics.DEFAULT_MAX_CONSUMERS,
