@@ -42,6 +42,9 @@ import yaml
 from crewlet.company.conf import ClusterSettings
 from crewlet.company.loading import CLUSTER_SECRET_ENV
 from crewlet.queue.broker import EmbeddedBroker
+from crewlet.queue.errors import Unavailable
+from crewlet.queue.jetstream import JetStreamTransport
+from crewlet.queue.jetstream.message import JetStreamMessage
 from tests.up_support import UpProcess, up_env
 
 #: The cluster's name in every test cluster.
@@ -229,12 +232,59 @@ class LoopbackCluster:
         await self.stop()
 
 
+async def drain(transport: JetStreamTransport, topic: str, group: str, want: int, *, then_look: bool = False) -> list[bytes]:
+    """Fetch and ack from the pair's durable until ``want`` messages came; their bodies in order.
+
+    ``then_look``: ask one message more in each fetch and fetch once more at the end, so a duplicate the
+    broker would deliver after the ``want`` originals is in the answer too.
+    """
+    from waiting_support import eventually
+
+    extra = 1 if then_look else 0
+    got: list[bytes] = []
+    puller = await transport.open_puller(topic, group)
+    try:
+
+        async def more() -> bool:
+            try:
+                batch: list[JetStreamMessage] = await puller.fetch(want - len(got) + extra, 0.5, lambda: True)
+            except Unavailable:
+                return False  # reconnecting to a member still up
+            for m in batch:
+                got.append(m.data)
+                await m.ack()
+            return len(got) >= want
+
+        await eventually(more, timeout_s=30, what=f"{want} messages from {topic}")
+        if then_look:
+            got.extend(m.data for m in await puller.fetch(10, 1.0, lambda: True))
+    finally:
+        await puller.close()
+    return got
+
+
+async def publish_eventually(transport: JetStreamTransport, topic: str, data: bytes) -> None:
+    """Publish once the cluster takes it: a publish during the seconds of a leader election is Unavailable."""
+    from waiting_support import eventually
+
+    async def taken() -> bool:
+        try:
+            await transport.publish(topic, data)
+        except Unavailable:
+            return False
+        return True
+
+    await eventually(taken, timeout_s=30, what=f"the cluster to take a publish to {topic}")
+
+
 __all__ = [
     "CLUSTER_NAME",
     "LoopbackCluster",
     "cluster_settings",
+    "drain",
     "free_ports",
     "node_name",
+    "publish_eventually",
     "start_together",
     "stop_together",
     "up_node_env",

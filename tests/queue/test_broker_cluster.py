@@ -21,10 +21,9 @@ from crewlet.queue import topics
 from crewlet.queue.broker import EmbeddedBroker
 from crewlet.queue.cluster import ClusterFormTimeout
 from crewlet.queue.connect import connect_queue
-from crewlet.queue.errors import ReplicasUnplaceable, Unavailable
+from crewlet.queue.errors import ReplicasUnplaceable
 from crewlet.queue.jetstream import JetStreamTransport
-from crewlet.queue.jetstream.message import JetStreamMessage
-from tests.cluster_support import LoopbackCluster, free_ports, node_name
+from tests.cluster_support import LoopbackCluster, drain, free_ports, node_name, publish_eventually
 from waiting_support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -88,41 +87,6 @@ async def remake(cluster: LoopbackCluster, name: str, replicas: int) -> None:
 
 def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage() == event]
-
-
-async def drain(transport: JetStreamTransport, topic: str, group: str, want: int) -> list[bytes]:
-    """Fetch and ack from the pair's durable until ``want`` messages came; their bodies in order."""
-    got: list[bytes] = []
-    puller = await transport.open_puller(topic, group)
-    try:
-
-        async def more() -> bool:
-            try:
-                batch: list[JetStreamMessage] = await puller.fetch(want - len(got), 0.5, lambda: True)
-            except Unavailable:
-                return False  # reconnecting to a member still up
-            for m in batch:
-                got.append(m.data)
-                await m.ack()
-            return len(got) >= want
-
-        await eventually(more, timeout_s=30, what=f"{want} messages from {topic}")
-    finally:
-        await puller.close()
-    return got
-
-
-async def publish_eventually(transport: JetStreamTransport, topic: str, data: bytes) -> None:
-    """Publish once the cluster takes it: a publish during the seconds of a leader election is Unavailable."""
-
-    async def taken() -> bool:
-        try:
-            await transport.publish(topic, data)
-        except Unavailable:
-            return False
-        return True
-
-    await eventually(taken, timeout_s=30, what=f"the cluster to take a publish to {topic}")
 
 
 async def test_streams_and_durables_are_created_at_the_setting_s_three_replicas_on_three_members(cluster: LoopbackCluster) -> None:

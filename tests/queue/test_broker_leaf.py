@@ -23,11 +23,8 @@ from crewlet.queue import topics
 from crewlet.queue.broker import EmbeddedBroker
 from crewlet.queue.cluster import ClusterFormTimeout
 from crewlet.queue.connect import connect_queue
-from crewlet.queue.errors import Unavailable
 from crewlet.queue.jetstream import JetStreamTransport
-from crewlet.queue.jetstream.message import JetStreamMessage
-from tests.cluster_support import LoopbackCluster, cluster_settings, free_ports, node_name
-from tests.queue.test_broker_cluster import publish_eventually
+from tests.cluster_support import LoopbackCluster, cluster_settings, drain, free_ports, node_name, publish_eventually
 from waiting_support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -75,29 +72,6 @@ async def attached_to(cluster: LeafedCluster, monitor_port: int) -> int:
     return cluster.leaf_ports.index(leafs[0]["port"])
 
 
-async def drain(t: JetStreamTransport, topic: str, group: str, want: int) -> list[bytes]:
-    """Fetch and ack until ``want`` came, then fetch once more: a duplicate would come then."""
-    got: list[bytes] = []
-    puller = await t.open_puller(topic, group)
-    try:
-
-        async def more() -> bool:
-            try:
-                batch: list[JetStreamMessage] = await puller.fetch(want - len(got) + 1, 0.5, lambda: True)
-            except Unavailable:
-                return False
-            for m in batch:
-                got.append(m.data)
-                await m.ack()
-            return len(got) >= want
-
-        await eventually(more, timeout_s=30, what=f"{want} messages from {topic} through the leaf")
-        got.extend(m.data for m in await puller.fetch(10, 1.0, lambda: True))
-    finally:
-        await puller.close()
-    return got
-
-
 async def test_a_leaf_keeps_no_streams_and_carries_on_through_another_member_when_its_member_is_killed(
     cluster: LeafedCluster, tmp_path: Path
 ) -> None:
@@ -126,7 +100,7 @@ async def test_a_leaf_keeps_no_streams_and_carries_on_through_another_member_whe
                 )
                 for i in range(3):
                     await publish_eventually(t, topic, f"after-{i}".encode())
-                got = await drain(t, topic, group, 6)
+                got = await drain(t, topic, group, 6, then_look=True)
                 assert sorted(got) == sorted([f"before-{i}".encode() for i in range(3)] + [f"after-{i}".encode() for i in range(3)])
             finally:
                 await t.close()
