@@ -15,6 +15,11 @@ from crewlet.events import Event, category_of, is_stored, store_label
 from crewlet.base.jsontext import storable
 from crewlet.queue import topics
 
+#: The event store's one table (the model's ``db_table``).
+TABLE = "eventstore_event"
+#: The column marking a row of a custody batch its keeper has not settled yet ('' once it has, and on every other row).
+CUSTODY_COLUMN = "custody_batch"
+
 #: Columns of ``eventstore_event`` in insert order (the model declares the same).
 COLUMNS: tuple[str, ...] = (
     "id",

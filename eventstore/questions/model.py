@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from crewlet.base.db_router import EVENTS_ALIAS
 from crewlet.events import format_timestamp, parse_timestamp
+from crewlet.queue.topics import DEFAULT_EVENT_RETENTION_HOURS
 
 #: 2: a question's ``only`` and the ``kept`` question (rows a custody batch holds on two stores for a moment).
 PROTOCOL_VERSION = 2
@@ -206,6 +207,6 @@ class NodeScope:
     """
 
     node_id: str
-    retention_hours: float = 720.0
+    retention_hours: float = DEFAULT_EVENT_RETENTION_HOURS
     using: str = EVENTS_ALIAS
     custody: Optional[Custody] = field(default=None, compare=False)

@@ -13,11 +13,11 @@ from django.db import connections
 
 from crewlet.events import NOT_FED
 from eventstore.questions.model import Custody, Filters, NodeScope
+from eventstore.rows import CUSTODY_COLUMN, TABLE
 
-TABLE = "eventstore_event"
 #: A row this store keeps for good, or one of a custody batch it has settled as its own; and one it has not settled.
-SETTLED = "custody_batch = ''"
-UNSETTLED = "custody_batch > ''"
+SETTLED = f"{CUSTODY_COLUMN} = ''"
+UNSETTLED = f"{CUSTODY_COLUMN} > ''"
 
 
 def us_sql(vendor: str, expr: str = "ts") -> str:
@@ -139,7 +139,7 @@ def unsettled_rows(scope: NodeScope) -> list[tuple[str, str]]:
         rest = [clause for clause in reach.clauses if clause != SETTLED]
         clauses.append(f"({' AND '.join(rest) if rest else 'TRUE'})")
         params.extend(reach.params)
-    sql = f"SELECT DISTINCT id, custody_batch FROM {TABLE} WHERE {UNSETTLED} AND ({' OR '.join(clauses)}) ORDER BY id"
+    sql = f"SELECT DISTINCT id, {CUSTODY_COLUMN} FROM {TABLE} WHERE {UNSETTLED} AND ({' OR '.join(clauses)}) ORDER BY id"
     return [(str(row[0]), str(row[1])) for row in fetch(scope, sql, params)]
 
 
