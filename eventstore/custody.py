@@ -36,12 +36,11 @@ import collections
 import json
 import logging
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional, Sequence
 
-from django.db import connections, transaction
+from django.db import connections
 
 from crewlet.base.db import in_store
 from crewlet.base.db_router import EVENTS_ALIAS
@@ -52,8 +51,8 @@ from crewlet.models import CustodyClaim
 from crewlet.queue import topics
 from crewlet.queue.contract import EventQueue
 from crewlet.queue.errors import QueueError
-from eventstore.rows import COLUMNS, row_for
-from eventstore.writer import BACKLOG_MAX, CLOSE_FLUSH_S, RETRY_FIRST_S, RETRY_MAX_S, TABLE, insert_sql
+from eventstore.rows import COLUMNS, CUSTODY_COLUMN, TABLE, row_for
+from eventstore.writer import BACKLOG_MAX, CLOSE_FLUSH_S, RETRY_FIRST_S, RETRY_MAX_S, StoreThread, insert_rows
 
 log = logging.getLogger("crewlet.eventstore.custody")
 
@@ -64,8 +63,6 @@ K_EVENTS = "events"
 K_KEPT = "kept"
 K_ERROR = "error"
 
-#: The column marking a row of a batch its keeper has not settled.
-CUSTODY_COLUMN = "custody_batch"
 #: Rows one custody batch carries at most, and (roughly) bytes of events: well under a core message's limit.
 BATCH_ROWS = 500
 BATCH_BYTES = 1024 * 1024
@@ -77,7 +74,6 @@ FORGET_CLAIM_S = 86400.0
 ROSTER_FRESH_S = 1.0
 
 _TS = COLUMNS.index("ts")
-_ID = COLUMNS.index("id")
 
 
 # -- the coordination store's claims (blocking; run through in_store) --------------------------------------
@@ -365,19 +361,6 @@ class CustodyWriter:
 # -- the data node's side ----------------------------------------------------------------------------------
 
 
-def write_batch(batch: str, rows: Sequence[Sequence[Any]], using: str = EVENTS_ALIAS) -> None:
-    """Insert ``rows`` marked as ``batch``'s (a row already here stays as it is)."""
-    connection = connections[using]
-    sql = insert_sql(extra=(CUSTODY_COLUMN,))
-    params = []
-    for row in rows:
-        values = list(row)
-        values[_TS] = connection.ops.adapt_datetimefield_value(values[_TS])
-        params.append([*values, batch])
-    with transaction.atomic(using=using), connection.cursor() as cursor:
-        cursor.executemany(sql, params)
-
-
 def unsettled_batches(using: str = EVENTS_ALIAS) -> list[str]:
     with connections[using].cursor() as cursor:
         cursor.execute(f"SELECT DISTINCT {CUSTODY_COLUMN} FROM {TABLE} WHERE {CUSTODY_COLUMN} > ''")
@@ -410,9 +393,7 @@ class CustodyKeeper:
         self.node = node
         self.using = using
         self._serving: Any = None
-        # The store's side runs on a thread of its own, as the writer's does: a slow store must not hold up the
-        # process's shared thread, which the leases and the claims are written on.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="custody-keeper")
+        self._store = StoreThread(using, "custody-keeper")
         self._settler = Periodic("custody_settle", every_s, self.settle, logger=log)
         self.settled = 0
         self.dropped = 0
@@ -426,22 +407,7 @@ class CustodyKeeper:
         serving, self._serving = self._serving, None
         if serving is not None:
             await serving.close()
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, lambda: connections[self.using].close())
-        finally:
-            self._executor.shutdown(wait=False)
-
-    async def _on_store(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args, using)`` on the keeper's thread; a broken connection is replaced on the next call."""
-
-        def run() -> Any:
-            try:
-                return fn(*args, self.using)
-            except Exception:
-                connections[self.using].close_if_unusable_or_obsolete()
-                raise
-
-        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        await self._store.aclose()
 
     async def keep(self, raw: bytes) -> bytes:
         """Write one custody batch marked unsettled; the answer says how many rows it held (or why not)."""
@@ -451,7 +417,8 @@ class CustodyKeeper:
             return json.dumps({K_ERROR: f"unreadable custody batch: {type(exc).__name__}"}).encode()
         rows = [row for row in (row_for(topic, event) for topic, event in events) if row is not None]
         try:
-            await self._on_store(write_batch, batch, rows)
+            # A row already here stays as it is: a batch asked of this keeper again is written once.
+            await self._store.run(lambda: insert_rows(rows, self.using, custody_batch=batch))
         except Exception as exc:
             log.warning("custody_write_failed", extra={"batch": batch, "origin": origin, "error": type(exc).__name__})
             return json.dumps({K_ERROR: f"the store did not take the batch: {type(exc).__name__}"}).encode()
@@ -461,13 +428,13 @@ class CustodyKeeper:
     async def settle(self) -> tuple[int, int]:
         """One pass: each batch this store holds unsettled is kept (its claim names this node) or dropped."""
         kept = dropped = 0
-        for batch in await self._on_store(unsettled_batches):
+        for batch in await self._store.run(unsettled_batches, self.using):
             if await in_store(close_claim)(batch, self.node):
-                kept += await self._on_store(keep_batch, batch)
+                kept += await self._store.run(keep_batch, batch, self.using)
                 await in_store(forget_claim)(batch, self.node)
                 log.info("custody_batch_settled", extra={"batch": batch, "rows": kept})
             else:  # the claim names another keeper, or that keeper settled it and forgot it
-                dropped += await self._on_store(drop_batch, batch)
+                dropped += await self._store.run(drop_batch, batch, self.using)
                 log.info("custody_batch_dropped", extra={"batch": batch})
         await in_store(forget_stale_claims)(self.node, FORGET_CLAIM_S)
         self.settled += kept

@@ -49,21 +49,21 @@ import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from django.db import connections, transaction
 
 from crewlet.base.db_router import EVENTS_ALIAS
 from crewlet.events import Event
 from crewlet.queue.contract import EventQueue
-from eventstore.rows import COLUMNS, row_for
+from eventstore.rows import COLUMNS, CUSTODY_COLUMN, TABLE, row_for
 
 log = logging.getLogger("crewlet.eventstore.writer")
 
-TABLE = "eventstore_event"
 #: How the writer's own connection shows in pg_stat_activity.
 APPLICATION_NAME = "crewlet-eventstore-writer"
 _TS = COLUMNS.index("ts")
+T = TypeVar("T")
 
 
 def insert_sql(table: str = TABLE, *, extra: tuple[str, ...] = ()) -> str:
@@ -154,33 +154,50 @@ class _PostgresSink:
             await conn.close()
 
 
-class _ThreadSink:
-    """Inserts with Django's connection on a thread of the writer's own (one connection, no loop blocking)."""
+def insert_rows(rows: Sequence[Sequence[Any]], using: str = EVENTS_ALIAS, *, custody_batch: str = "") -> None:
+    """Commit ``rows`` in one transaction with Django's connection (blocking); ``custody_batch`` marks each row as
+    that unsettled batch's (eventstore.custody)."""
+    connection = connections[using]
+    extra = (custody_batch,) if custody_batch else ()
+    params = []
+    for row in rows:
+        values = list(row)
+        # SQLite stores a naive UTC string; PostgreSQL takes the aware datetime as is.
+        values[_TS] = connection.ops.adapt_datetimefield_value(values[_TS])
+        params.append([*values, *extra])
+    sql = insert_sql(extra=(CUSTODY_COLUMN,) if custody_batch else ())
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.executemany(sql, params)
 
-    def __init__(self, using: str) -> None:
+
+class StoreThread:
+    """Blocking calls on one store, made on a thread of their own with Django's connection to it.
+
+    The loop never blocks on the store, and a slow store holds up only its own
+    thread, not the process's shared one (which the leases and claims are
+    written on). The writer's sink off PostgreSQL and the custody keeper use it.
+    """
+
+    def __init__(self, using: str, name: str) -> None:
         self.using = using
-        self._sql = insert_sql()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventstore-writer")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the store's thread; a connection it broke is replaced on the next call."""
+
+        def call() -> T:
+            try:
+                return fn(*args)
+            except Exception:
+                # A long-running engine has no request cycle to replace a broken
+                # connection; do it here so the next call gets a fresh one.
+                connections[self.using].close_if_unusable_or_obsolete()
+                raise
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def insert(self, rows: Sequence[Sequence[Any]]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._insert, rows)
-
-    def _insert(self, rows: Sequence[Sequence[Any]]) -> None:
-        connection = connections[self.using]
-        batch = []
-        for row in rows:
-            params = list(row)
-            # SQLite stores a naive UTC string; PostgreSQL takes the aware datetime as is.
-            params[_TS] = connection.ops.adapt_datetimefield_value(params[_TS])
-            batch.append(params)
-        try:
-            with transaction.atomic(using=self.using), connection.cursor() as cursor:
-                cursor.executemany(self._sql, batch)
-        except Exception:
-            # A long-running engine has no request cycle to replace a broken
-            # connection; do it here so the next event gets a fresh one.
-            connection.close_if_unusable_or_obsolete()
-            raise
+        await self.run(insert_rows, rows, self.using)
 
     def _close(self) -> None:
         connections[self.using].close()  # looked up here: a connection belongs to its thread
@@ -226,7 +243,9 @@ class EventWriter:
         self.using = using
         if threaded is None:
             threaded = connections[using].vendor != "postgresql"
-        self._sink: Optional[_PostgresSink | _ThreadSink] = _ThreadSink(using) if threaded else _PostgresSink(using)
+        self._sink: Optional[_PostgresSink | StoreThread] = (
+            StoreThread(using, "eventstore-writer") if threaded else _PostgresSink(using)
+        )
         self.retry_first_s = float(retry_first_s)
         self.retry_max_s = max(float(retry_max_s), self.retry_first_s)
         self.close_flush_s = float(close_flush_s)
@@ -242,7 +261,7 @@ class EventWriter:
 
     @property
     def threaded(self) -> bool:
-        return isinstance(self._sink, _ThreadSink)
+        return isinstance(self._sink, StoreThread)
 
     @property
     def backlog(self) -> int:
@@ -290,7 +309,7 @@ class EventWriter:
             else:
                 self._writing = False
 
-    async def _commit(self, sink: _PostgresSink | _ThreadSink, batch: Sequence[tuple[str, Sequence[Any]]]) -> None:
+    async def _commit(self, sink: _PostgresSink | StoreThread, batch: Sequence[tuple[str, Sequence[Any]]]) -> None:
         """Write ``batch`` in one transaction; on failure its rows join the backlog (the publish never fails)."""
         if self._backlog:
             for event_id, row in batch:
@@ -312,7 +331,7 @@ class EventWriter:
                 self._keep(event_id, row)
 
     async def _write_each(
-        self, sink: _PostgresSink | _ThreadSink, batch: Sequence[tuple[str, Sequence[Any]]]
+        self, sink: _PostgresSink | StoreThread, batch: Sequence[tuple[str, Sequence[Any]]]
     ) -> Optional[tuple[Sequence[tuple[str, Sequence[Any]]], Exception]]:
         """Write a refused batch's rows one at a time, setting aside each row the store refuses on its own.
 
@@ -336,7 +355,7 @@ class EventWriter:
             extra={"event_id": event_id, "type": row[COLUMNS.index("type")], "error": type(exc).__name__, "refused": self._refused},
         )
 
-    async def _drain(self, sink: _PostgresSink | _ThreadSink) -> None:
+    async def _drain(self, sink: _PostgresSink | StoreThread) -> None:
         """Commit the queued rows, MAX_BATCH at a time, releasing each batch's publishers as it commits."""
         try:
             while self._queued:

@@ -351,7 +351,7 @@ async def test_closing_the_writer_writes_its_backlog_first() -> None:
 async def test_the_threaded_writer_replaces_a_broken_connection_and_loses_no_row() -> None:
     writer = EventWriter(threaded=True, **FAST_RETRY)
     sink = writer._sink
-    assert isinstance(sink, writer_module._ThreadSink)
+    assert isinstance(sink, writer_module.StoreThread)
     try:
         first = make_event("seat_paused", T0, seat="grace")
         await writer(topics.event(first.type), first)
@@ -361,7 +361,7 @@ async def test_the_threaded_writer_replaces_a_broken_connection_and_loses_no_row
 
             connections["events"].connection.close()  # the connection dies under the writer
 
-        await asyncio.get_running_loop().run_in_executor(sink._executor, sever)
+        await sink.run(sever)  # on the writer's own thread, whose connection it is
         second = make_event("seat_resumed", T0 + timedelta(seconds=1), seat="grace")
         await writer(topics.event(second.type), second)
         third = make_event("seat_paused", T0 + timedelta(seconds=2), seat="grace")
