@@ -430,12 +430,14 @@ class CustodyKeeper:
         kept = dropped = 0
         for batch in await self._store.run(unsettled_batches, self.using):
             if await in_store(close_claim)(batch, self.node):
-                kept += await self._store.run(keep_batch, batch, self.using)
+                rows = await self._store.run(keep_batch, batch, self.using)
                 await in_store(forget_claim)(batch, self.node)
-                log.info("custody_batch_settled", extra={"batch": batch, "rows": kept})
+                kept += rows
+                log.info("custody_batch_settled", extra={"batch": batch, "rows": rows})
             else:  # the claim names another keeper, or that keeper settled it and forgot it
-                dropped += await self._store.run(drop_batch, batch, self.using)
-                log.info("custody_batch_dropped", extra={"batch": batch})
+                rows = await self._store.run(drop_batch, batch, self.using)
+                dropped += rows
+                log.info("custody_batch_dropped", extra={"batch": batch, "rows": rows})
         await in_store(forget_stale_claims)(self.node, FORGET_CLAIM_S)
         self.settled += kept
         self.dropped += dropped

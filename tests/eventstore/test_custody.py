@@ -9,10 +9,12 @@ under a long transaction would be.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from datetime import timedelta
 from typing import Any, Iterator
 
+import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
@@ -81,7 +83,7 @@ def store_locked(node: str) -> Iterator[threading.Event]:
 
 
 async def test_a_stateless_nodes_rows_are_kept_by_a_data_node_once_each_and_settled_for_good_with_the_claim_forgotten(
-    stores: dict[str, str],
+    stores: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     async with jetstream_queues("a", "b", "c") as (qa, qb, qc):
         keepers = {n: CustodyKeeper(q, n, every_s=3600, using=alias_of(n)) for n, q in (("a", qa), ("b", qb))}
@@ -100,9 +102,12 @@ async def test_a_stateless_nodes_rows_are_kept_by_a_data_node_once_each_and_sett
             assert len(claims) >= 2 and {keeper for keeper, _ in claims} == {"a", "b"}  # in turn
             assert not any(closed for _, closed in claims)  # open until their keeper settles them
 
-            for keeper in keepers.values():
-                await keeper.settle()
+            with caplog.at_level(logging.INFO, logger="crewlet.eventstore.custody"):
+                for keeper in keepers.values():
+                    await keeper.settle()
             assert {**await rows_on("a"), **await rows_on("b")} == {i: "" for i in ids}
+            settled = [r for r in caplog.records if r.getMessage() == "custody_batch_settled"]
+            assert len(settled) == len(claims) and sum(getattr(r, "rows") for r in settled) == 30  # each its batch's rows
             assert await sync_to_async(CustodyClaim.objects.count)() == 0
         finally:
             await writer.aclose()
